@@ -1,0 +1,11 @@
+// One file per subcommand: each binds its flags into a plain struct and calls the library.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace fp8lab::cli {
+void register_formats(CLI::App& app);
+void register_snr(CLI::App& app);
+void register_values(CLI::App& app);
+void register_quantize(CLI::App& app);
+}  // namespace fp8lab::cli

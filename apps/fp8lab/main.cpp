@@ -1,0 +1,34 @@
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+#include "fp8lab/core/format.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"fp8lab: 8-bit number formats for deep neural networks"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "fp8lab 0.1.0");
+  fp8lab::cli::register_formats(app);
+  fp8lab::cli::register_snr(app);
+  fp8lab::cli::register_values(app);
+  fp8lab::cli::register_quantize(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "fp8lab: error: %s (see --help)\n", e.what());
+    return 2;
+  } catch (const fp8lab::Error& e) {
+    std::fprintf(stderr, "fp8lab: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fp8lab: internal error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}

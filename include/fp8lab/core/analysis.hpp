@@ -1,0 +1,49 @@
+// Format figures (SPEC.md 3): dynamic range, the SNR models of the paper's appendices, and
+// SNR measured on a sampled distribution.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "fp8lab/core/format.hpp"
+
+namespace fp8lab {
+
+// D = 20 log10(max finite / min positive), in dB.
+double dynamic_range_db(const Format& f);
+
+// Appendix B: SNR_dB = 7.44 + 6.02 p with p = M + 1 (valid inside the dynamic range).
+double float_snr_model_db(const Format& f);
+
+enum class Distribution : std::uint8_t { normal, uniform, laplace, loguniform };
+std::string_view to_string(Distribution d);
+Distribution parse_distribution(std::string_view s);  // throws Error
+
+struct DistSpec {
+  Distribution dist = Distribution::normal;
+  double scale = 1.0;      // normal: sigma; uniform: half-width; laplace: b; loguniform: max |x|
+  double log2_span = 16;   // loguniform: |x| = scale * 2^u, u uniform in [-span, 0]
+};
+// E{x^2} of the distribution.
+double signal_power(const DistSpec& d);
+
+// Appendix A for a scaled integer (E = 0): rounding noise q^2/12 inside +-(m q), clipping
+// noise outside, m = 2^M - 1 and q = 2^(1-b-M). For the normal distribution this is the
+// paper's equation (eq:SNR) exactly; uniform and Laplace use their own closed forms.
+// Returns NaN where no closed form exists (loguniform) or the format is not fixed point.
+double fixed_point_snr_model_db(const Format& f, const DistSpec& d);
+// The same for any quantization step q and m = largest integer level (2^n - 1).
+double fixed_point_snr_model_db(double m, double q, const DistSpec& d);
+
+// The model this project reports for a format: Appendix A for E = 0, Appendix B otherwise.
+double snr_model_db(const Format& f, const DistSpec& d);
+
+// Deterministic samples (the same on every machine for a seed).
+std::vector<float> sample(const DistSpec& d, std::size_t n, std::uint64_t seed);
+
+// 10 log10(sum x^2 / sum (x - Q(x))^2) under nearest-even, saturating quantization.
+// Uses the scalar codec; NaN results (none under saturation) are ignored.
+double measured_snr_db(const Format& f, const std::vector<float>& x);
+
+}  // namespace fp8lab

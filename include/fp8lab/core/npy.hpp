@@ -1,0 +1,33 @@
+// Reading and writing NumPy .npy arrays (format versions 1.0, 2.0 and 3.0): the exchange
+// format every NumPy and PyTorch user can load. Writes are atomic (temp file + rename).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fp8lab {
+
+enum class DType : std::uint8_t { f32, u8, u16 };
+std::size_t itemsize(DType t);
+const char* npy_descr(DType t);  // "<f4", "|u1", "<u2"
+
+struct NpyArray {
+  DType dtype = DType::f32;
+  std::vector<std::size_t> shape;
+  bool fortran_order = false;
+  std::vector<std::uint8_t> data;  // little-endian element bytes
+  std::size_t size() const;        // number of elements
+};
+
+// Throws Error naming the file, the problem and the byte offset where it was found.
+NpyArray read_npy(const std::string& path);
+// Throws Error on failure; a partially written file never replaces `path`.
+void write_npy(const std::string& path, const NpyArray& a);
+
+// Write `bytes` to `path` atomically: a temporary file in the same folder, flushed, then
+// renamed over `path`. On failure the temporary is removed and Error is thrown.
+void write_file_atomic(const std::string& path, const void* bytes, std::size_t n);
+
+}  // namespace fp8lab

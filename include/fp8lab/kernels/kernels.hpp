@@ -1,0 +1,68 @@
+// Bulk quantization kernels for float32 arrays: fake quantization, encode to codes, decode,
+// and a log2 exponent histogram. SIMD (Highway, chosen at run time for this CPU) and
+// multithreaded above a size threshold. Every kernel is bit-exact with the scalar codec
+// (fp8lab/core/codec.hpp) on every target, for any thread count: stochastic rounding draws
+// the random bits of element i from (seed, index_offset + i) only.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fp8lab/core/codec.hpp"
+#include "fp8lab/core/format.hpp"
+
+namespace fp8lab::kernels {
+
+// y[i] = quantize(x[i], q, index_offset + i). In place when x == y. Any valid format (also
+// wider than 16 bits). Counts are accumulated into *counts when given (same pass).
+void quantize(const float* x, float* y, std::size_t n, const QuantSpec& q,
+              std::uint64_t index_offset = 0, QuantCounts* counts = nullptr);
+
+// codes[i] = encode(x[i], q, index_offset + i). The format must be at most 8 bits wide for
+// uint8_t codes and at most 16 for uint16_t codes (Error otherwise).
+void encode(const float* x, std::uint8_t* codes, std::size_t n, const QuantSpec& q,
+            std::uint64_t index_offset = 0, QuantCounts* counts = nullptr);
+void encode(const float* x, std::uint16_t* codes, std::size_t n, const QuantSpec& q,
+            std::uint64_t index_offset = 0, QuantCounts* counts = nullptr);
+
+// y[i] = decode(codes[i], f). Bits above the format's width are ignored.
+void decode(const std::uint8_t* codes, float* y, std::size_t n, const Format& f);
+void decode(const std::uint16_t* codes, float* y, std::size_t n, const Format& f);
+
+// Histogram of floor(log2 |x|) over every float32 exponent, -149 (smallest subnormal) to
+// 127, plus zeros, infinities and NaNs.
+struct ExpHistogram {
+  static constexpr int kMinExp = -149;
+  static constexpr int kMaxExp = 127;
+  static constexpr int kBins = kMaxExp - kMinExp + 1;
+  std::array<std::uint64_t, kBins> bins{};
+  std::uint64_t zero = 0, inf = 0, nan = 0;
+  std::uint64_t& at(int exponent) { return bins[exponent - kMinExp]; }
+  std::uint64_t at(int exponent) const { return bins[exponent - kMinExp]; }
+  std::uint64_t total() const;
+  ExpHistogram& operator+=(const ExpHistogram& o);
+  friend bool operator==(const ExpHistogram&, const ExpHistogram&) = default;
+};
+ExpHistogram exponent_histogram(const float* x, std::size_t n);
+
+// Threads used by the kernels (default: the hardware's). Above kParallelThreshold
+// elements a call is split over the threads.
+void set_num_threads(int n);
+int num_threads();
+inline constexpr std::size_t kParallelThreshold = std::size_t{1} << 16;
+
+// SIMD targets compiled in and supported by this CPU, best first (e.g. "AVX3", "AVX2",
+// "SSE4", "EMU128"); for tests and benchmarks.
+std::vector<std::string> available_targets();
+// Restrict dispatch to one of available_targets(); "" restores the best.
+void use_target(const std::string& name);
+// The target the next call will use.
+std::string current_target();
+
+// Whether the format takes the SIMD path (otherwise the scalar codec runs per element).
+bool has_fast_path(const Format& f);
+
+}  // namespace fp8lab::kernels

@@ -1,0 +1,141 @@
+#include "fp8lab/core/analysis.hpp"
+
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <random>
+#include <string>
+
+#include "fp8lab/core/codec.hpp"
+
+namespace fp8lab {
+
+double dynamic_range_db(const Format& f) {
+  return 20.0 * std::log10(f.max_finite() / f.min_positive());
+}
+
+double float_snr_model_db(const Format& f) { return 7.44 + 6.02 * (f.man_bits + 1); }
+
+std::string_view to_string(Distribution d) {
+  switch (d) {
+    case Distribution::normal: return "normal";
+    case Distribution::uniform: return "uniform";
+    case Distribution::laplace: return "laplace";
+    case Distribution::loguniform: return "loguniform";
+  }
+  return "?";
+}
+
+Distribution parse_distribution(std::string_view s) {
+  if (s == "normal" || s == "gaussian") return Distribution::normal;
+  if (s == "uniform") return Distribution::uniform;
+  if (s == "laplace") return Distribution::laplace;
+  if (s == "loguniform" || s == "log-uniform") return Distribution::loguniform;
+  throw Error("unknown distribution '" + std::string(s) +
+              "': expected normal, uniform, laplace or loguniform");
+}
+
+double signal_power(const DistSpec& d) {
+  const double s = d.scale;
+  switch (d.dist) {
+    case Distribution::normal: return s * s;
+    case Distribution::uniform: return s * s / 3.0;
+    case Distribution::laplace: return 2.0 * s * s;
+    case Distribution::loguniform: {
+      // E[(s 2^u)^2], u ~ U[-span, 0]  =  s^2 (1 - 4^-span) / (span ln 4)
+      const double L = d.log2_span;
+      return s * s * (1.0 - std::pow(4.0, -L)) / (L * std::log(4.0));
+    }
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
+double fixed_point_snr_model_db(const Format& f, const DistSpec& d) {
+  if (f.exp_bits != 0) return std::numeric_limits<double>::quiet_NaN();
+  return fixed_point_snr_model_db(std::ldexp(1.0, f.man_bits) - 1.0,
+                                  std::ldexp(1.0, 1 - f.bias - f.man_bits), d);
+}
+
+double fixed_point_snr_model_db(double m, double q, const DistSpec& d) {
+  const double a = m * q;  // largest value
+  double rounding, clipping;
+  switch (d.dist) {
+    case Distribution::normal: {
+      const double t = a / d.scale;
+      const double erf_t = std::erf(t / std::numbers::sqrt2);
+      rounding = q * q / 12.0 * erf_t;
+      clipping = d.scale * d.scale *
+                 ((1.0 + t * t) * (1.0 - erf_t) -
+                  std::sqrt(2.0 / std::numbers::pi) * t * std::exp(-t * t / 2.0));
+      break;
+    }
+    case Distribution::uniform: {
+      const double s = d.scale;
+      rounding = q * q / 12.0 * std::min(a / s, 1.0);
+      clipping = a < s ? std::pow(s - a, 3) / (3.0 * s) : 0.0;
+      break;
+    }
+    case Distribution::laplace: {
+      const double b = d.scale;
+      rounding = q * q / 12.0 * (1.0 - std::exp(-a / b));
+      clipping = 2.0 * b * b * std::exp(-a / b);
+      break;
+    }
+    default: return std::numeric_limits<double>::quiet_NaN();
+  }
+  return 10.0 * std::log10(signal_power(d) / (rounding + clipping));
+}
+
+double snr_model_db(const Format& f, const DistSpec& d) {
+  return f.exp_bits == 0 ? fixed_point_snr_model_db(f, d) : float_snr_model_db(f);
+}
+
+std::vector<float> sample(const DistSpec& d, std::size_t n, std::uint64_t seed) {
+  // Our own transforms of mt19937_64's bits, so that samples do not depend on the
+  // standard library's distribution implementations.
+  std::mt19937_64 rng(seed);
+  const auto uniform01 = [&] {  // in (0, 1)
+    return (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;
+  };
+  std::vector<float> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    double v = 0;
+    switch (d.dist) {
+      case Distribution::normal: {  // Box-Muller, one value per pair
+        const double u1 = uniform01(), u2 = uniform01();
+        v = d.scale * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+        break;
+      }
+      case Distribution::uniform: v = d.scale * (2.0 * uniform01() - 1.0); break;
+      case Distribution::laplace: {
+        const double u = uniform01() - 0.5;
+        v = -d.scale * (u < 0 ? -1.0 : 1.0) * std::log(1.0 - 2.0 * std::abs(u));
+        break;
+      }
+      case Distribution::loguniform: {
+        const double u = -d.log2_span * uniform01();
+        v = d.scale * std::exp2(u) * ((rng() & 1) ? -1.0 : 1.0);
+        break;
+      }
+    }
+    out[i] = static_cast<float>(v);
+  }
+  return out;
+}
+
+double measured_snr_db(const Format& f, const std::vector<float>& x) {
+  QuantSpec q;
+  q.format = f;
+  double sig = 0, noise = 0;
+  for (float v : x) {
+    const float y = quantize(v, q);
+    if (std::isnan(y)) continue;
+    const double e = static_cast<double>(y) - v;
+    sig += static_cast<double>(v) * v;
+    noise += e * e;
+  }
+  if (noise == 0) return std::numeric_limits<double>::infinity();
+  return 10.0 * std::log10(sig / noise);
+}
+
+}  // namespace fp8lab

@@ -1,0 +1,334 @@
+#include "fp8lab/core/format.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <string>
+
+namespace fp8lab {
+
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+bool parse_int(std::string_view s, int& out) {
+  if (s.empty()) return false;
+  if (s.front() == '+') s.remove_prefix(1);
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+}  // namespace
+
+std::string_view to_string(Policy p) {
+  switch (p) {
+    case Policy::fnuz: return "fnuz";
+    case Policy::fn: return "fn";
+    case Policy::ieee: return "ieee";
+    case Policy::finite: return "finite";
+  }
+  return "?";
+}
+
+std::string_view to_string(Rounding r) {
+  switch (r) {
+    case Rounding::nearest_even: return "nearest-even";
+    case Rounding::toward_zero: return "toward-zero";
+    case Rounding::stochastic: return "stochastic";
+  }
+  return "?";
+}
+
+std::string_view to_string(Overflow o) {
+  switch (o) {
+    case Overflow::saturate: return "saturate";
+    case Overflow::nan: return "nan";
+    case Overflow::inf: return "inf";
+  }
+  return "?";
+}
+
+Policy parse_policy(std::string_view s) {
+  const std::string l = lower(trim(s));
+  if (l == "fnuz") return Policy::fnuz;
+  if (l == "fn") return Policy::fn;
+  if (l == "ieee") return Policy::ieee;
+  if (l == "finite") return Policy::finite;
+  throw Error("unknown special-value policy '" + std::string(s) +
+              "': expected fnuz, fn, ieee or finite");
+}
+
+Rounding parse_rounding(std::string_view s) {
+  const std::string l = lower(trim(s));
+  if (l == "nearest-even" || l == "nearest_even" || l == "ne" || l == "rne" || l == "nearest")
+    return Rounding::nearest_even;
+  if (l == "toward-zero" || l == "toward_zero" || l == "tz" || l == "rtz" || l == "truncate")
+    return Rounding::toward_zero;
+  if (l == "stochastic" || l == "sr") return Rounding::stochastic;
+  throw Error("unknown rounding '" + std::string(s) +
+              "': expected nearest-even, toward-zero or stochastic");
+}
+
+Overflow parse_overflow(std::string_view s) {
+  const std::string l = lower(trim(s));
+  if (l == "saturate" || l == "clip" || l == "sat") return Overflow::saturate;
+  if (l == "nan") return Overflow::nan;
+  if (l == "inf") return Overflow::inf;
+  throw Error("unknown overflow mode '" + std::string(s) + "': expected saturate, nan or inf");
+}
+
+int natural_bias(int exp_bits) { return exp_bits <= 0 ? 0 : (1 << (exp_bits - 1)) - 1; }
+
+void validate(const Format& f) {
+  const int E = f.exp_bits, M = f.man_bits;
+  if (E < 0 || E > kMaxExpBits)
+    throw Error("exponent bits E must be in 0.." + std::to_string(kMaxExpBits) + " (got " +
+                std::to_string(E) + ")");
+  if (M < 0 || M > kMaxManBits)
+    throw Error("mantissa bits M must be in 0.." + std::to_string(kMaxManBits) + " (got " +
+                std::to_string(M) + ")");
+  if (f.bias < -kMaxAbsBias || f.bias > kMaxAbsBias)
+    throw Error("bias must be in -" + std::to_string(kMaxAbsBias) + ".." +
+                std::to_string(kMaxAbsBias) + " (got " + std::to_string(f.bias) + ")");
+  if ((f.policy == Policy::ieee || f.policy == Policy::fn) && E < 1)
+    throw Error("policy " + std::string(to_string(f.policy)) +
+                " needs at least one exponent bit (E >= 1)");
+  if (f.policy == Policy::ieee && M < 1)
+    throw Error("policy ieee needs M >= 1: its NaN codes have a non-zero mantissa");
+  if (!f.subnormals && E < 1)
+    throw Error("subnormals off needs E >= 1: a scaled integer (E = 0) has no exponent field");
+  if (f.max_code() < 1)
+    throw Error("format has no positive finite value (1." + std::to_string(E) + "." +
+                std::to_string(M) + " under policy " + std::string(to_string(f.policy)) + ")");
+}
+
+Format make_format(int exp_bits, int man_bits, int bias, Policy policy, bool subnormals) {
+  // Range-check before narrowing into the compact fields.
+  if (exp_bits < 0 || exp_bits > kMaxExpBits)
+    throw Error("exponent bits E must be in 0..8 (got " + std::to_string(exp_bits) + ")");
+  if (man_bits < 0 || man_bits > kMaxManBits)
+    throw Error("mantissa bits M must be in 0..23 (got " + std::to_string(man_bits) + ")");
+  if (bias < -kMaxAbsBias || bias > kMaxAbsBias)
+    throw Error("bias must be in -512..512 (got " + std::to_string(bias) + ")");
+  Format f;
+  f.exp_bits = static_cast<std::int8_t>(exp_bits);
+  f.man_bits = static_cast<std::int8_t>(man_bits);
+  f.bias = static_cast<std::int16_t>(bias);
+  f.policy = policy;
+  f.subnormals = subnormals;
+  validate(f);
+  return f;
+}
+
+std::uint32_t Format::max_code() const {
+  if (exp_bits < 0 || man_bits < 0 || exp_bits + man_bits > 31) return 0;
+  const std::uint32_t all = (exp_bits + man_bits == 0) ? 0u : mag_mask();
+  switch (policy) {
+    case Policy::fnuz:
+    case Policy::finite: return all;
+    case Policy::fn: return all == 0 ? 0 : all - 1;
+    case Policy::ieee: {
+      const std::uint32_t exp_ones = (1u << exp_bits) - 1;
+      return exp_bits == 0 ? 0 : (exp_ones << man_bits) - 1;
+    }
+  }
+  return 0;
+}
+
+std::uint32_t Format::nan_code(bool negative) const {
+  const std::uint32_t s = negative ? sign_bit() : 0;
+  switch (policy) {
+    case Policy::fnuz: return sign_bit();  // the "negative zero" code
+    case Policy::fn: return s | mag_mask();
+    case Policy::ieee: {
+      const std::uint32_t exp_ones = (1u << exp_bits) - 1;
+      return s | (exp_ones << man_bits) | (1u << (man_bits - 1));  // quiet NaN: mantissa MSB
+    }
+    case Policy::finite: return 0;  // no NaN: encoding stores +0 and counts it
+  }
+  return 0;
+}
+
+std::uint32_t Format::inf_code(bool negative) const {
+  const std::uint32_t exp_ones = (1u << exp_bits) - 1;
+  return (negative ? sign_bit() : 0) | (exp_ones << man_bits);
+}
+
+double Format::magnitude(std::uint32_t c) const {
+  const int M = man_bits;
+  const std::uint32_t e = c >> M;
+  const std::uint32_t m = c & ((1u << M) - 1);
+  if (exp_bits == 0 || (subnormals && e == 0))
+    return std::ldexp(static_cast<double>(m), 1 - bias - M);
+  if (c == 0) return 0.0;  // subnormals off: the all-zero magnitude is zero
+  return std::ldexp(static_cast<double>((1u << M) + m), static_cast<int>(e) - bias - M);
+}
+
+double Format::min_normal() const {
+  if (exp_bits == 0) return 0.0;
+  if (subnormals) return std::ldexp(1.0, 1 - bias);
+  return magnitude(1);
+}
+
+std::uint64_t Format::finite_count() const {
+  const std::uint64_t mags = static_cast<std::uint64_t>(max_code()) + 1;  // including zero
+  return signed_zero() ? 2 * mags : 2 * mags - 1;
+}
+
+Format::Class Format::classify(std::uint32_t code) const {
+  const std::uint32_t mag = code & mag_mask();
+  const std::uint32_t e = mag >> man_bits;
+  const std::uint32_t m = mag & ((1u << man_bits) - 1);
+  switch (policy) {
+    case Policy::fnuz:
+      if (code == sign_bit()) return Class::nan;
+      break;
+    case Policy::fn:
+      if (mag == mag_mask()) return Class::nan;
+      break;
+    case Policy::ieee:
+      if (e == (1u << exp_bits) - 1) return m == 0 ? Class::inf : Class::nan;
+      break;
+    case Policy::finite: break;
+  }
+  if (mag == 0) return Class::zero;
+  if (exp_bits == 0 || (subnormals && e == 0)) return Class::subnormal;
+  return Class::normal;
+}
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> p = [] {
+    auto mk = [](int E, int M, int b, Policy pol, bool sub = true) {
+      return make_format(E, M, b, pol, sub);
+    };
+    return std::vector<Preset>{
+        {"e4m3fnuz", mk(4, 3, 8, Policy::fnuz), "1.4.3 bias 8, one NaN (0x80), no Inf, max 240"},
+        {"e4m3b11fnuz", mk(4, 3, 11, Policy::fnuz), "1.4.3 bias 11, one NaN, max 30"},
+        {"e5m2fnuz", mk(5, 2, 16, Policy::fnuz), "1.5.2 bias 16, one NaN, max 57344"},
+        {"e4m3fn", mk(4, 3, 7, Policy::fn), "OCP E4M3: NaN 0x7f/0xff, no Inf, max 448"},
+        {"e5m2", mk(5, 2, 15, Policy::ieee), "OCP E5M2 / IEEE-style, max 57344"},
+        {"e3m4", mk(3, 4, 3, Policy::ieee), "IEEE-style 1.3.4, max 15.5"},
+        {"e2m3fn", mk(2, 3, 1, Policy::finite), "OCP MX FP6 E2M3, finite only, max 7.5"},
+        {"e3m2fn", mk(3, 2, 3, Policy::finite), "OCP MX FP6 E3M2, finite only, max 28"},
+        {"e2m1fn", mk(2, 1, 1, Policy::finite), "OCP MX FP4 E2M1, finite only, max 6"},
+        {"fp16", mk(5, 10, 15, Policy::ieee), "IEEE binary16"},
+        {"bf16", mk(8, 7, 127, Policy::ieee), "bfloat16"},
+        {"fp32", mk(8, 23, 127, Policy::ieee), "IEEE binary32 (analysis only: 32 bits wide)"},
+        {"dlfloat16", mk(6, 9, 31, Policy::fn, false),
+         "DLFloat 1.6.9 bias 31, no subnormals, one NaN/Inf code per sign"},
+    };
+  }();
+  return p;
+}
+
+std::string_view preset_name(const Format& f) {
+  for (const auto& p : presets())
+    if (p.format == f) return p.name;
+  return {};
+}
+
+std::string to_string(const Format& f) {
+  std::string s = "1." + std::to_string(f.exp_bits) + "." + std::to_string(f.man_bits);
+  if (f.bias != natural_bias(f.exp_bits)) s += ":" + std::to_string(f.bias);
+  if (f.policy != Policy::fnuz) s += ":" + std::string(to_string(f.policy));
+  if (!f.subnormals) s += ":nosub";
+  return s;
+}
+
+Format parse_format(std::string_view text_in) {
+  const std::string_view text = trim(text_in);
+  const std::string where = "format '" + std::string(text_in) + "': ";
+  if (text.empty()) throw Error("empty format: expected 1.E.M[:bias][:policy][:nosub] or a preset");
+  if (!std::isdigit(static_cast<unsigned char>(text.front()))) {
+    const std::string l = lower(text);
+    for (const auto& p : presets())
+      if (p.name == l) return p.format;
+    std::string names;
+    for (const auto& p : presets()) names += (names.empty() ? "" : ", ") + std::string(p.name);
+    throw Error(where + "unknown preset; expected 1.E.M[:bias][:policy][:nosub] or one of " +
+                names);
+  }
+  // Split on ':'.
+  std::vector<std::string_view> parts;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t c = text.find(':', start);
+    parts.push_back(text.substr(start, c == std::string_view::npos ? text.size() - start : c - start));
+    if (c == std::string_view::npos) break;
+    start = c + 1;
+  }
+  // "1.E.M"
+  const std::string_view head = parts[0];
+  int fields[3];
+  std::size_t pos = 0;
+  for (int i = 0; i < 3; ++i) {
+    const std::size_t dot = head.find('.', pos);
+    const std::string_view piece =
+        head.substr(pos, (i < 2 ? dot : head.size()) - pos);
+    if ((i < 2 && dot == std::string_view::npos) || !parse_int(piece, fields[i]) ||
+        (i == 2 && head.find('.', pos) != std::string_view::npos))
+      throw Error(where + "expected 1.E.M (sign, exponent and mantissa bits), e.g. 1.4.3");
+    pos = dot + 1;
+  }
+  if (fields[0] != 1) throw Error(where + "the sign field must be 1 bit (1.E.M)");
+  const int E = fields[1], M = fields[2];
+  int bias = natural_bias(E);
+  Policy policy = Policy::fnuz;
+  bool subnormals = true;
+  bool seen_bias = false, seen_policy = false, seen_sub = false;
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    const std::string_view tok = trim(parts[i]);
+    const std::string l = lower(tok);
+    int v = 0;
+    if (tok.empty()) {
+      if (i == 1) continue;  // "1.4.3::fn" leaves the bias natural
+      throw Error(where + "empty field after ':'");
+    }
+    if (parse_int(tok, v) || (!tok.empty() && (tok.front() == '-' || std::isdigit(static_cast<unsigned char>(tok.front()))))) {
+      if (!parse_int(tok, v)) throw Error(where + "bias '" + std::string(tok) + "' is not an integer");
+      if (seen_bias) throw Error(where + "bias given twice");
+      bias = v;
+      seen_bias = true;
+    } else if (l == "nosub" || l == "sub") {
+      if (seen_sub) throw Error(where + "subnormal flag given twice");
+      subnormals = (l == "sub");
+      seen_sub = true;
+    } else {
+      if (seen_policy) throw Error(where + "policy given twice");
+      try {
+        policy = parse_policy(tok);
+      } catch (const Error&) {
+        throw Error(where + "unknown field '" + std::string(tok) +
+                    "': expected a bias (integer), a policy (fnuz, fn, ieee, finite) or nosub");
+      }
+      seen_policy = true;
+    }
+  }
+  try {
+    return make_format(E, M, bias, policy, subnormals);
+  } catch (const Error& e) {
+    throw Error(where + e.what());
+  }
+}
+
+void validate(const QuantSpec& q) {
+  validate(q.format);
+  if (q.overflow == Overflow::inf && !q.format.has_inf())
+    throw Error("overflow mode 'inf' needs a format with Inf (policy ieee); " +
+                to_string(q.format) + " has none: use saturate or nan");
+  if (q.random_bits < 1 || q.random_bits > 32)
+    throw Error("random bits for stochastic rounding must be in 1..32 (got " +
+                std::to_string(q.random_bits) + ")");
+}
+
+}  // namespace fp8lab

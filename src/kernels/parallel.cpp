@@ -1,0 +1,142 @@
+#include "parallel.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "fp8lab/kernels/kernels.hpp"
+
+namespace fp8lab::kernels {
+
+namespace {
+
+class Pool {
+ public:
+  static Pool& get() {
+    static Pool pool;
+    return pool;
+  }
+
+  int threads() const { return threads_.load(); }
+  void set_threads(int n) {
+    std::lock_guard<std::mutex> run(run_mutex_);
+    stop_workers();
+    threads_.store(std::max(1, n));
+  }
+
+  void run(std::size_t n, std::size_t align,
+           const std::function<void(std::size_t, std::size_t)>& fn) {
+    std::lock_guard<std::mutex> run(run_mutex_);  // one parallel job at a time
+    const int t = threads_.load();
+    start_workers(t - 1);
+    // Split into t ranges aligned to `align`.
+    const std::size_t units = (n + align - 1) / align;
+    std::vector<std::pair<std::size_t, std::size_t>> ranges;
+    for (int i = 0; i < t; ++i) {
+      const std::size_t b = std::min(n, units * i / t * align);
+      const std::size_t e = std::min(n, units * (i + 1) / t * align);
+      ranges.emplace_back(b, e);
+    }
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      job_ = &fn;
+      ranges_ = &ranges;
+      pending_ = t - 1;
+      error_ = nullptr;
+      ++generation_;
+    }
+    cv_.notify_all();
+    std::exception_ptr mine;
+    try {
+      if (ranges[0].first < ranges[0].second) fn(ranges[0].first, ranges[0].second);
+    } catch (...) {
+      mine = std::current_exception();
+    }
+    std::unique_lock<std::mutex> lk(m_);
+    done_cv_.wait(lk, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    if (mine) std::rethrow_exception(mine);
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  ~Pool() { stop_workers(); }
+
+ private:
+  Pool() : threads_(std::max(1u, std::thread::hardware_concurrency())) {}
+
+  void start_workers(int count) {
+    while (static_cast<int>(workers_.size()) < count) {
+      const int id = static_cast<int>(workers_.size()) + 1;
+      workers_.emplace_back([this, id] { work(id); });
+    }
+  }
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+    quit_ = false;
+  }
+  void work(int id) {
+    std::uint64_t seen = generation_;
+    for (;;) {
+      const std::function<void(std::size_t, std::size_t)>* job;
+      std::pair<std::size_t, std::size_t> range;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return quit_ || generation_ != seen; });
+        if (quit_) return;
+        seen = generation_;
+        job = job_;
+        range = (*ranges_)[id];
+      }
+      std::exception_ptr err;
+      try {
+        if (range.first < range.second) (*job)(range.first, range.second);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lk(m_);
+      if (err && !error_) error_ = err;
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  std::atomic<int> threads_;
+  std::mutex run_mutex_;
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  std::vector<std::thread> workers_;
+  const std::function<void(std::size_t, std::size_t)>* job_ = nullptr;
+  const std::vector<std::pair<std::size_t, std::size_t>>* ranges_ = nullptr;
+  int pending_ = 0;
+  std::uint64_t generation_ = 0;
+  bool quit_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+void set_num_threads(int n) { Pool::get().set_threads(n); }
+int num_threads() { return Pool::get().threads(); }
+
+namespace detail {
+void parallel_for(std::size_t n, std::size_t align,
+                  const std::function<void(std::size_t, std::size_t)>& fn) {
+  if (n == 0) return;
+  if (n < kParallelThreshold || num_threads() == 1) {
+    fn(0, n);
+    return;
+  }
+  Pool::get().run(n, align, fn);
+}
+}  // namespace detail
+
+}  // namespace fp8lab::kernels

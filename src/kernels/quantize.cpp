@@ -1,0 +1,520 @@
+// SIMD kernels, compiled once per Highway target and chosen at run time.
+//
+// The arithmetic is the scalar codec's (src/core/codec.cpp) done on 32-bit lanes without
+// normalising float32 subnormals: that is exact as long as the format's smallest normal
+// exponent emin is >= -126 (then a float32 subnormal input always lies in the format's
+// subnormal range, where only its distance to 0 matters). Formats outside that window,
+// wider than 16 bits, without subnormals, or reaching past float32's range use the scalar
+// codec (see Params::fast).
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "src/kernels/quantize.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#include "fp8lab/core/codec.hpp"
+#include "fp8lab/core/random.hpp"
+#include "fp8lab/kernels/kernels.hpp"
+
+#ifndef FP8LAB_KERNELS_PARAMS_ONCE
+#define FP8LAB_KERNELS_PARAMS_ONCE
+namespace fp8lab::kernels::detail {
+
+// Everything a kernel needs, derived once per call from the QuantSpec. Plain data.
+struct Params {
+  bool fast;                 // the SIMD path applies
+  Rounding rounding;
+  std::uint32_t M;           // mantissa bits
+  std::uint32_t eminb;       // emin + 127: float32 biased exponent of the format's emin
+  std::uint32_t max_code;    // largest finite magnitude code
+  std::uint32_t code_sign_shift;  // 32 - width: moves the float sign bit to the code's
+  bool unsigned_zero;        // fnuz: a zero result is +0
+  // Overflow of a finite value: magnitude to store, or NaN/Inf.
+  std::uint32_t ovf_mag;     // saturate (and finite formats in nan mode): max_code
+  bool ovf_to_nan, ovf_to_inf;
+  bool inf_to_nan, inf_to_inf;  // what an Inf input becomes (else +-max)
+  std::uint32_t nan_base, nan_sign_mask;  // NaN code = nan_base | (sign & nan_sign_mask)
+  std::uint32_t inf_mag;
+  // Float32 bits of results.
+  std::uint32_t max_bits;    // max finite
+  std::uint32_t minsub_bits; // smallest subnormal 2^(emin - M)
+  std::uint32_t fnan_sign_mask;  // fake quantization: sign kept on NaN (not for fnuz)
+  std::uint32_t random_mask; // top R bits
+  std::uint64_t seed;
+};
+
+inline Params make_params(const QuantSpec& q) {
+  const Format& f = q.format;
+  Params p{};
+  p.rounding = q.rounding;
+  p.M = static_cast<std::uint32_t>(f.man_bits);
+  const int emin = f.emin();
+  p.fast = f.codable() && f.subnormals && emin >= -126 &&
+           f.max_finite() <= static_cast<double>(std::numeric_limits<float>::max());
+  p.eminb = static_cast<std::uint32_t>(emin + 127);
+  p.max_code = f.max_code();
+  p.code_sign_shift = static_cast<std::uint32_t>(32 - f.width());
+  p.unsigned_zero = !f.signed_zero();
+  const bool nan_mode = q.overflow == Overflow::nan && f.has_nan();
+  const bool inf_mode = q.overflow == Overflow::inf && f.has_inf();
+  p.ovf_to_nan = nan_mode;
+  p.ovf_to_inf = inf_mode;
+  p.ovf_mag = p.max_code;
+  p.inf_to_inf = f.has_inf();
+  p.inf_to_nan = !f.has_inf() && f.has_nan();
+  p.nan_base = f.has_nan() ? f.nan_code(false) : 0;
+  p.nan_sign_mask = f.signed_nan() ? f.sign_bit() : 0;
+  p.inf_mag = f.has_inf() ? f.inf_code(false) : 0;
+  if (p.fast) {
+    p.max_bits = std::bit_cast<std::uint32_t>(static_cast<float>(f.max_finite()));
+    p.minsub_bits = std::bit_cast<std::uint32_t>(static_cast<float>(f.min_positive()));
+  }
+  p.fnan_sign_mask = f.policy == Policy::fnuz ? 0u : 0x80000000u;
+  p.random_mask = ~0u << (32 - q.random_bits);
+  p.seed = q.seed;
+  return p;
+}
+
+}  // namespace fp8lab::kernels::detail
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace fp8lab::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using detail::Params;
+
+using D32 = hn::ScalableTag<std::uint32_t>;
+using V32 = hn::Vec<D32>;
+
+// Per-lane random bits: hash32(hash32(i ^ k0) ^ k1), as fp8lab::random_bits.
+HWY_INLINE V32 Hash32(D32 d, V32 x) {
+  x = hn::Xor(x, hn::ShiftRight<16>(x));
+  x = hn::Mul(x, hn::Set(d, 0x7feb352du));
+  x = hn::Xor(x, hn::ShiftRight<15>(x));
+  x = hn::Mul(x, hn::Set(d, 0x846ca68bu));
+  return hn::Xor(x, hn::ShiftRight<16>(x));
+}
+
+struct Lanes {
+  V32 code;   // full code (sign included)
+  V32 fbits;  // float32 bits of the fake-quantized value
+};
+
+// The codec on one vector of float32 bits. idx_lo: low 32 bits of each element's index.
+template <Rounding kMode, bool kWantCode, bool kWantFloat, bool kCount>
+HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::StreamKey key,
+                         QuantCounts* counts) {
+  const V32 one = hn::Set(d, 1u);
+  const V32 a = hn::And(xb, hn::Set(d, 0x7fffffffu));
+  const V32 sign = hn::And(xb, hn::Set(d, 0x80000000u));
+  // Float32 fields: e1 = max(biased exponent, 1), so that sig = a - ((e1-1) << 23) is the
+  // significand with its implicit bit (normals) or the raw fraction (subnormals), and
+  // |x| = sig * 2^(e1 - 150) in both cases.
+  const V32 exf = hn::ShiftRight<23>(a);
+  const V32 e1 = hn::Max(exf, one);
+  const V32 base = hn::ShiftLeft<23>(hn::Sub(e1, one));
+  const V32 sig = hn::Sub(a, base);
+  const V32 eminb = hn::Set(d, p.eminb);
+  // Below the normal range the quantum stays 2^(emin - M): `below` more bits drop.
+  const V32 below = hn::IfThenElseZero(hn::Lt(e1, eminb), hn::Sub(eminb, e1));
+  const V32 above = hn::IfThenElseZero(hn::Gt(e1, eminb), hn::Sub(e1, eminb));
+  const V32 drop_raw = hn::Add(hn::Set(d, 23u - p.M), below);
+  const V32 drop = hn::Min(drop_raw, hn::Set(d, 31u));
+  V32 n;  // rounded magnitude in quanta
+  if constexpr (kMode == Rounding::nearest_even) {
+    // sig + (half - 1) + lsb, then drop: ties go to the even quantum count.
+    const V32 half_m1 = hn::Sub(hn::Shl(one, hn::Sub(drop, one)), one);
+    const V32 lsb = hn::And(hn::Shr(sig, drop), one);
+    n = hn::Shr(hn::Add(sig, hn::Add(half_m1, lsb)), drop);
+  } else if constexpr (kMode == Rounding::toward_zero) {
+    n = hn::Shr(sig, drop);
+  } else {
+    // F: the fraction below the target LSB aligned to the top of a 32-bit word,
+    //   drop <= 32: sig << (32 - drop)      drop > 32: sig >> (drop - 32)
+    // Round up iff (F & topR) + (r & topR) carries out of 32 bits.
+    const V32 d63 = hn::Min(drop_raw, hn::Set(d, 63u));
+    const V32 c32 = hn::Set(d, 32u);
+    const V32 sl = hn::Sub(c32, hn::Min(d63, c32));
+    const V32 sr = hn::Min(hn::Sub(hn::Max(d63, c32), c32), hn::Set(d, 31u));
+    const V32 F = hn::IfThenElse(hn::Gt(d63, c32), hn::Shr(sig, sr), hn::Shl(sig, sl));
+    const V32 tm = hn::Set(d, p.random_mask);
+    const V32 r = Hash32(d, hn::Xor(Hash32(d, hn::Xor(idx_lo, hn::Set(d, key.k0))),
+                                    hn::Set(d, key.k1)));
+    const V32 fm = hn::And(F, tm);
+    const V32 sum = hn::Add(fm, hn::And(r, tm));
+    const V32 up = hn::IfThenElseZero(hn::Lt(sum, fm), one);
+    n = hn::Add(hn::Shr(sig, drop), up);
+  }
+  // Magnitude code: (exponent field above emin << M) + n; see codec.cpp step 4.
+  const V32 mag = hn::Add(hn::ShiftLeftSame(above, static_cast<int>(p.M)), n);
+  // Non-finite inputs have exf = 255, hence a huge `mag`: they are inside `ovf` too.
+  const auto ovf = hn::Gt(mag, hn::Set(d, p.max_code));
+  const auto is_nan = hn::Gt(a, hn::Set(d, 0x7f800000u));
+  const auto is_inf = hn::Eq(a, hn::Set(d, 0x7f800000u));
+  const auto no = hn::Lt(one, one);  // all-false mask
+  const auto nan_res = hn::Or(
+      is_nan, hn::Or(p.inf_to_nan ? is_inf : no,
+                     p.ovf_to_nan ? hn::AndNot(is_inf, ovf) : no));
+  const auto inf_res =
+      hn::Or(p.inf_to_inf ? is_inf : no, p.ovf_to_inf ? hn::AndNot(is_nan, ovf) : no);
+  const V32 zero = hn::Zero(d);
+  const auto mag_zero = hn::Eq(mag, zero);
+  const V32 sign_kept = p.unsigned_zero ? hn::IfThenZeroElse(mag_zero, sign) : sign;
+
+  Lanes out{zero, zero};
+  if constexpr (kWantCode) {
+    const V32 csign = hn::ShiftRightSame(sign, static_cast<int>(p.code_sign_shift));
+    V32 code = hn::IfThenElse(ovf, hn::Set(d, p.ovf_mag), mag);
+    code = hn::Or(code, hn::ShiftRightSame(sign_kept, static_cast<int>(p.code_sign_shift)));
+    code = hn::IfThenElse(inf_res, hn::Or(csign, hn::Set(d, p.inf_mag)), code);
+    code = hn::IfThenElse(
+        nan_res, hn::Or(hn::Set(d, p.nan_base), hn::And(csign, hn::Set(d, p.nan_sign_mask))),
+        code);
+    out.code = code;
+  }
+  if constexpr (kWantFloat) {
+    // Value bits: within x's binade the quanta are linear in the float bits (drop <= 23);
+    // further down the only candidates are 0 and the smallest subnormal.
+    const V32 in_binade = hn::Add(base, hn::Shl(n, drop));
+    const V32 tiny = hn::IfThenZeroElse(hn::Eq(n, zero), hn::Set(d, p.minsub_bits));
+    V32 v = hn::IfThenElse(hn::Gt(drop_raw, hn::Set(d, 23u)), tiny, in_binade);
+    v = hn::IfThenElse(ovf, hn::Set(d, p.max_bits), v);
+    v = hn::Or(v, sign_kept);
+    v = hn::IfThenElse(inf_res, hn::Or(sign, hn::Set(d, 0x7f800000u)), v);
+    v = hn::IfThenElse(
+        nan_res,
+        hn::Or(hn::Set(d, 0x7fc00000u), hn::And(sign, hn::Set(d, p.fnan_sign_mask))), v);
+    out.fbits = v;
+  }
+  if constexpr (kCount) {
+    counts->overflow += hn::CountTrue(d, hn::AndNot(is_nan, ovf));
+    counts->underflow += hn::CountTrue(d, hn::AndNot(hn::Eq(a, zero), mag_zero));
+    counts->nan += hn::CountTrue(d, nan_res);
+  }
+  return out;
+}
+
+// Drive Process over [0, n) (element indices index0 + i); `emit(i, lanes)` stores a full
+// vector, `emit_one(i)` handles one tail element with the scalar codec (which counts it).
+template <Rounding kMode, bool kWantCode, bool kWantFloat, bool kCount, class Emit,
+          class EmitOne>
+HWY_INLINE void Loop(const Params& p, const float* x, std::size_t n, std::uint64_t index0,
+                     QuantCounts* counts, const Emit& emit, const EmitOne& emit_one) {
+  const D32 d;
+  const std::size_t N = hn::Lanes(d);
+  const hn::RebindToFloat<D32> df;
+  std::size_t i = 0;
+  while (i < n) {
+    // Segments never cross a multiple of 2^32 in the global index: one key per segment.
+    const std::uint64_t g = index0 + i;
+    const std::uint64_t to_boundary = ((g | 0xffffffffull) + 1) - g;
+    const std::size_t seg_end =
+        static_cast<std::size_t>(std::min<std::uint64_t>(n, i + to_boundary));
+    const fp8lab::StreamKey key = fp8lab::stream_key(p.seed, g);
+    for (; i + N <= seg_end; i += N) {
+      const V32 xb = hn::BitCast(d, hn::LoadU(df, x + i));
+      const V32 idx = hn::Iota(d, static_cast<std::uint32_t>(index0 + i));
+      emit(i, Process<kMode, kWantCode, kWantFloat, kCount>(d, p, xb, idx, key, counts));
+      if constexpr (kCount) counts->total += N;
+    }
+    for (; i < seg_end; ++i) emit_one(i);
+  }
+}
+
+template <bool kCount, class Fn>
+HWY_INLINE void DispatchMode(Rounding r, const Fn& fn) {
+  switch (r) {
+    case Rounding::nearest_even: fn.template operator()<Rounding::nearest_even, kCount>(); break;
+    case Rounding::toward_zero: fn.template operator()<Rounding::toward_zero, kCount>(); break;
+    case Rounding::stochastic: fn.template operator()<Rounding::stochastic, kCount>(); break;
+  }
+}
+
+void QuantizeRange(const Params& p, const QuantSpec& q, const float* x, float* y,
+                   std::size_t n, std::uint64_t index0, QuantCounts* counts) {
+  const hn::RebindToFloat<D32> df;
+  auto run = [&]<Rounding kMode, bool kCount>() {
+    Loop<kMode, false, true, kCount>(
+        p, x, n, index0, counts,
+        [&](std::size_t i, const Lanes& l) { hn::StoreU(hn::BitCast(df, l.fbits), df, y + i); },
+        [&](std::size_t i) { y[i] = fp8lab::quantize(x[i], q, index0 + i, counts); });
+  };
+  if (counts) DispatchMode<true>(p.rounding, run);
+  else DispatchMode<false>(p.rounding, run);
+}
+
+template <typename T>
+HWY_INLINE void EncodeRangeT(const Params& p, const QuantSpec& q, const float* x, T* out,
+                             std::size_t n, std::uint64_t index0, QuantCounts* counts) {
+  const hn::Rebind<T, D32> dn;
+  const hn::RebindToSigned<D32> di;
+  auto run = [&]<Rounding kMode, bool kCount>() {
+    Loop<kMode, true, false, kCount>(
+        p, x, n, index0, counts,
+        [&](std::size_t i, const Lanes& l) {
+          hn::StoreU(hn::DemoteTo(dn, hn::BitCast(di, l.code)), dn, out + i);
+        },
+        [&](std::size_t i) {
+          out[i] = static_cast<T>(fp8lab::encode(x[i], q, index0 + i, counts));
+        });
+  };
+  if (counts) DispatchMode<true>(p.rounding, run);
+  else DispatchMode<false>(p.rounding, run);
+}
+
+void EncodeRange8(const Params& p, const QuantSpec& q, const float* x, std::uint8_t* out,
+                  std::size_t n, std::uint64_t index0, QuantCounts* counts) {
+  EncodeRangeT(p, q, x, out, n, index0, counts);
+}
+void EncodeRange16(const Params& p, const QuantSpec& q, const float* x, std::uint16_t* out,
+                   std::size_t n, std::uint64_t index0, QuantCounts* counts) {
+  EncodeRangeT(p, q, x, out, n, index0, counts);
+}
+
+// Decode by table look-up: the table holds the float32 of every code of the format.
+template <typename T>
+HWY_INLINE void DecodeRangeT(const float* table, std::uint32_t mask, const T* codes,
+                             float* y, std::size_t n) {
+  const D32 d;
+  const hn::Rebind<T, D32> dn;
+  const hn::RebindToSigned<D32> di;
+  const hn::RebindToFloat<D32> df;
+  const std::size_t N = hn::Lanes(d);
+  const V32 m = hn::Set(d, mask);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const V32 c = hn::And(hn::PromoteTo(d, hn::LoadU(dn, codes + i)), m);
+    hn::StoreU(hn::GatherIndex(df, table, hn::BitCast(di, c)), df, y + i);
+  }
+  for (; i < n; ++i) y[i] = table[codes[i] & mask];
+}
+
+void DecodeRange8(const float* table, std::uint32_t mask, const std::uint8_t* codes, float* y,
+                  std::size_t n) {
+  DecodeRangeT(table, mask, codes, y, n);
+}
+void DecodeRange16(const float* table, std::uint32_t mask, const std::uint16_t* codes, float* y,
+                   std::size_t n) {
+  DecodeRangeT(table, mask, codes, y, n);
+}
+
+}  // namespace fp8lab::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "parallel.hpp"
+
+namespace fp8lab::kernels {
+
+HWY_EXPORT(QuantizeRange);
+HWY_EXPORT(EncodeRange8);
+HWY_EXPORT(EncodeRange16);
+HWY_EXPORT(DecodeRange8);
+HWY_EXPORT(DecodeRange16);
+
+namespace {
+
+constexpr std::size_t kAlign = 1024;  // range boundaries for threads: whole cache lines
+
+// Runs body(begin, end, counts*) over parallel ranges and sums the per-range counts.
+template <class Body>
+void run_ranges(std::size_t n, QuantCounts* counts, const Body& body) {
+  std::mutex m;
+  detail::parallel_for(n, kAlign, [&](std::size_t b, std::size_t e) {
+    QuantCounts local;
+    body(b, e, counts ? &local : nullptr);
+    if (counts) {
+      std::lock_guard<std::mutex> lk(m);
+      *counts += local;
+    }
+  });
+}
+
+std::shared_ptr<const std::vector<float>> decode_table(const Format& f) {
+  static std::mutex m;
+  static std::map<std::uint64_t, std::shared_ptr<const std::vector<float>>> cache;
+  const std::uint64_t key = (std::uint64_t(std::uint8_t(f.exp_bits)) << 40) |
+                            (std::uint64_t(std::uint8_t(f.man_bits)) << 32) |
+                            (std::uint64_t(std::uint16_t(f.bias)) << 16) |
+                            (std::uint64_t(f.policy) << 8) | std::uint64_t(f.subnormals);
+  std::lock_guard<std::mutex> lk(m);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  auto t = std::make_shared<std::vector<float>>(std::size_t{1} << f.width());
+  for (std::uint32_t c = 0; c < t->size(); ++c) (*t)[c] = decode(c, f);
+  if (cache.size() > 64) cache.clear();
+  cache.emplace(key, t);
+  return t;
+}
+
+}  // namespace
+
+bool has_fast_path(const Format& f) {
+  QuantSpec q;
+  q.format = f;
+  return detail::make_params(q).fast;
+}
+
+void quantize(const float* x, float* y, std::size_t n, const QuantSpec& q,
+              std::uint64_t index_offset, QuantCounts* counts) {
+  validate(q);
+  const detail::Params p = detail::make_params(q);
+  run_ranges(n, counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
+    if (p.fast) {
+      HWY_DYNAMIC_DISPATCH(QuantizeRange)(p, q, x + b, y + b, e - b, index_offset + b, c);
+    } else {
+      for (std::size_t i = b; i < e; ++i) y[i] = fp8lab::quantize(x[i], q, index_offset + i, c);
+    }
+  });
+}
+
+template <typename T>
+static void encode_impl(const float* x, T* codes, std::size_t n, const QuantSpec& q,
+                        std::uint64_t index_offset, QuantCounts* counts) {
+  validate(q);
+  require_codable(q.format);
+  if (q.format.width() > 8 * static_cast<int>(sizeof(T)))
+    throw Error("format " + to_string(q.format) + " is " + std::to_string(q.format.width()) +
+                " bits wide: its codes do not fit " + std::to_string(8 * sizeof(T)) + "-bit integers");
+  const detail::Params p = detail::make_params(q);
+  run_ranges(n, counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
+    if (p.fast) {
+      if constexpr (sizeof(T) == 1)
+        HWY_DYNAMIC_DISPATCH(EncodeRange8)(p, q, x + b, codes + b, e - b, index_offset + b, c);
+      else
+        HWY_DYNAMIC_DISPATCH(EncodeRange16)(p, q, x + b, codes + b, e - b, index_offset + b, c);
+    } else {
+      for (std::size_t i = b; i < e; ++i)
+        codes[i] = static_cast<T>(fp8lab::encode(x[i], q, index_offset + i, c));
+    }
+  });
+}
+
+void encode(const float* x, std::uint8_t* codes, std::size_t n, const QuantSpec& q,
+            std::uint64_t index_offset, QuantCounts* counts) {
+  encode_impl(x, codes, n, q, index_offset, counts);
+}
+void encode(const float* x, std::uint16_t* codes, std::size_t n, const QuantSpec& q,
+            std::uint64_t index_offset, QuantCounts* counts) {
+  encode_impl(x, codes, n, q, index_offset, counts);
+}
+
+template <typename T>
+static void decode_impl(const T* codes, float* y, std::size_t n, const Format& f) {
+  validate(f);
+  require_codable(f);
+  const auto table = decode_table(f);
+  const std::uint32_t mask = static_cast<std::uint32_t>(table->size() - 1);
+  detail::parallel_for(n, kAlign, [&](std::size_t b, std::size_t e) {
+    if constexpr (sizeof(T) == 1)
+      HWY_DYNAMIC_DISPATCH(DecodeRange8)(table->data(), mask & 0xffu, codes + b, y + b, e - b);
+    else
+      HWY_DYNAMIC_DISPATCH(DecodeRange16)(table->data(), mask, codes + b, y + b, e - b);
+  });
+}
+
+void decode(const std::uint8_t* codes, float* y, std::size_t n, const Format& f) {
+  decode_impl(codes, y, n, f);
+}
+void decode(const std::uint16_t* codes, float* y, std::size_t n, const Format& f) {
+  decode_impl(codes, y, n, f);
+}
+
+std::uint64_t ExpHistogram::total() const {
+  std::uint64_t t = zero + inf + nan;
+  for (auto b : bins) t += b;
+  return t;
+}
+
+ExpHistogram& ExpHistogram::operator+=(const ExpHistogram& o) {
+  for (int i = 0; i < kBins; ++i) bins[i] += o.bins[i];
+  zero += o.zero;
+  inf += o.inf;
+  nan += o.nan;
+  return *this;
+}
+
+ExpHistogram exponent_histogram(const float* x, std::size_t n) {
+  ExpHistogram total;
+  std::mutex m;
+  detail::parallel_for(n, kAlign, [&](std::size_t b, std::size_t e) {
+    // Four interleaved tables over the 8-bit exponent field break the dependency chain
+    // of repeated increments; the rare subnormals and non-finite values branch off.
+    std::uint64_t t[4][256] = {};
+    ExpHistogram h;
+    std::size_t i = b;
+    for (; i + 4 <= e; i += 4) {
+      for (int k = 0; k < 4; ++k) {
+        std::uint32_t a;
+        std::memcpy(&a, x + i + k, 4);
+        a &= 0x7fffffffu;
+        const std::uint32_t ef = a >> 23;
+        ++t[k][ef];
+        if ((ef == 0 && a != 0) || ef == 255) {
+          if (ef == 255) (a == 0x7f800000u ? h.inf : h.nan)++;
+          else ++h.at(-118 - std::countl_zero(a));  // floor(log2(a * 2^-149))
+        }
+      }
+    }
+    for (; i < e; ++i) {
+      std::uint32_t a;
+      std::memcpy(&a, x + i, 4);
+      a &= 0x7fffffffu;
+      const std::uint32_t ef = a >> 23;
+      ++t[0][ef];
+      if ((ef == 0 && a != 0) || ef == 255) {
+        if (ef == 255) (a == 0x7f800000u ? h.inf : h.nan)++;
+        else ++h.at(-118 - std::countl_zero(a));
+      }
+    }
+    std::uint64_t sub = 0;
+    for (int ex = ExpHistogram::kMinExp; ex < -126; ++ex) sub += h.at(ex);
+    h.zero = t[0][0] + t[1][0] + t[2][0] + t[3][0] - sub;
+    for (int ef = 1; ef < 255; ++ef) h.at(ef - 127) = t[0][ef] + t[1][ef] + t[2][ef] + t[3][ef];
+    std::lock_guard<std::mutex> lk(m);
+    total += h;
+  });
+  return total;
+}
+
+std::vector<std::string> available_targets() {
+  std::vector<std::string> out;
+  hwy::SetSupportedTargetsForTest(0);
+  for (std::int64_t t : hwy::SupportedAndGeneratedTargets()) out.emplace_back(hwy::TargetName(t));
+  return out;
+}
+
+void use_target(const std::string& name) {
+  hwy::SetSupportedTargetsForTest(0);
+  if (!name.empty()) {
+    bool found = false;
+    for (std::int64_t t : hwy::SupportedAndGeneratedTargets()) {
+      if (name == hwy::TargetName(t)) {
+        hwy::SetSupportedTargetsForTest(t);
+        found = true;
+        break;
+      }
+    }
+    if (!found) throw Error("SIMD target '" + name + "' is not available on this machine");
+  }
+  hwy::GetChosenTarget().DeInit();
+}
+
+std::string current_target() {
+  const std::vector<std::int64_t> ts = hwy::SupportedAndGeneratedTargets();
+  return ts.empty() ? "" : hwy::TargetName(ts.front());
+}
+
+}  // namespace fp8lab::kernels
+#endif  // HWY_ONCE
