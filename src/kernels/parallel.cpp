@@ -71,7 +71,14 @@ class Pool {
   void start_workers(int count) {
     while (static_cast<int>(workers_.size()) < count) {
       const int id = static_cast<int>(workers_.size()) + 1;
-      workers_.emplace_back([this, id] { work(id); });
+      // The worker waits for the generation after the current one: read it here, before
+      // run() publishes the job, not when the thread happens to start.
+      std::uint64_t gen;
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        gen = generation_;
+      }
+      workers_.emplace_back([this, id, gen] { work(id, gen); });
     }
   }
   void stop_workers() {
@@ -84,8 +91,7 @@ class Pool {
     workers_.clear();
     quit_ = false;
   }
-  void work(int id) {
-    std::uint64_t seen = generation_;
+  void work(int id, std::uint64_t seen) {
     for (;;) {
       const std::function<void(std::size_t, std::size_t)>* job;
       std::pair<std::size_t, std::size_t> range;
