@@ -1,2 +1,147 @@
+// Kernel throughput on 64 MiB of float32, one thread and all threads, each beside its
+// physical-limit reference: a plain streaming loop over the same bytes (y[i] = a * x[i]
+// for float -> float; the same with a narrowing or widening store for codes), timed in the
+// same run. Counter `vs_stream` = reference time / kernel time (1.0 = memory speed).
+//
+//   build/bench_kernels --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
-BENCHMARK_MAIN();
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "../src/kernels/parallel.hpp"
+#include "fp8lab/core/codec.hpp"
+#include "fp8lab/kernels/kernels.hpp"
+
+using namespace fp8lab;
+
+namespace {
+
+constexpr std::size_t kN = (std::size_t{64} << 20) / sizeof(float);  // 64 MiB of float32
+
+struct Data {
+  std::vector<float> x, y;
+  std::vector<std::uint8_t> c;
+  Data() : x(kN), y(kN), c(kN) {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& v : x) v = nd(rng);
+    QuantSpec q;
+    q.format = parse_format("e4m3fnuz");
+    kernels::encode(x.data(), c.data(), kN, q);
+    std::memcpy(y.data(), x.data(), kN * 4);
+  }
+};
+Data& data() {
+  static Data d;
+  return d;
+}
+
+// The reference loops, split over the kernels' own thread pool.
+void stream_f32(const float* x, float* y, std::size_t n, float a) {
+  kernels::detail::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
+    const float* __restrict in = x;
+    float* __restrict out = y;
+    for (std::size_t i = b; i < e; ++i) out[i] = a * in[i];
+  });
+}
+// Reads 4 bytes and writes 1 per element, as encoding does (the top byte of each float).
+void stream_f32_u8(const float* x, std::uint8_t* y, std::size_t n) {
+  const auto* u = reinterpret_cast<const std::uint32_t*>(x);
+  kernels::detail::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
+    const std::uint32_t* __restrict in = u;
+    std::uint8_t* __restrict out = y;
+    for (std::size_t i = b; i < e; ++i) out[i] = static_cast<std::uint8_t>(in[i] >> 24);
+  });
+}
+void stream_u8_f32(const std::uint8_t* x, float* y, std::size_t n, float a) {
+  kernels::detail::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
+    const std::uint8_t* __restrict in = x;
+    float* __restrict out = y;
+    for (std::size_t i = b; i < e; ++i) out[i] = a * static_cast<float>(in[i]);
+  });
+}
+
+template <class F>
+double seconds_per_call(const F& f, int reps = 5) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+enum class Kind { quantize, quantize_sr, encode, decode, quantize_counts };
+
+void run(benchmark::State& state, Kind kind, const char* fmt) {
+  const int threads = static_cast<int>(state.range(0));
+  const int before = kernels::num_threads();
+  kernels::set_num_threads(threads);
+  Data& d = data();
+  QuantSpec q;
+  q.format = parse_format(fmt);
+  if (kind == Kind::quantize_sr) q.rounding = Rounding::stochastic;
+  QuantCounts counts;
+  auto kernel = [&] {
+    switch (kind) {
+      case Kind::quantize:
+      case Kind::quantize_sr: kernels::quantize(d.x.data(), d.y.data(), kN, q); break;
+      case Kind::quantize_counts: kernels::quantize(d.x.data(), d.y.data(), kN, q, 0, &counts); break;
+      case Kind::encode: kernels::encode(d.x.data(), d.c.data(), kN, q); break;
+      case Kind::decode: kernels::decode(d.c.data(), d.y.data(), kN, q.format); break;
+    }
+  };
+  auto reference = [&] {
+    switch (kind) {
+      case Kind::encode: stream_f32_u8(d.x.data(), d.c.data(), kN); break;
+      case Kind::decode: stream_u8_f32(d.c.data(), d.y.data(), kN, 3.0f); break;
+      default: stream_f32(d.x.data(), d.y.data(), kN, 3.0f); break;
+    }
+  };
+  kernel();  // warm up (page faults, decode tables)
+  for (auto _ : state) {
+    kernel();
+    benchmark::ClobberMemory();
+  }
+  const double t_kernel = seconds_per_call(kernel);
+  const double t_ref = seconds_per_call(reference);
+  const std::size_t bytes = kind == Kind::encode || kind == Kind::decode ? 5 : 8;
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kN));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kN * bytes));
+  state.counters["Gelem_s"] = kN / t_kernel * 1e-9;
+  state.counters["stream_Gelem_s"] = kN / t_ref * 1e-9;
+  state.counters["vs_stream"] = t_ref / t_kernel;
+  state.SetLabel(std::string(fmt) + " " + kernels::current_target());
+  kernels::set_num_threads(before);
+}
+
+void Threads(benchmark::internal::Benchmark* b) {
+  b->Arg(1);
+  const int all = kernels::num_threads();
+  if (all > 1) b->Arg(all);
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(run, quantize_rne, Kind::quantize, "e4m3fnuz")->Apply(Threads);
+BENCHMARK_CAPTURE(run, quantize_rne_e5m2, Kind::quantize, "e5m2")->Apply(Threads);
+BENCHMARK_CAPTURE(run, quantize_rne_counts, Kind::quantize_counts, "e4m3fnuz")->Apply(Threads);
+BENCHMARK_CAPTURE(run, quantize_stochastic, Kind::quantize_sr, "e4m3fnuz")->Apply(Threads);
+BENCHMARK_CAPTURE(run, encode_rne, Kind::encode, "e4m3fnuz")->Apply(Threads);
+BENCHMARK_CAPTURE(run, decode, Kind::decode, "e4m3fnuz")->Apply(Threads);
+
+int main(int argc, char** argv) {
+  // FP8LAB_TARGET=AVX2 (say) runs the kernels on one SIMD target.
+  if (const char* t = std::getenv("FP8LAB_TARGET")) kernels::use_target(t);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -107,26 +107,34 @@ struct Lanes {
 };
 
 // The codec on one vector of float32 bits. idx_lo: low 32 bits of each element's index.
+// The common case (finite results in range, not far below the smallest subnormal) runs
+// straight through; overflow, NaN/Inf inputs and tiny results take branches that are
+// rare in real tensors (each tested per vector with one mask test).
 template <Rounding kMode, bool kWantCode, bool kWantFloat, bool kCount>
 HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::StreamKey key,
                          QuantCounts* counts) {
+  const hn::RebindToSigned<D32> di;
   const V32 one = hn::Set(d, 1u);
+  const V32 zero = hn::Zero(d);
   const V32 a = hn::And(xb, hn::Set(d, 0x7fffffffu));
-  const V32 sign = hn::And(xb, hn::Set(d, 0x80000000u));
+  const V32 sign = hn::Xor(xb, a);
   // Float32 fields: e1 = max(biased exponent, 1), so that sig = a - ((e1-1) << 23) is the
   // significand with its implicit bit (normals) or the raw fraction (subnormals), and
   // |x| = sig * 2^(e1 - 150) in both cases.
+  //   a:    0 | eeeeeeee | fffffffffffffffffffffff
+  //   sig:             1 | fffffffffffffffffffffff   (0 | f... for subnormals)
   const V32 exf = hn::ShiftRight<23>(a);
   const V32 e1 = hn::Max(exf, one);
   const V32 base = hn::ShiftLeft<23>(hn::Sub(e1, one));
   const V32 sig = hn::Sub(a, base);
-  const V32 eminb = hn::Set(d, p.eminb);
+  const auto eminb = hn::Set(di, static_cast<std::int32_t>(p.eminb));
+  const auto ie1 = hn::BitCast(di, e1);
   // Below the normal range the quantum stays 2^(emin - M): `below` more bits drop.
-  const V32 below = hn::IfThenElseZero(hn::Lt(e1, eminb), hn::Sub(eminb, e1));
-  const V32 above = hn::IfThenElseZero(hn::Gt(e1, eminb), hn::Sub(e1, eminb));
+  const V32 below = hn::BitCast(d, hn::Max(hn::Sub(eminb, ie1), hn::Zero(di)));
+  const V32 above = hn::BitCast(d, hn::Max(hn::Sub(ie1, eminb), hn::Zero(di)));
   const V32 drop_raw = hn::Add(hn::Set(d, 23u - p.M), below);
-  const V32 drop = hn::Min(drop_raw, hn::Set(d, 31u));
-  V32 n;  // rounded magnitude in quanta
+  const V32 drop = hn::Min(drop_raw, hn::Set(d, 31u));  // shifts stay defined on every target
+  V32 n;  // rounded magnitude in quanta of 2^(max(ex, emin) - M)
   if constexpr (kMode == Rounding::nearest_even) {
     // sig + (half - 1) + lsb, then drop: ties go to the even quantum count.
     const V32 half_m1 = hn::Sub(hn::Shl(one, hn::Sub(drop, one)), one);
@@ -138,63 +146,69 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
     // F: the fraction below the target LSB aligned to the top of a 32-bit word,
     //   drop <= 32: sig << (32 - drop)      drop > 32: sig >> (drop - 32)
     // Round up iff (F & topR) + (r & topR) carries out of 32 bits.
-    const V32 d63 = hn::Min(drop_raw, hn::Set(d, 63u));
     const V32 c32 = hn::Set(d, 32u);
-    const V32 sl = hn::Sub(c32, hn::Min(d63, c32));
-    const V32 sr = hn::Min(hn::Sub(hn::Max(d63, c32), c32), hn::Set(d, 31u));
-    const V32 F = hn::IfThenElse(hn::Gt(d63, c32), hn::Shr(sig, sr), hn::Shl(sig, sl));
+    V32 F = hn::Shl(sig, hn::Sub(c32, hn::Min(drop_raw, c32)));
+    const auto deep = hn::Gt(drop_raw, c32);
+    if (HWY_UNLIKELY(!hn::AllFalse(d, deep))) {
+      const V32 sr = hn::Min(hn::Sub(hn::Min(drop_raw, hn::Set(d, 63u)), c32), hn::Set(d, 31u));
+      F = hn::IfThenElse(deep, hn::Shr(sig, sr), F);
+    }
     const V32 tm = hn::Set(d, p.random_mask);
     const V32 r = Hash32(d, hn::Xor(Hash32(d, hn::Xor(idx_lo, hn::Set(d, key.k0))),
                                     hn::Set(d, key.k1)));
     const V32 fm = hn::And(F, tm);
     const V32 sum = hn::Add(fm, hn::And(r, tm));
-    const V32 up = hn::IfThenElseZero(hn::Lt(sum, fm), one);
-    n = hn::Add(hn::Shr(sig, drop), up);
+    n = hn::Add(hn::Shr(sig, drop), hn::IfThenElseZero(hn::Lt(sum, fm), one));
   }
   // Magnitude code: (exponent field above emin << M) + n; see codec.cpp step 4.
   const V32 mag = hn::Add(hn::ShiftLeftSame(above, static_cast<int>(p.M)), n);
   // Non-finite inputs have exf = 255, hence a huge `mag`: they are inside `ovf` too.
   const auto ovf = hn::Gt(mag, hn::Set(d, p.max_code));
-  const auto is_nan = hn::Gt(a, hn::Set(d, 0x7f800000u));
-  const auto is_inf = hn::Eq(a, hn::Set(d, 0x7f800000u));
-  const auto no = hn::Lt(one, one);  // all-false mask
-  const auto nan_res = hn::Or(
-      is_nan, hn::Or(p.inf_to_nan ? is_inf : no,
-                     p.ovf_to_nan ? hn::AndNot(is_inf, ovf) : no));
-  const auto inf_res =
-      hn::Or(p.inf_to_inf ? is_inf : no, p.ovf_to_inf ? hn::AndNot(is_nan, ovf) : no);
-  const V32 zero = hn::Zero(d);
+  const bool any_ovf = !hn::AllFalse(d, ovf);
   const auto mag_zero = hn::Eq(mag, zero);
   const V32 sign_kept = p.unsigned_zero ? hn::IfThenZeroElse(mag_zero, sign) : sign;
 
   Lanes out{zero, zero};
   if constexpr (kWantCode) {
-    const V32 csign = hn::ShiftRightSame(sign, static_cast<int>(p.code_sign_shift));
-    V32 code = hn::IfThenElse(ovf, hn::Set(d, p.ovf_mag), mag);
-    code = hn::Or(code, hn::ShiftRightSame(sign_kept, static_cast<int>(p.code_sign_shift)));
-    code = hn::IfThenElse(inf_res, hn::Or(csign, hn::Set(d, p.inf_mag)), code);
-    code = hn::IfThenElse(
-        nan_res, hn::Or(hn::Set(d, p.nan_base), hn::And(csign, hn::Set(d, p.nan_sign_mask))),
-        code);
-    out.code = code;
+    const int shift = static_cast<int>(p.code_sign_shift);
+    out.code = hn::Or(mag, hn::ShiftRightSame(sign_kept, shift));
   }
   if constexpr (kWantFloat) {
     // Value bits: within x's binade the quanta are linear in the float bits (drop <= 23);
     // further down the only candidates are 0 and the smallest subnormal.
-    const V32 in_binade = hn::Add(base, hn::Shl(n, drop));
-    const V32 tiny = hn::IfThenZeroElse(hn::Eq(n, zero), hn::Set(d, p.minsub_bits));
-    V32 v = hn::IfThenElse(hn::Gt(drop_raw, hn::Set(d, 23u)), tiny, in_binade);
-    v = hn::IfThenElse(ovf, hn::Set(d, p.max_bits), v);
-    v = hn::Or(v, sign_kept);
+    V32 v = hn::Add(base, hn::Shl(n, drop));
+    const auto tiny = hn::Gt(drop_raw, hn::Set(d, 23u));
+    if (HWY_UNLIKELY(!hn::AllFalse(d, tiny)))
+      v = hn::IfThenElse(tiny, hn::IfThenZeroElse(hn::Eq(n, zero), hn::Set(d, p.minsub_bits)), v);
+    out.fbits = hn::Or(v, sign_kept);
+  }
+  if constexpr (kCount) counts->underflow += hn::CountTrue(d, hn::AndNot(hn::Eq(a, zero), mag_zero));
+  if (HWY_LIKELY(!any_ovf)) return out;
+
+  // Rare: overflow, NaN or Inf somewhere in this vector.
+  const auto no = hn::Lt(one, one);  // all-false mask
+  const auto is_nan = hn::Gt(a, hn::Set(d, 0x7f800000u));
+  const auto is_inf = hn::Eq(a, hn::Set(d, 0x7f800000u));
+  const auto nan_res = hn::Or(
+      is_nan, hn::Or(p.inf_to_nan ? is_inf : no, p.ovf_to_nan ? hn::AndNot(is_inf, ovf) : no));
+  const auto inf_res =
+      hn::Or(p.inf_to_inf ? is_inf : no, p.ovf_to_inf ? hn::AndNot(is_nan, ovf) : no);
+  if constexpr (kWantCode) {
+    const V32 csign = hn::ShiftRightSame(sign, static_cast<int>(p.code_sign_shift));
+    V32 code = hn::IfThenElse(ovf, hn::Or(csign, hn::Set(d, p.ovf_mag)), out.code);
+    code = hn::IfThenElse(inf_res, hn::Or(csign, hn::Set(d, p.inf_mag)), code);
+    out.code = hn::IfThenElse(
+        nan_res, hn::Or(hn::Set(d, p.nan_base), hn::And(csign, hn::Set(d, p.nan_sign_mask))),
+        code);
+  }
+  if constexpr (kWantFloat) {
+    V32 v = hn::IfThenElse(ovf, hn::Or(sign, hn::Set(d, p.max_bits)), out.fbits);
     v = hn::IfThenElse(inf_res, hn::Or(sign, hn::Set(d, 0x7f800000u)), v);
-    v = hn::IfThenElse(
-        nan_res,
-        hn::Or(hn::Set(d, 0x7fc00000u), hn::And(sign, hn::Set(d, p.fnan_sign_mask))), v);
-    out.fbits = v;
+    out.fbits = hn::IfThenElse(
+        nan_res, hn::Or(hn::Set(d, 0x7fc00000u), hn::And(sign, hn::Set(d, p.fnan_sign_mask))), v);
   }
   if constexpr (kCount) {
     counts->overflow += hn::CountTrue(d, hn::AndNot(is_nan, ovf));
-    counts->underflow += hn::CountTrue(d, hn::AndNot(hn::Eq(a, zero), mag_zero));
     counts->nan += hn::CountTrue(d, nan_res);
   }
   return out;
@@ -217,10 +231,13 @@ HWY_INLINE void Loop(const Params& p, const float* x, std::size_t n, std::uint64
     const std::size_t seg_end =
         static_cast<std::size_t>(std::min<std::uint64_t>(n, i + to_boundary));
     const fp8lab::StreamKey key = fp8lab::stream_key(p.seed, g);
+    // Iota is a scalar loop in some Highway versions: build it once, then add N.
+    V32 idx = hn::Iota(d, static_cast<std::uint32_t>(index0 + i));
+    const V32 step = hn::Set(d, static_cast<std::uint32_t>(N));
     for (; i + N <= seg_end; i += N) {
       const V32 xb = hn::BitCast(d, hn::LoadU(df, x + i));
-      const V32 idx = hn::Iota(d, static_cast<std::uint32_t>(index0 + i));
       emit(i, Process<kMode, kWantCode, kWantFloat, kCount>(d, p, xb, idx, key, counts));
+      idx = hn::Add(idx, step);
       if constexpr (kCount) counts->total += N;
     }
     for (; i < seg_end; ++i) emit_one(i);
