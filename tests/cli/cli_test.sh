@@ -1,1 +1,108 @@
-exit 0
+#!/usr/bin/env bash
+# End-to-end checks of the fp8lab command line: outputs, exit codes, error messages and
+# that a failing command leaves no partial output. Run by ctest with FP8LAB=path/to/fp8lab.
+set -u
+FP8LAB=${FP8LAB:-build/fp8lab}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+
+# make_npy PATH DESCR SHAPE BYTES(printf escapes): a .npy file as NumPy writes it.
+make_npy() {
+  local dict="{'descr': '$2', 'fortran_order': False, 'shape': ($3), }"
+  local total=$((10 + ${#dict} + 1))
+  local pad=$(((64 - total % 64) % 64))
+  dict="$dict$(printf '%*s' "$pad" '')"
+  local hl=$((${#dict} + 1))
+  {
+    printf '\x93NUMPY\x01\x00'
+    printf "\\x$(printf %02x $((hl & 255)))\\x$(printf %02x $((hl >> 8)))"
+    printf '%s\n' "$dict"
+    printf "$4"
+  } >"$1"
+}
+# 1.0, 250.0, -0.3, 1e-6, 247.9, NaN
+FLOATS='\x00\x00\x80\x3f\x00\x00\x7a\x43\x9a\x99\x99\xbe\xbd\x37\x86\x35\x66\xe6\x77\x43\x00\x00\xc0\x7f'
+make_npy "$T/x.npy" '<f4' '6,' "$FLOATS"
+
+# --- formats: the paper's Table 1 ---------------------------------------------------------
+out=$("$FP8LAB" formats --csv); rc=$?
+check "formats exits 0" [ $rc -eq 0 ]
+check "formats csv header" grep -q '^name,.*dynamic_range_db,snr_db$' <<<"$out"
+check "Table 1 fp32" grep -q '^fp32,.*,1667.7,151.9$' <<<"$out"
+check "Table 1 bf16" grep -q '^bf16,.*,1571.3,55.6$' <<<"$out"
+check "Table 1 dlfloat16" grep -q '^dlfloat16,.*,385.3,67.6$' <<<"$out"
+check "Table 1 1.4.3" grep -q '^1.4.3,.*,107.8,31.5$' <<<"$out"
+check "Table 1 1.3.4" grep -q '^1.3.4,.*,66.0,37.5$' <<<"$out"
+check "formats table prints" grep -q '^e4m3fn ' <<<"$("$FP8LAB" formats e4m3fn 1.5.2:24)"
+
+# --- snr: Appendix A ------------------------------------------------------------------------
+out=$("$FP8LAB" snr 1.0.7:-2 1.0.7:-1 1.0.7:0 --csv --samples 1000000)
+check "snr csv header" grep -q '^name,.*measured_snr_db,model_snr_db' <<<"$out"
+col() { awk -F, -v n="$1" -v c="$2" 'NR==1{for(i=1;i<=NF;i++) if($i==c) k=i} $1==n{print $k}' <<<"$out"; }
+near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN{d=a-b; if(d<0)d=-d; exit !(d<=t)}'; }
+check "snr model 34.9" near "$(col 1.0.7:-2 model_snr_db)" 34.9 0.05
+check "snr model 40.5" near "$(col 1.0.7:-1 model_snr_db)" 40.5 0.05
+check "snr model 19.2" near "$(col 1.0.7:0 model_snr_db)" 19.2 0.05
+check "snr measured 34.9" near "$(col 1.0.7:-2 measured_snr_db)" 34.9 0.2
+check "snr measured 40.5" near "$(col 1.0.7:-1 measured_snr_db)" 40.5 0.2
+check "snr measured 19.2" near "$(col 1.0.7:0 measured_snr_db)" 19.2 0.2
+
+# --- values -----------------------------------------------------------------------------------
+out=$("$FP8LAB" values e4m3fnuz --csv)
+check "values lists 256 codes" [ "$(grep -c '^0x' <<<"$out")" -eq 256 ]
+check "values NaN code" grep -q '^0x80,1,0000,000,nan,NaN$' <<<"$out"
+check "values max" grep -q '^0x7f,0,1111,111,240,normal$' <<<"$out"
+check "values subnormal" grep -q '^0x01,0,0000,001,0.0009765625,subnormal$' <<<"$out"
+
+# --- quantize: codes, fake quantization, decode -------------------------------------------
+"$FP8LAB" quantize "$T/x.npy" "$T/c.npy" --format e4m3fnuz --codes -q
+check "encode exits 0" [ $? -eq 0 ]
+check "encoded codes" [ "$(tail -c 6 "$T/c.npy" | od -An -tx1 | tr -d ' \n')" = "407fb2007f80" ]
+"$FP8LAB" quantize "$T/x.npy" "$T/q.npy" -f e4m3fnuz -q
+"$FP8LAB" quantize "$T/c.npy" "$T/d.npy" -f e4m3fnuz --decode -q
+check "decode(encode) == quantize" cmp -s <(tail -c 24 "$T/q.npy") <(tail -c 24 "$T/d.npy")
+check "quantized 1.0 stays" [ "$(tail -c 24 "$T/q.npy" | head -c 4 | od -An -tx1 | tr -d ' \n')" = "0000803f" ]
+err=$("$FP8LAB" quantize "$T/x.npy" "$T/s.npy" -f e4m3fnuz -o nan 2>&1 >/dev/null)
+check "summary counts overflow" grep -q 'overflow 1, flushed to zero 1, NaN 2' <<<"$err"
+"$FP8LAB" quantize "$T/x.npy" "$T/sr.npy" -f e5m2 -r stochastic --seed 3 -q
+"$FP8LAB" quantize "$T/x.npy" "$T/sr2.npy" -f e5m2 -r stochastic --seed 3 -q --threads 1
+check "stochastic reproducible" cmp -s "$T/sr.npy" "$T/sr2.npy"
+"$FP8LAB" quantize "$T/x.npy" "$T/w.npy" -f fp16 --codes -q
+check "16-bit codes are uint16" grep -aq "'<u2'" "$T/w.npy"
+
+# --- bad input: one line, exit 2, nothing written -------------------------------------------
+expect_fail() {  # name, needle, command...
+  local name=$1 needle=$2; shift 2
+  local e
+  e=$("$@" 2>&1 >/dev/null); local rc=$?
+  check "$name: exit 2 (got $rc)" [ $rc -eq 2 ]
+  check "$name: message has '$needle' (got: $e)" grep -qF -- "$needle" <<<"$e"
+  check "$name: one line" [ "$(wc -l <<<"$e")" -eq 1 ]
+}
+expect_fail "bad format" "format '1.4'" "$FP8LAB" formats 1.4
+expect_fail "bad format E" "E must be in 0..8" "$FP8LAB" values 1.9.3
+expect_fail "unknown option" "--bogus" "$FP8LAB" formats --bogus
+expect_fail "no subcommand" "subcommand" "$FP8LAB"
+expect_fail "inf on fn" "overflow mode 'inf'" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn -o inf
+expect_fail "bad rounding" "unknown rounding 'up'" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn -r up
+expect_fail "bad dist" "unknown distribution" "$FP8LAB" snr 1.4.3 --dist cauchy
+expect_fail "codes of fp32" "at most 16 bits" "$FP8LAB" values fp32
+head -c 100 "$T/x.npy" >"$T/trunc.npy"
+expect_fail "truncated npy" "truncated" "$FP8LAB" quantize "$T/trunc.npy" "$T/o.npy" -f e4m3fn
+check "no output after failure" [ ! -e "$T/o.npy" ]
+make_npy "$T/f64.npy" '<f8' '1,' '\x00\x00\x00\x00\x00\x00\xf0\x3f'
+expect_fail "wrong dtype" "dtype '<f8'" "$FP8LAB" quantize "$T/f64.npy" "$T/o.npy" -f e4m3fn
+expect_fail "decode wrong dtype" "needs dtype |u1" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn --decode
+expect_fail "missing input" "cannot open" "$FP8LAB" quantize "$T/nope.npy" "$T/o.npy" -f e4m3fn
+echo keep >"$T/keep.npy"
+"$FP8LAB" quantize "$T/trunc.npy" "$T/keep.npy" -f e4m3fn 2>/dev/null
+check "existing output kept on failure" [ "$(cat "$T/keep.npy")" = keep ]
+check "no temporaries left" [ -z "$(ls "$T" | grep tmp)" ]
+
+echo "cli: $pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds and runs every test (GoogleTest suites and the CLI checks) with CTest.
+#   scripts/test.sh              Release build in build/
+#   scripts/test.sh --sanitize   core and kernel tests under ASan + UBSan in build-asan/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--sanitize" ]; then
+  dir=build-asan
+  flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DFP8LAB_SANITIZE=ON -DFP8LAB_BUILD_BENCH=OFF
+         -DFP8LAB_BUILD_APPS=OFF)
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+else
+  dir=build
+  flags=(-DCMAKE_BUILD_TYPE=Release)
+fi
+cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
+cmake --build "$dir"
+ctest --test-dir "$dir" --output-on-failure -j "$(nproc)"
