@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -76,7 +77,23 @@ double seconds_per_call(const F& f, int reps = 5) {
   return best;
 }
 
-enum class Kind { quantize, quantize_sr, encode, decode, quantize_counts };
+// Read-only reference for the histogram: the same 4 bytes per element, summed.
+float stream_read(const float* x, std::size_t n) {
+  float total = 0;
+  std::mutex m;
+  kernels::detail::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
+    float acc[16] = {};
+    for (std::size_t i = b; i + 16 <= e; i += 16)
+      for (int k = 0; k < 16; ++k) acc[k] += x[i + k];
+    float s = 0;
+    for (float a : acc) s += a;
+    std::lock_guard<std::mutex> lk(m);
+    total += s;
+  });
+  return total;
+}
+
+enum class Kind { quantize, quantize_sr, encode, decode, quantize_counts, histogram };
 
 void run(benchmark::State& state, Kind kind, const char* fmt) {
   const int threads = static_cast<int>(state.range(0));
@@ -94,12 +111,14 @@ void run(benchmark::State& state, Kind kind, const char* fmt) {
       case Kind::quantize_counts: kernels::quantize(d.x.data(), d.y.data(), kN, q, 0, &counts); break;
       case Kind::encode: kernels::encode(d.x.data(), d.c.data(), kN, q); break;
       case Kind::decode: kernels::decode(d.c.data(), d.y.data(), kN, q.format); break;
+      case Kind::histogram: benchmark::DoNotOptimize(kernels::exponent_histogram(d.x.data(), kN)); break;
     }
   };
   auto reference = [&] {
     switch (kind) {
       case Kind::encode: stream_f32_u8(d.x.data(), d.c.data(), kN); break;
       case Kind::decode: stream_u8_f32(d.c.data(), d.y.data(), kN, 3.0f); break;
+      case Kind::histogram: benchmark::DoNotOptimize(stream_read(d.x.data(), kN)); break;
       default: stream_f32(d.x.data(), d.y.data(), kN, 3.0f); break;
     }
   };
@@ -110,7 +129,8 @@ void run(benchmark::State& state, Kind kind, const char* fmt) {
   }
   const double t_kernel = seconds_per_call(kernel);
   const double t_ref = seconds_per_call(reference);
-  const std::size_t bytes = kind == Kind::encode || kind == Kind::decode ? 5 : 8;
+  const std::size_t bytes =
+      kind == Kind::histogram ? 4 : (kind == Kind::encode || kind == Kind::decode ? 5 : 8);
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kN));
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kN * bytes));
   state.counters["Gelem_s"] = kN / t_kernel * 1e-9;
@@ -135,6 +155,7 @@ BENCHMARK_CAPTURE(run, quantize_rne_counts, Kind::quantize_counts, "e4m3fnuz")->
 BENCHMARK_CAPTURE(run, quantize_stochastic, Kind::quantize_sr, "e4m3fnuz")->Apply(Threads);
 BENCHMARK_CAPTURE(run, encode_rne, Kind::encode, "e4m3fnuz")->Apply(Threads);
 BENCHMARK_CAPTURE(run, decode, Kind::decode, "e4m3fnuz")->Apply(Threads);
+BENCHMARK_CAPTURE(run, exponent_histogram, Kind::histogram, "e4m3fnuz")->Apply(Threads);
 
 int main(int argc, char** argv) {
   // FP8LAB_TARGET=AVX2 (say) runs the kernels on one SIMD target.

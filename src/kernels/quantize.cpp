@@ -47,6 +47,14 @@ struct Params {
   std::uint32_t fnan_sign_mask;  // fake quantization: sign kept on NaN (not for fnuz)
   std::uint32_t random_mask; // top R bits
   std::uint64_t seed;
+  // The all-normal path: every lane at or above 2^emin rounds on the float bits directly.
+  std::uint32_t min_normal_bits;  // float32 bits of 2^emin
+  std::uint32_t S;                // 23 - M: float mantissa bits below the format's LSB
+  std::uint32_t half_m1;          // 2^(S-1) - 1
+  std::uint32_t low_mask;         // 2^S - 1
+  std::uint32_t code_offset;      // (emin + 126) << M: float exponent field -> code field
+  std::uint32_t sr_keep;          // stochastic: mask keeping the top K = min(R, S) fraction bits
+  std::uint32_t sr_shift_r, sr_shift_l;  // random bits r >> (32 - K) << (S - K)
 };
 
 inline Params make_params(const QuantSpec& q) {
@@ -77,6 +85,17 @@ inline Params make_params(const QuantSpec& q) {
   }
   p.fnan_sign_mask = f.policy == Policy::fnuz ? 0u : 0x80000000u;
   p.random_mask = ~0u << (32 - q.random_bits);
+  if (p.fast) {
+    p.min_normal_bits = p.eminb << 23;
+    p.S = 23u - p.M;
+    p.half_m1 = (1u << (p.S - 1)) - 1;
+    p.low_mask = (1u << p.S) - 1;
+    p.code_offset = (p.eminb - 1) << p.M;
+    const std::uint32_t K = std::min<std::uint32_t>(q.random_bits, p.S);
+    p.sr_keep = ~((1u << (p.S - K)) - 1);
+    p.sr_shift_r = 32 - K;
+    p.sr_shift_l = p.S - K;
+  }
   p.seed = q.seed;
   return p;
 }
@@ -123,66 +142,94 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
   // |x| = sig * 2^(e1 - 150) in both cases.
   //   a:    0 | eeeeeeee | fffffffffffffffffffffff
   //   sig:             1 | fffffffffffffffffffffff   (0 | f... for subnormals)
-  const V32 exf = hn::ShiftRight<23>(a);
-  const V32 e1 = hn::Max(exf, one);
-  const V32 base = hn::ShiftLeft<23>(hn::Sub(e1, one));
-  const V32 sig = hn::Sub(a, base);
-  const auto eminb = hn::Set(di, static_cast<std::int32_t>(p.eminb));
-  const auto ie1 = hn::BitCast(di, e1);
-  // Below the normal range the quantum stays 2^(emin - M): `below` more bits drop.
-  const V32 below = hn::BitCast(d, hn::Max(hn::Sub(eminb, ie1), hn::Zero(di)));
-  const V32 above = hn::BitCast(d, hn::Max(hn::Sub(ie1, eminb), hn::Zero(di)));
-  const V32 drop_raw = hn::Add(hn::Set(d, 23u - p.M), below);
-  const V32 drop = hn::Min(drop_raw, hn::Set(d, 31u));  // shifts stay defined on every target
-  V32 n;  // rounded magnitude in quanta of 2^(max(ex, emin) - M)
-  if constexpr (kMode == Rounding::nearest_even) {
-    // sig + (half - 1) + lsb, then drop: ties go to the even quantum count.
-    const V32 half_m1 = hn::Sub(hn::Shl(one, hn::Sub(drop, one)), one);
-    const V32 lsb = hn::And(hn::Shr(sig, drop), one);
-    n = hn::Shr(hn::Add(sig, hn::Add(half_m1, lsb)), drop);
-  } else if constexpr (kMode == Rounding::toward_zero) {
-    n = hn::Shr(sig, drop);
-  } else {
-    // F: the fraction below the target LSB aligned to the top of a 32-bit word,
-    //   drop <= 32: sig << (32 - drop)      drop > 32: sig >> (drop - 32)
-    // Round up iff (F & topR) + (r & topR) carries out of 32 bits.
-    const V32 c32 = hn::Set(d, 32u);
-    V32 F = hn::Shl(sig, hn::Sub(c32, hn::Min(drop_raw, c32)));
-    const auto deep = hn::Gt(drop_raw, c32);
-    if (HWY_UNLIKELY(!hn::AllFalse(d, deep))) {
-      const V32 sr = hn::Min(hn::Sub(hn::Min(drop_raw, hn::Set(d, 63u)), c32), hn::Set(d, 31u));
-      F = hn::IfThenElse(deep, hn::Shr(sig, sr), F);
+  V32 r = zero;  // random bits (stochastic only)
+  if constexpr (kMode == Rounding::stochastic)
+    r = Hash32(d, hn::Xor(Hash32(d, hn::Xor(idx_lo, hn::Set(d, key.k0))), hn::Set(d, key.k1)));
+  V32 mag, v;  // magnitude code, and float32 bits of the rounded magnitude
+  bool may_be_zero;
+  if (HWY_LIKELY(hn::AllFalse(d, hn::Lt(a, hn::Set(d, p.min_normal_bits))))) {
+    // Every lane is in the normal range (or above it): the quantum is a fixed number S of
+    // float mantissa bits, so round the float bits themselves; a carry out of the mantissa
+    // moves into the exponent by the addition, as in the codec.
+    V32 rounded;
+    if constexpr (kMode == Rounding::nearest_even) {
+      // The tie-breaking bit is the mantissa LSB; with M = 0 it is the implicit bit (1),
+      // not the float exponent's LSB that sits at bit S.
+      const V32 lsb = p.M == 0 ? one : hn::And(hn::ShiftRightSame(a, static_cast<int>(p.S)), one);
+      rounded = hn::Add(a, hn::Add(hn::Set(d, p.half_m1), lsb));
+    } else if constexpr (kMode == Rounding::toward_zero) {
+      rounded = a;
+    } else {
+      // Add K random bits at the top of the S-bit fraction (the fraction's bits below
+      // them dropped first): the carry happens with probability F_K / 2^K.
+      const V32 rb = hn::ShiftLeftSame(hn::ShiftRightSame(r, static_cast<int>(p.sr_shift_r)),
+                                       static_cast<int>(p.sr_shift_l));
+      rounded = hn::Add(hn::And(a, hn::Set(d, p.sr_keep)), rb);
     }
-    const V32 tm = hn::Set(d, p.random_mask);
-    const V32 r = Hash32(d, hn::Xor(Hash32(d, hn::Xor(idx_lo, hn::Set(d, key.k0))),
-                                    hn::Set(d, key.k1)));
-    const V32 fm = hn::And(F, tm);
-    const V32 sum = hn::Add(fm, hn::And(r, tm));
-    n = hn::Add(hn::Shr(sig, drop), hn::IfThenElseZero(hn::Lt(sum, fm), one));
+    v = hn::AndNot(hn::Set(d, p.low_mask), rounded);
+    mag = hn::Sub(hn::ShiftRightSame(rounded, static_cast<int>(p.S)), hn::Set(d, p.code_offset));
+    may_be_zero = false;
+  } else {
+    const V32 exf = hn::ShiftRight<23>(a);
+    const V32 e1 = hn::Max(exf, one);
+    const V32 base = hn::ShiftLeft<23>(hn::Sub(e1, one));
+    const V32 sig = hn::Sub(a, base);
+    const auto eminb = hn::Set(di, static_cast<std::int32_t>(p.eminb));
+    const auto ie1 = hn::BitCast(di, e1);
+    // Below the normal range the quantum stays 2^(emin - M): `below` more bits drop.
+    const V32 below = hn::BitCast(d, hn::Max(hn::Sub(eminb, ie1), hn::Zero(di)));
+    const V32 above = hn::BitCast(d, hn::Max(hn::Sub(ie1, eminb), hn::Zero(di)));
+    const V32 drop_raw = hn::Add(hn::Set(d, 23u - p.M), below);
+    const V32 drop = hn::Min(drop_raw, hn::Set(d, 31u));  // shifts stay defined on every target
+    V32 n;  // rounded magnitude in quanta of 2^(max(ex, emin) - M)
+    if constexpr (kMode == Rounding::nearest_even) {
+      // sig + (half - 1) + lsb, then drop: ties go to the even quantum count.
+      const V32 half_m1 = hn::Sub(hn::Shl(one, hn::Sub(drop, one)), one);
+      const V32 lsb = hn::And(hn::Shr(sig, drop), one);
+      n = hn::Shr(hn::Add(sig, hn::Add(half_m1, lsb)), drop);
+    } else if constexpr (kMode == Rounding::toward_zero) {
+      n = hn::Shr(sig, drop);
+    } else {
+      // F: the fraction below the target LSB aligned to the top of a 32-bit word,
+      //   drop <= 32: sig << (32 - drop)      drop > 32: sig >> (drop - 32)
+      // Round up iff (F & topR) + (r & topR) carries out of 32 bits.
+      const V32 c32 = hn::Set(d, 32u);
+      V32 F = hn::Shl(sig, hn::Sub(c32, hn::Min(drop_raw, c32)));
+      const auto deep = hn::Gt(drop_raw, c32);
+      if (HWY_UNLIKELY(!hn::AllFalse(d, deep))) {
+        const V32 sr = hn::Min(hn::Sub(hn::Min(drop_raw, hn::Set(d, 63u)), c32), hn::Set(d, 31u));
+        F = hn::IfThenElse(deep, hn::Shr(sig, sr), F);
+      }
+      const V32 tm = hn::Set(d, p.random_mask);
+      const V32 fm = hn::And(F, tm);
+      const V32 sum = hn::Add(fm, hn::And(r, tm));
+      n = hn::Add(hn::Shr(sig, drop), hn::IfThenElseZero(hn::Lt(sum, fm), one));
+    }
+    mag = hn::Add(hn::ShiftLeftSame(above, static_cast<int>(p.M)), n);
+    // Value bits: within x's binade the quanta are linear in the float bits (drop <= 23);
+    // further down the only candidates are 0 and the smallest subnormal.
+    v = hn::Add(base, hn::Shl(n, drop));
+    const auto tiny = hn::Gt(drop_raw, hn::Set(d, 23u));
+    if (HWY_UNLIKELY(!hn::AllFalse(d, tiny)))
+      v = hn::IfThenElse(tiny, hn::IfThenZeroElse(hn::Eq(n, zero), hn::Set(d, p.minsub_bits)), v);
+    may_be_zero = true;
   }
-  // Magnitude code: (exponent field above emin << M) + n; see codec.cpp step 4.
-  const V32 mag = hn::Add(hn::ShiftLeftSame(above, static_cast<int>(p.M)), n);
+  // mag = (exponent field above emin << M) + n; see codec.cpp step 4.
   // Non-finite inputs have exf = 255, hence a huge `mag`: they are inside `ovf` too.
   const auto ovf = hn::Gt(mag, hn::Set(d, p.max_code));
   const bool any_ovf = !hn::AllFalse(d, ovf);
   const auto mag_zero = hn::Eq(mag, zero);
-  const V32 sign_kept = p.unsigned_zero ? hn::IfThenZeroElse(mag_zero, sign) : sign;
+  const V32 sign_kept =
+      (p.unsigned_zero && may_be_zero) ? hn::IfThenZeroElse(mag_zero, sign) : sign;
 
   Lanes out{zero, zero};
   if constexpr (kWantCode) {
     const int shift = static_cast<int>(p.code_sign_shift);
     out.code = hn::Or(mag, hn::ShiftRightSame(sign_kept, shift));
   }
-  if constexpr (kWantFloat) {
-    // Value bits: within x's binade the quanta are linear in the float bits (drop <= 23);
-    // further down the only candidates are 0 and the smallest subnormal.
-    V32 v = hn::Add(base, hn::Shl(n, drop));
-    const auto tiny = hn::Gt(drop_raw, hn::Set(d, 23u));
-    if (HWY_UNLIKELY(!hn::AllFalse(d, tiny)))
-      v = hn::IfThenElse(tiny, hn::IfThenZeroElse(hn::Eq(n, zero), hn::Set(d, p.minsub_bits)), v);
-    out.fbits = hn::Or(v, sign_kept);
-  }
-  if constexpr (kCount) counts->underflow += hn::CountTrue(d, hn::AndNot(hn::Eq(a, zero), mag_zero));
+  if constexpr (kWantFloat) out.fbits = hn::Or(v, sign_kept);
+  if constexpr (kCount)
+    if (may_be_zero) counts->underflow += hn::CountTrue(d, hn::AndNot(hn::Eq(a, zero), mag_zero));
   if (HWY_LIKELY(!any_ovf)) return out;
 
   // Rare: overflow, NaN or Inf somewhere in this vector.
