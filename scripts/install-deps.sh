@@ -7,6 +7,7 @@ pkgs=(
   build-essential cmake ninja-build ccache pkg-config
   libhwy-dev libcli11-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libtorch-dev libopenblas0-pthread
 )
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

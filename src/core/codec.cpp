@@ -75,7 +75,7 @@ std::uint64_t round_magnitude(std::uint32_t a, const QuantSpec& q, std::uint64_t
   // 2^(et - M), i.e. `drop` bits of sig lie below the target LSB.
   const int et = std::max(ex, emin);
   const int drop = et - M - xe;  // >= 23 - M >= 0
-  std::uint64_t n;               // the rounded magnitude in quanta
+  std::uint64_t n = 0;           // the rounded magnitude in quanta
   if (drop == 0) {
     n = sig;
   } else {

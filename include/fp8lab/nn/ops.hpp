@@ -1,0 +1,108 @@
+// Quantized matmul and convolution as autograd functions (SPEC.md 4, the paper's Figure 1):
+//   forward   y = f(Q_a(x), Q_w(w))                      (float32 accumulation)
+//   backward  gq = Q_gx(dL/dy)
+//             dL/dx = f_x'(gq, Q_w(w))      dL/dw = Q_gw(f_w'(Q_a(x), gq))
+// The bias gradient is the float32 sum of dL/dy. Attention matmuls quantize both operands
+// with the activation quantizer. The tensors saved for backward are the 8-bit codes of
+// Q_a(x) and Q_w(w) (16-bit for wider formats), decoded in backward: bit-identical to
+// saving float32, a quarter of the memory.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/types.h>
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fp8lab/core/codec.hpp"
+#include "fp8lab/kernels/kernels.hpp"
+#include "fp8lab/nn/recipe.hpp"
+
+namespace fp8lab::nn {
+
+// One record of the tensor statistics hooks.
+struct TensorStats {
+  std::uint64_t step = 0;
+  std::string layer;
+  TensorKind kind = TensorKind::a;
+  kernels::ExpHistogram hist;  // of the tensor before quantization
+  QuantCounts counts;          // what quantizing it did (total only when the kind is fp32)
+  float absmax = 0;
+};
+
+class StatsLog {
+ public:
+  void add(TensorStats s);
+  std::vector<TensorStats> take();  // and clear
+  std::size_t size() const;
+
+ private:
+  mutable std::mutex m_;
+  std::vector<TensorStats> records_;
+};
+
+// Shared by every quantized layer of a model.
+struct QuantContext {
+  std::uint64_t seed = 0;             // run seed: stochastic rounding streams derive from it
+  std::atomic<std::uint64_t> step{0}; // the trainer advances it once per optimizer step
+  bool save_codes = true;             // save 8-bit codes for backward (else float32)
+  int stats_interval = 0;             // record statistics every N steps; 0: off
+  std::shared_ptr<StatsLog> stats = std::make_shared<StatsLog>();
+  std::atomic<std::int64_t> saved_bytes{0};  // bytes saved for backward by quantized ops
+};
+
+// The per-layer state of a quantized op: its quantizers, its random streams and counts.
+struct LayerState : torch::CustomClassHolder {
+  std::string name;  // module path
+  int index = 0;     // position among the model's quantized layers
+  LayerQuant quant;
+  std::shared_ptr<QuantContext> ctx = std::make_shared<QuantContext>();
+  std::uint64_t layer_seed = 0;  // derived from ctx->seed and name by assign()
+
+  // Cumulative counts per kind since the last reset_counts().
+  std::array<QuantCounts, kKinds> counts() const;
+  void reset_counts();
+
+  // Numbering of the calls of this layer within one step (a layer may run several times).
+  std::uint32_t begin_call();
+  // The stream seed of one tensor: fresh per step, call, kind and operand.
+  std::uint64_t seed_for(TensorKind k, std::uint32_t call, std::uint32_t operand = 0) const;
+  // Q_k(t): fake-quantized float32 (t itself when the kind is float32); counts and, on
+  // statistics steps, a record.
+  torch::Tensor quantize(TensorKind k, const torch::Tensor& t, std::uint32_t call,
+                         std::uint32_t operand = 0);
+  // Q_k(t) for the forward pass and what to save for backward (codes when possible).
+  std::pair<torch::Tensor, torch::Tensor> quantize_and_save(TensorKind k, const torch::Tensor& t,
+                                                            std::uint32_t call,
+                                                            std::uint32_t operand = 0);
+  // Inverse of the saved form: float32 Q_k(t).
+  torch::Tensor restore(TensorKind k, const torch::Tensor& saved) const;
+
+ private:
+  void record(TensorKind k, const torch::Tensor& t, const QuantCounts& c, std::uint32_t call);
+  mutable std::mutex m_;
+  std::array<QuantCounts, kKinds> counts_{};
+  std::uint64_t call_step_ = ~std::uint64_t{0};
+  std::uint32_t calls_ = 0;
+};
+
+using LayerStatePtr = c10::intrusive_ptr<LayerState>;
+LayerStatePtr make_layer_state(std::string name, const LayerQuant& q,
+                               std::shared_ptr<QuantContext> ctx, int index = 0);
+
+// y = x w^T + b over the last dimension of x (b may be undefined).
+torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                           const LayerStatePtr& st);
+// 2-D convolution, NCHW, with groups (depthwise when groups == channels).
+torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                           std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                           std::vector<std::int64_t> dilation, std::int64_t groups,
+                           const LayerStatePtr& st);
+// torch::matmul(a, b) with both operands in the activation format (attention's Q K^T, A V).
+torch::Tensor quant_matmul(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st);
+
+}  // namespace fp8lab::nn

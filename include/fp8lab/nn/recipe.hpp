@@ -1,0 +1,76 @@
+// Recipes (SPEC.md 4): a quantizer (or float32) for each of the four tensor kinds of every
+// matmul and convolution, plus overrides for layers chosen by module path.
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fp8lab/core/format.hpp"
+
+namespace fp8lab::nn {
+
+// activations, weights, gradient w.r.t. activations (grad_x), gradient w.r.t. weights
+enum class TensorKind : std::uint8_t { a = 0, w = 1, gx = 2, gw = 3 };
+inline constexpr int kKinds = 4;
+inline constexpr std::array<TensorKind, 4> kAllKinds = {TensorKind::a, TensorKind::w,
+                                                         TensorKind::gx, TensorKind::gw};
+std::string_view to_string(TensorKind k);  // "a", "w", "gx", "gw"
+TensorKind parse_kind(std::string_view s);  // also "activations", "weights", "grad_x", "grad_w"
+
+// nullopt: the tensor stays float32.
+using KindQuant = std::optional<QuantSpec>;
+
+// "fp32" | FORMAT[/ROUNDING][/OVERFLOW], e.g. "1.5.2:33/stochastic/nan".
+KindQuant parse_kind_quant(std::string_view text);
+std::string to_string(const KindQuant& q);
+
+struct LayerQuant {
+  std::array<KindQuant, kKinds> q{};
+  KindQuant& operator[](TensorKind k) { return q[static_cast<int>(k)]; }
+  const KindQuant& operator[](TensorKind k) const { return q[static_cast<int>(k)]; }
+  friend bool operator==(const LayerQuant&, const LayerQuant&) = default;
+};
+
+struct RecipeOverride {
+  // Glob over the module path ('*' any run of characters, '?' one), or "first" / "last"
+  // (the first or last quantized layer in model order).
+  std::string pattern;
+  std::array<std::optional<KindQuant>, kKinds> set{};  // engaged: replaces the base value
+};
+
+struct Recipe {
+  std::string name;
+  LayerQuant base;
+  std::vector<RecipeOverride> overrides;
+  // The paper keeps the first layer's input and the gradient at its output in float32.
+  bool exempt_first = true;
+
+  // The quantizers of layer `index` of `count` with module path `path`: the base, the
+  // first-layer exemption, then every matching override in order.
+  LayerQuant resolve(std::string_view path, int index, int count) const;
+  // One-line form (overrides and the exemption flag are not part of it).
+  std::string to_line() const;
+};
+
+// One line "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31" (kinds not named stay float32;
+// "first=0" turns the first-layer exemption off), or a preset name.
+Recipe parse_recipe(std::string_view text);
+// TOML: top-level or [recipe] keys name, a, w, gx, gw (string, or a table with format,
+// rounding, overflow, random_bits), exempt_first, and [[override]] tables with `match`
+// and any of a, w, gx, gw. Errors name the source, line and key.
+Recipe parse_recipe_toml(std::string_view toml, const std::string& source = "recipe");
+Recipe load_recipe(const std::string& path_or_line);  // a .toml file, a preset or a line
+
+struct RecipePreset {
+  std::string_view name, line, note;
+};
+const std::vector<RecipePreset>& recipe_presets();
+
+bool glob_match(std::string_view pattern, std::string_view text);
+// Throws Error naming every override pattern that matches none of `paths`.
+void check_overrides(const Recipe& r, const std::vector<std::string>& paths);
+
+}  // namespace fp8lab::nn

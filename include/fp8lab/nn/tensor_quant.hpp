@@ -1,0 +1,21 @@
+// Quantizing libtorch tensors with the bulk kernels (CPU, float32).
+#pragma once
+
+#include <torch/types.h>
+
+#include "fp8lab/core/codec.hpp"
+#include "fp8lab/core/format.hpp"
+
+namespace fp8lab::nn {
+
+// A new contiguous float32 tensor: every element fake-quantized with q (its seed replaced
+// by `seed`; element i of the flattened tensor uses stream index i).
+torch::Tensor fake_quantize(const torch::Tensor& t, const QuantSpec& q, std::uint64_t seed,
+                            QuantCounts* counts = nullptr);
+// Codes of the same shape: uint8 for formats up to 8 bits, int16 (holding the uint16
+// code bits) up to 16 bits.
+torch::Tensor encode_tensor(const torch::Tensor& t, const QuantSpec& q, std::uint64_t seed,
+                            QuantCounts* counts = nullptr);
+torch::Tensor decode_tensor(const torch::Tensor& codes, const Format& f);
+
+}  // namespace fp8lab::nn

@@ -1,0 +1,175 @@
+#include "fp8lab/nn/loss_scale.hpp"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+#include "fp8lab/core/format.hpp"
+
+namespace fp8lab::nn {
+
+std::string_view to_string(LossScaleMethod m) {
+  switch (m) {
+    case LossScaleMethod::none: return "none";
+    case LossScaleMethod::fixed: return "static";
+    case LossScaleMethod::backoff: return "backoff";
+    case LossScaleMethod::logmax: return "logmax";
+  }
+  return "?";
+}
+
+LossScaleConfig parse_loss_scale(std::string_view text) {
+  LossScaleConfig c;
+  const std::string t(text);
+  const std::size_t colon = t.find(':');
+  const std::string method = t.substr(0, colon);
+  const std::string rest = colon == std::string::npos ? "" : t.substr(colon + 1);
+  auto bad = [&](const std::string& why) { return Error("loss scaling '" + t + "': " + why); };
+  if (method == "none") c.method = LossScaleMethod::none;
+  else if (method == "static" || method == "fixed") c.method = LossScaleMethod::fixed;
+  else if (method == "backoff") c.method = LossScaleMethod::backoff;
+  else if (method == "logmax") c.method = LossScaleMethod::logmax;
+  else throw bad("unknown method '" + method + "' (expected none, static, backoff, logmax)");
+  if (c.method == LossScaleMethod::backoff) c.init_log2 = 16;
+  auto num = [&](const std::string& key, const std::string& v) {
+    char* end = nullptr;
+    const double d = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !std::isfinite(d)) throw bad("'" + key + "' needs a number, got '" + v + "'");
+    return d;
+  };
+  std::size_t pos = 0;
+  while (pos < rest.size()) {
+    std::size_t comma = rest.find(',', pos);
+    if (comma == std::string::npos) comma = rest.size();
+    const std::string item = rest.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (item.empty()) continue;
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      // "static:22" is the log2 of the scale.
+      if (c.method == LossScaleMethod::fixed) {
+        c.init_log2 = static_cast<int>(num("log2 scale", item));
+        continue;
+      }
+      throw bad("'" + item + "' is not key=value");
+    }
+    const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (key == "init") c.init_log2 = static_cast<int>(num(key, v));
+    else if (key == "interval" && c.method == LossScaleMethod::backoff) c.interval = static_cast<int>(num(key, v));
+    else if (key == "factor" && c.method == LossScaleMethod::backoff) {
+      const double f = num(key, v);
+      const double l = std::log2(f);
+      if (f < 2 || l != std::floor(l)) throw bad("factor must be a power of two >= 2");
+      c.backoff_log2_factor = static_cast<int>(l);
+    } else if (key == "c" && c.method == LossScaleMethod::logmax) c.c = num(key, v);
+    else if (key == "beta1" && c.method == LossScaleMethod::logmax) c.beta1 = num(key, v);
+    else if (key == "beta2" && c.method == LossScaleMethod::logmax) c.beta2 = num(key, v);
+    else if (key == "max" && c.method == LossScaleMethod::logmax) c.grad_format_max = num(key, v);
+    else if (key == "min_log2") c.min_log2 = static_cast<int>(num(key, v));
+    else if (key == "max_log2") c.max_log2 = static_cast<int>(num(key, v));
+    else throw bad("unknown key '" + key + "' for " + method);
+  }
+  if (c.interval < 1) throw bad("interval must be >= 1");
+  if (c.beta1 <= 0 || c.beta1 >= 1 || c.beta2 <= 0 || c.beta2 >= 1) throw bad("betas must be in (0, 1)");
+  if (c.min_log2 > c.max_log2) throw bad("min_log2 > max_log2");
+  return c;
+}
+
+std::string to_string(const LossScaleConfig& c) {
+  std::string s(to_string(c.method));
+  switch (c.method) {
+    case LossScaleMethod::none: break;
+    case LossScaleMethod::fixed: s += ":" + std::to_string(c.init_log2); break;
+    case LossScaleMethod::backoff:
+      s += ":init=" + std::to_string(c.init_log2) + ",interval=" + std::to_string(c.interval);
+      break;
+    case LossScaleMethod::logmax: {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, ":c=%g,init=%d", c.c, c.init_log2);
+      s += buf;
+      break;
+    }
+  }
+  return s;
+}
+
+LossScaler::LossScaler(LossScaleConfig cfg) : cfg_(cfg) {
+  set_log2(cfg_.method == LossScaleMethod::none ? 0 : cfg_.init_log2);
+}
+
+void LossScaler::set_log2(int k) { log2_ = std::clamp(k, cfg_.min_log2, cfg_.max_log2); }
+
+double LossScaler::scale() const { return std::ldexp(1.0, log2_); }
+
+double LossScaler::mu() const { return corr1_ < 1 ? ema1_ / (1 - corr1_) : 0; }
+double LossScaler::sigma() const {
+  if (corr2_ >= 1) return 0;
+  const double m = ema_x_ / (1 - corr2_), m2 = ema_x2_ / (1 - corr2_);
+  return std::sqrt(std::max(0.0, m2 - m * m));
+}
+
+LossScaleStep LossScaler::update_from(double l, bool overflow) {
+  LossScaleStep s;
+  s.scale = scale();
+  s.overflow = overflow;
+  s.log2_max_grad = l;
+  ++steps_;
+  switch (cfg_.method) {
+    case LossScaleMethod::none:
+    case LossScaleMethod::fixed:
+      s.skipped = false;  // no recovery: a NaN reaches the optimizer (and the run diverges)
+      break;
+    case LossScaleMethod::backoff:
+      if (overflow) {
+        s.skipped = true;
+        clean_ = 0;
+        set_log2(log2_ - cfg_.backoff_log2_factor);
+      } else if (++clean_ >= static_cast<std::uint64_t>(cfg_.interval)) {
+        clean_ = 0;
+        set_log2(log2_ + cfg_.backoff_log2_factor);
+      }
+      break;
+    case LossScaleMethod::logmax:
+      if (overflow) {
+        // Gradients saturate under LogMax, so a NaN/Inf is a real overflow: skip and back off.
+        s.skipped = true;
+        set_log2(log2_ - 1);
+        break;
+      }
+      if (std::isfinite(l)) {
+        ema1_ = cfg_.beta1 * ema1_ + (1 - cfg_.beta1) * l;
+        corr1_ *= cfg_.beta1;
+        ema_x_ = cfg_.beta2 * ema_x_ + (1 - cfg_.beta2) * l;
+        ema_x2_ = cfg_.beta2 * ema_x2_ + (1 - cfg_.beta2) * l * l;
+        corr2_ *= cfg_.beta2;
+        const double k = std::floor(std::log2(cfg_.grad_format_max) - (mu() + cfg_.c * sigma()));
+        set_log2(static_cast<int>(std::clamp(k, -1e6, 1e6)));
+      }
+      break;
+  }
+  if (s.skipped) ++skipped_;
+  return s;
+}
+
+LossScaleStep LossScaler::update(const std::vector<torch::Tensor>& grads) {
+  torch::NoGradGuard no_grad;
+  const double alpha = scale();
+  bool overflow = false;
+  double maxabs = 0;
+  for (const auto& g : grads) {
+    if (!g.defined() || g.numel() == 0) continue;
+    const double m = g.abs().max().item<double>();  // NaN propagates through max
+    if (!std::isfinite(m)) overflow = true;
+    else maxabs = std::max(maxabs, m);
+  }
+  if (alpha != 1.0)
+    for (const auto& g : grads)
+      if (g.defined()) const_cast<torch::Tensor&>(g).div_(alpha);
+  const double l = maxabs > 0 ? std::log2(maxabs / alpha) : -std::numeric_limits<double>::infinity();
+  return update_from(l, overflow);
+}
+
+}  // namespace fp8lab::nn

@@ -1,0 +1,292 @@
+#include "fp8lab/nn/ops.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include "fp8lab/core/random.hpp"
+#include "fp8lab/nn/tensor_quant.hpp"
+
+namespace fp8lab::nn {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+void StatsLog::add(TensorStats s) {
+  std::lock_guard<std::mutex> lk(m_);
+  records_.push_back(std::move(s));
+}
+std::vector<TensorStats> StatsLog::take() {
+  std::lock_guard<std::mutex> lk(m_);
+  std::vector<TensorStats> out;
+  out.swap(records_);
+  return out;
+}
+std::size_t StatsLog::size() const {
+  std::lock_guard<std::mutex> lk(m_);
+  return records_.size();
+}
+
+LayerStatePtr make_layer_state(std::string name, const LayerQuant& q,
+                               std::shared_ptr<QuantContext> ctx, int index) {
+  auto st = c10::make_intrusive<LayerState>();
+  st->name = std::move(name);
+  st->quant = q;
+  st->ctx = ctx ? std::move(ctx) : std::make_shared<QuantContext>();
+  st->index = index;
+  std::uint64_t h = mix64(st->ctx->seed);
+  for (char c : st->name) h = mix64(h ^ static_cast<unsigned char>(c));
+  st->layer_seed = h;
+  return st;
+}
+
+std::array<QuantCounts, kKinds> LayerState::counts() const {
+  std::lock_guard<std::mutex> lk(m_);
+  return counts_;
+}
+void LayerState::reset_counts() {
+  std::lock_guard<std::mutex> lk(m_);
+  counts_ = {};
+}
+
+std::uint32_t LayerState::begin_call() {
+  std::lock_guard<std::mutex> lk(m_);
+  const std::uint64_t step = ctx->step.load();
+  if (step != call_step_) {
+    call_step_ = step;
+    calls_ = 0;
+  }
+  return calls_++;
+}
+
+std::uint64_t LayerState::seed_for(TensorKind k, std::uint32_t call, std::uint32_t operand) const {
+  const std::uint64_t step = ctx->step.load();
+  return mix64(layer_seed ^ mix64(step) ^
+               mix64((static_cast<std::uint64_t>(call) << 8) | (operand << 4) |
+                     static_cast<std::uint64_t>(k)));
+}
+
+void LayerState::record(TensorKind k, const torch::Tensor& t, const QuantCounts& c,
+                        std::uint32_t call) {
+  {
+    std::lock_guard<std::mutex> lk(m_);
+    counts_[static_cast<int>(k)] += c;
+  }
+  const int every = ctx->stats_interval;
+  if (every <= 0 || call != 0) return;
+  const std::uint64_t step = ctx->step.load();
+  if (step % static_cast<std::uint64_t>(every) != 0) return;
+  const torch::Tensor x = t.contiguous();
+  TensorStats s;
+  s.step = step;
+  s.layer = name;
+  s.kind = k;
+  s.hist = kernels::exponent_histogram(x.data_ptr<float>(), static_cast<std::size_t>(x.numel()));
+  s.counts = c;
+  s.absmax = x.numel() ? x.abs().max().item<float>() : 0.0f;
+  ctx->stats->add(std::move(s));
+}
+
+torch::Tensor LayerState::quantize(TensorKind k, const torch::Tensor& t, std::uint32_t call,
+                                   std::uint32_t operand) {
+  const KindQuant& q = quant[k];
+  QuantCounts c;
+  torch::Tensor out;
+  if (q) {
+    out = fake_quantize(t, *q, seed_for(k, call, operand), &c);
+  } else {
+    out = t;
+    c.total = static_cast<std::uint64_t>(t.numel());
+  }
+  record(k, t, c, call);
+  return out;
+}
+
+std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_and_save(TensorKind k,
+                                                                      const torch::Tensor& t,
+                                                                      std::uint32_t call,
+                                                                      std::uint32_t operand) {
+  const KindQuant& q = quant[k];
+  if (!q || !ctx->save_codes || !q->format.codable()) {
+    torch::Tensor y = quantize(k, t, call, operand);
+    ctx->saved_bytes += static_cast<std::int64_t>(y.numel()) * 4;
+    return {y, y};
+  }
+  QuantCounts c;
+  torch::Tensor codes = encode_tensor(t, *q, seed_for(k, call, operand), &c);
+  record(k, t, c, call);
+  ctx->saved_bytes += static_cast<std::int64_t>(codes.numel() * codes.element_size());
+  return {decode_tensor(codes, q->format), codes};
+}
+
+torch::Tensor LayerState::restore(TensorKind k, const torch::Tensor& saved) const {
+  if (saved.scalar_type() == torch::kFloat32) return saved;
+  return decode_tensor(saved, quant[k]->format);
+}
+
+namespace {
+
+LayerStatePtr state_of(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<LayerState>(ctx->saved_data["st"].toCapsule());
+}
+
+class LinearFn : public torch::autograd::Function<LinearFn> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& b, LayerStatePtr st) {
+    const std::uint32_t call = st->begin_call();
+    auto [xq, xs] = st->quantize_and_save(TensorKind::a, x, call);
+    auto [wq, ws] = st->quantize_and_save(TensorKind::w, w, call);
+    ctx->save_for_backward({xs, ws});
+    ctx->saved_data["st"] = c10::IValue::make_capsule(st);
+    ctx->saved_data["call"] = static_cast<std::int64_t>(call);
+    ctx->saved_data["bias"] = b.numel() > 0;
+    return torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const LayerStatePtr st = state_of(ctx);
+    const auto call = static_cast<std::uint32_t>(ctx->saved_data["call"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor wq = st->restore(TensorKind::w, saved[1]);
+    const torch::Tensor& g = grads[0];
+    const std::int64_t out_f = wq.size(0), in_f = wq.size(1);
+    const torch::Tensor gq = st->quantize(TensorKind::gx, g, call).reshape({-1, out_f});
+    torch::Tensor dx, dw, db;
+    // The same products libtorch's addmm/mm backward forms, so that with float32
+    // quantizers the gradients are bit-identical to torch::linear's.
+    if (ctx->needs_input_grad(0)) {
+      dx = gq.mm(wq);
+      std::vector<std::int64_t> shape(g.sizes().begin(), g.sizes().end());
+      shape.back() = in_f;
+      dx = dx.reshape(shape);
+    }
+    if (ctx->needs_input_grad(1)) {
+      const torch::Tensor xq = st->restore(TensorKind::a, saved[0]).reshape({-1, in_f});
+      dw = st->quantize(TensorKind::gw, xq.t().mm(gq).t().contiguous(), call);
+    }
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
+      db = g.reshape({-1, out_f}).sum(0);
+    return {dx, dw, db, torch::Tensor()};
+  }
+};
+
+class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& b, std::vector<std::int64_t> stride,
+                               std::vector<std::int64_t> padding,
+                               std::vector<std::int64_t> dilation, std::int64_t groups,
+                               LayerStatePtr st) {
+    const std::uint32_t call = st->begin_call();
+    auto [xq, xs] = st->quantize_and_save(TensorKind::a, x, call);
+    auto [wq, ws] = st->quantize_and_save(TensorKind::w, w, call);
+    ctx->save_for_backward({xs, ws});
+    ctx->saved_data["st"] = c10::IValue::make_capsule(st);
+    ctx->saved_data["call"] = static_cast<std::int64_t>(call);
+    ctx->saved_data["bias"] = b.numel() > 0;
+    ctx->saved_data["stride"] = stride;
+    ctx->saved_data["padding"] = padding;
+    ctx->saved_data["dilation"] = dilation;
+    ctx->saved_data["groups"] = groups;
+    return torch::conv2d(xq, wq, b.numel() > 0 ? b : torch::Tensor(), stride, padding, dilation,
+                         groups);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const LayerStatePtr st = state_of(ctx);
+    const auto call = static_cast<std::uint32_t>(ctx->saved_data["call"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor xq = st->restore(TensorKind::a, saved[0]);
+    const torch::Tensor wq = st->restore(TensorKind::w, saved[1]);
+    const torch::Tensor& g = grads[0];
+    const torch::Tensor gq = st->quantize(TensorKind::gx, g, call);
+    const auto stride = ctx->saved_data["stride"].toIntVector();
+    const auto padding = ctx->saved_data["padding"].toIntVector();
+    const auto dilation = ctx->saved_data["dilation"].toIntVector();
+    const std::int64_t groups = ctx->saved_data["groups"].toInt();
+    auto [dx, dw, unused] = at::convolution_backward(
+        gq, xq, wq, c10::nullopt, stride, padding, dilation, false, {0, 0}, groups,
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), false});
+    (void)unused;
+    if (dw.defined()) dw = st->quantize(TensorKind::gw, dw, call);
+    torch::Tensor db;
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) {
+      // libtorch's own bias reduction (float32 g), so that float32 quantizers match exactly.
+      const std::vector<std::int64_t> bias_sizes{wq.size(0)};
+      db = std::get<2>(at::convolution_backward(g, xq, wq, bias_sizes, stride, padding, dilation,
+                                                false, {0, 0}, groups, {false, false, true}));
+    }
+    return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+class MatmulFn : public torch::autograd::Function<MatmulFn> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
+                               LayerStatePtr st) {
+    const std::uint32_t call = st->begin_call();
+    auto [aq, as] = st->quantize_and_save(TensorKind::a, a, call, 0);
+    auto [bq, bs] = st->quantize_and_save(TensorKind::a, b, call, 1);
+    ctx->save_for_backward({as, bs});
+    ctx->saved_data["st"] = c10::IValue::make_capsule(st);
+    ctx->saved_data["call"] = static_cast<std::int64_t>(call);
+    return torch::matmul(aq, bq);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const LayerStatePtr st = state_of(ctx);
+    const auto call = static_cast<std::uint32_t>(ctx->saved_data["call"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor aq = st->restore(TensorKind::a, saved[0]);
+    const torch::Tensor bq = st->restore(TensorKind::a, saved[1]);
+    const torch::Tensor gq = st->quantize(TensorKind::gx, grads[0], call);
+    torch::Tensor da, db;
+    if (ctx->needs_input_grad(0)) da = at::sum_to(gq.matmul(bq.transpose(-2, -1)), aq.sizes());
+    if (ctx->needs_input_grad(1)) db = at::sum_to(aq.transpose(-2, -1).matmul(gq), bq.sizes());
+    return {da, db, torch::Tensor()};
+  }
+};
+
+void check_cpu_float(const torch::Tensor& t, const char* op, const char* what) {
+  if (!t.defined()) return;
+  if (!t.device().is_cpu() || t.scalar_type() != torch::kFloat32)
+    throw Error(std::string(op) + ": " + what + " must be a float32 CPU tensor");
+}
+
+}  // namespace
+
+torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                           const LayerStatePtr& st) {
+  check_cpu_float(x, "quant_linear", "input");
+  check_cpu_float(w, "quant_linear", "weight");
+  if (w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.size(1))
+    throw Error("quant_linear '" + st->name + "': input's last dimension " +
+                std::to_string(x.dim() ? x.size(-1) : 0) + " does not match weight " +
+                std::to_string(w.size(0)) + "x" + std::to_string(w.size(1)));
+  // Autograd functions take no undefined tensors: an empty one stands for "no bias".
+  return LinearFn::apply(x, w, b.defined() ? b : torch::empty({0}), st);
+}
+
+torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                           std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                           std::vector<std::int64_t> dilation, std::int64_t groups,
+                           const LayerStatePtr& st) {
+  check_cpu_float(x, "quant_conv2d", "input");
+  check_cpu_float(w, "quant_conv2d", "weight");
+  if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1) * groups)
+    throw Error("quant_conv2d '" + st->name + "': expected NCHW input with " +
+                std::to_string(w.size(1) * groups) + " channels");
+  return Conv2dFn::apply(x, w, b.defined() ? b : torch::empty({0}), std::move(stride), std::move(padding), std::move(dilation),
+                         groups, st);
+}
+
+torch::Tensor quant_matmul(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st) {
+  check_cpu_float(a, "quant_matmul", "first operand");
+  check_cpu_float(b, "quant_matmul", "second operand");
+  if (a.dim() < 2 || b.dim() < 2 || a.size(-1) != b.size(-2))
+    throw Error("quant_matmul '" + st->name + "': shapes do not multiply");
+  return MatmulFn::apply(a, b, st);
+}
+
+}  // namespace fp8lab::nn

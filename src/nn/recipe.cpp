@@ -1,0 +1,340 @@
+#include "fp8lab/nn/recipe.hpp"
+
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+
+namespace fp8lab::nn {
+
+namespace {
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t p = s.find(sep, start);
+    out.push_back(s.substr(start, p == std::string_view::npos ? s.size() - start : p - start));
+    if (p == std::string_view::npos) return out;
+    start = p + 1;
+  }
+}
+}  // namespace
+
+std::string_view to_string(TensorKind k) {
+  switch (k) {
+    case TensorKind::a: return "a";
+    case TensorKind::w: return "w";
+    case TensorKind::gx: return "gx";
+    case TensorKind::gw: return "gw";
+  }
+  return "?";
+}
+
+TensorKind parse_kind(std::string_view s) {
+  s = trim(s);
+  if (s == "a" || s == "activations" || s == "act") return TensorKind::a;
+  if (s == "w" || s == "weights") return TensorKind::w;
+  if (s == "gx" || s == "grad_x" || s == "grad_a") return TensorKind::gx;
+  if (s == "gw" || s == "grad_w") return TensorKind::gw;
+  throw Error("unknown tensor kind '" + std::string(s) + "': expected a, w, gx or gw");
+}
+
+KindQuant parse_kind_quant(std::string_view text) {
+  const std::string_view t = trim(text);
+  if (t == "fp32" || t == "float32" || t == "none") return std::nullopt;
+  const auto parts = split(t, '/');
+  QuantSpec q;
+  q.format = parse_format(parts[0]);
+  bool seen_r = false, seen_o = false;
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    const std::string_view p = trim(parts[i]);
+    try {
+      q.rounding = parse_rounding(p);
+      if (seen_r) throw Error("rounding given twice in '" + std::string(t) + "'");
+      seen_r = true;
+      continue;
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("twice") != std::string::npos) throw;
+    }
+    try {
+      q.overflow = parse_overflow(p);
+    } catch (const Error&) {
+      throw Error("'" + std::string(p) + "' in '" + std::string(t) +
+                  "' is neither a rounding (nearest-even, toward-zero, stochastic) nor an "
+                  "overflow mode (saturate, nan, inf)");
+    }
+    if (seen_o) throw Error("overflow mode given twice in '" + std::string(t) + "'");
+    seen_o = true;
+  }
+  validate(q);
+  return q;
+}
+
+std::string to_string(const KindQuant& q) {
+  if (!q) return "fp32";
+  std::string s = to_string(q->format);
+  if (q->rounding != Rounding::nearest_even) s += "/" + std::string(to_string(q->rounding));
+  if (q->overflow != Overflow::saturate) s += "/" + std::string(to_string(q->overflow));
+  return s;
+}
+
+bool glob_match(std::string_view p, std::string_view t) {
+  // Iterative matcher with backtracking to the last '*'.
+  std::size_t pi = 0, ti = 0, star = std::string_view::npos, mark = 0;
+  while (ti < t.size()) {
+    if (pi < p.size() && (p[pi] == '?' || p[pi] == t[ti])) {
+      ++pi;
+      ++ti;
+    } else if (pi < p.size() && p[pi] == '*') {
+      star = pi++;
+      mark = ti;
+    } else if (star != std::string_view::npos) {
+      pi = star + 1;
+      ti = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (pi < p.size() && p[pi] == '*') ++pi;
+  return pi == p.size();
+}
+
+namespace {
+bool override_matches(const RecipeOverride& o, std::string_view path, int index, int count) {
+  if (o.pattern == "first") return index == 0;
+  if (o.pattern == "last") return index == count - 1;
+  return glob_match(o.pattern, path);
+}
+}  // namespace
+
+LayerQuant Recipe::resolve(std::string_view path, int index, int count) const {
+  LayerQuant out = base;
+  if (exempt_first && index == 0) {
+    out[TensorKind::a] = std::nullopt;
+    out[TensorKind::gx] = std::nullopt;
+  }
+  for (const auto& o : overrides)
+    if (override_matches(o, path, index, count))
+      for (int k = 0; k < kKinds; ++k)
+        if (o.set[k]) out.q[k] = *o.set[k];
+  return out;
+}
+
+std::string Recipe::to_line() const {
+  std::string s;
+  for (TensorKind k : kAllKinds)
+    s += (s.empty() ? "" : ",") + std::string(to_string(k)) + "=" + to_string(base[k]);
+  if (!exempt_first) s += ",first=0";
+  return s;
+}
+
+const std::vector<RecipePreset>& recipe_presets() {
+  static const std::vector<RecipePreset> p = {
+      {"fp32", "a=fp32,w=fp32,gx=fp32,gw=fp32", "float32 baseline"},
+      {"resnet32-143", "a=1.4.3:10,w=1.4.3:14,gx=1.4.3:20,gw=1.4.3:16",
+       "ResNet-32 CIFAR-100, all 1.4.3 (paper: 70.30 +- 0.37 %)"},
+      {"resnet32-152", "a=1.5.2:24,w=1.5.2:28,gx=1.5.2:32,gw=1.5.2:33",
+       "ResNet-32 CIFAR-100, all 1.5.2 (paper: 70.02 +- 0.40 %)"},
+      {"resnet32-mixed", "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31",
+       "ResNet-32 CIFAR-100, 1.4.3 forward / 1.5.2 backward (paper: 70.42 +- 0.45 %)"},
+      {"resnet18-152", "a=1.5.2:28,w=1.5.2:24,gx=1.5.2:34,gw=1.5.2:31",
+       "ResNet-18 ImageNet, all 1.5.2 (paper: 69.95 %, significantly worse)"},
+      {"resnet18-mixed", "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:34,gw=1.5.2:31",
+       "ResNet-18 ImageNet, mixed (paper: 70.29 %)"},
+      {"resnet50-152", "a=1.5.2:24,w=1.5.2:28,gx=1.5.2:32,gw=1.5.2:32",
+       "ResNet-50 ImageNet, all 1.5.2 (paper: 76.43 %, significantly worse)"},
+      {"resnet50-mixed", "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:32,gw=1.5.2:32",
+       "ResNet-50 ImageNet, mixed (paper: 76.61 %)"},
+      {"efficientnet-mixed", "a=1.4.3:7,w=1.4.3:12,gx=1.5.2:16,gw=fp16",
+       "EfficientNet-B0, fp16 weight gradients (paper: 76.33 %; grad_x bias 16..18)"},
+      {"transformer-152", "a=1.5.2:24,w=1.5.2:28,gx=1.5.2:40,gw=1.5.2:40",
+       "Transformer base WMT14, all 1.5.2 (paper: 25.48 BLEU)"},
+      {"transformer-mixed", "a=1.4.3:10,w=1.4.3:16,gx=1.5.2:40,gw=1.5.2:40",
+       "Transformer base WMT14, mixed (paper: 25.56 BLEU)"},
+      {"bert-mixed", "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:16,gw=fp16",
+       "BERT-Large, fp16 base (paper: MLM+NSP loss 2.22)"},
+  };
+  return p;
+}
+
+Recipe parse_recipe(std::string_view text_in) {
+  const std::string_view text = trim(text_in);
+  for (const auto& p : recipe_presets())
+    if (p.name == text) {
+      Recipe r = parse_recipe(p.line);
+      r.name = std::string(p.name);
+      return r;
+    }
+  if (text.find('=') == std::string_view::npos) {
+    std::string names;
+    for (const auto& p : recipe_presets()) names += (names.empty() ? "" : ", ") + std::string(p.name);
+    throw Error("recipe '" + std::string(text) +
+                "': expected kind=format pairs (a=1.4.3:10,w=...,gx=...,gw=...) or a preset: " +
+                names);
+  }
+  Recipe r;
+  r.name = std::string(text);
+  std::array<bool, kKinds> seen{};
+  for (std::string_view item : split(text, ',')) {
+    item = trim(item);
+    if (item.empty()) continue;
+    const std::size_t eq = item.find('=');
+    if (eq == std::string_view::npos)
+      throw Error("recipe '" + std::string(text) + "': '" + std::string(item) + "' has no '='");
+    const std::string_view key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
+    if (key == "first") {
+      r.exempt_first = !(value == "0" || value == "false" || value == "quantize");
+      continue;
+    }
+    TensorKind k;
+    try {
+      k = parse_kind(key);
+    } catch (const Error&) {
+      throw Error("recipe '" + std::string(text) + "': unknown key '" + std::string(key) +
+                  "' (expected a, w, gx, gw or first)");
+    }
+    if (seen[static_cast<int>(k)])
+      throw Error("recipe '" + std::string(text) + "': '" + std::string(key) + "' given twice");
+    seen[static_cast<int>(k)] = true;
+    try {
+      r.base[k] = parse_kind_quant(value);
+    } catch (const Error& e) {
+      throw Error("recipe '" + std::string(text) + "', " + std::string(key) + ": " + e.what());
+    }
+  }
+  return r;
+}
+
+namespace {
+std::string where(const std::string& source, const toml::node& n) {
+  const auto& src = n.source();
+  return source + ":" + std::to_string(src.begin.line) + ": ";
+}
+
+KindQuant kind_from_toml(const toml::node& n, const std::string& source, std::string_view key) {
+  try {
+    if (auto s = n.value<std::string>()) return parse_kind_quant(*s);
+    if (const auto* t = n.as_table()) {
+      std::string text;
+      for (auto&& [k, v] : *t) {
+        const std::string kk(k.str());
+        if (kk != "format" && kk != "rounding" && kk != "overflow" && kk != "random_bits")
+          throw Error("unknown key '" + kk + "' (expected format, rounding, overflow, random_bits)");
+      }
+      const auto fmt = (*t)["format"].value<std::string>();
+      if (!fmt) throw Error("needs a 'format' string");
+      KindQuant q = parse_kind_quant(*fmt);
+      if (!q) return q;
+      if (auto r = (*t)["rounding"].value<std::string>()) q->rounding = parse_rounding(*r);
+      if (auto o = (*t)["overflow"].value<std::string>()) q->overflow = parse_overflow(*o);
+      if (auto b = (*t)["random_bits"].value<std::int64_t>()) {
+        if (*b < 1 || *b > 32) throw Error("random_bits must be in 1..32");
+        q->random_bits = static_cast<std::uint8_t>(*b);
+      }
+      validate(*q);
+      return q;
+    }
+    throw Error("expected a format string or a table");
+  } catch (const Error& e) {
+    throw Error(where(source, n) + "'" + std::string(key) + "': " + e.what());
+  }
+}
+}  // namespace
+
+Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    throw Error(source + ":" + std::to_string(e.source().begin.line) + ": " +
+                std::string(e.description()));
+  }
+  const toml::table* t = &root;
+  if (auto* sub = root["recipe"].as_table()) t = sub;
+  Recipe r;
+  r.name = source;
+  for (auto&& [k, v] : *t) {
+    const std::string key(k.str());
+    if (key == "name") {
+      if (auto s = v.value<std::string>()) r.name = *s;
+      else throw Error(where(source, v) + "'name' must be a string");
+    } else if (key == "exempt_first") {
+      if (auto b = v.value<bool>()) r.exempt_first = *b;
+      else throw Error(where(source, v) + "'exempt_first' must be true or false");
+    } else if (key == "override") {
+      const auto* arr = v.as_array();
+      if (!arr) throw Error(where(source, v) + "'override' must be an array of tables ([[override]])");
+      for (auto&& item : *arr) {
+        const auto* ot = item.as_table();
+        if (!ot) throw Error(where(source, item) + "each override must be a table");
+        RecipeOverride o;
+        for (auto&& [ok, ov] : *ot) {
+          const std::string okey(ok.str());
+          if (okey == "match") {
+            if (auto s = ov.value<std::string>()) o.pattern = *s;
+            else throw Error(where(source, ov) + "'match' must be a string");
+          } else {
+            TensorKind kind;
+            try {
+              kind = parse_kind(okey);
+            } catch (const Error&) {
+              throw Error(where(source, ov) + "unknown key '" + okey +
+                          "' in override (expected match, a, w, gx, gw)");
+            }
+            o.set[static_cast<int>(kind)] = kind_from_toml(ov, source, okey);
+          }
+        }
+        if (o.pattern.empty()) throw Error(where(source, item) + "override needs a 'match' pattern");
+        r.overrides.push_back(std::move(o));
+      }
+    } else if (key == "recipe") {
+      continue;
+    } else {
+      TensorKind kind;
+      try {
+        kind = parse_kind(key);
+      } catch (const Error&) {
+        throw Error(where(source, v) + "unknown key '" + key +
+                    "' (expected name, a, w, gx, gw, exempt_first, override)");
+      }
+      r.base[kind] = kind_from_toml(v, source, key);
+    }
+  }
+  return r;
+}
+
+Recipe load_recipe(const std::string& arg) {
+  if (arg.size() > 5 && arg.substr(arg.size() - 5) == ".toml") {
+    std::ifstream in(arg);
+    if (!in) throw Error(arg + ": cannot open recipe file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return parse_recipe_toml(ss.str(), arg);
+  }
+  return parse_recipe(arg);
+}
+
+void check_overrides(const Recipe& r, const std::vector<std::string>& paths) {
+  std::string bad;
+  for (const auto& o : r.overrides) {
+    if (o.pattern == "first" || o.pattern == "last") {
+      if (paths.empty()) bad += (bad.empty() ? "" : ", ") + ("'" + o.pattern + "'");
+      continue;
+    }
+    bool any = false;
+    for (const auto& p : paths) any = any || glob_match(o.pattern, p);
+    if (!any) bad += (bad.empty() ? "" : ", ") + ("'" + o.pattern + "'");
+  }
+  if (!bad.empty()) {
+    std::string some;
+    for (std::size_t i = 0; i < paths.size() && i < 6; ++i) some += (i ? ", " : "") + paths[i];
+    throw Error("recipe '" + r.name + "': override pattern " + bad +
+                " matches no quantized layer (layers: " + some + (paths.size() > 6 ? ", ..." : "") + ")");
+  }
+}
+
+}  // namespace fp8lab::nn

@@ -1,0 +1,96 @@
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+#include "fp8lab/core/format.hpp"
+#include "fp8lab/nn/loss_scale.hpp"
+
+using namespace fp8lab;
+using namespace fp8lab::nn;
+
+TEST(LossScale, ParsesConfigs) {
+  EXPECT_EQ(parse_loss_scale("none").method, LossScaleMethod::none);
+  EXPECT_EQ(parse_loss_scale("static:22").init_log2, 22);
+  const auto b = parse_loss_scale("backoff:init=10,interval=50,factor=4");
+  EXPECT_EQ(b.method, LossScaleMethod::backoff);
+  EXPECT_EQ(b.init_log2, 10);
+  EXPECT_EQ(b.interval, 50);
+  EXPECT_EQ(b.backoff_log2_factor, 2);
+  EXPECT_EQ(parse_loss_scale("logmax:c=2").c, 2.0);
+  EXPECT_THROW(parse_loss_scale("dynamic"), Error);
+  EXPECT_THROW(parse_loss_scale("backoff:c=1"), Error);
+  EXPECT_THROW(parse_loss_scale("backoff:factor=3"), Error);
+  EXPECT_THROW(parse_loss_scale("logmax:c=x"), Error);
+}
+
+TEST(LossScale, BackoffSkipsAndHalvesThenDoubles) {
+  LossScaler s(parse_loss_scale("backoff:init=8,interval=3"));
+  EXPECT_EQ(s.scale(), 256.0);
+  auto r = s.update_from(-5, /*overflow=*/true);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(r.scale, 256.0);
+  EXPECT_EQ(s.scale(), 128.0);
+  EXPECT_FALSE(s.update_from(-5, false).skipped);
+  EXPECT_FALSE(s.update_from(-5, false).skipped);
+  EXPECT_EQ(s.scale(), 128.0);
+  s.update_from(-5, false);  // third clean step in a row
+  EXPECT_EQ(s.scale(), 256.0);
+  s.update_from(-5, false);
+  s.update_from(-5, true);  // an overflow resets the clean-step count
+  EXPECT_EQ(s.scale(), 128.0);
+  s.update_from(-5, false);
+  s.update_from(-5, false);
+  EXPECT_EQ(s.scale(), 128.0);
+  EXPECT_EQ(s.skipped_steps(), 2u);
+}
+
+TEST(LossScale, BackoffOnRealTensorsUnscalesAndDetectsNaN) {
+  LossScaler s(parse_loss_scale("backoff:init=4,interval=100"));
+  torch::Tensor g1 = torch::tensor({16.0f, -32.0f});
+  torch::Tensor g2 = torch::tensor({8.0f});
+  auto r = s.update({g1, g2});
+  EXPECT_FALSE(r.overflow);
+  EXPECT_EQ(g1[1].item<float>(), -2.0f);  // divided by alpha = 16
+  EXPECT_EQ(g2[0].item<float>(), 0.5f);
+  EXPECT_DOUBLE_EQ(r.log2_max_grad, 1.0);
+  torch::Tensor bad = torch::tensor({1.0f, std::numeric_limits<float>::quiet_NaN()});
+  r = s.update({g1, bad});
+  EXPECT_TRUE(r.overflow);
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(s.scale(), 8.0);
+}
+
+// LogMax on a scripted sequence of gradient maxima: the scale follows
+// floor(log2(max) - (mu + c sigma)), with mu and sigma recomputed here from their
+// definition (bias-corrected exponential averages).
+TEST(LossScale, LogMaxFollowsTheFormula) {
+  for (double c : {0.0, 1.0, 2.0, 3.0}) {
+    LossScaleConfig cfg = parse_loss_scale("logmax:init=5");
+    cfg.c = c;
+    cfg.grad_format_max = 57344;  // 1.5.2 bias 15
+    LossScaler s(cfg);
+    EXPECT_EQ(s.log2_scale(), 5);
+    double m1 = 0, mx = 0, mx2 = 0, p1 = 1, p2 = 1;
+    for (int i = 0; i < 300; ++i) {
+      const double l = -20.0 + 3.0 * std::sin(i * 0.37) + (i % 7) * 0.25;
+      s.update_from(l, false);
+      m1 = 0.99 * m1 + 0.01 * l;
+      mx = 0.999 * mx + 0.001 * l;
+      mx2 = 0.999 * mx2 + 0.001 * l * l;
+      p1 *= 0.99;
+      p2 *= 0.999;
+      const double mu = m1 / (1 - p1);
+      const double mean2 = mx / (1 - p2);
+      const double sigma = std::sqrt(std::max(0.0, mx2 / (1 - p2) - mean2 * mean2));
+      const int want = static_cast<int>(std::floor(std::log2(57344.0) - (mu + c * sigma)));
+      ASSERT_EQ(s.log2_scale(), want) << "step " << i << " c " << c;
+    }
+  }
+  // Around l = -20 with 1.5.2 bias 15 the scale settles near 2^35 for c = 0.
+  LossScaler s(parse_loss_scale("logmax"));
+  for (int i = 0; i < 1000; ++i) s.update_from(-20, false);
+  EXPECT_EQ(s.log2_scale(), 35);
+}

@@ -1,0 +1,334 @@
+// Quantized ops against libtorch's own ops (float32 quantizers) and against the reference
+// composed from libtorch ops and the scalar codec (quantizers on).
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "fp8lab/core/codec.hpp"
+#include "fp8lab/nn/modules.hpp"
+#include "fp8lab/nn/ops.hpp"
+#include "fp8lab/nn/tensor_quant.hpp"
+
+using namespace fp8lab;
+using namespace fp8lab::nn;
+
+namespace {
+
+bool bit_equal(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  if (a.sizes() != b.sizes()) return false;
+  const auto x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
+}
+
+// Element-wise scalar quantization: the reference for the bulk path.
+torch::Tensor scalar_q(const torch::Tensor& t, const KindQuant& q, std::uint64_t seed) {
+  if (!q) return t;
+  QuantSpec s = *q;
+  s.seed = seed;
+  torch::Tensor x = t.contiguous().clone();
+  float* p = x.data_ptr<float>();
+  for (std::int64_t i = 0; i < x.numel(); ++i) p[i] = quantize(p[i], s, static_cast<std::uint64_t>(i));
+  return x;
+}
+
+LayerQuant float_quant() { return LayerQuant{}; }
+LayerQuant paper_quant() {
+  return parse_recipe("a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31").base;
+}
+
+}  // namespace
+
+TEST(Ops, Float32LinearEqualsLibtorch) {
+  torch::manual_seed(1);
+  for (auto shape : {std::vector<std::int64_t>{5, 7}, std::vector<std::int64_t>{2, 3, 7}}) {
+    auto x = torch::randn(shape, torch::requires_grad());
+    auto w = torch::randn({4, 7}, torch::requires_grad());
+    auto b = torch::randn({4}, torch::requires_grad());
+    auto y_ref = torch::linear(x, w, b);
+    auto r = torch::randn(y_ref.sizes());
+    auto gx_ref = torch::autograd::grad({(y_ref * r).sum()}, {x, w, b});
+    auto st = make_layer_state("lin", float_quant(), nullptr);
+    auto y = quant_linear(x, w, b, st);
+    auto gx = torch::autograd::grad({(y * r).sum()}, {x, w, b});
+    EXPECT_TRUE(bit_equal(y, y_ref));
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(bit_equal(gx[i], gx_ref[i])) << "grad " << i;
+  }
+}
+
+TEST(Ops, Float32Conv2dEqualsLibtorchIncludingDepthwise) {
+  torch::manual_seed(2);
+  struct Case { int cin, cout, groups, stride, pad, dil; } cases[] = {
+      {3, 8, 1, 1, 1, 1}, {4, 6, 2, 2, 0, 1}, {6, 6, 6, 1, 1, 1}, {4, 4, 1, 1, 2, 2}};
+  for (const auto& c : cases) {
+    auto x = torch::randn({2, c.cin, 9, 9}, torch::requires_grad());
+    auto w = torch::randn({c.cout, c.cin / c.groups, 3, 3}, torch::requires_grad());
+    auto b = torch::randn({c.cout}, torch::requires_grad());
+    auto y_ref = torch::conv2d(x, w, b, c.stride, c.pad, c.dil, c.groups);
+    auto r = torch::randn(y_ref.sizes());
+    auto g_ref = torch::autograd::grad({(y_ref * r).sum()}, {x, w, b});
+    auto st = make_layer_state("conv", float_quant(), nullptr);
+    auto y = quant_conv2d(x, w, b, {c.stride, c.stride}, {c.pad, c.pad}, {c.dil, c.dil}, c.groups, st);
+    auto g = torch::autograd::grad({(y * r).sum()}, {x, w, b});
+    EXPECT_TRUE(bit_equal(y, y_ref)) << "groups " << c.groups;
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(bit_equal(g[i], g_ref[i])) << "grad " << i << " groups " << c.groups;
+  }
+}
+
+TEST(Ops, Float32MatmulEqualsLibtorch) {
+  torch::manual_seed(3);
+  auto a = torch::randn({2, 3, 5, 4}, torch::requires_grad());
+  auto b = torch::randn({2, 3, 4, 6}, torch::requires_grad());
+  auto y_ref = torch::matmul(a, b);
+  auto r = torch::randn(y_ref.sizes());
+  auto g_ref = torch::autograd::grad({(y_ref * r).sum()}, {a, b});
+  auto st = make_layer_state("mm", float_quant(), nullptr);
+  auto y = quant_matmul(a, b, st);
+  auto g = torch::autograd::grad({(y * r).sum()}, {a, b});
+  EXPECT_TRUE(bit_equal(y, y_ref));
+  EXPECT_TRUE(bit_equal(g[0], g_ref[0]));
+  EXPECT_TRUE(bit_equal(g[1], g_ref[1]));
+}
+
+// Quantizers on: forward f(Q_a(x), Q_w(w)); dL/dx from Q_gx(g) and Q_w(w); Q_gw(dL/dw).
+TEST(Ops, QuantizedLinearIsTheComposition) {
+  torch::manual_seed(4);
+  auto x = torch::randn({6, 8}, torch::requires_grad());
+  auto w = (0.3 * torch::randn({5, 8})).requires_grad_();
+  auto b = torch::randn({5}, torch::requires_grad());
+  const LayerQuant lq = paper_quant();
+  auto st = make_layer_state("lin", lq, nullptr);
+  auto y = quant_linear(x, w, b, st);
+  const auto sa = st->seed_for(TensorKind::a, 0), sw = st->seed_for(TensorKind::w, 0);
+  const auto xq = scalar_q(x.detach(), lq[TensorKind::a], sa);
+  const auto wq = scalar_q(w.detach(), lq[TensorKind::w], sw);
+  EXPECT_TRUE(bit_equal(y.detach(), torch::linear(xq, wq, b.detach())));
+  auto g = 1e-6 * torch::randn(y.sizes());  // small gradients, as in training
+  auto grads = torch::autograd::grad({y}, {x, w, b}, {g});
+  const auto gq = scalar_q(g, lq[TensorKind::gx], st->seed_for(TensorKind::gx, 0));
+  EXPECT_TRUE(bit_equal(grads[0], gq.mm(wq)));
+  const auto dw = scalar_q(xq.t().mm(gq).t().contiguous(), lq[TensorKind::gw], st->seed_for(TensorKind::gw, 0));
+  EXPECT_TRUE(bit_equal(grads[1], dw));
+  EXPECT_TRUE(bit_equal(grads[2], g.sum(0)));
+  // The quantizers did something: values on the 1.5.2 grid, counts recorded.
+  EXPECT_FALSE(bit_equal(gq, g));
+  const auto counts = st->counts();
+  EXPECT_EQ(counts[static_cast<int>(TensorKind::a)].total, 48u);
+  EXPECT_EQ(counts[static_cast<int>(TensorKind::gw)].total, 40u);
+}
+
+TEST(Ops, QuantizedConvAndMatmulAreTheComposition) {
+  torch::manual_seed(5);
+  LayerQuant lq = paper_quant();
+  lq[TensorKind::gx]->rounding = Rounding::stochastic;  // a stream per tensor
+  {
+    auto x = torch::randn({2, 4, 7, 7}, torch::requires_grad());
+    auto w = (0.2 * torch::randn({4, 1, 3, 3})).requires_grad_();
+    auto st = make_layer_state("dw", lq, nullptr);
+    auto y = quant_conv2d(x, w, {}, {1, 1}, {1, 1}, {1, 1}, 4, st);
+    const auto xq = scalar_q(x.detach(), lq[TensorKind::a], st->seed_for(TensorKind::a, 0));
+    const auto wq = scalar_q(w.detach(), lq[TensorKind::w], st->seed_for(TensorKind::w, 0));
+    EXPECT_TRUE(bit_equal(y.detach(), torch::conv2d(xq, wq, {}, 1, 1, 1, 4)));
+    auto g = 1e-5 * torch::randn(y.sizes());
+    auto grads = torch::autograd::grad({y}, {x, w}, {g});
+    const auto gq = scalar_q(g, lq[TensorKind::gx], st->seed_for(TensorKind::gx, 0));
+    auto [dx, dw, db] = at::convolution_backward(gq, xq, wq, c10::nullopt, {1, 1}, {1, 1}, {1, 1},
+                                                 false, {0, 0}, 4, {true, true, false});
+    EXPECT_TRUE(bit_equal(grads[0], dx));
+    EXPECT_TRUE(bit_equal(grads[1], scalar_q(dw, lq[TensorKind::gw], st->seed_for(TensorKind::gw, 0))));
+  }
+  {
+    auto a = torch::randn({3, 4, 5}, torch::requires_grad());
+    auto b = torch::randn({3, 5, 2}, torch::requires_grad());
+    auto st = make_layer_state("attn", lq, nullptr);
+    auto y = quant_matmul(a, b, st);
+    const auto aq = scalar_q(a.detach(), lq[TensorKind::a], st->seed_for(TensorKind::a, 0, 0));
+    const auto bq = scalar_q(b.detach(), lq[TensorKind::a], st->seed_for(TensorKind::a, 0, 1));
+    EXPECT_TRUE(bit_equal(y.detach(), torch::matmul(aq, bq)));
+    auto g = torch::randn(y.sizes());
+    auto grads = torch::autograd::grad({y}, {a, b}, {g});
+    const auto gq = scalar_q(g, lq[TensorKind::gx], st->seed_for(TensorKind::gx, 0));
+    EXPECT_TRUE(bit_equal(grads[0], gq.matmul(bq.transpose(-2, -1))));
+    EXPECT_TRUE(bit_equal(grads[1], aq.transpose(-2, -1).matmul(gq)));
+  }
+}
+
+// Central differences on tiny shapes (float32 quantizers: the op must be differentiable).
+TEST(Ops, GradientCheck) {
+  torch::manual_seed(6);
+  auto st = make_layer_state("lin", float_quant(), nullptr);
+  auto x = torch::randn({3, 4}, torch::kFloat64).to(torch::kFloat32).requires_grad_();
+  auto w = torch::randn({2, 4}).requires_grad_();
+  auto r = torch::randn({3, 2});
+  auto f = [&](const torch::Tensor& xx) { return (quant_linear(xx, w, {}, st) * r).sum().item<double>(); };
+  auto y = (quant_linear(x, w, {}, st) * r).sum();
+  auto gx = torch::autograd::grad({y}, {x})[0];
+  const float eps = 1e-2f;
+  for (int i = 0; i < 12; ++i) {
+    auto xp = x.detach().clone(), xm = x.detach().clone();
+    xp.view(-1)[i] += eps;
+    xm.view(-1)[i] -= eps;
+    const double num = (f(xp) - f(xm)) / (2 * eps);
+    EXPECT_NEAR(gx.view(-1)[i].item<double>(), num, 2e-2 * (1 + std::abs(num)));
+  }
+}
+
+TEST(Ops, SavingCodesGivesIdenticalGradientsAtAQuarterOfTheMemory) {
+  torch::manual_seed(7);
+  auto x = torch::randn({16, 64}, torch::requires_grad());
+  auto w = (0.1 * torch::randn({32, 64})).requires_grad_();
+  torch::Tensor grads[2][2];
+  std::int64_t bytes[2];
+  for (int save = 0; save < 2; ++save) {
+    auto ctx = std::make_shared<QuantContext>();
+    ctx->save_codes = save == 1;
+    auto st = make_layer_state("lin", paper_quant(), ctx);
+    auto y = quant_linear(x, w, {}, st);
+    bytes[save] = ctx->saved_bytes.load();
+    auto g = torch::autograd::grad({y.pow(2).sum()}, {x, w});
+    grads[save][0] = g[0];
+    grads[save][1] = g[1];
+  }
+  EXPECT_TRUE(bit_equal(grads[0][0], grads[1][0]));
+  EXPECT_TRUE(bit_equal(grads[0][1], grads[1][1]));
+  EXPECT_EQ(bytes[1] * 4, bytes[0]);
+}
+
+namespace {
+// Built with the drop-in quantized layers (float32 until a recipe is applied).
+struct TinyNetImpl : torch::nn::Module {
+  TinyNetImpl() {
+    conv = register_module("conv", QuantConv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)));
+    fc1 = register_module("fc1", QuantLinear(4 * 8 * 8, 16));
+    fc2 = register_module("fc2", QuantLinear(16, 3));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(conv->forward(x)).flatten(1);
+    return fc2->forward(torch::relu(fc1->forward(x)));
+  }
+  QuantConv2d conv{nullptr};
+  QuantLinear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(TinyNet);
+
+std::vector<float> train_tiny(std::uint64_t seed, std::vector<torch::Tensor>* weights = nullptr) {
+  torch::manual_seed(0);
+  TinyNet net;
+  Recipe r = parse_recipe("a=1.4.3:10/stochastic,w=1.4.3:14,gx=1.5.2:33/stochastic,gw=1.5.2:31/stochastic");
+  auto ctx = std::make_shared<QuantContext>();
+  ctx->seed = seed;
+  auto qm = quantize_model(*net, r, ctx);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto x = torch::randn({8, 1, 8, 8});
+  auto t = torch::randint(0, 3, {8});
+  std::vector<float> losses;
+  for (int step = 0; step < 20; ++step) {
+    opt.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(net->forward(x), t);
+    loss.backward();
+    opt.step();
+    ctx->step++;
+    losses.push_back(loss.item<float>());
+  }
+  if (weights)
+    for (auto& p : net->parameters()) weights->push_back(p.detach().clone());
+  return losses;
+}
+}  // namespace
+
+TEST(Modules, ConvertsByPathAndAppliesTheRecipe) {
+  TinyNet net;
+  Recipe r = parse_recipe("resnet32-mixed");
+  RecipeOverride o;
+  o.pattern = "fc2";
+  o.set[static_cast<int>(TensorKind::a)].emplace(std::nullopt);  // set to float32
+  r.overrides.push_back(o);
+  auto qm = quantize_model(*net, r);
+  ASSERT_EQ(qm.layers.size(), 3u);
+  EXPECT_EQ(qm.layers[0]->name, "conv");
+  EXPECT_EQ(qm.layers[1]->name, "fc1");
+  EXPECT_EQ(qm.layers[2]->name, "fc2");
+  EXPECT_FALSE(qm.layer("conv")->quant[TensorKind::a]);   // first layer's input stays float32
+  EXPECT_FALSE(qm.layer("conv")->quant[TensorKind::gx]);
+  EXPECT_TRUE(qm.layer("conv")->quant[TensorKind::w]);
+  EXPECT_TRUE(qm.layer("fc1")->quant[TensorKind::a]);
+  EXPECT_FALSE(qm.layer("fc2")->quant[TensorKind::a]);     // the override
+  EXPECT_TRUE(qm.layer("fc2")->quant[TensorKind::w]);
+  auto y = net->forward(torch::randn({2, 1, 8, 8}));
+  EXPECT_EQ(y.sizes(), (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(qm.layer("fc1")->counts()[static_cast<int>(TensorKind::a)].total, 2u * 16 * 16);
+  Recipe bad = parse_recipe("fp32");
+  bad.overrides.push_back({"decoder.*", {}});
+  TinyNet net2;
+  EXPECT_THROW(quantize_model(*net2, bad), Error);
+}
+
+TEST(Modules, ConvertsSequentialInPlace) {
+  torch::manual_seed(3);
+  torch::nn::Sequential seq(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 2, 3)), torch::nn::ReLU(),
+                            torch::nn::Flatten(), torch::nn::Linear(2 * 4 * 4, 3));
+  auto params_before = seq->parameters();
+  auto x = torch::randn({2, 1, 6, 6});
+  auto y_float = seq->forward(x);
+  auto qm = quantize_model(*seq, parse_recipe("a=1.4.3:10,w=1.4.3:14,first=0"));
+  ASSERT_EQ(qm.layers.size(), 2u);
+  EXPECT_EQ(qm.layers[0]->name, "0");
+  EXPECT_EQ(qm.layers[1]->name, "3");
+  // The same parameter tensors: an optimizer built before conversion still trains them.
+  auto params_after = seq->parameters();
+  ASSERT_EQ(params_before.size(), params_after.size());
+  for (std::size_t i = 0; i < params_before.size(); ++i)
+    EXPECT_TRUE(params_before[i].is_same(params_after[i]));
+  auto y = seq->forward(x);  // now through the quantized layers
+  EXPECT_FALSE(bit_equal(y, y_float));
+  EXPECT_EQ(qm.layers[1]->counts()[static_cast<int>(TensorKind::w)].total, 3u * 32);
+}
+
+TEST(Modules, PlainMemberLayersAreRefusedByName) {
+  struct PlainImpl : torch::nn::Module {
+    PlainImpl() { fc = register_module("fc", torch::nn::Linear(4, 2)); }
+    torch::nn::Linear fc{nullptr};
+  };
+  auto m = std::make_shared<PlainImpl>();
+  try {
+    quantize_model(*m, parse_recipe("fp32"));
+    ADD_FAILURE() << "accepted a plain member layer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fc'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Modules, TrainingIsDeterministicAndWeightsStayFloat32) {
+  std::vector<torch::Tensor> w1, w2;
+  const auto a = train_tiny(42, &w1);
+  const auto b = train_tiny(42, &w2);
+  EXPECT_EQ(a, b);
+  ASSERT_EQ(w1.size(), w2.size());
+  for (std::size_t i = 0; i < w1.size(); ++i) EXPECT_TRUE(bit_equal(w1[i], w2[i]));
+  EXPECT_NE(train_tiny(43), a);  // the seed matters
+  EXPECT_LT(a.back(), a.front());  // and it learns
+  // Master weights are float32, not on the 1.4.3 grid.
+  const auto& fc1w = w1[2];
+  const auto q = scalar_q(fc1w, parse_recipe("w=1.4.3:14").base[TensorKind::w], 0);
+  EXPECT_FALSE(bit_equal(fc1w, q));
+}
+
+TEST(Stats, RecordsEveryNSteps) {
+  torch::manual_seed(1);
+  TinyNet net;
+  auto ctx = std::make_shared<QuantContext>();
+  ctx->stats_interval = 2;
+  auto qm = quantize_model(*net, parse_recipe("resnet32-mixed"), ctx);
+  for (int step = 0; step < 4; ++step) {
+    auto y = net->forward(torch::randn({2, 1, 8, 8}));
+    y.sum().backward();
+    ctx->step++;
+  }
+  const auto recs = ctx->stats->take();
+  // Steps 0 and 2, three layers, four kinds each.
+  EXPECT_EQ(recs.size(), 2u * 3u * 4u);
+  for (const auto& r : recs) {
+    EXPECT_TRUE(r.step == 0 || r.step == 2);
+    EXPECT_EQ(r.hist.total(), r.counts.total);
+  }
+}
