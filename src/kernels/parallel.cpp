@@ -130,6 +130,11 @@ class Pool {
 
 }  // namespace
 
+thread_local bool tls_serial = false;
+
+SerialScope::SerialScope() : previous_(tls_serial) { tls_serial = true; }
+SerialScope::~SerialScope() { tls_serial = previous_; }
+
 void set_num_threads(int n) { Pool::get().set_threads(n); }
 int num_threads() { return Pool::get().threads(); }
 
@@ -137,7 +142,7 @@ namespace detail {
 void parallel_for(std::size_t n, std::size_t align,
                   const std::function<void(std::size_t, std::size_t)>& fn) {
   if (n == 0) return;
-  if (n < kParallelThreshold || num_threads() == 1) {
+  if (n < kParallelThreshold || tls_serial || num_threads() == 1) {
     fn(0, n);
     return;
   }

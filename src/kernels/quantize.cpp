@@ -332,6 +332,28 @@ HWY_INLINE void EncodeRangeT(const Params& p, const QuantSpec& q, const float* x
   else DispatchMode<false>(p.rounding, run);
 }
 
+void QuantizeEncodeRange8(const Params& p, const QuantSpec& q, const float* x, float* y,
+                          std::uint8_t* out, std::size_t n, std::uint64_t index0,
+                          QuantCounts* counts) {
+  const hn::RebindToFloat<D32> df;
+  const hn::Rebind<std::uint8_t, D32> dn;
+  const hn::RebindToSigned<D32> di;
+  auto run = [&]<Rounding kMode, bool kCount>() {
+    Loop<kMode, true, true, kCount>(
+        p, x, n, index0, counts,
+        [&](std::size_t i, const Lanes& l) {
+          hn::StoreU(hn::BitCast(df, l.fbits), df, y + i);
+          hn::StoreU(hn::DemoteTo(dn, hn::BitCast(di, l.code)), dn, out + i);
+        },
+        [&](std::size_t i) {
+          out[i] = static_cast<std::uint8_t>(fp8lab::encode(x[i], q, index0 + i, counts));
+          y[i] = fp8lab::quantize(x[i], q, index0 + i);
+        });
+  };
+  if (counts) DispatchMode<true>(p.rounding, run);
+  else DispatchMode<false>(p.rounding, run);
+}
+
 void EncodeRange8(const Params& p, const QuantSpec& q, const float* x, std::uint8_t* out,
                   std::size_t n, std::uint64_t index0, QuantCounts* counts) {
   EncodeRangeT(p, q, x, out, n, index0, counts);
@@ -383,6 +405,7 @@ namespace fp8lab::kernels {
 
 HWY_EXPORT(QuantizeRange);
 HWY_EXPORT(EncodeRange8);
+HWY_EXPORT(QuantizeEncodeRange8);
 HWY_EXPORT(EncodeRange16);
 HWY_EXPORT(DecodeRange8);
 HWY_EXPORT(DecodeRange16);
@@ -472,6 +495,27 @@ void encode(const float* x, std::uint8_t* codes, std::size_t n, const QuantSpec&
 void encode(const float* x, std::uint16_t* codes, std::size_t n, const QuantSpec& q,
             std::uint64_t index_offset, QuantCounts* counts) {
   encode_impl(x, codes, n, q, index_offset, counts);
+}
+
+void quantize_and_encode(const float* x, float* y, std::uint8_t* codes, std::size_t n,
+                         const QuantSpec& q, std::uint64_t index_offset, QuantCounts* counts) {
+  validate(q);
+  require_codable(q.format);
+  if (q.format.width() > 8)
+    throw Error("format " + to_string(q.format) + " is " + std::to_string(q.format.width()) +
+                " bits wide: its codes do not fit 8-bit integers");
+  const detail::Params p = detail::make_params(q);
+  run_ranges(n, counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
+    if (p.fast) {
+      HWY_DYNAMIC_DISPATCH(QuantizeEncodeRange8)(p, q, x + b, y + b, codes + b, e - b,
+                                                 index_offset + b, c);
+    } else {
+      for (std::size_t i = b; i < e; ++i) {
+        codes[i] = static_cast<std::uint8_t>(fp8lab::encode(x[i], q, index_offset + i, c));
+        y[i] = fp8lab::quantize(x[i], q, index_offset + i);
+      }
+    }
+  });
 }
 
 template <typename T>

@@ -112,10 +112,10 @@ std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_and_save(TensorKind
     return {y, y};
   }
   QuantCounts c;
-  torch::Tensor codes = encode_tensor(t, *q, seed_for(k, call, operand), &c);
+  auto [y, codes] = quantize_and_encode_tensor(t, *q, seed_for(k, call, operand), &c);
   record(k, t, c, call);
   ctx->saved_bytes += static_cast<std::int64_t>(codes.numel() * codes.element_size());
-  return {decode_tensor(codes, q->format), codes};
+  return {y, codes};
 }
 
 torch::Tensor LayerState::restore(TensorKind k, const torch::Tensor& saved) const {

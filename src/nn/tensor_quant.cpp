@@ -1,6 +1,9 @@
 #include "fp8lab/nn/tensor_quant.hpp"
 
 #include <torch/torch.h>
+#include <ATen/Parallel.h>
+
+#include <mutex>
 
 #include "fp8lab/kernels/kernels.hpp"
 
@@ -15,6 +18,22 @@ torch::Tensor float_input(const torch::Tensor& t, const char* what) {
                 std::string(c10::toString(t.scalar_type())));
   return t.contiguous();
 }
+// Runs body(begin, end, counts*) over [0, n) on libtorch's threads, kernels serial inside.
+template <class Body>
+void torch_parallel(std::int64_t n, QuantCounts* counts, const Body& body) {
+  constexpr std::int64_t kGrain = 1 << 15;
+  std::mutex m;
+  at::parallel_for(0, n, kGrain, [&](std::int64_t b, std::int64_t e) {
+    kernels::SerialScope serial;
+    QuantCounts local;
+    body(static_cast<std::size_t>(b), static_cast<std::size_t>(e), counts ? &local : nullptr);
+    if (counts) {
+      std::lock_guard<std::mutex> lk(m);
+      *counts += local;
+    }
+  });
+}
+
 }  // namespace
 
 torch::Tensor fake_quantize(const torch::Tensor& t, const QuantSpec& q_in, std::uint64_t seed,
@@ -23,8 +42,11 @@ torch::Tensor fake_quantize(const torch::Tensor& t, const QuantSpec& q_in, std::
   QuantSpec q = q_in;
   q.seed = seed;
   torch::Tensor y = torch::empty_like(x, torch::MemoryFormat::Contiguous);
-  kernels::quantize(x.data_ptr<float>(), y.data_ptr<float>(), static_cast<std::size_t>(x.numel()),
-                    q, 0, counts);
+  const float* in = x.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
+    kernels::quantize(in + b, out + b, e - b, q, b, c);
+  });
   return y;
 }
 
@@ -34,31 +56,67 @@ torch::Tensor encode_tensor(const torch::Tensor& t, const QuantSpec& q_in, std::
   QuantSpec q = q_in;
   q.seed = seed;
   require_codable(q.format);
-  const auto n = static_cast<std::size_t>(x.numel());
+  const float* in = x.data_ptr<float>();
   if (q.format.width() <= 8) {
     torch::Tensor c = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kUInt8));
-    kernels::encode(x.data_ptr<float>(), c.data_ptr<std::uint8_t>(), n, q, 0, counts);
+    std::uint8_t* out = c.data_ptr<std::uint8_t>();
+    torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* cc) {
+      kernels::encode(in + b, out + b, e - b, q, b, cc);
+    });
     return c;
   }
   torch::Tensor c = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kInt16));
-  kernels::encode(x.data_ptr<float>(), reinterpret_cast<std::uint16_t*>(c.data_ptr<std::int16_t>()),
-                  n, q, 0, counts);
+  auto* out = reinterpret_cast<std::uint16_t*>(c.data_ptr<std::int16_t>());
+  torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* cc) {
+    kernels::encode(in + b, out + b, e - b, q, b, cc);
+  });
   return c;
 }
 
 torch::Tensor decode_tensor(const torch::Tensor& codes_in, const Format& f) {
   const torch::Tensor codes = codes_in.contiguous();
   torch::Tensor y = torch::empty(codes.sizes(), torch::TensorOptions().dtype(torch::kFloat32));
-  const auto n = static_cast<std::size_t>(codes.numel());
-  if (codes.scalar_type() == torch::kUInt8)
-    kernels::decode(codes.data_ptr<std::uint8_t>(), y.data_ptr<float>(), n, f);
-  else if (codes.scalar_type() == torch::kInt16)
-    kernels::decode(reinterpret_cast<const std::uint16_t*>(codes.data_ptr<std::int16_t>()),
-                    y.data_ptr<float>(), n, f);
-  else
+  float* out = y.data_ptr<float>();
+  if (codes.scalar_type() == torch::kUInt8) {
+    const std::uint8_t* in = codes.data_ptr<std::uint8_t>();
+    torch_parallel(codes.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*) {
+      kernels::decode(in + b, out + b, e - b, f);
+    });
+  } else if (codes.scalar_type() == torch::kInt16) {
+    const auto* in = reinterpret_cast<const std::uint16_t*>(codes.data_ptr<std::int16_t>());
+    torch_parallel(codes.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*) {
+      kernels::decode(in + b, out + b, e - b, f);
+    });
+  } else
     throw Error("decode_tensor: codes must be uint8 or int16, got " +
                 std::string(c10::toString(codes.scalar_type())));
   return y;
+}
+
+}  // namespace fp8lab::nn
+
+namespace fp8lab::nn {
+
+std::pair<torch::Tensor, torch::Tensor> quantize_and_encode_tensor(const torch::Tensor& t,
+                                                                   const QuantSpec& q_in,
+                                                                   std::uint64_t seed,
+                                                                   QuantCounts* counts) {
+  if (q_in.format.width() > 8) {
+    torch::Tensor codes = encode_tensor(t, q_in, seed, counts);
+    return {decode_tensor(codes, q_in.format), codes};
+  }
+  const torch::Tensor x = float_input(t, "quantize_and_encode_tensor");
+  QuantSpec q = q_in;
+  q.seed = seed;
+  torch::Tensor y = torch::empty_like(x, torch::MemoryFormat::Contiguous);
+  torch::Tensor c = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kUInt8));
+  const float* in = x.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  std::uint8_t* codes = c.data_ptr<std::uint8_t>();
+  torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* cc) {
+    kernels::quantize_and_encode(in + b, out + b, codes + b, e - b, q, b, cc);
+  });
+  return {y, c};
 }
 
 }  // namespace fp8lab::nn

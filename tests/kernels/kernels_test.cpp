@@ -107,6 +107,14 @@ TEST_P(AllTargets, QuantizeEncodeDecodeMatchScalar) {
           for (std::size_t i = 0; i < n; ++i)
             ASSERT_EQ(c[i], want_c[i]) << "i=" << i << " x=" << std::hexfloat << x[i];
           EXPECT_EQ(cc, want_counts_enc);
+          // Both outputs in one pass.
+          std::vector<float> y2(n);
+          std::vector<std::uint8_t> c2(n);
+          QuantCounts c2c;
+          kernels::quantize_and_encode(x.data(), y2.data(), c2.data(), n, q, offset, &c2c);
+          ASSERT_EQ(c2, c);
+          ASSERT_EQ(std::memcmp(y2.data(), y.data(), n * 4), 0);
+          EXPECT_EQ(c2c, want_counts_enc);
         }
         if (f.width() <= 16) {
           std::vector<std::uint16_t> c(n);

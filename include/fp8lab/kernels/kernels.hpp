@@ -28,6 +28,12 @@ void encode(const float* x, std::uint8_t* codes, std::size_t n, const QuantSpec&
 void encode(const float* x, std::uint16_t* codes, std::size_t n, const QuantSpec& q,
             std::uint64_t index_offset = 0, QuantCounts* counts = nullptr);
 
+// Both at once, in one pass: y[i] = quantize(x[i]) and codes[i] = encode(x[i]) (the float
+// form a layer computes with and the 8-bit form it saves for backward). Width <= 8.
+void quantize_and_encode(const float* x, float* y, std::uint8_t* codes, std::size_t n,
+                         const QuantSpec& q, std::uint64_t index_offset = 0,
+                         QuantCounts* counts = nullptr);
+
 // y[i] = decode(codes[i], f). Bits above the format's width are ignored.
 void decode(const std::uint8_t* codes, float* y, std::size_t n, const Format& f);
 void decode(const std::uint16_t* codes, float* y, std::size_t n, const Format& f);
@@ -53,6 +59,20 @@ ExpHistogram exponent_histogram(const float* x, std::size_t n);
 void set_num_threads(int n);
 int num_threads();
 inline constexpr std::size_t kParallelThreshold = std::size_t{1} << 16;
+
+// While alive, kernel calls on this thread run on this thread only: for callers that
+// already split the work over their own threads (e.g. libtorch's at::parallel_for), so
+// that two thread pools do not compete for the same cores.
+class SerialScope {
+ public:
+  SerialScope();
+  ~SerialScope();
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // SIMD targets compiled in and supported by this CPU, best first (e.g. "AVX3", "AVX2",
 // "SSE4", "EMU128"); for tests and benchmarks.
