@@ -94,3 +94,39 @@ TEST(LossScale, LogMaxFollowsTheFormula) {
   for (int i = 0; i < 1000; ++i) s.update_from(-20, false);
   EXPECT_EQ(s.log2_scale(), 35);
 }
+
+#include "fp8lab/nn/modules.hpp"
+
+// End to end: a model whose gradient quantizers use overflow mode nan; a huge loss scale
+// makes grad_x overflow into NaN, Backoff skips the step and halves the scale until the
+// gradients fit, and the weights are untouched by the skipped steps.
+TEST(LossScale, BackoffRecoversFromRealOverflowInAQuantizedModel) {
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(8, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  auto qm = quantize_model(*net, parse_recipe("a=1.4.3:10,w=1.4.3:14,gx=1.5.2:15/nan,gw=1.5.2:15/nan,first=0"));
+  LossScaler scaler(parse_loss_scale("backoff:init=40,interval=1000"));
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01));
+  auto x = torch::randn({4, 8});
+  const auto w_before = net->parameters()[0].detach().clone();
+  int skipped = 0;
+  for (int step = 0; step < 60; ++step) {
+    opt.zero_grad();
+    (net->forward(x).pow(2).mean() * scaler.scale()).backward();
+    std::vector<torch::Tensor> grads;
+    for (auto& p : net->parameters()) grads.push_back(p.grad());
+    const auto r = scaler.update(grads);
+    if (r.skipped) {
+      ++skipped;
+      EXPECT_TRUE(r.overflow);
+      EXPECT_TRUE(torch::equal(net->parameters()[0].detach(), w_before));  // nothing applied yet
+      continue;
+    }
+    opt.step();
+    break;
+  }
+  EXPECT_GT(skipped, 5);  // 2^40 is far above what 1.5.2 bias 15 (max 57344) holds
+  EXPECT_LT(scaler.log2_scale(), 40);
+  EXPECT_EQ(scaler.skipped_steps(), static_cast<std::uint64_t>(skipped));
+  EXPECT_FALSE(torch::equal(net->parameters()[0].detach(), w_before));  // then it trains
+  EXPECT_GT(qm.layers[1]->counts()[static_cast<int>(TensorKind::gx)].nan, 0u);
+}
