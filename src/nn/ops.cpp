@@ -129,25 +129,51 @@ LayerStatePtr state_of(AutogradContext* ctx) {
   return c10::static_intrusive_pointer_cast<LayerState>(ctx->saved_data["st"].toCapsule());
 }
 
+struct Operand {
+  const torch::Tensor& t;
+  TensorKind kind;
+  std::uint32_t index;  // which operand of the op: selects its own random stream
+};
+
+// Forward prologue shared by the ops: Q(first), Q(second), and what backward needs (the
+// saved forms, the layer state, the call number). Returns the two quantized operands.
+std::pair<torch::Tensor, torch::Tensor> quantize_operands(AutogradContext* ctx,
+                                                          const LayerStatePtr& st, Operand a,
+                                                          Operand b) {
+  const std::uint32_t call = st->begin_call();
+  auto [aq, as] = st->quantize_and_save(a.kind, a.t, call, a.index);
+  auto [bq, bs] = st->quantize_and_save(b.kind, b.t, call, b.index);
+  ctx->save_for_backward({as, bs});
+  ctx->saved_data["st"] = c10::IValue::make_capsule(st);
+  ctx->saved_data["call"] = static_cast<std::int64_t>(call);
+  return {aq, bq};
+}
+
+// Backward prologue: the layer state, the call number and the two quantized operands.
+struct Saved {
+  LayerStatePtr st;
+  std::uint32_t call;
+  torch::Tensor a, b;
+};
+Saved restore_operands(AutogradContext* ctx, TensorKind ka, TensorKind kb) {
+  Saved s{state_of(ctx), static_cast<std::uint32_t>(ctx->saved_data["call"].toInt()), {}, {}};
+  const auto saved = ctx->get_saved_variables();
+  s.a = s.st->restore(ka, saved[0]);
+  s.b = s.st->restore(kb, saved[1]);
+  return s;
+}
+
 class LinearFn : public torch::autograd::Function<LinearFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b, LayerStatePtr st) {
-    const std::uint32_t call = st->begin_call();
-    auto [xq, xs] = st->quantize_and_save(TensorKind::a, x, call);
-    auto [wq, ws] = st->quantize_and_save(TensorKind::w, w, call);
-    ctx->save_for_backward({xs, ws});
-    ctx->saved_data["st"] = c10::IValue::make_capsule(st);
-    ctx->saved_data["call"] = static_cast<std::int64_t>(call);
+    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0}, {w, TensorKind::w, 0});
     ctx->saved_data["bias"] = b.numel() > 0;
     return torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const LayerStatePtr st = state_of(ctx);
-    const auto call = static_cast<std::uint32_t>(ctx->saved_data["call"].toInt());
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor wq = st->restore(TensorKind::w, saved[1]);
+    const auto [st, call, xq_saved, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w);
     const torch::Tensor& g = grads[0];
     const std::int64_t out_f = wq.size(0), in_f = wq.size(1);
     const torch::Tensor gq = st->quantize(TensorKind::gx, g, call).reshape({-1, out_f});
@@ -161,7 +187,7 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
       dx = dx.reshape(shape);
     }
     if (ctx->needs_input_grad(1)) {
-      const torch::Tensor xq = st->restore(TensorKind::a, saved[0]).reshape({-1, in_f});
+      const torch::Tensor xq = xq_saved.reshape({-1, in_f});
       dw = st->quantize(TensorKind::gw, xq.t().mm(gq).t().contiguous(), call);
     }
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
@@ -177,12 +203,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
                                std::vector<std::int64_t> padding,
                                std::vector<std::int64_t> dilation, std::int64_t groups,
                                LayerStatePtr st) {
-    const std::uint32_t call = st->begin_call();
-    auto [xq, xs] = st->quantize_and_save(TensorKind::a, x, call);
-    auto [wq, ws] = st->quantize_and_save(TensorKind::w, w, call);
-    ctx->save_for_backward({xs, ws});
-    ctx->saved_data["st"] = c10::IValue::make_capsule(st);
-    ctx->saved_data["call"] = static_cast<std::int64_t>(call);
+    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0}, {w, TensorKind::w, 0});
     ctx->saved_data["bias"] = b.numel() > 0;
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
@@ -193,11 +214,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const LayerStatePtr st = state_of(ctx);
-    const auto call = static_cast<std::uint32_t>(ctx->saved_data["call"].toInt());
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor xq = st->restore(TensorKind::a, saved[0]);
-    const torch::Tensor wq = st->restore(TensorKind::w, saved[1]);
+    const auto [st, call, xq, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w);
     const torch::Tensor& g = grads[0];
     const torch::Tensor gq = st->quantize(TensorKind::gx, g, call);
     const auto stride = ctx->saved_data["stride"].toIntVector();
@@ -225,21 +242,12 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
                                LayerStatePtr st) {
-    const std::uint32_t call = st->begin_call();
-    auto [aq, as] = st->quantize_and_save(TensorKind::a, a, call, 0);
-    auto [bq, bs] = st->quantize_and_save(TensorKind::a, b, call, 1);
-    ctx->save_for_backward({as, bs});
-    ctx->saved_data["st"] = c10::IValue::make_capsule(st);
-    ctx->saved_data["call"] = static_cast<std::int64_t>(call);
+    auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0}, {b, TensorKind::a, 1});
     return torch::matmul(aq, bq);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const LayerStatePtr st = state_of(ctx);
-    const auto call = static_cast<std::uint32_t>(ctx->saved_data["call"].toInt());
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor aq = st->restore(TensorKind::a, saved[0]);
-    const torch::Tensor bq = st->restore(TensorKind::a, saved[1]);
+    const auto [st, call, aq, bq] = restore_operands(ctx, TensorKind::a, TensorKind::a);
     const torch::Tensor gq = st->quantize(TensorKind::gx, grads[0], call);
     torch::Tensor da, db;
     if (ctx->needs_input_grad(0)) da = at::sum_to(gq.matmul(bq.transpose(-2, -1)), aq.sizes());
