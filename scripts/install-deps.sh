@@ -7,7 +7,8 @@ pkgs=(
   build-essential cmake ninja-build ccache pkg-config
   libhwy-dev libcli11-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libtorch-dev libopenblas0-pthread
+  libtorch-dev libopenblas0-pthread zlib1g-dev
+  dataset-fashion-mnist
 )
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

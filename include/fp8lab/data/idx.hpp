@@ -1,0 +1,37 @@
+// IDX files (the MNIST / Fashion-MNIST format), plain or gzip-compressed, validated as
+// they are read: magic number, element type, dimensions and size, label range. Errors
+// name the file and the byte offset.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+
+namespace fp8lab::data {
+
+struct IdxArray {
+  std::vector<std::uint32_t> dims;
+  std::vector<std::uint8_t> data;  // unsigned bytes (type code 0x08), row-major
+};
+
+// Reads an IDX file of unsigned bytes (gzip or not). `expected_rank` (if > 0) is checked.
+IdxArray read_idx(const std::string& path, int expected_rank = 0);
+
+// A labelled image set: images [N, 1, H, W] float32 scaled to [0, 1], labels [N] int64.
+struct ImageSet {
+  torch::Tensor images, labels;
+  std::int64_t num_classes = 0;
+  std::int64_t size() const { return labels.defined() ? labels.size(0) : 0; }
+};
+
+// MNIST-layout folder: {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz].
+// `train` picks the training or test split. Checks that the counts agree and labels are
+// below `num_classes`.
+ImageSet load_mnist_folder(const std::string& dir, bool train, std::int64_t num_classes = 10);
+
+// Where Debian's dataset-fashion-mnist package puts Fashion-MNIST.
+inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+}  // namespace fp8lab::data
