@@ -12,6 +12,9 @@ int main(int argc, char** argv) {
   fp8lab::cli::register_snr(app);
   fp8lab::cli::register_values(app);
   fp8lab::cli::register_quantize(app);
+#ifdef FP8LAB_HAVE_TORCH
+  fp8lab::cli::register_quickstart(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -83,10 +83,13 @@ IdxArray read_idx(const std::string& path, int expected_rank) {
   return a;
 }
 
-ImageSet load_mnist_folder(const std::string& dir, bool train, std::int64_t num_classes) {
+std::pair<std::string, std::string> mnist_paths(const std::string& dir, bool train) {
   const std::string split = train ? "train" : "t10k";
-  const std::string ip = find(dir, split + "-images-idx3-ubyte");
-  const std::string lp = find(dir, split + "-labels-idx1-ubyte");
+  return {find(dir, split + "-images-idx3-ubyte"), find(dir, split + "-labels-idx1-ubyte")};
+}
+
+ImageSet load_mnist_folder(const std::string& dir, bool train, std::int64_t num_classes) {
+  const auto [ip, lp] = mnist_paths(dir, train);
   const IdxArray img = read_idx(ip, 3), lab = read_idx(lp, 1);
   if (img.dims[0] != lab.dims[0])
     throw Error(ip + ": " + std::to_string(img.dims[0]) + " images but " + lp + " has " +

@@ -104,5 +104,15 @@ echo keep >"$T/keep.npy"
 check "existing output kept on failure" [ "$(cat "$T/keep.npy")" = keep ]
 check "no temporaries left" [ -z "$(ls "$T" | grep tmp)" ]
 
+# --- quickstart (when built with libtorch and the Debian dataset is present) --------------
+if "$FP8LAB" --help | grep -q quickstart && [ -d /usr/share/datasets/fashion-mnist ]; then
+  out=$("$FP8LAB" quickstart --limit 256 --epochs 1 --batch 64 --width 4 --threads 1 2>/dev/null); rc=$?
+  check "quickstart exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "quickstart lists fp32" grep -q '^fp32 .*finished' <<<"$out"
+  check "quickstart lists the 8-bit recipe" grep -q '^resnet32-mixed .*finished' <<<"$out"
+  expect_fail "quickstart without data" "no train-images" "$FP8LAB" quickstart --data "$T/none"
+  expect_fail "quickstart bad recipe" "unknown key 'q'" "$FP8LAB" quickstart --recipe q=1.4.3
+fi
+
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

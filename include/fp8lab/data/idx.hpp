@@ -31,6 +31,10 @@ struct ImageSet {
 // below `num_classes`.
 ImageSet load_mnist_folder(const std::string& dir, bool train, std::int64_t num_classes = 10);
 
+// The image and label files of one split of an MNIST-layout folder; throws Error naming
+// what is missing.
+std::pair<std::string, std::string> mnist_paths(const std::string& dir, bool train);
+
 // Where Debian's dataset-fashion-mnist package puts Fashion-MNIST.
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 

@@ -1,0 +1,28 @@
+// A progress bar for long work: items done, rate, ETA and a few named figures, redrawn in
+// place on a terminal, or a line every 10 % when stderr is not one.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace fp8lab::experiments {
+
+class Progress {
+ public:
+  Progress(std::string label, std::int64_t total, std::string unit = "steps");
+  // Sets the count done and the extra text (e.g. "loss 0.41 scale 2^12"); redraws at most
+  // ten times a second.
+  void update(std::int64_t done, const std::string& extra = "");
+  void finish(const std::string& extra = "");
+
+ private:
+  void draw(bool final);
+  std::string label_, unit_, extra_;
+  std::int64_t total_, done_ = 0;
+  int last_decile_ = -1;
+  bool tty_;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+}  // namespace fp8lab::experiments
