@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <sstream>
+#define TOML_HEADER_ONLY 1
 #include <toml++/toml.h>
 
 namespace fp8lab::nn {
