@@ -17,6 +17,7 @@ struct QuickstartArgs {
   experiments::ImageTrainConfig cfg;
   std::vector<std::string> recipes = {"fp32", "resnet32-mixed"};
   std::vector<std::string> loss_scales = {};
+  std::string db = "results.db";
 };
 
 std::string pct(std::uint64_t part, std::uint64_t total) {
@@ -32,6 +33,7 @@ void run_quickstart(QuickstartArgs a) {
   for (const auto& r : a.recipes) nn::load_recipe(r);  // report bad input before training
   data::mnist_paths(a.cfg.data_dir, true);
   data::mnist_paths(a.cfg.data_dir, false);
+  results::Store store(a.db);
   std::fprintf(stderr, "fp8lab quickstart: CIFAR ResNet-%d (width %d) on %s, %d epochs, batch %d, seed %llu\n",
                a.cfg.depth, a.cfg.width, a.cfg.data_dir.c_str(), a.cfg.epochs, a.cfg.batch,
                static_cast<unsigned long long>(a.cfg.seed));
@@ -42,7 +44,7 @@ void run_quickstart(QuickstartArgs a) {
     experiments::ImageTrainConfig cfg = a.cfg;
     cfg.recipe = a.recipes[i];
     if (!a.loss_scales.empty()) cfg.loss_scale = a.loss_scales[i];
-    const auto r = experiments::train_image_classifier(cfg);
+    const auto r = experiments::train_image_classifier(cfg, &store, "quickstart");
     std::uint64_t ovf = 0, tot = 0;
     for (const auto& c : r.counts) {
       ovf += c.overflow;
@@ -60,7 +62,8 @@ void run_quickstart(QuickstartArgs a) {
   std::printf("\n");
   t.print(false);
   std::printf("\nunderflow: non-zero values flushed to zero by each tensor kind's quantizer; "
-              "overflow: values beyond the format's max (saturated); fp32 kinds show 0.\n");
+              "overflow: values beyond the format's max (saturated); fp32 kinds show 0.\n"
+              "Recorded in %s: see `fp8lab runs --db %s`.\n", a.db.c_str(), a.db.c_str());
 }
 }  // namespace
 
@@ -81,6 +84,7 @@ void register_quickstart(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", args->cfg.seed, "Seed")->capture_default_str();
   cmd->add_option("--threads", args->cfg.threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--db", args->db, "Results store (SQLite)")->capture_default_str();
   cmd->callback([args] { run_quickstart(*args); });
 }
 

@@ -8,6 +8,7 @@ void register_formats(CLI::App& app);
 void register_snr(CLI::App& app);
 void register_values(CLI::App& app);
 void register_quantize(CLI::App& app);
+void register_runs(CLI::App& app);
 #ifdef FP8LAB_HAVE_TORCH
 void register_quickstart(CLI::App& app);
 #endif

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   fp8lab::cli::register_snr(app);
   fp8lab::cli::register_values(app);
   fp8lab::cli::register_quantize(app);
+  fp8lab::cli::register_runs(app);
 #ifdef FP8LAB_HAVE_TORCH
   fp8lab::cli::register_quickstart(app);
 #endif

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "fp8lab/data/idx.hpp"
@@ -35,7 +36,49 @@ std::string scale_text(int log2) { return "scale 2^" + std::to_string(log2); }
 
 }  // namespace
 
-ImageTrainResult train_image_classifier(const ImageTrainConfig& cfg) {
+std::string to_json(const ImageTrainConfig& c) {
+  nlohmann::json j = {{"data_dir", c.data_dir}, {"num_classes", c.num_classes}, {"model", "cifar-resnet"},
+                      {"depth", c.depth}, {"width", c.width}, {"recipe", c.recipe},
+                      {"loss_scale", c.loss_scale}, {"epochs", c.epochs}, {"batch", c.batch},
+                      {"optimizer", "sgd"}, {"lr", c.lr}, {"momentum", c.momentum},
+                      {"weight_decay", c.weight_decay}, {"lr_decay_at", c.lr_decay_at},
+                      {"train_limit", c.train_limit}, {"seed", c.seed}, {"threads", c.threads}};
+  return j.dump();
+}
+
+namespace {
+ImageTrainResult train_impl(const ImageTrainConfig& cfg, results::Store* store, std::int64_t run_id);
+}  // namespace
+
+ImageTrainResult train_image_classifier(const ImageTrainConfig& cfg, results::Store* store,
+                                        const std::string& run_name) {
+  std::int64_t run_id = 0;
+  if (store) {
+    results::RunInfo info;
+    info.name = run_name;
+    info.kind = "image-classification";
+    info.config_json = to_json(cfg);
+    info.recipe = cfg.recipe;
+    info.loss_scale = cfg.loss_scale;
+    info.seed = cfg.seed;
+    run_id = store->begin_run(info);
+  }
+  try {
+    ImageTrainResult r = train_impl(cfg, store, run_id);
+    r.run_id = run_id;
+    if (store)
+      store->finish_run(run_id, r.status,
+                        r.status == "finished" ? std::optional<double>(r.test_accuracy) : std::nullopt,
+                        "test_accuracy", r.seconds);
+    return r;
+  } catch (...) {
+    if (store) store->finish_run(run_id, "failed", std::nullopt, "test_accuracy", 0);
+    throw;
+  }
+}
+
+namespace {
+ImageTrainResult train_impl(const ImageTrainConfig& cfg, results::Store* store, std::int64_t run_id) {
   const auto t0 = std::chrono::steady_clock::now();
   const int threads = cfg.threads > 0 ? cfg.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   torch::set_num_threads(threads);  // libtorch defaults to one thread on this kind of machine
@@ -79,6 +122,7 @@ ImageTrainResult train_image_classifier(const ImageTrainConfig& cfg) {
   const std::int64_t steps_per_epoch = (n + cfg.batch - 1) / cfg.batch;
   const std::int64_t total = steps_per_epoch * cfg.epochs;
   ImageTrainResult res;
+  std::vector<std::tuple<std::int64_t, int, bool>> trace;  // the loss-scale trace
   Progress bar(recipe.name.size() > 24 ? recipe.name.substr(0, 24) : recipe.name, total);
   std::int64_t step = 0;
   double loss_ema = 0;
@@ -99,6 +143,7 @@ ImageTrainResult train_image_classifier(const ImageTrainConfig& cfg) {
       std::vector<torch::Tensor> grads;
       for (auto& p : model->parameters()) grads.push_back(p.grad());
       const nn::LossScaleStep s = scaler.update(grads);
+      trace.emplace_back(step, static_cast<int>(std::lround(std::log2(s.scale))), s.skipped);
       const double lv = loss.item<double>();
       if (!std::isfinite(lv) && (s.skipped == false)) {
         res.status = "diverged";  // a NaN loss that loss scaling did not catch
@@ -112,6 +157,11 @@ ImageTrainResult train_image_classifier(const ImageTrainConfig& cfg) {
                                  std::to_string(loss_ema).substr(0, 5) + " " + scale_text(scaler.log2_scale()));
     }
     res.epoch_accuracy.push_back(evaluate(model, test_n));
+    if (store) store->log_metric(run_id, step, "test_accuracy", res.epoch_accuracy.back());
+  }
+  if (store) {
+    store->log_metric(run_id, step, "train_loss", loss_ema);
+    store->log_loss_scale(run_id, trace);
   }
   if (cfg.progress) bar.finish("test accuracy " + std::to_string(res.epoch_accuracy.empty() ? 0.0 : res.epoch_accuracy.back()).substr(0, 5) + " %");
   res.test_accuracy = res.epoch_accuracy.empty() ? 0 : res.epoch_accuracy.back();
@@ -126,5 +176,6 @@ ImageTrainResult train_image_classifier(const ImageTrainConfig& cfg) {
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
 }
+}  // namespace
 
 }  // namespace fp8lab::experiments

@@ -98,6 +98,7 @@ check "no output after failure" [ ! -e "$T/o.npy" ]
 make_npy "$T/f64.npy" '<f8' '1,' '\x00\x00\x00\x00\x00\x00\xf0\x3f'
 expect_fail "wrong dtype" "dtype '<f8'" "$FP8LAB" quantize "$T/f64.npy" "$T/o.npy" -f e4m3fn
 expect_fail "decode wrong dtype" "needs dtype |u1" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn --decode
+expect_fail "runs without store" "no results store" "$FP8LAB" runs --db "$T/none.db"
 expect_fail "missing input" "cannot open" "$FP8LAB" quantize "$T/nope.npy" "$T/o.npy" -f e4m3fn
 echo keep >"$T/keep.npy"
 "$FP8LAB" quantize "$T/trunc.npy" "$T/keep.npy" -f e4m3fn 2>/dev/null
@@ -106,10 +107,14 @@ check "no temporaries left" [ -z "$(ls "$T" | grep tmp)" ]
 
 # --- quickstart (when built with libtorch and the Debian dataset is present) --------------
 if "$FP8LAB" --help | grep -q quickstart && [ -d /usr/share/datasets/fashion-mnist ]; then
-  out=$("$FP8LAB" quickstart --limit 256 --epochs 1 --batch 64 --width 4 --threads 1 2>/dev/null); rc=$?
+  out=$("$FP8LAB" quickstart --limit 256 --epochs 1 --batch 64 --width 4 --threads 1 --db "$T/r.db" 2>/dev/null); rc=$?
   check "quickstart exits 0 (got $rc)" [ $rc -eq 0 ]
   check "quickstart lists fp32" grep -q '^fp32 .*finished' <<<"$out"
   check "quickstart lists the 8-bit recipe" grep -q '^resnet32-mixed .*finished' <<<"$out"
+  runs=$("$FP8LAB" runs --db "$T/r.db" --csv)
+  check "store has both runs finished" [ "$(grep -c ',quickstart,image-classification,.*,finished,test_accuracy,' <<<"$runs")" -eq 2 ]
+  check "runs --json carries the config" grep -q '"epochs": 1' <<<"$("$FP8LAB" runs --db "$T/r.db" --json)"
+  check "runs filter" [ "$("$FP8LAB" runs --db "$T/r.db" --recipe fp32 --csv | grep -c finished)" -eq 1 ]
   expect_fail "quickstart without data" "no train-images" "$FP8LAB" quickstart --data "$T/none"
   expect_fail "quickstart bad recipe" "unknown key 'q'" "$FP8LAB" quickstart --recipe q=1.4.3
 fi

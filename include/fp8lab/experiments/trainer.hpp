@@ -9,6 +9,7 @@
 
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/results/store.hpp"
 
 namespace fp8lab::experiments {
 
@@ -38,8 +39,16 @@ struct ImageTrainResult {
   std::array<QuantCounts, nn::kKinds> counts{};  // summed over layers and steps
   double seconds = 0;
   std::vector<double> epoch_accuracy;
+  std::int64_t run_id = 0;  // in the store, when one was given
 };
 
-ImageTrainResult train_image_classifier(const ImageTrainConfig& cfg);
+// The configuration as JSON (what the store records).
+std::string to_json(const ImageTrainConfig& cfg);
+
+// Trains and evaluates after every epoch. With a store, the run is recorded as it goes
+// (status "running", per-epoch test accuracy, the loss-scale trace, then the final status
+// and metric); an exception marks it "failed" before propagating.
+ImageTrainResult train_image_classifier(const ImageTrainConfig& cfg, results::Store* store = nullptr,
+                                        const std::string& run_name = "train");
 
 }  // namespace fp8lab::experiments

@@ -1,0 +1,53 @@
+// fp8lab runs: list and filter the runs in the results store; export as CSV or JSON.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "commands.hpp"
+#include "fp8lab/core/format.hpp"
+#include "fp8lab/results/store.hpp"
+#include "table.hpp"
+
+namespace fp8lab::cli {
+
+namespace {
+struct RunsArgs {
+  std::string db = "results.db";
+  results::RunFilter filter;
+  bool csv = false, json = false;
+};
+
+void run_runs(const RunsArgs& a) {
+  if (!std::filesystem::exists(a.db)) throw Error(a.db + ": no results store here (run a training first, or pass --db)");
+  const results::Store store(a.db);
+  const auto rows = store.runs(a.filter);
+  if (a.json) {
+    std::fputs(results::to_json(rows).c_str(), stdout);
+    return;
+  }
+  if (a.csv) {
+    std::fputs(results::to_csv(rows).c_str(), stdout);
+    return;
+  }
+  Table t({"id", "created", "name", "recipe", "loss_scale", "seed", "status", "metric", "value", "seconds"});
+  for (const auto& r : rows)
+    t.add({std::to_string(r.id), r.created, r.name, r.recipe, r.loss_scale, std::to_string(r.seed), r.status,
+           r.metric_name, r.final_metric ? fmt_f(*r.final_metric, 2) : "-", fmt_f(r.wall_seconds, 1)});
+  t.print(false);
+}
+}  // namespace
+
+void register_runs(CLI::App& app) {
+  auto args = std::make_shared<RunsArgs>();
+  auto* cmd = app.add_subcommand("runs", "List the runs in the results store");
+  cmd->add_option("--db", args->db, "Results store")->capture_default_str();
+  cmd->add_option("--status", args->filter.status, "Only runs with this status (running, finished, diverged, incomplete)");
+  cmd->add_option("--recipe", args->filter.recipe, "Only runs with this recipe");
+  cmd->add_option("--name", args->filter.name, "Only runs with this name (e.g. quickstart)");
+  auto* csv = cmd->add_flag("--csv", args->csv, "Print CSV");
+  cmd->add_flag("--json", args->json, "Print JSON (with each run's full config)")->excludes(csv);
+  cmd->callback([args] { run_runs(*args); });
+}
+
+}  // namespace fp8lab::cli

@@ -1,0 +1,73 @@
+// The results store: one SQLite database holding every run (its full config, recipe, seed,
+// code version, status, metrics, loss-scale trace, wall time). Safe with several
+// processes writing at once (WAL journal, busy timeout); a run whose process died is
+// reported as "incomplete".
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+struct sqlite3;
+
+namespace fp8lab::results {
+
+inline constexpr int kSchemaVersion = 1;
+
+struct RunInfo {
+  std::string name;         // e.g. "quickstart"
+  std::string kind;         // e.g. "image-classification"
+  std::string config_json;  // the full configuration
+  std::string recipe;
+  std::string loss_scale;
+  std::uint64_t seed = 0;
+};
+
+struct RunRow {
+  std::int64_t id = 0;
+  std::string created, name, kind, recipe, loss_scale, status, code_version, config_json;
+  std::uint64_t seed = 0;
+  std::optional<double> final_metric;
+  std::string metric_name;
+  double wall_seconds = 0;
+};
+
+struct RunFilter {
+  std::string status, recipe, name;  // empty: any
+};
+
+class Store {
+ public:
+  // Opens or creates the database. Throws Error naming the file if it is not an fp8lab
+  // store or was written by a newer schema.
+  explicit Store(const std::string& path);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  std::int64_t begin_run(const RunInfo& info);  // status "running"
+  void log_metric(std::int64_t run, std::int64_t step, const std::string& name, double value);
+  // A trace of (step, log2 scale, skipped) points, written in one transaction.
+  void log_loss_scale(std::int64_t run, const std::vector<std::tuple<std::int64_t, int, bool>>& trace);
+  void finish_run(std::int64_t run, const std::string& status, std::optional<double> final_metric,
+                  const std::string& metric_name, double wall_seconds);
+
+  std::vector<RunRow> runs(const RunFilter& f = {}) const;
+  std::vector<std::pair<std::int64_t, double>> metric(std::int64_t run, const std::string& name) const;
+  std::vector<std::tuple<std::int64_t, int, bool>> loss_scale_trace(std::int64_t run) const;
+
+  const std::string& path() const { return path_; }
+  static std::string code_version();
+
+ private:
+  void exec(const char* sql) const;
+  void mark_dead_runs();
+  std::string path_;
+  sqlite3* db_ = nullptr;
+};
+
+std::string to_csv(const std::vector<RunRow>& rows);
+std::string to_json(const std::vector<RunRow>& rows);
+
+}  // namespace fp8lab::results

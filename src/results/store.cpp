@@ -1,0 +1,287 @@
+#include "fp8lab/results/store.hpp"
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <tuple>
+
+#include "fp8lab/core/format.hpp"
+
+#ifndef FP8LAB_CODE_VERSION
+#define FP8LAB_CODE_VERSION "unknown"
+#endif
+
+namespace fp8lab::results {
+
+namespace {
+
+std::string hostname() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+std::string now_utc() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// A prepared statement, finalized on scope exit.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const std::string& path, const char* sql) : db_(db), path_(path) {
+    if (sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) != SQLITE_OK) fail("prepare");
+  }
+  ~Stmt() { sqlite3_finalize(s_); }
+  Stmt& bind(int i, std::int64_t v) { return check(sqlite3_bind_int64(s_, i, v)); }
+  Stmt& bind(int i, double v) { return check(sqlite3_bind_double(s_, i, v)); }
+  Stmt& bind(int i, const std::string& v) {
+    return check(sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+  }
+  Stmt& bind_null(int i) { return check(sqlite3_bind_null(s_, i)); }
+  bool step() {
+    const int rc = sqlite3_step(s_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    fail("step");
+  }
+  void reset() {
+    sqlite3_reset(s_);
+    sqlite3_clear_bindings(s_);
+  }
+  std::int64_t i64(int c) const { return sqlite3_column_int64(s_, c); }
+  double dbl(int c) const { return sqlite3_column_double(s_, c); }
+  bool null(int c) const { return sqlite3_column_type(s_, c) == SQLITE_NULL; }
+  std::string text(int c) const {
+    const auto* p = sqlite3_column_text(s_, c);
+    return p ? reinterpret_cast<const char*>(p) : "";
+  }
+
+ private:
+  Stmt& check(int rc) {
+    if (rc != SQLITE_OK) fail("bind");
+    return *this;
+  }
+  [[noreturn]] void fail(const char* what) const {
+    throw Error(path_ + ": results store " + what + " failed: " + sqlite3_errmsg(db_));
+  }
+  sqlite3* db_;
+  std::string path_;
+  sqlite3_stmt* s_ = nullptr;
+};
+
+const char* kSchema = R"(
+CREATE TABLE IF NOT EXISTS runs (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  created TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL,
+  config TEXT NOT NULL, recipe TEXT NOT NULL, loss_scale TEXT NOT NULL, seed INTEGER NOT NULL,
+  code_version TEXT NOT NULL, status TEXT NOT NULL, final_metric REAL, metric_name TEXT,
+  wall_seconds REAL NOT NULL DEFAULT 0, host TEXT NOT NULL, pid INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS metrics (
+  run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL,
+  name TEXT NOT NULL, value REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS metrics_run ON metrics(run_id, name, step);
+CREATE TABLE IF NOT EXISTS loss_scale (
+  run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL,
+  log2_scale INTEGER NOT NULL, skipped INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS loss_scale_run ON loss_scale(run_id, step);
+)";
+
+}  // namespace
+
+std::string Store::code_version() { return FP8LAB_CODE_VERSION; }
+
+Store::Store(const std::string& path) : path_(path) {
+  if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) != SQLITE_OK) {
+    const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw Error(path + ": cannot open results store (" + msg + ")");
+  }
+  sqlite3_busy_timeout(db_, 30000);  // several training processes may write at once
+  try {
+    int version = 0;
+    {
+      Stmt s(db_, path_, "PRAGMA user_version");
+      if (s.step()) version = static_cast<int>(s.i64(0));
+    }
+    if (version > kSchemaVersion)
+      throw Error(path + ": results store has schema version " + std::to_string(version) +
+                  ", newer than this fp8lab's " + std::to_string(kSchemaVersion) + ": update fp8lab");
+    exec("PRAGMA journal_mode=WAL");
+    exec("PRAGMA synchronous=NORMAL");
+    exec("BEGIN IMMEDIATE");
+    exec(kSchema);
+    exec(("PRAGMA user_version=" + std::to_string(kSchemaVersion)).c_str());
+    exec("COMMIT");
+    mark_dead_runs();
+  } catch (...) {
+    sqlite3_close(db_);
+    db_ = nullptr;
+    throw;
+  }
+}
+
+Store::~Store() { sqlite3_close(db_); }
+
+void Store::exec(const char* sql) const {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    const std::string msg = err ? err : sqlite3_errmsg(db_);
+    sqlite3_free(err);
+    if (msg.find("file is not a database") != std::string::npos)
+      throw Error(path_ + ": not an fp8lab results store (not an SQLite database)");
+    throw Error(path_ + ": results store: " + msg);
+  }
+}
+
+void Store::mark_dead_runs() {
+  // A run still "running" whose process (on this host) is gone was killed.
+  std::vector<std::int64_t> dead;
+  {
+    Stmt s(db_, path_, "SELECT id, pid FROM runs WHERE status = 'running' AND host = ?");
+    s.bind(1, hostname());
+    while (s.step()) {
+      const auto pid = static_cast<pid_t>(s.i64(1));
+      if (::kill(pid, 0) != 0 && errno == ESRCH) dead.push_back(s.i64(0));
+    }
+  }
+  for (auto id : dead) {
+    Stmt u(db_, path_, "UPDATE runs SET status = 'incomplete' WHERE id = ? AND status = 'running'");
+    u.bind(1, id).step();
+  }
+}
+
+std::int64_t Store::begin_run(const RunInfo& r) {
+  Stmt s(db_, path_,
+         "INSERT INTO runs (created, name, kind, config, recipe, loss_scale, seed, code_version, "
+         "status, host, pid) VALUES (?,?,?,?,?,?,?,?,'running',?,?)");
+  s.bind(1, now_utc()).bind(2, r.name).bind(3, r.kind).bind(4, r.config_json).bind(5, r.recipe);
+  s.bind(6, r.loss_scale).bind(7, static_cast<std::int64_t>(r.seed)).bind(8, code_version());
+  s.bind(9, hostname()).bind(10, static_cast<std::int64_t>(::getpid()));
+  s.step();
+  return sqlite3_last_insert_rowid(db_);
+}
+
+void Store::log_metric(std::int64_t run, std::int64_t step, const std::string& name, double value) {
+  Stmt s(db_, path_, "INSERT INTO metrics (run_id, step, name, value) VALUES (?,?,?,?)");
+  s.bind(1, run).bind(2, step).bind(3, name).bind(4, value);
+  s.step();
+}
+
+void Store::log_loss_scale(std::int64_t run, const std::vector<std::tuple<std::int64_t, int, bool>>& trace) {
+  exec("BEGIN IMMEDIATE");
+  try {
+    Stmt s(db_, path_, "INSERT INTO loss_scale (run_id, step, log2_scale, skipped) VALUES (?,?,?,?)");
+    for (const auto& [step, k, skipped] : trace) {
+      s.bind(1, run).bind(2, step).bind(3, static_cast<std::int64_t>(k)).bind(4, static_cast<std::int64_t>(skipped));
+      s.step();
+      s.reset();
+    }
+    exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+void Store::finish_run(std::int64_t run, const std::string& status, std::optional<double> final_metric,
+                       const std::string& metric_name, double wall_seconds) {
+  Stmt s(db_, path_, "UPDATE runs SET status = ?, final_metric = ?, metric_name = ?, wall_seconds = ? WHERE id = ?");
+  s.bind(1, status);
+  if (final_metric) s.bind(2, *final_metric);
+  else s.bind_null(2);
+  s.bind(3, metric_name).bind(4, wall_seconds).bind(5, run);
+  s.step();
+}
+
+std::vector<RunRow> Store::runs(const RunFilter& f) const {
+  Stmt s(db_, path_,
+         "SELECT id, created, name, kind, recipe, loss_scale, status, code_version, config, seed, "
+         "final_metric, metric_name, wall_seconds FROM runs WHERE (?1 = '' OR status = ?1) AND "
+         "(?2 = '' OR recipe = ?2) AND (?3 = '' OR name = ?3) ORDER BY id");
+  s.bind(1, f.status).bind(2, f.recipe).bind(3, f.name);
+  std::vector<RunRow> out;
+  while (s.step()) {
+    RunRow r;
+    r.id = s.i64(0);
+    r.created = s.text(1);
+    r.name = s.text(2);
+    r.kind = s.text(3);
+    r.recipe = s.text(4);
+    r.loss_scale = s.text(5);
+    r.status = s.text(6);
+    r.code_version = s.text(7);
+    r.config_json = s.text(8);
+    r.seed = static_cast<std::uint64_t>(s.i64(9));
+    if (!s.null(10)) r.final_metric = s.dbl(10);
+    r.metric_name = s.text(11);
+    r.wall_seconds = s.dbl(12);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::int64_t, double>> Store::metric(std::int64_t run, const std::string& name) const {
+  Stmt s(db_, path_, "SELECT step, value FROM metrics WHERE run_id = ? AND name = ? ORDER BY step");
+  s.bind(1, run).bind(2, name);
+  std::vector<std::pair<std::int64_t, double>> out;
+  while (s.step()) out.emplace_back(s.i64(0), s.dbl(1));
+  return out;
+}
+
+std::vector<std::tuple<std::int64_t, int, bool>> Store::loss_scale_trace(std::int64_t run) const {
+  Stmt s(db_, path_, "SELECT step, log2_scale, skipped FROM loss_scale WHERE run_id = ? ORDER BY step");
+  s.bind(1, run);
+  std::vector<std::tuple<std::int64_t, int, bool>> out;
+  while (s.step()) out.emplace_back(s.i64(0), static_cast<int>(s.i64(1)), s.i64(2) != 0);
+  return out;
+}
+
+namespace {
+std::string csv_cell(const std::string& c) {
+  if (c.find_first_of(",\"\n") == std::string::npos) return c;
+  std::string q = "\"";
+  for (char ch : c) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return q + "\"";
+}
+}  // namespace
+
+std::string to_csv(const std::vector<RunRow>& rows) {
+  std::ostringstream o;
+  o << "id,created,name,kind,recipe,loss_scale,seed,status,metric_name,final_metric,wall_seconds,code_version\n";
+  for (const auto& r : rows) {
+    o << r.id << ',' << r.created << ',' << csv_cell(r.name) << ',' << csv_cell(r.kind) << ','
+      << csv_cell(r.recipe) << ',' << csv_cell(r.loss_scale) << ',' << r.seed << ',' << r.status << ','
+      << csv_cell(r.metric_name) << ',';
+    if (r.final_metric) o << *r.final_metric;
+    o << ',' << r.wall_seconds << ',' << csv_cell(r.code_version) << '\n';
+  }
+  return o.str();
+}
+
+std::string to_json(const std::vector<RunRow>& rows) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& r : rows) {
+    nlohmann::json j = {{"id", r.id}, {"created", r.created}, {"name", r.name}, {"kind", r.kind},
+                        {"recipe", r.recipe}, {"loss_scale", r.loss_scale}, {"seed", r.seed},
+                        {"status", r.status}, {"metric_name", r.metric_name},
+                        {"wall_seconds", r.wall_seconds}, {"code_version", r.code_version}};
+    j["final_metric"] = r.final_metric ? nlohmann::json(*r.final_metric) : nlohmann::json(nullptr);
+    const auto cfg = nlohmann::json::parse(r.config_json, nullptr, false);
+    j["config"] = cfg.is_discarded() ? nlohmann::json(r.config_json) : cfg;
+    a.push_back(std::move(j));
+  }
+  return a.dump(2) + "\n";
+}
+
+}  // namespace fp8lab::results

@@ -1,0 +1,131 @@
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "fp8lab/core/format.hpp"
+#include "fp8lab/results/store.hpp"
+
+using namespace fp8lab;
+using namespace fp8lab::results;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path fresh(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("fp8lab_store_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  const fs::path p = d / name;
+  for (const auto& ext : {"", "-wal", "-shm"}) fs::remove(p.string() + ext);
+  return p;
+}
+RunInfo info(const std::string& recipe, std::uint64_t seed) {
+  RunInfo r;
+  r.name = "test";
+  r.kind = "image-classification";
+  r.config_json = R"({"epochs": 2, "recipe": ")" + recipe + R"("})";
+  r.recipe = recipe;
+  r.loss_scale = "none";
+  r.seed = seed;
+  return r;
+}
+}  // namespace
+
+TEST(Store, RecordsRunsMetricsAndTraces) {
+  const fs::path p = fresh("a.db");
+  std::int64_t id;
+  {
+    Store s(p.string());
+    id = s.begin_run(info("fp32", 1));
+    s.log_metric(id, 100, "test_accuracy", 80.5);
+    s.log_metric(id, 200, "test_accuracy", 85.25);
+    s.log_loss_scale(id, {{0, 16, false}, {1, 15, true}, {2, 15, false}});
+    s.finish_run(id, "finished", 85.25, "test_accuracy", 12.5);
+    const auto id2 = s.begin_run(info("resnet32-mixed", 1));
+    s.finish_run(id2, "diverged", std::nullopt, "test_accuracy", 3.0);
+  }
+  Store s(p.string());  // reopened: everything persisted
+  const auto all = s.runs();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].status, "finished");
+  EXPECT_EQ(*all[0].final_metric, 85.25);
+  EXPECT_EQ(all[0].code_version, Store::code_version());
+  EXPECT_FALSE(all[1].final_metric.has_value());
+  EXPECT_EQ(s.runs({.status = "diverged"}).size(), 1u);
+  EXPECT_EQ(s.runs({.recipe = "fp32"}).size(), 1u);
+  EXPECT_EQ(s.metric(id, "test_accuracy"), (std::vector<std::pair<std::int64_t, double>>{{100, 80.5}, {200, 85.25}}));
+  EXPECT_EQ(s.loss_scale_trace(id).size(), 3u);
+  EXPECT_TRUE(std::get<2>(s.loss_scale_trace(id)[1]));
+  const std::string csv = to_csv(all);
+  EXPECT_NE(csv.find("id,created,name"), std::string::npos);
+  EXPECT_NE(csv.find(",fp32,none,1,finished,test_accuracy,85.25,"), std::string::npos) << csv;
+  const std::string json = to_json(all);
+  EXPECT_NE(json.find("\"epochs\": 2"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"final_metric\": null"), std::string::npos);
+}
+
+TEST(Store, KilledRunIsMarkedIncomplete) {
+  const fs::path p = fresh("k.db");
+  const pid_t child = fork();
+  if (child == 0) {
+    Store s(p.string());
+    s.begin_run(info("fp32", 7));
+    _exit(0);  // dies without finishing the run
+  }
+  int st = 0;
+  waitpid(child, &st, 0);
+  Store s(p.string());
+  const auto all = s.runs();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].status, "incomplete");
+  // A live run (this process) stays "running".
+  s.begin_run(info("fp32", 8));
+  Store again(p.string());
+  EXPECT_EQ(again.runs({.status = "running"}).size(), 1u);
+}
+
+TEST(Store, TwoProcessesWritingAtOnceLoseNothing) {
+  const fs::path p = fresh("c.db");
+  { Store s(p.string()); }
+  const int kRuns = 25, kMetrics = 40;
+  pid_t kids[2];
+  for (int k = 0; k < 2; ++k) {
+    kids[k] = fork();
+    if (kids[k] == 0) {
+      try {
+        Store s(p.string());
+        for (int r = 0; r < kRuns; ++r) {
+          const auto id = s.begin_run(info("proc" + std::to_string(k), static_cast<std::uint64_t>(r)));
+          for (int m = 0; m < kMetrics; ++m) s.log_metric(id, m, "loss", m * 0.5);
+          s.finish_run(id, "finished", 1.0, "loss", 0.1);
+        }
+      } catch (...) {
+        _exit(1);
+      }
+      _exit(0);
+    }
+  }
+  for (pid_t kid : kids) {
+    int st = 0;
+    waitpid(kid, &st, 0);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  Store s(p.string());
+  const auto all = s.runs({.status = "finished"});
+  EXPECT_EQ(all.size(), 2u * kRuns);
+  for (const auto& r : all) EXPECT_EQ(s.metric(r.id, "loss").size(), static_cast<std::size_t>(kMetrics));
+}
+
+TEST(Store, RefusesFilesThatAreNotStores) {
+  const fs::path p = fresh("junk.db");
+  std::ofstream(p) << "this is not a database, just some text that is long enough to look like a header";
+  try {
+    Store s(p.string());
+    ADD_FAILURE() << "opened a text file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("junk.db"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Store("/nonexistent/dir/x.db"), Error);
+}
