@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../common/testutil.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/npy.hpp"
 
@@ -12,11 +13,7 @@ using namespace fp8lab;
 namespace fs = std::filesystem;
 
 namespace {
-fs::path tmpdir() {
-  fs::path d = fs::temp_directory_path() / ("fp8lab_npy_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path tmpdir() { return test::temp_dir("fp8lab_npy"); }
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});

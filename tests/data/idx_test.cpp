@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include "../common/testutil.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/data/idx.hpp"
 
@@ -14,11 +15,7 @@ using namespace fp8lab;
 namespace fs = std::filesystem;
 
 namespace {
-fs::path tmpdir() {
-  fs::path d = fs::temp_directory_path() / ("fp8lab_idx_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path tmpdir() { return test::temp_dir("fp8lab_idx"); }
 std::string idx_bytes(std::vector<std::uint32_t> dims, const std::vector<std::uint8_t>& data) {
   std::string s = {0, 0, 8, static_cast<char>(dims.size())};
   for (auto d : dims)
@@ -35,14 +32,7 @@ void write(const fs::path& p, const std::string& s, bool gz) {
     std::ofstream(p, std::ios::binary) << s;
   }
 }
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 // A generated MNIST-layout folder: n images of h x w, labels i % classes.
 fs::path make_set(int n, int h, int w, int classes, bool gz) {
   const fs::path d = tmpdir() / (gz ? "gz" : "plain");

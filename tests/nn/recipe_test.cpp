@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "../common/testutil.hpp"
 #include "fp8lab/nn/recipe.hpp"
 
 using namespace fp8lab;
@@ -35,16 +36,7 @@ TEST(Recipe, PresetsFollowThePaper) {
   for (TensorKind k : kAllKinds) EXPECT_FALSE(f.base[k]);
 }
 
-namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-}  // namespace
+using fp8lab::test::error_of;
 
 TEST(Recipe, BadLinesNameTheProblem) {
   EXPECT_NE(error_of([] { parse_recipe("a=1.4.3,q=1.5.2"); }).find("unknown key 'q'"), std::string::npos);

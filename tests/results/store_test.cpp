@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../common/testutil.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/results/store.hpp"
 
@@ -15,9 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 fs::path fresh(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("fp8lab_store_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  const fs::path p = d / name;
+  const fs::path p = test::temp_dir("fp8lab_store") / name;
   for (const auto& ext : {"", "-wal", "-shm"}) fs::remove(p.string() + ext);
   return p;
 }
