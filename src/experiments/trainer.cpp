@@ -145,13 +145,15 @@ ImageTrainResult train_impl(const ImageTrainConfig& cfg, results::Store* store, 
       const nn::LossScaleStep s = scaler.update(grads);
       trace.emplace_back(step, static_cast<int>(std::lround(std::log2(s.scale))), s.skipped);
       const double lv = loss.item<double>();
-      if (!std::isfinite(lv) && (s.skipped == false)) {
-        res.status = "diverged";  // a NaN loss that loss scaling did not catch
+      if (!std::isfinite(lv)) {
+        // The loss is computed before scaling: a NaN/Inf here is a forward-pass divergence
+        // that no loss scale can recover.
+        res.status = "diverged";
         break;
       }
       if (!s.skipped) opt.step();
       ctx->step++;
-      if (std::isfinite(lv)) loss_ema = step == 0 ? lv : 0.98 * loss_ema + 0.02 * lv;
+      loss_ema = step == 0 ? lv : 0.98 * loss_ema + 0.02 * lv;
       if (cfg.progress)
         bar.update(step + 1, "epoch " + std::to_string(epoch + 1) + " loss " +
                                  std::to_string(loss_ema).substr(0, 5) + " " + scale_text(scaler.log2_scale()));
