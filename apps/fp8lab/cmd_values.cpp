@@ -33,7 +33,7 @@ void run_values(const ValuesArgs& a) {
   const int hex_digits = (W + 3) / 4;
   Table t({"code", "sign", "exponent", "mantissa", "value", "class"});
   for (std::uint32_t c = 0; c < (1u << W); ++c) {
-    char hex[16];
+    char hex[80];  // roomy enough for any width the compiler can imagine
     std::snprintf(hex, sizeof hex, "0x%0*x", hex_digits, c);
     auto bits = [&](std::uint32_t v, int n) {
       std::string s;
