@@ -466,14 +466,19 @@ void quantize(const float* x, float* y, std::size_t n, const QuantSpec& q,
   });
 }
 
+// Codes of q's format must fit integers of `bits` bits.
+static void require_code_bits(const QuantSpec& q, int bits) {
+  validate(q);
+  require_codable(q.format);
+  if (q.format.width() > bits)
+    throw Error("format " + to_string(q.format) + " is " + std::to_string(q.format.width()) +
+                " bits wide: its codes do not fit " + std::to_string(bits) + "-bit integers");
+}
+
 template <typename T>
 static void encode_impl(const float* x, T* codes, std::size_t n, const QuantSpec& q,
                         std::uint64_t index_offset, QuantCounts* counts) {
-  validate(q);
-  require_codable(q.format);
-  if (q.format.width() > 8 * static_cast<int>(sizeof(T)))
-    throw Error("format " + to_string(q.format) + " is " + std::to_string(q.format.width()) +
-                " bits wide: its codes do not fit " + std::to_string(8 * sizeof(T)) + "-bit integers");
+  require_code_bits(q, 8 * static_cast<int>(sizeof(T)));
   const detail::Params p = detail::make_params(q);
   run_ranges(n, counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
     if (p.fast) {
@@ -499,11 +504,7 @@ void encode(const float* x, std::uint16_t* codes, std::size_t n, const QuantSpec
 
 void quantize_and_encode(const float* x, float* y, std::uint8_t* codes, std::size_t n,
                          const QuantSpec& q, std::uint64_t index_offset, QuantCounts* counts) {
-  validate(q);
-  require_codable(q.format);
-  if (q.format.width() > 8)
-    throw Error("format " + to_string(q.format) + " is " + std::to_string(q.format.width()) +
-                " bits wide: its codes do not fit 8-bit integers");
+  require_code_bits(q, 8);
   const detail::Params p = detail::make_params(q);
   run_ranges(n, counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
     if (p.fast) {
