@@ -14,7 +14,11 @@ namespace fp8lab::cli {
 
 namespace {
 struct QuickstartArgs {
-  experiments::ImageTrainConfig cfg;
+  std::string data_dir = data::kFashionMnistDir;
+  int depth = 8, width = 16, epochs = 2, batch = 128, threads = 0;
+  double lr = 0.1;
+  std::int64_t limit = 0;
+  std::uint64_t seed = 1;
   std::vector<std::string> recipes = {"fp32", "resnet32-mixed"};
   std::vector<std::string> loss_scales = {};
   std::string db = "results.db";
@@ -31,20 +35,34 @@ void run_quickstart(QuickstartArgs a) {
   if (!a.loss_scales.empty() && a.loss_scales.size() != a.recipes.size())
     throw Error("--loss-scale takes one value per recipe (" + std::to_string(a.recipes.size()) + ")");
   for (const auto& r : a.recipes) nn::load_recipe(r);  // report bad input before training
-  data::mnist_paths(a.cfg.data_dir, true);
-  data::mnist_paths(a.cfg.data_dir, false);
+  data::mnist_paths(a.data_dir, true);
+  data::mnist_paths(a.data_dir, false);
+  experiments::TrainConfig base;
+  base.name = "quickstart";
+  base.model.name = "resnet" + std::to_string(a.depth);
+  base.model.width = a.width;
+  base.data.name = "mnist";
+  base.data.dir = a.data_dir;
+  base.data.train_limit = a.limit;
+  base.train.epochs = a.epochs;
+  base.train.batch = a.batch;
+  base.optimizer.lr = a.lr;
+  base.seed = a.seed;
+  base.threads = a.threads;
+  experiments::validate(base);
   results::Store store(a.db);
   std::fprintf(stderr, "fp8lab quickstart: CIFAR ResNet-%d (width %d) on %s, %d epochs, batch %d, seed %llu\n",
-               a.cfg.depth, a.cfg.width, a.cfg.data_dir.c_str(), a.cfg.epochs, a.cfg.batch,
-               static_cast<unsigned long long>(a.cfg.seed));
+               a.depth, a.width, a.data_dir.c_str(), a.epochs, a.batch, static_cast<unsigned long long>(a.seed));
   Table t({"recipe", "status", "test_accuracy_pct", "train_loss", "final_loss_scale", "skipped_steps",
            "a_underflow_pct", "w_underflow_pct", "gx_underflow_pct", "gw_underflow_pct", "overflow_pct",
            "seconds"});
   for (std::size_t i = 0; i < a.recipes.size(); ++i) {
-    experiments::ImageTrainConfig cfg = a.cfg;
-    cfg.recipe = a.recipes[i];
-    if (!a.loss_scales.empty()) cfg.loss_scale = a.loss_scales[i];
-    const auto r = experiments::train_image_classifier(cfg, &store, "quickstart");
+    experiments::TrainConfig cfg = base;
+    cfg.quant.recipe = a.recipes[i];
+    if (!a.loss_scales.empty()) cfg.quant.loss_scale = a.loss_scales[i];
+    experiments::TrainOptions opt;
+    opt.checkpoints = false;  // a few minutes' demo: nothing to resume
+    const auto r = experiments::train(cfg, &store, opt);
     std::uint64_t ovf = 0, tot = 0;
     for (const auto& c : r.counts) {
       ovf += c.overflow;
@@ -54,7 +72,7 @@ void run_quickstart(QuickstartArgs a) {
       const auto& c = r.counts[static_cast<int>(k)];
       return pct(c.underflow, c.total);
     };
-    t.add({a.recipes[i], r.status, fmt_f(r.test_accuracy, 2), fmt_f(r.final_train_loss, 4),
+    t.add({a.recipes[i], r.status, fmt_f(r.final_metric, 2), fmt_f(r.final_train_loss, 4),
            "2^" + std::to_string(r.final_log2_scale), std::to_string(r.skipped_steps),
            under(nn::TensorKind::a), under(nn::TensorKind::w), under(nn::TensorKind::gx),
            under(nn::TensorKind::gw), pct(ovf, tot), fmt_f(r.seconds, 1)});
@@ -71,19 +89,19 @@ void register_quickstart(CLI::App& app) {
   auto args = std::make_shared<QuickstartArgs>();
   auto* cmd = app.add_subcommand(
       "quickstart", "Train a small ResNet on Fashion-MNIST in float32 and with the paper's 8-bit recipe");
-  cmd->add_option("--data", args->cfg.data_dir, "MNIST-layout folder")->capture_default_str();
+  cmd->add_option("--data", args->data_dir, "MNIST-layout folder")->capture_default_str();
   cmd->add_option("--recipe", args->recipes, "Recipes to compare (presets, lines or .toml files)")
       ->capture_default_str();
   cmd->add_option("--loss-scale", args->loss_scales, "Loss scaling per recipe (none, static:K, backoff, logmax:c=1)");
-  cmd->add_option("--epochs", args->cfg.epochs, "Epochs")->capture_default_str();
-  cmd->add_option("--batch", args->cfg.batch, "Batch size")->capture_default_str();
-  cmd->add_option("--depth", args->cfg.depth, "ResNet depth (6n+2)")->capture_default_str();
-  cmd->add_option("--width", args->cfg.width, "Channels of the first stage")->capture_default_str();
-  cmd->add_option("--lr", args->cfg.lr, "Learning rate")->capture_default_str();
-  cmd->add_option("--limit", args->cfg.train_limit, "Use the first N training images (0: all)")
+  cmd->add_option("--epochs", args->epochs, "Epochs")->capture_default_str();
+  cmd->add_option("--batch", args->batch, "Batch size")->capture_default_str();
+  cmd->add_option("--depth", args->depth, "ResNet depth (6n+2)")->capture_default_str();
+  cmd->add_option("--width", args->width, "Channels of the first stage")->capture_default_str();
+  cmd->add_option("--lr", args->lr, "Learning rate")->capture_default_str();
+  cmd->add_option("--limit", args->limit, "Use the first N training images (0: all)")
       ->capture_default_str();
-  cmd->add_option("--seed", args->cfg.seed, "Seed")->capture_default_str();
-  cmd->add_option("--threads", args->cfg.threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "Seed")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "Threads (0: all cores)")->capture_default_str();
   cmd->add_option("--db", args->db, "Results store (SQLite)")->capture_default_str();
   cmd->callback([args] { run_quickstart(*args); });
 }

@@ -11,5 +11,6 @@ void register_quantize(CLI::App& app);
 void register_runs(CLI::App& app);
 #ifdef FP8LAB_HAVE_TORCH
 void register_quickstart(CLI::App& app);
+void register_train(CLI::App& app);
 #endif
 }  // namespace fp8lab::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   fp8lab::cli::register_runs(app);
 #ifdef FP8LAB_HAVE_TORCH
   fp8lab::cli::register_quickstart(app);
+  fp8lab::cli::register_train(app);
 #endif
   try {
     app.parse(argc, argv);
@@ -24,6 +25,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // a subcommand's own non-zero status, already reported
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "fp8lab: error: %s (see --help)\n", e.what());
     return 2;

@@ -102,9 +102,7 @@ ImageSet load_mnist_folder(const std::string& dir, bool train, std::int64_t num_
   const auto h = static_cast<std::int64_t>(img.dims[1]), w = static_cast<std::int64_t>(img.dims[2]);
   ImageSet s;
   s.num_classes = num_classes;
-  s.images = torch::from_blob(const_cast<std::uint8_t*>(img.data.data()), {n, 1, h, w}, torch::kUInt8)
-                 .to(torch::kFloat32)
-                 .div_(255.0f);
+  s.images = torch::from_blob(const_cast<std::uint8_t*>(img.data.data()), {n, 1, h, w}, torch::kUInt8).clone();
   s.labels = torch::from_blob(const_cast<std::uint8_t*>(lab.data.data()), {n}, torch::kUInt8).to(torch::kInt64);
   return s;
 }

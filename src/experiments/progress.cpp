@@ -7,8 +7,8 @@
 
 namespace fp8lab::experiments {
 
-Progress::Progress(std::string label, std::int64_t total, std::string unit)
-    : label_(std::move(label)), unit_(std::move(unit)), total_(std::max<std::int64_t>(total, 1)),
+Progress::Progress(std::string label, std::int64_t total, std::string unit, std::int64_t first)
+    : label_(std::move(label)), unit_(std::move(unit)), total_(std::max<std::int64_t>(total, 1)), done_(first), first_(first),
       tty_(::isatty(STDERR_FILENO) != 0), start_(std::chrono::steady_clock::now()), last_draw_(start_) {}
 
 void Progress::update(std::int64_t done, const std::string& extra) {
@@ -36,7 +36,7 @@ void Progress::finish(const std::string& extra) {
 
 void Progress::draw(bool final) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const double rate = secs > 0 ? done_ / secs : 0;
+  const double rate = secs > 0 ? (done_ - first_) / secs : 0;
   const double eta = rate > 0 ? (total_ - done_) / rate : 0;
   const int width = 24;
   const int fill = static_cast<int>(width * done_ / total_);

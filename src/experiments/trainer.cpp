@@ -6,144 +6,510 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
-#include "fp8lab/data/idx.hpp"
+#include "fp8lab/core/random.hpp"
+#include "fp8lab/data/images.hpp"
 #include "fp8lab/experiments/progress.hpp"
-#include "fp8lab/models/resnet.hpp"
+#include "fp8lab/models/image_models.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 #include "fp8lab/nn/modules.hpp"
 
 namespace fp8lab::experiments {
 
+namespace fs = std::filesystem;
+
 namespace {
-
-double evaluate(models::CifarResNet& model, const data::ImageSet& set) {
-  torch::NoGradGuard no_grad;
-  model->eval();
-  std::int64_t correct = 0;
-  for (std::int64_t b = 0; b < set.size(); b += 1000) {
-    const std::int64_t e = std::min(set.size(), b + 1000);
-    const auto pred = model->forward(set.images.slice(0, b, e)).argmax(1);
-    correct += pred.eq(set.labels.slice(0, b, e)).sum().item<std::int64_t>();
-  }
-  model->train();
-  return 100.0 * static_cast<double>(correct) / static_cast<double>(set.size());
-}
-
-std::string scale_text(int log2) { return "scale 2^" + std::to_string(log2); }
-
+std::atomic<bool> g_stop{false};
 }  // namespace
 
-std::string to_json(const ImageTrainConfig& c) {
-  nlohmann::json j = {{"data_dir", c.data_dir}, {"num_classes", c.num_classes}, {"model", "cifar-resnet"},
-                      {"depth", c.depth}, {"width", c.width}, {"recipe", c.recipe},
-                      {"loss_scale", c.loss_scale}, {"epochs", c.epochs}, {"batch", c.batch},
-                      {"optimizer", "sgd"}, {"lr", c.lr}, {"momentum", c.momentum},
-                      {"weight_decay", c.weight_decay}, {"lr_decay_at", c.lr_decay_at},
-                      {"train_limit", c.train_limit}, {"seed", c.seed}, {"threads", c.threads}};
-  return j.dump();
+void request_stop() { g_stop.store(true); }
+bool stop_requested() { return g_stop.load(); }
+void clear_stop_request() { g_stop.store(false); }
+
+std::string checkpoint_path(const TrainConfig& cfg) {
+  return cfg.train.checkpoint.empty() ? cfg.name + ".ckpt" : cfg.train.checkpoint;
 }
 
 namespace {
-ImageTrainResult train_impl(const ImageTrainConfig& cfg, results::Store* store, std::int64_t run_id);
+
+// --- data ---------------------------------------------------------------------------------
+
+// The first `n` examples of a source.
+class PrefixSource final : public data::ImageSource {
+ public:
+  PrefixSource(std::shared_ptr<data::ImageSource> s, std::int64_t n) : s_(std::move(s)), n_(std::min(n, s_->size())) {}
+  std::int64_t size() const override { return n_; }
+  std::int64_t num_classes() const override { return s_->num_classes(); }
+  std::array<std::int64_t, 3> shape() const override { return s_->shape(); }
+  std::pair<torch::Tensor, torch::Tensor> bytes(const torch::Tensor& i) const override { return s_->bytes(i); }
+
+ private:
+  std::shared_ptr<data::ImageSource> s_;
+  std::int64_t n_;
+};
+
+std::pair<std::shared_ptr<data::ImageSource>, std::shared_ptr<data::ImageSource>> load_data(const TrainConfig& c) {
+  const auto& d = c.data;
+  std::shared_ptr<data::ImageSource> tr, te;
+  if (d.name == "fashion-mnist" || d.name == "mnist") {
+    const std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
+    tr = data::memory_source(data::load_mnist_folder(dir, true));
+    te = data::memory_source(data::load_mnist_folder(dir, false));
+  } else if (d.name == "cifar10" || d.name == "cifar100") {
+    const int k = d.name == "cifar10" ? 10 : 100;
+    tr = data::memory_source(data::load_cifar(d.dir, true, k));
+    te = data::memory_source(data::load_cifar(d.dir, false, k));
+  } else if (d.name == "folder") {
+    const std::int64_t size = d.image_size > 0 ? d.image_size : 224;
+    tr = data::image_folder_source((fs::path(d.dir) / "train").string(), size);
+    const fs::path val = fs::exists(fs::path(d.dir) / "val") ? fs::path(d.dir) / "val" : fs::path(d.dir) / "test";
+    te = data::image_folder_source(val.string(), size);
+    if (te->num_classes() != tr->num_classes())
+      throw Error(val.string() + ": " + std::to_string(te->num_classes()) + " classes but train has " +
+                  std::to_string(tr->num_classes()));
+  } else {  // synthetic: one draw split in two, so both halves share the class patterns
+    const std::int64_t size = d.image_size > 0 ? d.image_size : 16;
+    data::ImageSet all = data::synthetic_images(d.synthetic_train + d.synthetic_test, d.synthetic_channels, size,
+                                                d.synthetic_classes, c.seed ^ 0x5eed);
+    data::ImageSet a = all, b = all;
+    a.images = all.images.slice(0, 0, d.synthetic_train).clone();
+    a.labels = all.labels.slice(0, 0, d.synthetic_train).clone();
+    b.images = all.images.slice(0, d.synthetic_train).clone();
+    b.labels = all.labels.slice(0, d.synthetic_train).clone();
+    tr = data::memory_source(a);
+    te = data::memory_source(b);
+  }
+  if (d.train_limit > 0) tr = std::make_shared<PrefixSource>(tr, d.train_limit);
+  if (d.test_limit > 0) te = std::make_shared<PrefixSource>(te, d.test_limit);
+  return {tr, te};
+}
+
+// --- optimizer ----------------------------------------------------------------------------
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& o, std::vector<torch::Tensor> params) {
+  if (o.name == "sgd")
+    return std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
+  if (o.name == "adam")
+    return std::make_unique<torch::optim::Adam>(
+        params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
+  if (o.name == "adamw")
+    return std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
+  return std::make_unique<torch::optim::RMSprop>(
+      params, torch::optim::RMSpropOptions(o.lr).alpha(o.alpha).eps(o.eps).momentum(o.momentum).weight_decay(o.weight_decay));
+}
+
 }  // namespace
 
-ImageTrainResult train_image_classifier(const ImageTrainConfig& cfg, results::Store* store,
-                                        const std::string& run_name) {
-  std::int64_t run_id = 0;
-  if (store) {
-    results::RunInfo info;
-    info.name = run_name;
-    info.kind = "image-classification";
-    info.config_json = to_json(cfg);
-    info.recipe = cfg.recipe;
-    info.loss_scale = cfg.loss_scale;
-    info.seed = cfg.seed;
-    run_id = store->begin_run(info);
-  }
-  try {
-    ImageTrainResult r = train_impl(cfg, store, run_id);
-    r.run_id = run_id;
-    if (store)
-      store->finish_run(run_id, r.status,
-                        r.status == "finished" ? std::optional<double>(r.test_accuracy) : std::nullopt,
-                        "test_accuracy", r.seconds);
+double learning_rate(const TrainConfig& c, std::int64_t step, std::int64_t total, std::int64_t steps_per_epoch) {
+  const auto& s = c.schedule;
+  const double lr = c.optimizer.lr, t = static_cast<double>(step + 1);
+  const double w = static_cast<double>(s.warmup_steps);
+  if (s.name == "warmup-invsqrt") return lr * std::min(t / w, std::sqrt(w / t));
+  if (s.warmup_steps > 0 && step < s.warmup_steps) return lr * t / w;
+  if (s.name == "constant") return lr;
+  if (s.name == "step") {
+    double r = lr;
+    for (double f : s.decay_at)
+      if (step >= static_cast<std::int64_t>(f * static_cast<double>(total))) r *= s.factor;
     return r;
-  } catch (...) {
-    if (store) store->finish_run(run_id, "failed", std::nullopt, "test_accuracy", 0);
-    throw;
   }
+  if (s.name == "linear") {
+    const double left = static_cast<double>(total - step), span = static_cast<double>(total - s.warmup_steps);
+    return lr * std::max(0.0, left / std::max(1.0, span));
+  }
+  // exponential, per (fractional) epoch after warm-up
+  const double epoch = static_cast<double>(step - s.warmup_steps) / static_cast<double>(steps_per_epoch);
+  return lr * std::pow(s.gamma, std::floor(epoch / s.every_epochs));
 }
 
 namespace {
-ImageTrainResult train_impl(const ImageTrainConfig& cfg, results::Store* store, std::int64_t run_id) {
-  const auto t0 = std::chrono::steady_clock::now();
+
+// --- mixup / cutmix ----------------------------------------------------------------------
+
+struct Mixed {
+  torch::Tensor x, y2;
+  double lam = 1;  // weight of the original labels
+};
+
+double sample_beta(double a, std::mt19937_64& rng) {
+  std::gamma_distribution<double> g(a, 1.0);
+  const double u = g(rng), v = g(rng);
+  return u + v > 0 ? u / (u + v) : 0.5;
+}
+
+Mixed mix(const torch::Tensor& x, const torch::Tensor& y, const TrainLoopConfig& t, std::uint64_t seed) {
+  Mixed m{x, {}, 1};
+  if (t.mixup <= 0 && t.cutmix <= 0) return m;
+  std::mt19937_64 rng(seed);
+  const bool cut = t.cutmix > 0 && (t.mixup <= 0 || (rng() & 1));
+  const double lam = sample_beta(cut ? t.cutmix : t.mixup, rng);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(rng());
+  const torch::Tensor perm = torch::randperm(x.size(0), gen, torch::kInt64);
+  m.y2 = y.index_select(0, perm);
+  const torch::Tensor xp = x.index_select(0, perm);
+  if (!cut) {
+    m.x = x * lam + xp * (1 - lam);
+    m.lam = lam;
+    return m;
+  }
+  // CutMix: paste a box of area (1 - lam) from the partner; lam becomes the exact area kept.
+  const std::int64_t h = x.size(2), w = x.size(3);
+  const double r = std::sqrt(1 - lam);
+  const auto bh = static_cast<std::int64_t>(h * r), bw = static_cast<std::int64_t>(w * r);
+  const auto cy = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(h));
+  const auto cx = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(w));
+  const std::int64_t y0 = std::clamp<std::int64_t>(cy - bh / 2, 0, h), y1 = std::clamp<std::int64_t>(cy + bh / 2, 0, h);
+  const std::int64_t x0 = std::clamp<std::int64_t>(cx - bw / 2, 0, w), x1 = std::clamp<std::int64_t>(cx + bw / 2, 0, w);
+  m.x = x.clone();
+  m.x.slice(2, y0, y1).slice(3, x0, x1).copy_(xp.slice(2, y0, y1).slice(3, x0, x1));
+  m.lam = 1.0 - static_cast<double>((y1 - y0) * (x1 - x0)) / static_cast<double>(h * w);
+  return m;
+}
+
+// --- weights: EMA and averaging -----------------------------------------------------------
+
+std::vector<torch::Tensor> state_tensors(torch::nn::Module& m) {
+  std::vector<torch::Tensor> v;
+  for (auto& p : m.parameters()) v.push_back(p);
+  for (auto& b : m.buffers()) v.push_back(b);
+  return v;
+}
+
+std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
+  torch::NoGradGuard g;
+  std::vector<torch::Tensor> v;
+  for (auto& t : state_tensors(m)) v.push_back(t.detach().clone());
+  return v;
+}
+
+void load_into(torch::nn::Module& m, const std::vector<torch::Tensor>& v) {
+  torch::NoGradGuard g;
+  auto dst = state_tensors(m);
+  if (dst.size() != v.size()) throw Error("checkpoint: weight count does not match the model");
+  for (std::size_t i = 0; i < v.size(); ++i) dst[i].copy_(v[i]);
+}
+
+void write_list(torch::serialize::OutputArchive& a, const std::string& key, const std::vector<torch::Tensor>& v) {
+  torch::serialize::OutputArchive sub;
+  for (std::size_t i = 0; i < v.size(); ++i) sub.write("t" + std::to_string(i), v[i]);
+  a.write(key, sub);
+}
+
+std::vector<torch::Tensor> read_list(torch::serialize::InputArchive& a, const std::string& key, std::size_t n) {
+  torch::serialize::InputArchive sub;
+  a.read(key, sub);
+  std::vector<torch::Tensor> v(n);
+  for (std::size_t i = 0; i < n; ++i) sub.read("t" + std::to_string(i), v[i]);
+  return v;
+}
+
+// --- evaluation ---------------------------------------------------------------------------
+
+double evaluate(const models::ImageModel& model, const data::ImageBatcher& test, nn::QuantContext& ctx,
+                const nn::QuantizedModel& qm) {
+  torch::NoGradGuard no_grad;
+  // Evaluation must not disturb training: its quantizer calls use their own step number
+  // (so training's stochastic-rounding call numbering is unchanged), record no statistics
+  // and leave the overflow counts as they were.
+  const std::uint64_t step = ctx.step.load();
+  const int stats = ctx.stats_interval;
+  std::vector<std::array<QuantCounts, nn::kKinds>> counts;
+  for (const auto& l : qm.layers) counts.push_back(l->counts());
+  ctx.step = ~std::uint64_t{0} - 1;
+  ctx.stats_interval = 0;
+  model.module->eval();
+  std::int64_t correct = 0;
+  const std::int64_t n = test.source().size();
+  for (std::int64_t b = 0; b < n; b += 500) {
+    auto [x, y] = test.batch(torch::arange(b, std::min(n, b + 500), torch::kInt64), {}, nullptr);
+    correct += model.forward(x).argmax(1).eq(y).sum().item<std::int64_t>();
+  }
+  model.module->train();
+  for (std::size_t i = 0; i < qm.layers.size(); ++i) {
+    qm.layers[i]->reset_counts();
+    qm.layers[i]->add_counts(counts[i]);
+  }
+  ctx.step = step;
+  ctx.stats_interval = stats;
+  return 100.0 * static_cast<double>(correct) / static_cast<double>(n);
+}
+
+std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records) {
+  std::vector<results::Store::StatRow> rows;
+  for (const auto& s : records) {
+    results::Store::StatRow r;
+    r.step = static_cast<std::int64_t>(s.step);
+    r.layer = s.layer;
+    r.kind = std::string(nn::to_string(s.kind));
+    r.total = s.counts.total;
+    r.overflow = s.counts.overflow;
+    r.underflow = s.counts.underflow;
+    r.nan = s.counts.nan;
+    r.absmax = s.absmax;
+    int lo = kernels::ExpHistogram::kMaxExp + 1, hi = kernels::ExpHistogram::kMinExp - 1;
+    for (int e = kernels::ExpHistogram::kMinExp; e <= kernels::ExpHistogram::kMaxExp; ++e)
+      if (s.hist.at(e)) lo = std::min(lo, e), hi = std::max(hi, e);
+    nlohmann::json h = {{"lo", lo <= hi ? lo : 0}, {"zero", s.hist.zero}, {"inf", s.hist.inf}, {"nan", s.hist.nan}};
+    std::vector<std::uint64_t> c;
+    for (int e = lo; e <= hi; ++e) c.push_back(s.hist.at(e));
+    h["counts"] = c;
+    r.histogram = h.dump();
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+using Trace = std::vector<std::tuple<std::int64_t, int, bool>>;
+
+std::string short_num(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", v);
+  return b;
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOptions& opt) {
+  validate(cfg);
+  const auto t_start = std::chrono::steady_clock::now();
   const int threads = cfg.threads > 0 ? cfg.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   torch::set_num_threads(threads);  // libtorch defaults to one thread on this kind of machine
   // Keep freed activation buffers in the heap rather than faulting fresh pages every step.
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  if (cfg.epochs < 1 || cfg.batch < 1) throw Error("epochs and batch must be >= 1");
 
-  const nn::Recipe recipe = nn::load_recipe(cfg.recipe);
-  nn::LossScaleConfig ls = nn::parse_loss_scale(cfg.loss_scale);
-  if (ls.method == nn::LossScaleMethod::logmax && recipe.base[nn::TensorKind::gx])
-    ls.grad_format_max = recipe.base[nn::TensorKind::gx]->format.max_finite();
+  const std::string ckpt = checkpoint_path(cfg);
+  const std::string cfg_json = to_json(cfg);
+  TrainResult res;
+  if (opt.checkpoints) res.checkpoint = ckpt;
+  if (opt.resume && !opt.checkpoints) throw Error("--resume needs checkpoints");
 
-  data::ImageSet train = data::load_mnist_folder(cfg.data_dir, true, cfg.num_classes);
-  const data::ImageSet test = data::load_mnist_folder(cfg.data_dir, false, cfg.num_classes);
-  if (cfg.train_limit > 0 && cfg.train_limit < train.size()) {
-    train.images = train.images.slice(0, 0, cfg.train_limit);
-    train.labels = train.labels.slice(0, 0, cfg.train_limit);
+  // What a checkpoint holds besides tensors.
+  nlohmann::json meta;
+  std::unique_ptr<torch::serialize::InputArchive> in;
+  if (opt.resume) {
+    if (!fs::exists(ckpt)) throw Error(ckpt + ": no checkpoint to resume from");
+    in = std::make_unique<torch::serialize::InputArchive>();
+    try {
+      in->load_from(ckpt);
+      c10::IValue m;
+      in->read("meta", m);
+      meta = nlohmann::json::parse(m.toStringRef());
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(ckpt + ": not a readable fp8lab checkpoint (" + std::string(e.what()).substr(0, 200) + ")");
+    }
+    if (meta.value("schema", 0) != kCheckpointSchema)
+      throw Error(ckpt + ": checkpoint schema " + std::to_string(meta.value("schema", 0)) + ", this fp8lab reads " +
+                  std::to_string(kCheckpointSchema));
+    if (meta.value("finished", false))
+      throw Error(ckpt + ": this run has finished; there is nothing to resume (start afresh without --resume)");
+    if (meta["config"].get<std::string>() != cfg_json) {
+      const auto a = nlohmann::json::parse(meta["config"].get<std::string>()), b = nlohmann::json::parse(cfg_json);
+      std::string diff;
+      for (const auto& d : nlohmann::json::diff(a, b)) diff += (diff.empty() ? "" : ", ") + d["path"].get<std::string>();
+      throw Error(ckpt + ": checkpoint was written with a different config (" + diff +
+                  "); resume with the same config, or start afresh without --resume");
+    }
   }
-  // Normalise with the training set's statistics.
-  const double mean = train.images.mean().item<double>(), sd = train.images.std().item<double>();
-  train.images = (train.images - mean) / sd;
-  data::ImageSet test_n = test;
-  test_n.images = (test.images - mean) / sd;
 
-  torch::manual_seed(cfg.seed);
-  models::CifarResNetOptions mo;
-  mo.depth = cfg.depth;
-  mo.width = cfg.width;
-  mo.in_channels = static_cast<int>(train.images.size(1));
-  mo.num_classes = cfg.num_classes;
-  models::CifarResNet model(mo);
-  auto ctx = std::make_shared<nn::QuantContext>();
-  ctx->seed = cfg.seed;
-  const nn::QuantizedModel qm = nn::quantize_model(*model, recipe, ctx);
-  nn::LossScaler scaler(ls);
-  torch::optim::SGD opt(model->parameters(),
-                        torch::optim::SGDOptions(cfg.lr).momentum(cfg.momentum).weight_decay(cfg.weight_decay));
+  std::int64_t run_id = 0;
+  if (store) {
+    if (in && meta.value("run_id", 0) > 0 && meta.value("store", std::string()) == fs::absolute(store->path()).string()) {
+      run_id = meta["run_id"].get<std::int64_t>();
+      store->resume_run(run_id, meta["step"].get<std::int64_t>());
+    } else {
+      results::RunInfo info;
+      info.name = cfg.name;
+      info.kind = cfg.task;
+      info.config_json = cfg_json;
+      info.recipe = cfg.quant.recipe;
+      info.loss_scale = cfg.quant.loss_scale;
+      info.seed = cfg.seed;
+      run_id = store->begin_run(info);
+    }
+  }
+  res.run_id = run_id;
+  const double prior_seconds = in ? meta.value("seconds", 0.0) : 0.0;
 
-  const std::int64_t n = train.size();
-  const std::int64_t steps_per_epoch = (n + cfg.batch - 1) / cfg.batch;
-  const std::int64_t total = steps_per_epoch * cfg.epochs;
-  ImageTrainResult res;
-  std::vector<std::tuple<std::int64_t, int, bool>> trace;  // the loss-scale trace
-  Progress bar(recipe.name.size() > 24 ? recipe.name.substr(0, 24) : recipe.name, total);
-  std::int64_t step = 0;
-  double loss_ema = 0;
-  for (int epoch = 0; epoch < cfg.epochs && res.status == "finished"; ++epoch) {
-    const torch::Tensor perm = torch::randperm(n, torch::kInt64);
-    for (std::int64_t b = 0; b < n; b += cfg.batch, ++step) {
-      // Step decay at fractions of training, as in the paper's ResNet runs.
-      double lr = cfg.lr;
-      for (double f : cfg.lr_decay_at)
-        if (step >= static_cast<std::int64_t>(f * total)) lr *= 0.1;
-      for (auto& g : opt.param_groups()) static_cast<torch::optim::SGDOptions&>(g.options()).lr(lr);
+  try {
+    // --- set up -----------------------------------------------------------------------------
+    const nn::Recipe recipe = nn::load_recipe(cfg.quant.recipe);
+    nn::LossScaleConfig ls = nn::parse_loss_scale(cfg.quant.loss_scale);
+    if (ls.method == nn::LossScaleMethod::logmax && recipe.base[nn::TensorKind::gx])
+      ls.grad_format_max = recipe.base[nn::TensorKind::gx]->format.max_finite();
+    if (ls.method == nn::LossScaleMethod::backoff) {
+      const auto& g = recipe.base[nn::TensorKind::gx];
+      if (g && g->overflow == Overflow::saturate && opt.progress)
+        std::fprintf(stderr,
+                     "warning: Backoff loss scaling only sees overflow as NaN/Inf, but this recipe's gradient "
+                     "quantizer saturates: the scale will only grow. Use overflow nan (e.g. gx=1.5.2:33/rne/nan) "
+                     "or LogMax.\n");
+    }
+    auto [train_src, test_src] = load_data(cfg);
+    const data::ImageBatcher train_b(train_src);
+    const data::ImageBatcher test_b(test_src, train_b.mean(), train_b.std());
+    const data::Augment aug = data::parse_augment(cfg.data.augment);
 
-      const torch::Tensor idx = perm.slice(0, b, std::min(n, b + cfg.batch));
-      const torch::Tensor x = train.images.index_select(0, idx), t = train.labels.index_select(0, idx);
-      opt.zero_grad();
-      const torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), t);
+    torch::manual_seed(cfg.seed);
+    models::ImageModelSpec spec;
+    spec.name = cfg.model.name;
+    spec.in_channels = static_cast<int>(train_src->shape()[0]);
+    spec.num_classes = static_cast<int>(train_src->num_classes());
+    spec.image_size = static_cast<int>(train_src->shape()[1]);
+    spec.width = cfg.model.width;
+    spec.width_mult = cfg.model.width_mult;
+    spec.depth_mult = cfg.model.depth_mult;
+    spec.dropout = cfg.model.dropout;
+    const models::ImageModel model = models::make_image_model(spec);
+    res.model_description = model.description;
+    auto ctx = std::make_shared<nn::QuantContext>();
+    ctx->seed = cfg.seed;
+    ctx->stats_interval = cfg.train.stats_interval;
+    const nn::QuantizedModel qm = nn::quantize_model(*model.module, recipe, ctx);
+    nn::LossScaler scaler(ls);
+    auto optimizer = make_optimizer(cfg.optimizer, model.module->parameters());
+
+    const std::int64_t n = train_src->size(), B = cfg.train.batch;
+    const std::int64_t steps_per_epoch = (n + B - 1) / B;
+    const std::int64_t total = cfg.train.steps > 0 ? cfg.train.steps : steps_per_epoch * cfg.train.epochs;
+    const std::int64_t eval_every = cfg.train.eval_interval > 0 ? cfg.train.eval_interval : steps_per_epoch;
+    const std::int64_t ckpt_every = cfg.train.checkpoint_interval > 0 ? cfg.train.checkpoint_interval : steps_per_epoch;
+    res.total_steps = total;
+
+    std::vector<torch::Tensor> ema;
+    if (cfg.train.ema > 0) ema = snapshot(*model.module);
+    std::vector<std::vector<torch::Tensor>> recent;  // the last K checkpoints' weights
+    std::int64_t step = 0;
+    double loss_ema = 0;
+    bool finished = false;
+    Trace pending;  // loss-scale points not yet in the store
+
+    if (in) {
+      model.module->load(*in);
+      torch::serialize::InputArchive oa;
+      in->read("optimizer", oa);
+      optimizer->load(oa);
+      step = meta["step"].get<std::int64_t>();
+      loss_ema = meta["loss_ema"].get<double>();
+      scaler.set_state(meta["scaler"].get<std::vector<double>>());
+      ctx->step = static_cast<std::uint64_t>(step);
+      for (const auto& e : meta["evals"]) res.evals.emplace_back(e[0].get<std::int64_t>(), e[1].get<double>());
+      const auto counts = meta["counts"];
+      for (std::size_t i = 0; i < qm.layers.size(); ++i) {
+        std::array<QuantCounts, nn::kKinds> c{};
+        for (int k = 0; k < nn::kKinds; ++k) {
+          const auto& v = counts.at(i).at(k);
+          c[k] = {v[0].get<std::uint64_t>(), v[1].get<std::uint64_t>(), v[2].get<std::uint64_t>(), v[3].get<std::uint64_t>()};
+        }
+        qm.layers[i]->add_counts(c);
+      }
+      const std::size_t nt = state_tensors(*model.module).size();
+      if (!ema.empty()) ema = read_list(*in, "ema", nt);
+      for (int k = 0; k < meta.value("recent", 0); ++k) recent.push_back(read_list(*in, "recent" + std::to_string(k), nt));
+      if (!store)
+        for (const auto& p : meta["trace"]) pending.emplace_back(p[0].get<std::int64_t>(), p[1].get<int>(), p[2].get<bool>());
+      in.reset();
+    }
+
+    auto save_checkpoint = [&] {
+      if (!opt.checkpoints) {
+        if (store) store->log_loss_scale(run_id, pending);
+        pending.clear();
+        return;
+      }
+      torch::serialize::OutputArchive a;
+      nlohmann::json m = {{"schema", kCheckpointSchema}, {"config", cfg_json}, {"step", step},
+                          {"loss_ema", loss_ema}, {"scaler", scaler.state()}, {"run_id", run_id},
+                          {"store", store ? fs::absolute(store->path()).string() : std::string()},
+                          {"code_version", results::Store::code_version()},
+                          {"seconds", prior_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()},
+                          {"recent", recent.size()}, {"finished", finished}};
+      m["evals"] = res.evals;
+      nlohmann::json counts = nlohmann::json::array();
+      for (const auto& l : qm.layers) {
+        nlohmann::json lc = nlohmann::json::array();
+        for (const auto& c : l->counts()) lc.push_back({c.total, c.overflow, c.underflow, c.nan});
+        counts.push_back(lc);
+      }
+      m["counts"] = counts;
+      if (store) {
+        store->log_loss_scale(run_id, pending);  // the store holds the trace up to here
+        pending.clear();
+      } else {
+        m["trace"] = pending;
+      }
+      a.write("meta", c10::IValue(m.dump()));
+      model.module->save(a);
+      torch::serialize::OutputArchive oa;
+      optimizer->save(oa);
+      a.write("optimizer", oa);
+      if (!ema.empty()) write_list(a, "ema", ema);
+      for (std::size_t k = 0; k < recent.size(); ++k) write_list(a, "recent" + std::to_string(k), recent[k]);
+      // Atomic: a temp file in the same folder, then rename over the old checkpoint.
+      const fs::path target = fs::absolute(ckpt);
+      if (!target.parent_path().empty()) fs::create_directories(target.parent_path());
+      const std::string tmp = target.string() + ".tmp";
+      a.save_to(tmp);
+      fs::rename(tmp, target);
+    };
+
+    auto eval_weights = [&](const std::vector<torch::Tensor>* w) {
+      if (!w) return evaluate(model, test_b, *ctx, qm);
+      const auto current = snapshot(*model.module);
+      load_into(*model.module, *w);
+      const double acc = evaluate(model, test_b, *ctx, qm);
+      load_into(*model.module, current);
+      return acc;
+    };
+
+    // --- the loop ---------------------------------------------------------------------------
+    Progress bar(cfg.name.size() > 24 ? cfg.name.substr(0, 24) : cfg.name, total, "steps", step);
+    const std::int64_t first_step = step;
+    const auto t_loop = std::chrono::steady_clock::now();
+    std::int64_t samples = 0;
+    torch::Tensor perm;
+    std::int64_t perm_epoch = -1;
+    while (step < total) {
+      if ((opt.stop_after > 0 && step - first_step >= opt.stop_after) || stop_requested()) {
+        res.status = "stopped";
+        break;
+      }
+      const std::int64_t epoch = step / steps_per_epoch, within = step % steps_per_epoch;
+      if (epoch != perm_epoch) {
+        auto g = at::make_generator<at::CPUGeneratorImpl>(mix64(cfg.seed ^ mix64(0xE90C0000ULL + static_cast<std::uint64_t>(epoch))));
+        perm = torch::randperm(n, g, torch::kInt64);
+        perm_epoch = epoch;
+      }
+      // Every random draw of this step (dropout, stochastic depth, augmentation, mixup)
+      // comes from streams seeded by (seed, step).
+      const std::uint64_t step_seed = mix64(cfg.seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(step));
+      torch::manual_seed(step_seed);
+      const double lr = learning_rate(cfg, step, total, steps_per_epoch);
+      for (auto& g : optimizer->param_groups()) g.options().set_lr(lr);
+
+      const torch::Tensor idx = perm.slice(0, within * B, std::min(n, (within + 1) * B));
+      auto aug_gen = at::make_generator<at::CPUGeneratorImpl>(step_seed ^ 0xA06);
+      auto [x, y] = train_b.batch(idx, aug, &aug_gen);
+      const Mixed mx = mix(x, y, cfg.train, step_seed ^ 0x313);
+      optimizer->zero_grad();
+      const torch::Tensor out = model.forward(mx.x);
+      const auto ce = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(cfg.train.label_smoothing);
+      torch::Tensor loss = torch::nn::functional::cross_entropy(out, y, ce);
+      if (mx.lam < 1) loss = loss * mx.lam + torch::nn::functional::cross_entropy(out, mx.y2, ce) * (1 - mx.lam);
       (loss * scaler.scale()).backward();
       std::vector<torch::Tensor> grads;
-      for (auto& p : model->parameters()) grads.push_back(p.grad());
+      for (auto& p : model.module->parameters())
+        if (p.grad().defined()) grads.push_back(p.grad());
       const nn::LossScaleStep s = scaler.update(grads);
-      trace.emplace_back(step, static_cast<int>(std::lround(std::log2(s.scale))), s.skipped);
+      pending.emplace_back(step, static_cast<int>(std::lround(std::log2(s.scale))), s.skipped);
       const double lv = loss.item<double>();
       if (!std::isfinite(lv)) {
         // The loss is computed before scaling: a NaN/Inf here is a forward-pass divergence
@@ -151,33 +517,93 @@ ImageTrainResult train_impl(const ImageTrainConfig& cfg, results::Store* store, 
         res.status = "diverged";
         break;
       }
-      if (!s.skipped) opt.step();
-      ctx->step++;
+      if (!s.skipped) optimizer->step();
+      if (!ema.empty() && !s.skipped) {
+        torch::NoGradGuard g;
+        const auto cur = state_tensors(*model.module);
+        for (std::size_t i = 0; i < cur.size(); ++i) {
+          if (ema[i].is_floating_point()) ema[i].mul_(cfg.train.ema).add_(cur[i].detach(), 1 - cfg.train.ema);
+          else ema[i].copy_(cur[i]);
+        }
+      }
+      samples += idx.size(0);
       loss_ema = step == 0 ? lv : 0.98 * loss_ema + 0.02 * lv;
-      if (cfg.progress)
-        bar.update(step + 1, "epoch " + std::to_string(epoch + 1) + " loss " +
-                                 std::to_string(loss_ema).substr(0, 5) + " " + scale_text(scaler.log2_scale()));
+      if (store && ctx->stats_interval > 0 && ctx->stats->size() > 0) store->log_stats(run_id, stat_rows(ctx->stats->take()));
+      ++step;
+      ctx->step = static_cast<std::uint64_t>(step);
+
+      if (step % eval_every == 0 || step == total) {
+        const double acc = eval_weights(ema.empty() ? nullptr : &ema);
+        res.evals.emplace_back(step, acc);
+        if (store) {
+          store->log_metric(run_id, step, "test_accuracy", acc);
+          store->log_metric(run_id, step, "train_loss", loss_ema);
+          store->log_metric(run_id, step, "log2_loss_scale", scaler.log2_scale());
+        }
+      }
+      if (step % ckpt_every == 0 || step == total) {
+        if (cfg.train.average_last > 0) {
+          recent.push_back(snapshot(*model.module));
+          if (static_cast<int>(recent.size()) > cfg.train.average_last) recent.erase(recent.begin());
+        }
+        if (step < total) save_checkpoint();
+      }
+      if (opt.progress)
+        bar.update(step, "epoch " + std::to_string(step / steps_per_epoch + (step % steps_per_epoch ? 1 : 0)) +
+                             " loss " + short_num(loss_ema) + " scale 2^" + std::to_string(scaler.log2_scale()) +
+                             " lr " + short_num(lr));
     }
-    res.epoch_accuracy.push_back(evaluate(model, test_n));
-    if (store) store->log_metric(run_id, step, "test_accuracy", res.epoch_accuracy.back());
+    const double loop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
+    res.samples_per_second = loop_s > 0 ? static_cast<double>(samples) / loop_s : 0;
+
+    if (res.status == "stopped") {
+      save_checkpoint();
+    } else if (res.status == "finished") {
+      res.final_metric = res.evals.empty() ? 0 : res.evals.back().second;
+      if (cfg.train.average_last > 0 && recent.size() > 1) {
+        std::vector<torch::Tensor> avg;
+        for (std::size_t i = 0; i < recent[0].size(); ++i) {
+          torch::Tensor t = recent[0][i].clone();
+          if (t.is_floating_point()) {
+            for (std::size_t k = 1; k < recent.size(); ++k) t.add_(recent[k][i]);
+            t.div_(static_cast<double>(recent.size()));
+          }
+          avg.push_back(t);
+        }
+        res.final_metric = eval_weights(&avg);
+        if (store) store->log_metric(run_id, step, "test_accuracy_averaged", res.final_metric);
+      }
+    }
+    if (store && !pending.empty()) {
+      store->log_loss_scale(run_id, pending);
+      pending.clear();
+    }
+    if (opt.progress)
+      bar.finish(res.status == "finished" ? "test accuracy " + short_num(res.final_metric) + " %" : res.status);
+    res.final_train_loss = loss_ema;
+    res.final_log2_scale = scaler.log2_scale();
+    res.skipped_steps = scaler.skipped_steps();
+    res.steps = step;
+    for (const auto& l : qm.layers) {
+      const auto c = l->counts();
+      for (int k = 0; k < nn::kKinds; ++k) res.counts[k] += c[k];
+    }
+    res.seconds = prior_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    if (store) {
+      store->log_metric(run_id, step, "samples_per_second", res.samples_per_second);
+      store->finish_run(run_id, res.status,
+                        res.status == "finished" ? std::optional<double>(res.final_metric) : std::nullopt,
+                        res.metric_name, res.seconds);
+    }
+    if (res.status == "finished") {
+      finished = true;
+      save_checkpoint();  // the trained weights, kept for the user; --resume refuses it
+    }
+    return res;
+  } catch (...) {
+    if (store) store->finish_run(run_id, "failed", std::nullopt, res.metric_name, 0);
+    throw;
   }
-  if (store) {
-    store->log_metric(run_id, step, "train_loss", loss_ema);
-    store->log_loss_scale(run_id, trace);
-  }
-  if (cfg.progress) bar.finish("test accuracy " + std::to_string(res.epoch_accuracy.empty() ? 0.0 : res.epoch_accuracy.back()).substr(0, 5) + " %");
-  res.test_accuracy = res.epoch_accuracy.empty() ? 0 : res.epoch_accuracy.back();
-  res.final_train_loss = loss_ema;
-  res.final_log2_scale = scaler.log2_scale();
-  res.skipped_steps = scaler.skipped_steps();
-  res.steps = static_cast<std::uint64_t>(step);
-  for (const auto& l : qm.layers) {
-    const auto c = l->counts();
-    for (int k = 0; k < nn::kKinds; ++k) res.counts[k] += c[k];
-  }
-  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return res;
 }
-}  // namespace
 
 }  // namespace fp8lab::experiments

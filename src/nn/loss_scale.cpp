@@ -104,6 +104,20 @@ void LossScaler::set_log2(int k) { log2_ = std::clamp(k, cfg_.min_log2, cfg_.max
 
 double LossScaler::scale() const { return std::ldexp(1.0, log2_); }
 
+std::vector<double> LossScaler::state() const {
+  return {static_cast<double>(log2_), static_cast<double>(clean_), static_cast<double>(skipped_),
+          static_cast<double>(steps_), ema1_, ema_x_, ema_x2_, corr1_, corr2_};
+}
+
+void LossScaler::set_state(const std::vector<double>& s) {
+  if (s.size() != 9) throw Error("loss scaler state: expected 9 numbers, got " + std::to_string(s.size()));
+  log2_ = static_cast<int>(s[0]);
+  clean_ = static_cast<std::uint64_t>(s[1]);
+  skipped_ = static_cast<std::uint64_t>(s[2]);
+  steps_ = static_cast<std::uint64_t>(s[3]);
+  ema1_ = s[4], ema_x_ = s[5], ema_x2_ = s[6], corr1_ = s[7], corr2_ = s[8];
+}
+
 double LossScaler::mu() const { return corr1_ < 1 ? ema1_ / (1 - corr1_) : 0; }
 double LossScaler::sigma() const {
   if (corr2_ >= 1) return 0;

@@ -43,6 +43,10 @@ std::array<QuantCounts, kKinds> LayerState::counts() const {
   std::lock_guard<std::mutex> lk(m_);
   return counts_;
 }
+void LayerState::add_counts(const std::array<QuantCounts, kKinds>& c) {
+  std::lock_guard<std::mutex> lock(m_);
+  for (int k = 0; k < kKinds; ++k) counts_[k] += c[k];
+}
 void LayerState::reset_counts() {
   std::lock_guard<std::mutex> lk(m_);
   counts_ = {};

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -94,6 +95,11 @@ CREATE TABLE IF NOT EXISTS loss_scale (
   run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL,
   log2_scale INTEGER NOT NULL, skipped INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS loss_scale_run ON loss_scale(run_id, step);
+CREATE TABLE IF NOT EXISTS tensor_stats (
+  run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL, layer TEXT NOT NULL,
+  kind TEXT NOT NULL, total INTEGER NOT NULL, overflow INTEGER NOT NULL, underflow INTEGER NOT NULL,
+  nan INTEGER NOT NULL, absmax REAL, histogram TEXT NOT NULL);  -- absmax NULL: NaN
+CREATE INDEX IF NOT EXISTS tensor_stats_run ON tensor_stats(run_id, step);
 )";
 
 }  // namespace
@@ -187,6 +193,78 @@ void Store::log_loss_scale(std::int64_t run, const std::vector<std::tuple<std::i
       s.step();
       s.reset();
     }
+    exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+void Store::log_stats(std::int64_t run, const std::vector<StatRow>& rows) {
+  if (rows.empty()) return;
+  exec("BEGIN IMMEDIATE");
+  try {
+    Stmt s(db_, path_,
+           "INSERT INTO tensor_stats (run_id, step, layer, kind, total, overflow, underflow, nan, absmax, "
+           "histogram) VALUES (?,?,?,?,?,?,?,?,?,?)");
+    for (const auto& r : rows) {
+      s.bind(1, run).bind(2, r.step).bind(3, r.layer).bind(4, r.kind);
+      s.bind(5, static_cast<std::int64_t>(r.total)).bind(6, static_cast<std::int64_t>(r.overflow));
+      s.bind(7, static_cast<std::int64_t>(r.underflow)).bind(8, static_cast<std::int64_t>(r.nan));
+      if (std::isnan(r.absmax)) s.bind_null(9);  // SQLite has no NaN
+      else s.bind(9, r.absmax);
+      s.bind(10, r.histogram);
+      s.step();
+      s.reset();
+    }
+    exec("COMMIT");
+  } catch (...) {
+    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+    throw;
+  }
+}
+
+std::vector<Store::StatRow> Store::stats(std::int64_t run) const {
+  Stmt s(db_, path_,
+         "SELECT step, layer, kind, total, overflow, underflow, nan, absmax, histogram FROM tensor_stats "
+         "WHERE run_id = ? ORDER BY rowid");
+  s.bind(1, run);
+  std::vector<StatRow> out;
+  while (s.step()) {
+    StatRow r;
+    r.step = s.i64(0);
+    r.layer = s.text(1);
+    r.kind = s.text(2);
+    r.total = static_cast<std::uint64_t>(s.i64(3));
+    r.overflow = static_cast<std::uint64_t>(s.i64(4));
+    r.underflow = static_cast<std::uint64_t>(s.i64(5));
+    r.nan = static_cast<std::uint64_t>(s.i64(6));
+    r.absmax = s.null(7) ? std::nan("") : s.dbl(7);
+    r.histogram = s.text(8);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void Store::resume_run(std::int64_t run, std::int64_t from_step) {
+  exec("BEGIN IMMEDIATE");
+  try {
+    {
+      Stmt s(db_, path_, "SELECT status FROM runs WHERE id = ?");
+      s.bind(1, run);
+      if (!s.step()) throw Error(path_ + ": no run " + std::to_string(run) + " to resume");
+      const std::string st = s.text(0);
+      if (st == "finished" || st == "diverged")
+        throw Error(path_ + ": run " + std::to_string(run) + " has already ended (" + st + ")");
+    }
+    for (const char* sql : {"DELETE FROM metrics WHERE run_id = ? AND step > ?",
+                            "DELETE FROM tensor_stats WHERE run_id = ? AND step >= ?",
+                            "DELETE FROM loss_scale WHERE run_id = ? AND step >= ?"}) {
+      Stmt d(db_, path_, sql);
+      d.bind(1, run).bind(2, from_step).step();
+    }
+    Stmt u(db_, path_, "UPDATE runs SET status = 'running', host = ?, pid = ? WHERE id = ?");
+    u.bind(1, hostname()).bind(2, static_cast<std::int64_t>(::getpid())).bind(3, run).step();
     exec("COMMIT");
   } catch (...) {
     sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);

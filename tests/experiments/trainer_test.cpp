@@ -1,5 +1,5 @@
-// The trainer on a generated MNIST-layout folder: finished and diverged runs, recorded in
-// the store.
+// The trainer on synthetic data: finished, diverged and failed runs in the store; resume
+// gives exactly the uninterrupted run; checkpoints refuse a changed config.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,77 +11,244 @@
 
 using namespace fp8lab;
 namespace fs = std::filesystem;
+using test::error_of;
 
 namespace {
-void write_idx(const fs::path& p, std::vector<std::uint32_t> dims, const std::vector<std::uint8_t>& data) {
-  std::ofstream o(p, std::ios::binary);
-  const char head[4] = {0, 0, 8, static_cast<char>(dims.size())};
-  o.write(head, 4);
-  for (auto d : dims)
-    for (int k = 3; k >= 0; --k) o.put(static_cast<char>((d >> (8 * k)) & 0xff));
-  o.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
-}
-// Two classes told apart by brightness: learnable in a few steps.
-fs::path make_folder() {
-  const fs::path d = test::temp_dir("fp8lab_trainer");
-  for (const char* split : {"train", "t10k"}) {
-    const std::uint32_t n = 64;
-    std::vector<std::uint8_t> img(n * 8 * 8), lab(n);
-    for (std::uint32_t i = 0; i < n; ++i) {
-      lab[i] = static_cast<std::uint8_t>(i % 2);
-      for (int k = 0; k < 64; ++k) img[i * 64 + k] = static_cast<std::uint8_t>(lab[i] ? 200 + (k % 50) : (k * 3) % 60);
-    }
-    write_idx(d / (std::string(split) + "-images-idx3-ubyte"), {n, 8, 8}, img);
-    write_idx(d / (std::string(split) + "-labels-idx1-ubyte"), {n}, lab);
-  }
-  return d;
-}
-experiments::ImageTrainConfig small(const fs::path& d) {
-  experiments::ImageTrainConfig c;
-  c.data_dir = d.string();
-  c.num_classes = 2;
-  c.width = 4;
-  c.epochs = 3;
-  c.batch = 16;
+fs::path dir() { return test::temp_dir("fp8lab_trainer"); }
+
+// A small synthetic problem a ResNet-8 of width 4 learns in a few dozen steps.
+experiments::TrainConfig small(const std::string& name) {
+  experiments::TrainConfig c;
+  c.name = name;
+  c.model.name = "resnet8";
+  c.model.width = 4;
+  c.data.name = "synthetic";
+  c.data.image_size = 8;
+  c.data.synthetic_train = 128;
+  c.data.synthetic_test = 64;
+  c.data.synthetic_classes = 2;
+  c.data.synthetic_channels = 1;
+  c.train.epochs = 3;
+  c.train.batch = 16;
   c.threads = 1;
-  c.progress = false;
-  c.recipe = "resnet32-mixed";
+  c.quant.recipe = "resnet32-mixed";
+  c.train.checkpoint = (dir() / (name + ".ckpt")).string();
+  return c;
+}
+
+experiments::TrainOptions quiet() {
+  experiments::TrainOptions o;
+  o.progress = false;
+  return o;
+}
+
+// A config that exercises every source of randomness and every piece of trainer state.
+experiments::TrainConfig busy(const std::string& name) {
+  auto c = small(name);
+  c.data.augment = "crop:1+flip";
+  c.train.mixup = 0.4;
+  c.train.cutmix = 1.0;
+  c.train.ema = 0.9;
+  c.train.average_last = 2;
+  c.train.eval_interval = 5;
+  c.train.checkpoint_interval = 4;
+  c.train.stats_interval = 3;
+  c.train.label_smoothing = 0.1;
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 0.01;
+  c.schedule.name = "linear";
+  c.schedule.warmup_steps = 3;
+  c.quant.recipe = "a=1.4.3:10/sr,w=1.4.3:14,gx=1.5.2:33/sr/nan,gw=1.5.2:31";
+  c.quant.loss_scale = "backoff:init=4,interval=5";
   return c;
 }
 }  // namespace
 
 TEST(Trainer, FinishesLearnsAndRecords) {
-  const fs::path d = make_folder();
-  results::Store store((d / "r.db").string());
-  const auto r = experiments::train_image_classifier(small(d), &store, "unit");
+  results::Store store((dir() / "r1.db").string());
+  const auto r = experiments::train(small("unit"), &store, quiet());
   EXPECT_EQ(r.status, "finished");
-  EXPECT_EQ(r.epoch_accuracy.size(), 3u);
-  EXPECT_GT(r.test_accuracy, 90.0);
-  EXPECT_EQ(r.steps, 12u);
+  EXPECT_EQ(r.steps, 24);
+  EXPECT_EQ(r.evals.size(), 3u);
+  EXPECT_GT(r.final_metric, 90.0);
   const auto runs = store.runs({.name = "unit"});
   ASSERT_EQ(runs.size(), 1u);
   EXPECT_EQ(runs[0].status, "finished");
+  EXPECT_DOUBLE_EQ(*runs[0].final_metric, r.final_metric);
   EXPECT_EQ(store.metric(runs[0].id, "test_accuracy").size(), 3u);
-  EXPECT_EQ(store.loss_scale_trace(runs[0].id).size(), 12u);
+  EXPECT_EQ(store.loss_scale_trace(runs[0].id).size(), 24u);
   EXPECT_NE(runs[0].config_json.find("\"recipe\":\"resnet32-mixed\""), std::string::npos);
+  EXPECT_GT(r.counts[static_cast<int>(nn::TensorKind::a)].total, 0u);
+  // The final checkpoint holds the trained weights, and refuses to be resumed.
+  EXPECT_TRUE(fs::exists(r.checkpoint));
+  EXPECT_FALSE(fs::exists(r.checkpoint + ".tmp"));
+  experiments::TrainOptions o = quiet();
+  o.resume = true;
+  EXPECT_NE(error_of([&] { experiments::train(small("unit"), nullptr, o); }).find("has finished"), std::string::npos);
+}
+
+TEST(Trainer, EveryOptimizerAndScheduleLearns) {
+  for (const char* opt : {"sgd", "adam", "adamw", "rmsprop"}) {
+    for (const char* sched : {"constant", "step", "warmup-invsqrt", "linear", "exponential"}) {
+      auto c = small(std::string("o_") + opt + sched);
+      c.optimizer.name = opt;
+      c.optimizer.lr = std::string(opt) == "sgd" ? 0.1 : 0.01;
+      if (std::string(opt) == "rmsprop") c.optimizer.momentum = 0, c.optimizer.lr = 0.003;
+      c.schedule.name = sched;
+      c.schedule.warmup_steps = 4;
+      c.quant.recipe = "fp32";
+      const auto r = experiments::train(c, nullptr, quiet());
+      EXPECT_EQ(r.status, "finished") << opt << " " << sched;
+      EXPECT_GT(r.final_metric, 75.0) << opt << " " << sched;
+    }
+  }
+}
+
+TEST(Trainer, LearningRateSchedules) {
+  experiments::TrainConfig c;
+  c.optimizer.lr = 1.0;
+  c.schedule.name = "step";
+  c.schedule.decay_at = {0.5, 0.75};
+  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 49, 100, 10), 1.0);
+  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 50, 100, 10), 0.1);
+  EXPECT_NEAR(experiments::learning_rate(c, 75, 100, 10), 0.01, 1e-15);
+  c.schedule.name = "warmup-invsqrt";
+  c.schedule.warmup_steps = 4;
+  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 0, 100, 10), 0.25);   // 1/4
+  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 3, 100, 10), 1.0);    // peak at the warm-up's end
+  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 15, 100, 10), 0.5);   // sqrt(4/16)
+  c.schedule.name = "linear";
+  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 1, 100, 10), 0.5);    // warm-up 2/4
+  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 52, 100, 10), 0.5);   // (100-52)/(100-4)
+  c.schedule.name = "exponential";
+  c.schedule.gamma = 0.5;
+  c.schedule.every_epochs = 2;
+  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 4 + 19, 100, 10), 1.0);  // 1.9 epochs after warm-up
+  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 4 + 20, 100, 10), 0.5);
+  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 4 + 45, 100, 10), 0.25);
+}
+
+// One run straight through, one stopped twice and resumed, each with its own store.
+void check_resume_equals_uninterrupted(const std::string& model) {
+  const fs::path d = dir();
+  fs::remove(d / ("u" + model + ".db"));
+  fs::remove(d / ("s" + model + ".db"));
+  results::Store s1((d / ("u" + model + ".db")).string()), s2((d / ("s" + model + ".db")).string());
+  auto c = busy("resume" + model);
+  c.model.name = model;
+  if (model.rfind("efficientnet", 0) == 0) {
+    // Dropout and stochastic depth draw from the global generator.
+    c.model.width_mult = 0.25;
+    c.model.depth_mult = 0.3;
+    c.model.dropout = 0.3;
+  }
+  const auto full = experiments::train(c, &s1, quiet());
+  ASSERT_EQ(full.status, "finished");
+  c.train.checkpoint = (d / ("resume2" + model + ".ckpt")).string();
+  experiments::TrainOptions o = quiet();
+  o.stop_after = 7;  // not on a checkpoint or evaluation boundary
+  auto r = experiments::train(c, &s2, o);
+  EXPECT_EQ(r.status, "stopped");
+  EXPECT_EQ(r.steps, 7);
+  EXPECT_EQ(s2.runs()[0].status, "stopped");
+  o.resume = true;
+  o.stop_after = 9;
+  r = experiments::train(c, &s2, o);
+  EXPECT_EQ(r.status, "stopped");
+  EXPECT_EQ(r.steps, 16);
+  o.stop_after = 0;
+  r = experiments::train(c, &s2, o);
+  ASSERT_EQ(r.status, "finished");
+  EXPECT_EQ(r.steps, full.steps);
+  EXPECT_EQ(r.final_metric, full.final_metric);
+  EXPECT_EQ(r.final_train_loss, full.final_train_loss);  // bitwise: the same steps were taken
+  EXPECT_EQ(r.evals, full.evals);
+  EXPECT_EQ(r.final_log2_scale, full.final_log2_scale);
+  EXPECT_EQ(r.skipped_steps, full.skipped_steps);
+  for (int k = 0; k < nn::kKinds; ++k) {
+    EXPECT_EQ(r.counts[k].total, full.counts[k].total);
+    EXPECT_EQ(r.counts[k].underflow, full.counts[k].underflow);
+    EXPECT_EQ(r.counts[k].overflow, full.counts[k].overflow);
+  }
+  // The store of the interrupted run holds what the uninterrupted one does: one run, the
+  // same metrics, trace and statistics, no duplicates.
+  ASSERT_EQ(s2.runs().size(), 1u);
+  const auto id1 = s1.runs()[0].id, id2 = s2.runs()[0].id;
+  EXPECT_EQ(s2.runs()[0].status, "finished");
+  EXPECT_EQ(s1.metric(id1, "test_accuracy"), s2.metric(id2, "test_accuracy"));
+  EXPECT_EQ(s1.metric(id1, "train_loss"), s2.metric(id2, "train_loss"));
+  EXPECT_EQ(s1.loss_scale_trace(id1), s2.loss_scale_trace(id2));
+  EXPECT_EQ(s1.loss_scale_trace(id1).size(), static_cast<std::size_t>(full.steps));
+  const auto st1 = s1.stats(id1), st2 = s2.stats(id2);
+  ASSERT_EQ(st1.size(), st2.size());
+  ASSERT_FALSE(st1.empty());
+  for (std::size_t i = 0; i < st1.size(); ++i) {
+    EXPECT_EQ(st1[i].step, st2[i].step);
+    EXPECT_EQ(st1[i].histogram, st2[i].histogram);
+  }
+}
+
+TEST(Trainer, ResumeEqualsUninterrupted) {
+  check_resume_equals_uninterrupted("resnet8");
+  check_resume_equals_uninterrupted("efficientnet-b0");
+}
+
+TEST(Trainer, KilledRunResumesFromItsLastCheckpoint) {
+  // A process that dies between checkpoints leaves metrics after the checkpoint in the
+  // store; resuming drops them and redoes the steps.
+  const fs::path d = dir();
+  results::Store s1((d / "k1.db").string());
+  auto c = busy("killed");
+  const auto full = experiments::train(c, &s1, quiet());
+  auto c2 = busy("killed");
+  c2.train.checkpoint = (d / "killed2.ckpt").string();
+  results::Store s2((d / "k2.db").string());
+  experiments::TrainOptions o = quiet();
+  o.stop_after = 8;  // checkpoint at 8 ...
+  experiments::train(c2, &s2, o);
+  fs::copy_file(c2.train.checkpoint, d / "at8.ckpt", fs::copy_options::overwrite_existing);
+  o.resume = true;
+  o.stop_after = 3;  // ... runs on to 11 (evaluation at 10) ...
+  experiments::train(c2, &s2, o);
+  fs::copy_file(d / "at8.ckpt", c2.train.checkpoint, fs::copy_options::overwrite_existing);  // ... "killed" after 8
+  o.stop_after = 0;
+  const auto r = experiments::train(c2, &s2, o);
+  EXPECT_EQ(r.final_metric, full.final_metric);
+  EXPECT_EQ(s1.metric(s1.runs()[0].id, "test_accuracy"), s2.metric(s2.runs()[0].id, "test_accuracy"));
+  EXPECT_EQ(s1.loss_scale_trace(s1.runs()[0].id), s2.loss_scale_trace(s2.runs()[0].id));
+}
+
+TEST(Trainer, ResumeRefusesAChangedConfigOrNoCheckpoint) {
+  auto c = small("changed");
+  experiments::TrainOptions o = quiet();
+  o.stop_after = 3;
+  experiments::train(c, nullptr, o);
+  c.optimizer.lr = 0.5;
+  o.resume = true;
+  const std::string e = error_of([&] { experiments::train(c, nullptr, o); });
+  EXPECT_NE(e.find("different config"), std::string::npos) << e;
+  EXPECT_NE(e.find("/optimizer/lr"), std::string::npos) << e;
+  auto c2 = small("never-started");
+  EXPECT_NE(error_of([&] { experiments::train(c2, nullptr, o); }).find("no checkpoint"), std::string::npos);
+  // A corrupt checkpoint is an error naming the file, not a crash.
+  std::ofstream(c2.train.checkpoint) << "not a checkpoint";
+  EXPECT_NE(error_of([&] { experiments::train(c2, nullptr, o); }).find(c2.train.checkpoint), std::string::npos);
 }
 
 TEST(Trainer, DivergenceIsRecordedNotACrash) {
-  const fs::path d = make_folder();
-  results::Store store((d / "r.db").string());
-  auto c = small(d);
-  c.recipe = "fp32";
-  c.lr = 1e12;  // blows up within a few steps
-  const auto r = experiments::train_image_classifier(c, &store, "boom");
+  results::Store store((dir() / "r2.db").string());
+  auto c = small("boom");
+  c.quant.recipe = "fp32";
+  c.optimizer.lr = 1e12;  // blows up within a few steps
+  const auto r = experiments::train(c, &store, quiet());
   EXPECT_EQ(r.status, "diverged");
   EXPECT_EQ(store.runs({.name = "boom"})[0].status, "diverged");
 }
 
-TEST(Trainer, BadConfigFailsTheRunCleanly) {
-  const fs::path d = make_folder();
-  results::Store store((d / "r.db").string());
-  auto c = small(d);
-  c.depth = 9;  // not 6n+2
-  EXPECT_THROW(experiments::train_image_classifier(c, &store, "bad"), Error);
+TEST(Trainer, BadRecipeFailsTheRunCleanly) {
+  results::Store store((dir() / "r3.db").string());
+  auto c = small("bad");
+  c.quant.recipe = "a=1.4.3,q=1";
+  EXPECT_THROW(experiments::train(c, &store, quiet()), Error);
   EXPECT_EQ(store.runs({.name = "bad"})[0].status, "failed");
 }

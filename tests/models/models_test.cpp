@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include "../common/testutil.hpp"
+#include "fp8lab/models/image_models.hpp"
 #include "fp8lab/models/resnet.hpp"
 #include "fp8lab/models/transformer.hpp"
 
@@ -49,4 +51,89 @@ TEST(Models, EncoderLayerForwardBackwardQuantized) {
   EXPECT_TRUE(torch::isfinite(x.grad()).all().item<bool>());
   for (const auto& p : m->named_parameters()) ASSERT_TRUE(p.value().grad().defined()) << p.key();
   EXPECT_GT(qm.layer("attn.context")->counts()[static_cast<int>(nn::TensorKind::gx)].total, 0u);
+}
+
+namespace {
+// Every quantized layer saw weights (or, for attention matmuls, activations), and every
+// parameter got a finite gradient.
+void check_quantized_training_step(const models::ImageModel& m, const nn::QuantizedModel& qm,
+                                   const torch::Tensor& x, std::int64_t classes) {
+  auto y = m.forward(x);
+  ASSERT_EQ(y.sizes(), (std::vector<std::int64_t>{x.size(0), classes}));
+  torch::nn::functional::cross_entropy(y, torch::arange(x.size(0), torch::kInt64).remainder(classes)).backward();
+  for (const auto& p : m.module->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
+  }
+  for (const auto& l : qm.layers) {
+    const auto c = l->counts();
+    EXPECT_GT(c[static_cast<int>(nn::TensorKind::w)].total, 0u) << l->name;
+    EXPECT_GT(c[static_cast<int>(nn::TensorKind::gx)].total, 0u) << l->name;
+    EXPECT_GT(c[static_cast<int>(nn::TensorKind::gw)].total, 0u) << l->name;
+  }
+}
+std::size_t count_convs_and_linears(torch::nn::Module& m) {
+  std::size_t n = 0;
+  for (const auto& c : m.modules(false))
+    if (c->as<nn::QuantConv2dImpl>() || c->as<nn::QuantLinearImpl>()) ++n;
+  return n;
+}
+}  // namespace
+
+TEST(Models, ImageNetResNetsForwardBackwardQuantized) {
+  for (int depth : {18, 50}) {
+    torch::manual_seed(0);
+    models::ImageModelSpec s;
+    s.name = "resnet" + std::to_string(depth);
+    s.width = 4;
+    s.num_classes = 5;
+    s.image_size = 16;
+    auto m = models::make_image_model(s);
+    auto qm = nn::quantize_model(*m.module, nn::parse_recipe("resnet50-mixed"));
+    // stem + blocks x (2 or 3 convs) + 4 projection shortcuts (the first stage of
+    // ResNet-18 keeps its width, so 3 there) + fc
+    const std::size_t expect = depth == 18 ? 1 + 8 * 2 + 3 + 1 : 1 + 16 * 3 + 4 + 1;
+    EXPECT_EQ(qm.layers.size(), expect) << depth;
+    EXPECT_EQ(count_convs_and_linears(*m.module), qm.layers.size());
+    check_quantized_training_step(m, qm, torch::randn({2, 3, 16, 16}), 5);
+  }
+  // The ImageNet stem (7x7 stride 2 + max pooling) for large images.
+  models::ImageModelSpec s;
+  s.name = "resnet18";
+  s.width = 4;
+  s.image_size = 96;
+  auto m = models::make_image_model(s);
+  EXPECT_EQ(m.forward(torch::randn({1, 3, 96, 96})).sizes(), (std::vector<std::int64_t>{1, 10}));
+}
+
+TEST(Models, EfficientNetForwardBackwardQuantized) {
+  torch::manual_seed(0);
+  models::ImageModelSpec s;
+  s.name = "efficientnet-b0";
+  s.width_mult = 0.25;
+  s.depth_mult = 0.5;
+  s.num_classes = 3;
+  s.image_size = 16;
+  auto m = models::make_image_model(s);
+  // Squeeze-excitation convolutions and depthwise convolutions are quantized layers too.
+  auto qm = nn::quantize_model(*m.module, nn::parse_recipe("efficientnet-mixed"));
+  EXPECT_EQ(count_convs_and_linears(*m.module), qm.layers.size());
+  int depthwise = 0;
+  for (const auto& c : m.module->modules(false))
+    if (auto* q = c->as<nn::QuantConv2dImpl>(); q && q->options.groups() > 1) ++depthwise;
+  EXPECT_GE(depthwise, 7);  // at least one block per stage
+  check_quantized_training_step(m, qm, torch::randn({2, 3, 16, 16}), 3);
+  // The published scalings: B0 has 16 MBConv blocks and 5.3 M parameters; B4 32 blocks.
+  auto b0 = std::dynamic_pointer_cast<models::EfficientNetImpl>(
+      models::make_image_model({.name = "efficientnet-b0", .num_classes = 1000, .image_size = 224}).module);
+  ASSERT_TRUE(b0);
+  EXPECT_EQ(b0->blocks->size(), 16u);
+  std::int64_t params = 0;
+  for (const auto& p : b0->parameters()) params += p.numel();
+  EXPECT_NEAR(static_cast<double>(params) / 1e6, 5.29, 0.02);
+  auto b4 = std::dynamic_pointer_cast<models::EfficientNetImpl>(
+      models::make_image_model({.name = "efficientnet-b4", .num_classes = 1000, .image_size = 380}).module);
+  EXPECT_EQ(b4->blocks->size(), 32u);
+  EXPECT_NE(test::error_of([] { models::make_image_model({.name = "efficientnet-b9"}); }).find("unknown model"),
+            std::string::npos);
 }

@@ -19,7 +19,8 @@ struct IdxArray {
 // Reads an IDX file of unsigned bytes (gzip or not). `expected_rank` (if > 0) is checked.
 IdxArray read_idx(const std::string& path, int expected_rank = 0);
 
-// A labelled image set: images [N, 1, H, W] float32 scaled to [0, 1], labels [N] int64.
+// A labelled image set held as bytes: images [N, C, H, W] uint8, labels [N] int64.
+// (Batches are converted to float32 when drawn; see data/images.hpp.)
 struct ImageSet {
   torch::Tensor images, labels;
   std::int64_t num_classes = 0;

@@ -10,7 +10,9 @@ namespace fp8lab::experiments {
 
 class Progress {
  public:
-  Progress(std::string label, std::int64_t total, std::string unit = "steps");
+  // `first`: the count already done when the bar starts (a resumed run); the rate counts
+  // only what this bar saw.
+  Progress(std::string label, std::int64_t total, std::string unit = "steps", std::int64_t first = 0);
   // Sets the count done and the extra text (e.g. "loss 0.41 scale 2^12"); redraws at most
   // ten times a second.
   void update(std::int64_t done, const std::string& extra = "");
@@ -19,7 +21,7 @@ class Progress {
  private:
   void draw(bool final);
   std::string label_, unit_, extra_;
-  std::int64_t total_, done_ = 0;
+  std::int64_t total_, done_ = 0, first_ = 0;
   int last_decile_ = -1;
   bool tty_;
   std::chrono::steady_clock::time_point start_, last_draw_;

@@ -1,54 +1,68 @@
-// Training an image classifier with a quantization recipe and loss scaling: the loop the
-// quickstart (and later `fp8lab train`) runs.
+// The trainer behind `fp8lab train` and `fp8lab quickstart`: a TrainConfig in, a trained
+// model and a recorded run out. One step reads:
+//   x, y   = batch(step)                         (per-epoch permutation, augmentation, mixup)
+//   loss   = cross_entropy(model(x), y)          (quantized layers per the recipe)
+//   backward(loss * scale);  unscale, check      (loss scaling: skip on overflow)
+//   optimizer.step(lr(step));  ema.update()
+// Every random choice of step s is drawn from streams seeded by (seed, s), so a run resumed
+// from a checkpoint takes exactly the steps the uninterrupted run takes.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "fp8lab/core/codec.hpp"
+#include "fp8lab/experiments/config.hpp"
 #include "fp8lab/nn/recipe.hpp"
 #include "fp8lab/results/store.hpp"
 
 namespace fp8lab::experiments {
 
-struct ImageTrainConfig {
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";  // MNIST-layout folder
-  int num_classes = 10;
-  int depth = 8;            // CIFAR ResNet depth 6n+2
-  int width = 16;
-  std::string recipe = "fp32";
-  std::string loss_scale = "none";
-  int epochs = 2;
-  int batch = 128;
-  double lr = 0.1, momentum = 0.9, weight_decay = 5e-4;
-  std::vector<double> lr_decay_at = {0.5, 0.75};  // fractions of training; lr *= 0.1 at each
-  std::int64_t train_limit = 0;  // use the first N training images (0: all)
-  std::uint64_t seed = 1;
-  int threads = 0;  // 0: all cores
-  bool progress = true;
+inline constexpr int kCheckpointSchema = 1;
+
+struct TrainOptions {
+  bool resume = false;          // continue from the checkpoint (an error if there is none)
+  std::int64_t stop_after = 0;  // > 0: stop after this many steps of this process, with a
+                                // checkpoint and status "stopped" (resume later)
+  bool progress = true;         // the progress bar on stderr
+  bool checkpoints = true;      // write checkpoints (false: a run that cannot be resumed)
 };
 
-struct ImageTrainResult {
-  std::string status = "finished";  // or "diverged"
-  double test_accuracy = 0;         // top-1, percent
-  double final_train_loss = 0;
+struct TrainResult {
+  std::string status = "finished";  // finished, diverged, stopped
+  std::string metric_name = "test_accuracy";
+  double final_metric = 0;          // top-1 accuracy, percent (of the EMA / averaged weights if on)
+  std::vector<std::pair<std::int64_t, double>> evals;  // (step, metric)
+  double final_train_loss = 0;      // moving average of the training loss
   int final_log2_scale = 0;
-  std::uint64_t skipped_steps = 0, steps = 0;
-  std::array<QuantCounts, nn::kKinds> counts{};  // summed over layers and steps
-  double seconds = 0;
-  std::vector<double> epoch_accuracy;
-  std::int64_t run_id = 0;  // in the store, when one was given
+  std::uint64_t skipped_steps = 0;
+  std::int64_t steps = 0, total_steps = 0;
+  std::array<QuantCounts, nn::kKinds> counts{};  // summed over quantized layers and steps
+  double seconds = 0;            // wall time, over all sessions of a resumed run
+  double samples_per_second = 0; // training throughput of this session
+  std::int64_t run_id = 0;       // in the store, when one was given
+  std::string model_description;
+  std::string checkpoint;        // the checkpoint file written, if any
 };
 
-// The configuration as JSON (what the store records).
-std::string to_json(const ImageTrainConfig& cfg);
+// Trains per `cfg`. With a store the run is recorded as it goes; an exception marks it
+// "failed" before propagating. A NaN/Inf loss that loss scaling cannot recover ends it as
+// "diverged" (not an exception).
+TrainResult train(const TrainConfig& cfg, results::Store* store = nullptr, const TrainOptions& opt = {});
 
-// Trains and evaluates after every epoch. With a store, the run is recorded as it goes
-// (status "running", per-epoch test accuracy, the loss-scale trace, then the final status
-// and metric); an exception marks it "failed" before propagating.
-ImageTrainResult train_image_classifier(const ImageTrainConfig& cfg, results::Store* store = nullptr,
-                                        const std::string& run_name = "train");
+// Asks running trainers to stop at the next step boundary with a checkpoint (what the
+// CLI's SIGINT handler calls; async-signal-safe).
+void request_stop();
+bool stop_requested();
+void clear_stop_request();
+
+// The learning rate of 0-based `step` of `total` under the config's schedule.
+double learning_rate(const TrainConfig& cfg, std::int64_t step, std::int64_t total, std::int64_t steps_per_epoch);
+
+// The checkpoint path a config uses: train.checkpoint, or "<name>.ckpt".
+std::string checkpoint_path(const TrainConfig& cfg);
 
 }  // namespace fp8lab::experiments

@@ -56,6 +56,9 @@ class LossScaler {
   std::uint64_t steps() const { return steps_; }
   const LossScaleConfig& config() const { return cfg_; }
   double mu() const;
+  // The whole mutable state as numbers (for checkpoints); set_state(state()) restores it.
+  std::vector<double> state() const;
+  void set_state(const std::vector<double>& s);
   double sigma() const;
 
  private:

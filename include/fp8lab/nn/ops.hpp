@@ -66,6 +66,8 @@ struct LayerState : torch::CustomClassHolder {
   // Cumulative counts per kind since the last reset_counts().
   std::array<QuantCounts, kKinds> counts() const;
   void reset_counts();
+  // Adds to the counts (restoring them from a checkpoint).
+  void add_counts(const std::array<QuantCounts, kKinds>& c);
 
   // Numbering of the calls of this layer within one step (a layer may run several times).
   std::uint32_t begin_call();

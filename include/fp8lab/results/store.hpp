@@ -13,7 +13,7 @@ struct sqlite3;
 
 namespace fp8lab::results {
 
-inline constexpr int kSchemaVersion = 1;
+inline constexpr int kSchemaVersion = 2;  // 2: tensor_stats table
 
 struct RunInfo {
   std::string name;         // e.g. "quickstart"
@@ -50,6 +50,20 @@ class Store {
   void log_metric(std::int64_t run, std::int64_t step, const std::string& name, double value);
   // A trace of (step, log2 scale, skipped) points, written in one transaction.
   void log_loss_scale(std::int64_t run, const std::vector<std::tuple<std::int64_t, int, bool>>& trace);
+  // Per-layer tensor statistics (the nn statistics hooks), written in one transaction.
+  struct StatRow {
+    std::int64_t step = 0;
+    std::string layer, kind;
+    std::uint64_t total = 0, overflow = 0, underflow = 0, nan = 0;
+    double absmax = 0;
+    std::string histogram;  // JSON {"lo": e_lo, "counts": [...], "zero": n, "nonfinite": n}
+  };
+  void log_stats(std::int64_t run, const std::vector<StatRow>& rows);
+  std::vector<StatRow> stats(std::int64_t run) const;
+  // A stopped or killed run taken up again by this process (`fp8lab train --resume`): status
+  // back to "running", and metrics, statistics and trace points after `from_step` (written
+  // after the checkpoint being resumed) dropped.
+  void resume_run(std::int64_t run, std::int64_t from_step);
   void finish_run(std::int64_t run, const std::string& status, std::optional<double> final_metric,
                   const std::string& metric_name, double wall_seconds);
 

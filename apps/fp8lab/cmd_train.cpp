@@ -1,0 +1,99 @@
+// fp8lab train CONFIG.toml [--set key=value ...] [--resume]: one training run from a config
+// file, recorded in the results store, checkpointed, resumable. Ctrl-C stops at the next
+// step with a checkpoint.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/experiments/trainer.hpp"
+#include "table.hpp"
+
+namespace fp8lab::cli {
+
+namespace {
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> set;
+  bool resume = false, print_config = false, no_progress = false;
+  std::int64_t stop_after = 0;
+  std::string db = "results.db";
+};
+
+extern "C" void on_sigint(int) {
+  experiments::request_stop();
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+std::string pct(std::uint64_t part, std::uint64_t total) {
+  if (total == 0) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", 100.0 * static_cast<double>(part) / static_cast<double>(total));
+  return buf;
+}
+
+int run_train(const TrainArgs& a) {
+  const experiments::TrainConfig cfg = experiments::load_train_config(a.config, a.set);
+  if (a.print_config) {
+    std::fputs(experiments::to_toml(cfg).c_str(), stdout);
+    return 0;
+  }
+  results::Store store(a.db);
+  experiments::TrainOptions opt;
+  opt.resume = a.resume;
+  opt.stop_after = a.stop_after;
+  opt.progress = !a.no_progress;
+  std::fprintf(stderr, "fp8lab train: %s: %s on %s, recipe %s, loss scaling %s, seed %llu%s\n", cfg.name.c_str(),
+               cfg.model.name.c_str(), cfg.data.name.c_str(), cfg.quant.recipe.c_str(), cfg.quant.loss_scale.c_str(),
+               static_cast<unsigned long long>(cfg.seed), a.resume ? " (resumed)" : "");
+  experiments::clear_stop_request();
+  std::signal(SIGINT, on_sigint);
+  const experiments::TrainResult r = experiments::train(cfg, &store, opt);
+  std::signal(SIGINT, SIG_DFL);
+
+  Table t({"run", "status", "model", "steps", "test_accuracy_pct", "train_loss", "loss_scale", "skipped",
+           "overflow_pct", "underflow_pct", "samples_per_s", "seconds"});
+  std::uint64_t ovf = 0, und = 0, tot = 0;
+  for (const auto& c : r.counts) ovf += c.overflow, und += c.underflow, tot += c.total;
+  t.add({std::to_string(r.run_id), r.status, r.model_description,
+         std::to_string(r.steps) + "/" + std::to_string(r.total_steps),
+         r.status == "finished" ? fmt_f(r.final_metric, 2) : "-", fmt_f(r.final_train_loss, 4),
+         "2^" + std::to_string(r.final_log2_scale), std::to_string(r.skipped_steps), pct(ovf, tot), pct(und, tot),
+         fmt_f(r.samples_per_second, 1), fmt_f(r.seconds, 1)});
+  t.print(false);
+  if (r.status == "stopped") {
+    std::fprintf(stderr, "stopped at step %lld; checkpoint %s. Continue with: fp8lab train %s%s --resume\n",
+                 static_cast<long long>(r.steps), r.checkpoint.c_str(), a.config.c_str(),
+                 [&] {
+                   std::string s;
+                   for (const auto& x : a.set) s += " --set '" + x + "'";
+                   return s;
+                 }().c_str());
+    return a.stop_after > 0 ? 0 : 130;
+  }
+  std::fprintf(stderr, "recorded as run %lld in %s; weights in %s\n", static_cast<long long>(r.run_id),
+               a.db.c_str(), r.checkpoint.c_str());
+  return r.status == "finished" ? 0 : 1;
+}
+}  // namespace
+
+void register_train(CLI::App& app) {
+  auto args = std::make_shared<TrainArgs>();
+  auto* cmd = app.add_subcommand("train", "Train a model from a config file (see configs/)");
+  cmd->add_option("config", args->config, "Config file (TOML)")->required();
+  cmd->add_option("--set", args->set, "Override a config key: --set optimizer.lr=0.05 (repeatable)");
+  cmd->add_flag("--resume", args->resume, "Continue the run from its checkpoint");
+  cmd->add_option("--stop-after", args->stop_after, "Stop after N steps with a checkpoint (resume later)");
+  cmd->add_option("--db", args->db, "Results store (SQLite)")->capture_default_str();
+  cmd->add_flag("--print-config", args->print_config, "Print the full config (all defaults filled in) and exit");
+  cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
+  cmd->callback([args] {
+    const int rc = run_train(*args);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace fp8lab::cli

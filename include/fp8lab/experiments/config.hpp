@@ -1,0 +1,116 @@
+// A training run's configuration: what `fp8lab train CONFIG.toml [--set key=value ...]`
+// reads. Every field has a default; a config file sets some of them, `--set` overrides
+// (dotted keys, TOML values: `--set optimizer.lr=0.01 --set data.augment='"crop+flip"'`;
+// a value that is not valid TOML is taken as a string). Unknown keys and wrong types are
+// errors naming the key and the file line (or the --set argument).
+//
+//   name = "resnet20-fmnist"
+//   seed = 1
+//   [model]     name = "resnet20"  width = 16
+//   [data]      name = "fashion-mnist"  augment = "crop+flip"
+//   [optimizer] name = "sgd"  lr = 0.1  momentum = 0.9  weight_decay = 5e-4
+//   [schedule]  name = "step"  decay_at = [0.5, 0.75]  factor = 0.1
+//   [train]     epochs = 2  batch = 128  label_smoothing = 0.0
+//   [quant]     recipe = "resnet32-mixed"  loss_scale = "backoff"
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fp8lab::experiments {
+
+inline constexpr int kConfigSchema = 1;
+
+struct ModelConfig {
+  std::string name = "resnet8";  // see models::image_model_presets()
+  int width = 0;                 // ResNet first-stage width (0: the preset's)
+  double width_mult = 0, depth_mult = 0;  // EfficientNet overrides (0: the preset's)
+  double dropout = -1;                    // (-1: the preset's)
+};
+
+struct DataConfig {
+  // fashion-mnist (Debian's dataset-fashion-mnist), mnist (an MNIST-layout `dir`),
+  // cifar10, cifar100 (binary version in `dir`), folder (`dir`/train and `dir`/val image
+  // folders), synthetic (generated; for tests and benchmarks).
+  std::string name = "fashion-mnist";
+  std::string dir;               // "" : the default for the data set
+  std::int64_t train_limit = 0;  // use the first N training examples (0: all)
+  std::int64_t test_limit = 0;   // evaluate on the first N test examples (0: all)
+  std::string augment = "none";  // none, crop, crop:P, flip, crop+flip
+  int image_size = 0;            // folder: decode size (0: 224); synthetic: size (0: 16)
+  std::int64_t synthetic_train = 512, synthetic_test = 256;
+  int synthetic_classes = 4, synthetic_channels = 3;
+};
+
+struct OptimizerConfig {
+  std::string name = "sgd";  // sgd, adam, adamw, rmsprop
+  double lr = 0.1;
+  double momentum = 0.9;     // sgd, rmsprop
+  bool nesterov = false;     // sgd
+  double weight_decay = 5e-4;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw (rmsprop: eps)
+  double alpha = 0.99;                            // rmsprop smoothing
+};
+
+struct ScheduleConfig {
+  // constant; step (lr *= factor at each fraction of training in decay_at, the paper's
+  // ResNets); warmup-invsqrt (linear warm-up, then lr * sqrt(warmup / step): the
+  // Transformer); linear (warm-up, then linear decay to 0: BERT); exponential (lr *= gamma
+  // every `every_epochs` epochs after warm-up: EfficientNet).
+  std::string name = "step";
+  std::vector<double> decay_at = {0.5, 0.75};
+  double factor = 0.1;
+  std::int64_t warmup_steps = 0;
+  double gamma = 0.97;
+  double every_epochs = 2.4;
+};
+
+struct TrainLoopConfig {
+  int epochs = 2;
+  std::int64_t steps = 0;  // > 0: train this many steps instead of `epochs`
+  int batch = 128;
+  double label_smoothing = 0;
+  double mixup = 0;   // Beta(alpha, alpha) mixing of pairs of examples; 0: off
+  double cutmix = 0;  // Beta(alpha, alpha) box pasting; 0: off (with both, half the batches each)
+  double ema = 0;     // decay of an exponential moving average of the weights used for
+                      // evaluation (e.g. 0.9999); 0: off
+  int average_last = 0;  // evaluate the final model on the average of the last K
+                         // checkpoints' weights (0: off)
+  std::int64_t eval_interval = 0;        // steps between evaluations (0: once per epoch)
+  int stats_interval = 0;                // tensor statistics every N steps (0: off)
+  std::int64_t checkpoint_interval = 0;  // steps between checkpoints (0: once per epoch)
+  std::string checkpoint;                // checkpoint file ("" : <name>.ckpt)
+};
+
+struct QuantConfig {
+  std::string recipe = "fp32";      // a preset name, a one-line recipe or a .toml file
+  std::string loss_scale = "none";  // none, static:K, backoff[:...], logmax[:...]
+};
+
+struct TrainConfig {
+  std::string name = "train";
+  std::string task = "image-classification";
+  std::uint64_t seed = 1;
+  int threads = 0;  // 0: all cores
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  TrainLoopConfig train;
+  QuantConfig quant;
+};
+
+// Parses a TOML config (`source` names it in errors), then applies `overrides`
+// ("key=value" each). The result is checked (ranges, names).
+TrainConfig parse_train_config(const std::string& toml_text, const std::string& source,
+                               const std::vector<std::string>& overrides = {});
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+void validate(const TrainConfig& c);
+
+// The full configuration as TOML (every field; reads back to the same config) and JSON
+// (what the results store records).
+std::string to_toml(const TrainConfig& c);
+std::string to_json(const TrainConfig& c);
+
+}  // namespace fp8lab::experiments

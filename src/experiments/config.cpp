@@ -1,0 +1,337 @@
+#include "fp8lab/experiments/config.hpp"
+
+#define TOML_HEADER_ONLY 1
+#include <toml++/toml.h>
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <variant>
+
+#include "fp8lab/core/format.hpp"
+#include "fp8lab/data/images.hpp"
+#include "fp8lab/models/image_models.hpp"
+
+namespace fp8lab::experiments {
+
+namespace {
+
+using FieldPtr = std::variant<std::string*, int*, std::int64_t*, std::uint64_t*, double*, bool*, std::vector<double>*>;
+struct Field {
+  std::string key;  // dotted: "train.epochs"
+  FieldPtr ptr;
+};
+
+// Every field of the config, in the order to_toml writes them: the one table that parsing,
+// --set, TOML and JSON output share.
+std::vector<Field> fields(TrainConfig& c) {
+  return {
+      {"name", &c.name},
+      {"task", &c.task},
+      {"seed", &c.seed},
+      {"threads", &c.threads},
+      {"model.name", &c.model.name},
+      {"model.width", &c.model.width},
+      {"model.width_mult", &c.model.width_mult},
+      {"model.depth_mult", &c.model.depth_mult},
+      {"model.dropout", &c.model.dropout},
+      {"data.name", &c.data.name},
+      {"data.dir", &c.data.dir},
+      {"data.train_limit", &c.data.train_limit},
+      {"data.test_limit", &c.data.test_limit},
+      {"data.augment", &c.data.augment},
+      {"data.image_size", &c.data.image_size},
+      {"data.synthetic_train", &c.data.synthetic_train},
+      {"data.synthetic_test", &c.data.synthetic_test},
+      {"data.synthetic_classes", &c.data.synthetic_classes},
+      {"data.synthetic_channels", &c.data.synthetic_channels},
+      {"optimizer.name", &c.optimizer.name},
+      {"optimizer.lr", &c.optimizer.lr},
+      {"optimizer.momentum", &c.optimizer.momentum},
+      {"optimizer.nesterov", &c.optimizer.nesterov},
+      {"optimizer.weight_decay", &c.optimizer.weight_decay},
+      {"optimizer.beta1", &c.optimizer.beta1},
+      {"optimizer.beta2", &c.optimizer.beta2},
+      {"optimizer.eps", &c.optimizer.eps},
+      {"optimizer.alpha", &c.optimizer.alpha},
+      {"schedule.name", &c.schedule.name},
+      {"schedule.decay_at", &c.schedule.decay_at},
+      {"schedule.factor", &c.schedule.factor},
+      {"schedule.warmup_steps", &c.schedule.warmup_steps},
+      {"schedule.gamma", &c.schedule.gamma},
+      {"schedule.every_epochs", &c.schedule.every_epochs},
+      {"train.epochs", &c.train.epochs},
+      {"train.steps", &c.train.steps},
+      {"train.batch", &c.train.batch},
+      {"train.label_smoothing", &c.train.label_smoothing},
+      {"train.mixup", &c.train.mixup},
+      {"train.cutmix", &c.train.cutmix},
+      {"train.ema", &c.train.ema},
+      {"train.average_last", &c.train.average_last},
+      {"train.eval_interval", &c.train.eval_interval},
+      {"train.stats_interval", &c.train.stats_interval},
+      {"train.checkpoint_interval", &c.train.checkpoint_interval},
+      {"train.checkpoint", &c.train.checkpoint},
+      {"quant.recipe", &c.quant.recipe},
+      {"quant.loss_scale", &c.quant.loss_scale},
+  };
+}
+
+const std::vector<std::string> kSections = {"model", "data", "optimizer", "schedule", "train", "quant"};
+
+std::string known_keys(const std::string& section) {
+  TrainConfig c;
+  std::string s;
+  for (const auto& f : fields(c)) {
+    const auto dot = f.key.find('.');
+    const std::string sec = dot == std::string::npos ? "" : f.key.substr(0, dot);
+    if (sec == section) s += (s.empty() ? "" : ", ") + (dot == std::string::npos ? f.key : f.key.substr(dot + 1));
+  }
+  if (section.empty())
+    for (const auto& t : kSections) s += ", [" + t + "]";
+  return s;
+}
+
+// Assigns a TOML value to a field; throws Error (without location) on a type mismatch.
+void assign(const Field& f, const toml::node& v) {
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (auto s = v.value_exact<std::string>()) *p = *s;
+          else throw Error("must be a string");
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (auto b = v.value_exact<bool>()) *p = *b;
+          else throw Error("must be true or false");
+        } else if constexpr (std::is_same_v<T, double>) {
+          if (auto d = v.value<double>()) *p = *d;
+          else throw Error("must be a number");
+        } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+          const auto* arr = v.as_array();
+          if (!arr) throw Error("must be an array of numbers");
+          std::vector<double> out;
+          for (auto&& e : *arr) {
+            if (auto d = e.value<double>()) out.push_back(*d);
+            else throw Error("must be an array of numbers");
+          }
+          *p = out;
+        } else {
+          const auto i = v.value_exact<std::int64_t>();
+          if (!i) throw Error("must be an integer");
+          if constexpr (std::is_same_v<T, int>) {
+            if (*i < -(1LL << 31) || *i >= (1LL << 31)) throw Error("is out of range");
+          }
+          if constexpr (std::is_same_v<T, std::uint64_t>) {
+            if (*i < 0) throw Error("must be >= 0");
+          }
+          *p = static_cast<T>(*i);
+        }
+      },
+      f.ptr);
+}
+
+Field* find_field(std::vector<Field>& fs, const std::string& key) {
+  for (auto& f : fs)
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+std::string line_of(const std::string& source, const toml::node& n) {
+  return source + ":" + std::to_string(n.source().begin.line) + ": ";
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw Error("config: " + what);
+}
+
+}  // namespace
+
+void validate(const TrainConfig& c) {
+  check(c.task == "image-classification",
+        "task '" + c.task + "' is not supported (image-classification)");
+  check(c.threads >= 0, "threads must be >= 0");
+  const auto presets = models::image_model_presets();
+  if (std::find(presets.begin(), presets.end(), c.model.name) == presets.end()) {
+    std::string list;
+    for (const auto& p : presets) list += (list.empty() ? "" : ", ") + p;
+    check(false, "model.name '" + c.model.name + "' is not a model (" + list + ")");
+  }
+  check(c.model.width >= 0 && c.model.width <= 4096, "model.width must be in 0..4096");
+  check(c.model.width_mult >= 0 && c.model.depth_mult >= 0, "model multipliers must be >= 0");
+  check(c.model.dropout < 1, "model.dropout must be < 1");
+  const std::vector<std::string> sets = {"fashion-mnist", "mnist", "cifar10", "cifar100", "folder", "synthetic"};
+  check(std::find(sets.begin(), sets.end(), c.data.name) != sets.end(),
+        "data.name '" + c.data.name + "' is not a data set (fashion-mnist, mnist, cifar10, cifar100, folder, synthetic)");
+  check((c.data.name != "mnist" && c.data.name != "cifar10" && c.data.name != "cifar100" &&
+         c.data.name != "folder") || !c.data.dir.empty(),
+        "data.dir must name the folder holding " + c.data.name);
+  check(c.data.train_limit >= 0 && c.data.test_limit >= 0, "data limits must be >= 0");
+  try {
+    data::parse_augment(c.data.augment);
+  } catch (const Error& e) {
+    check(false, std::string("data.augment: ") + e.what());
+  }
+  check(c.data.image_size >= 0 && c.data.image_size <= 1024, "data.image_size must be in 0..1024");
+  check(c.data.synthetic_train > 0 && c.data.synthetic_test > 0 && c.data.synthetic_classes >= 2 &&
+            c.data.synthetic_channels >= 1,
+        "synthetic data needs train, test > 0, classes >= 2, channels >= 1");
+  const auto& o = c.optimizer;
+  check(o.name == "sgd" || o.name == "adam" || o.name == "adamw" || o.name == "rmsprop",
+        "optimizer.name '" + o.name + "' is not an optimizer (sgd, adam, adamw, rmsprop)");
+  check(o.lr > 0 && std::isfinite(o.lr), "optimizer.lr must be > 0");
+  check(o.momentum >= 0 && o.momentum < 1, "optimizer.momentum must be in [0, 1)");
+  check(o.weight_decay >= 0, "optimizer.weight_decay must be >= 0");
+  check(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "optimizer betas must be in [0, 1)");
+  check(o.eps > 0 && o.alpha > 0 && o.alpha < 1, "optimizer.eps must be > 0, alpha in (0, 1)");
+  const auto& s = c.schedule;
+  check(s.name == "constant" || s.name == "step" || s.name == "warmup-invsqrt" || s.name == "linear" ||
+            s.name == "exponential",
+        "schedule.name '" + s.name + "' is not a schedule (constant, step, warmup-invsqrt, linear, exponential)");
+  for (double f : s.decay_at) check(f > 0 && f < 1, "schedule.decay_at fractions must be in (0, 1)");
+  check(s.factor > 0 && s.gamma > 0 && s.every_epochs > 0, "schedule factor, gamma, every_epochs must be > 0");
+  check(s.warmup_steps >= 0, "schedule.warmup_steps must be >= 0");
+  check(s.name != "warmup-invsqrt" || s.warmup_steps > 0, "schedule warmup-invsqrt needs warmup_steps > 0");
+  const auto& t = c.train;
+  check(t.epochs >= 1 || t.steps > 0, "train.epochs must be >= 1 (or train.steps > 0)");
+  check(t.steps >= 0, "train.steps must be >= 0");
+  check(t.batch >= 1, "train.batch must be >= 1");
+  check(t.label_smoothing >= 0 && t.label_smoothing < 1, "train.label_smoothing must be in [0, 1)");
+  check(t.mixup >= 0 && t.cutmix >= 0, "train.mixup and train.cutmix must be >= 0");
+  check(t.ema >= 0 && t.ema < 1, "train.ema must be in [0, 1)");
+  check(t.average_last >= 0 && t.average_last <= 100, "train.average_last must be in 0..100");
+  check(t.eval_interval >= 0 && t.stats_interval >= 0 && t.checkpoint_interval >= 0, "intervals must be >= 0");
+}
+
+TrainConfig parse_train_config(const std::string& text, const std::string& source,
+                               const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    throw Error(source + ":" + std::to_string(e.source().begin.line) + ": " + std::string(e.description()));
+  }
+  TrainConfig c;
+  std::vector<Field> fs = fields(c);
+  auto set_from = [&](const std::string& key, const toml::node& v, const std::string& where) {
+    Field* f = find_field(fs, key);
+    if (!f) {
+      const auto dot = key.find('.');
+      const std::string sec = dot == std::string::npos ? "" : key.substr(0, dot);
+      if (!sec.empty() && std::find(kSections.begin(), kSections.end(), sec) == kSections.end())
+        throw Error(where + "unknown section '" + sec + "' (expected model, data, optimizer, schedule, train, quant)");
+      throw Error(where + "unknown key '" + key + "' (known" + (sec.empty() ? "" : " in [" + sec + "]") +
+                  ": " + known_keys(sec) + ")");
+    }
+    try {
+      assign(*f, v);
+    } catch (const Error& e) {
+      throw Error(where + "'" + key + "' " + e.what());
+    }
+  };
+  for (auto&& [k, v] : root) {
+    const std::string key(k.str());
+    if (key == "schema") {
+      const auto s = v.value_exact<std::int64_t>();
+      if (!s || *s > kConfigSchema)
+        throw Error(line_of(source, v) + "config schema " + (s ? std::to_string(*s) : "?") +
+                    " is newer than this fp8lab reads (" + std::to_string(kConfigSchema) + ")");
+      continue;
+    }
+    if (const auto* t = v.as_table()) {
+      if (std::find(kSections.begin(), kSections.end(), key) == kSections.end())
+        throw Error(line_of(source, v) + "unknown section [" + key +
+                    "] (expected model, data, optimizer, schedule, train, quant)");
+      for (auto&& [k2, v2] : *t) set_from(key + "." + std::string(k2.str()), v2, line_of(source, v2));
+    } else {
+      set_from(key, v, line_of(source, v));
+    }
+  }
+  for (const auto& o : overrides) {
+    const auto eq = o.find('=');
+    const std::string where = "--set " + o + ": ";
+    if (eq == std::string::npos || eq == 0) throw Error(where + "expected key=value");
+    const std::string key = o.substr(0, eq), value = o.substr(eq + 1);
+    toml::table vt;
+    try {
+      vt = toml::parse("v = " + value);
+    } catch (const toml::parse_error&) {
+      vt = toml::table{{"v", value}};  // not TOML: a bare string
+    }
+    if (find_field(fs, key) && std::holds_alternative<std::string*>(find_field(fs, key)->ptr) && !vt["v"].is_string())
+      vt = toml::table{{"v", value}};  // e.g. --set quant.recipe=fp32 parses as a key, or 1.4.3 as a number
+    set_from(key, *vt.get("v"), where);
+  }
+  validate(c);
+  return c;
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open config");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_train_config(ss.str(), path, overrides);
+}
+
+namespace {
+// Shortest round-trip text of a double, always a TOML float ("0.0", "5e-04", "0.1").
+std::string toml_double(double d) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, d);
+  std::string t(buf, r.ptr);
+  if (t.find_first_of(".eni") == std::string::npos) t += ".0";
+  return t;
+}
+}  // namespace
+
+std::string to_toml(const TrainConfig& cin) {
+  TrainConfig c = cin;
+  std::string out = "schema = " + std::to_string(kConfigSchema) + "\n", section;
+  for (const auto& f : fields(c)) {
+    const auto dot = f.key.find('.');
+    std::string leaf = f.key;
+    if (dot != std::string::npos) {
+      const std::string sec = f.key.substr(0, dot);
+      if (sec != section) out += "\n[" + sec + "]\n";
+      section = sec;
+      leaf = f.key.substr(dot + 1);
+    }
+    std::string value;
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, std::string>) {
+            value = nlohmann::json(*p).dump();  // a JSON string is a valid TOML basic string
+          } else if constexpr (std::is_same_v<T, bool>) {
+            value = *p ? "true" : "false";
+          } else if constexpr (std::is_same_v<T, double>) {
+            value = toml_double(*p);
+          } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+            value = "[";
+            for (std::size_t i = 0; i < p->size(); ++i) value += (i ? ", " : "") + toml_double((*p)[i]);
+            value += "]";
+          } else {
+            value = std::to_string(*p);
+          }
+        },
+        f.ptr);
+    out += leaf + " = " + value + "\n";
+  }
+  return out;
+}
+
+std::string to_json(const TrainConfig& cin) {
+  TrainConfig c = cin;
+  nlohmann::json j;
+  j["schema"] = kConfigSchema;
+  for (const auto& f : fields(c)) {
+    const auto dot = f.key.find('.');
+    nlohmann::json& slot = dot == std::string::npos ? j[f.key] : j[f.key.substr(0, dot)][f.key.substr(dot + 1)];
+    std::visit([&](auto* p) { slot = *p; }, f.ptr);
+  }
+  return j.dump();
+}
+
+}  // namespace fp8lab::experiments

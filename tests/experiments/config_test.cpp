@@ -1,0 +1,99 @@
+// Config files: parsing, --set overrides, errors that name the key and line, round trip.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../common/testutil.hpp"
+#include "fp8lab/experiments/config.hpp"
+
+using namespace fp8lab;
+using experiments::parse_train_config;
+using test::error_of;
+
+TEST(Config, DefaultsSectionsAndOverrides) {
+  const auto c = parse_train_config(R"(
+name = "x"
+seed = 7
+[model]
+name = "resnet20"
+width = 8
+[optimizer]
+name = "adamw"
+lr = 3e-4
+[schedule]
+decay_at = [0.3, 0.6, 0.9]
+[train]
+epochs = 5
+)", "t.toml", {"optimizer.lr=0.01", "quant.recipe=a=1.4.3:10,w=1.4.3:14", "data.augment=crop+flip",
+               "train.ema=0.999", "optimizer.nesterov=true", "model.name=resnet32"});
+  EXPECT_EQ(c.name, "x");
+  EXPECT_EQ(c.seed, 7u);
+  EXPECT_EQ(c.model.name, "resnet32");
+  EXPECT_EQ(c.model.width, 8);
+  EXPECT_EQ(c.optimizer.name, "adamw");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.01);
+  EXPECT_TRUE(c.optimizer.nesterov);
+  EXPECT_EQ(c.schedule.decay_at, (std::vector<double>{0.3, 0.6, 0.9}));
+  EXPECT_EQ(c.train.epochs, 5);
+  EXPECT_EQ(c.train.batch, 128);  // default kept
+  EXPECT_EQ(c.quant.recipe, "a=1.4.3:10,w=1.4.3:14");
+  EXPECT_EQ(c.data.augment, "crop+flip");
+  EXPECT_DOUBLE_EQ(c.train.ema, 0.999);
+}
+
+TEST(Config, TomlAndJsonRoundTrip) {
+  auto c = parse_train_config("", "empty", {"optimizer.lr=0.1234567890123", "train.checkpoint=a \"b\".ckpt",
+                                            "schedule.decay_at=[0.25]", "seed=18446744073709551"});
+  const std::string t = experiments::to_toml(c);
+  const auto back = parse_train_config(t, "back");
+  EXPECT_EQ(experiments::to_toml(back), t);
+  EXPECT_EQ(experiments::to_json(back), experiments::to_json(c));
+  EXPECT_DOUBLE_EQ(back.optimizer.lr, 0.1234567890123);
+  EXPECT_EQ(back.train.checkpoint, "a \"b\".ckpt");
+  EXPECT_NE(t.find("lr = 0.1234567890123\n"), std::string::npos) << t;
+}
+
+TEST(Config, ErrorsNameKeyAndLine) {
+  std::string e = error_of([] { parse_train_config("name = \"a\"\n[train]\nepoch = 3\n", "c.toml"); });
+  EXPECT_NE(e.find("c.toml:3:"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown key 'train.epoch'"), std::string::npos) << e;
+  EXPECT_NE(e.find("epochs"), std::string::npos) << e;  // lists the known keys
+  e = error_of([] { parse_train_config("[trian]\nepochs = 3\n", "c.toml"); });
+  EXPECT_NE(e.find("unknown section [trian]"), std::string::npos) << e;
+  e = error_of([] { parse_train_config("[train]\nbatch = \"big\"\n", "c.toml"); });
+  EXPECT_NE(e.find("c.toml:2:"), std::string::npos) << e;
+  EXPECT_NE(e.find("'train.batch' must be an integer"), std::string::npos) << e;
+  e = error_of([] { parse_train_config("[train\n", "c.toml"); });
+  EXPECT_NE(e.find("c.toml:1:"), std::string::npos) << e;
+  e = error_of([] { parse_train_config("", "c.toml", {"train.batch"}); });
+  EXPECT_NE(e.find("--set train.batch: expected key=value"), std::string::npos) << e;
+  e = error_of([] { parse_train_config("", "c.toml", {"train.bach=3"}); });
+  EXPECT_NE(e.find("--set train.bach=3: unknown key"), std::string::npos) << e;
+  e = error_of([] { parse_train_config("", "c.toml", {"train.batch=0"}); });
+  EXPECT_NE(e.find("train.batch must be >= 1"), std::string::npos) << e;
+  e = error_of([] { parse_train_config("", "c.toml", {"model.name=resnet19"}); });
+  EXPECT_NE(e.find("'resnet19' is not a model"), std::string::npos) << e;
+  e = error_of([] { parse_train_config("", "c.toml", {"optimizer.name=lion"}); });
+  EXPECT_NE(e.find("lion"), std::string::npos) << e;
+  e = error_of([] { parse_train_config("", "c.toml", {"data.name=cifar10"}); });
+  EXPECT_NE(e.find("data.dir must name"), std::string::npos) << e;
+  e = error_of([] { parse_train_config("", "c.toml", {"data.augment=rotate"}); });
+  EXPECT_NE(e.find("unknown part 'rotate'"), std::string::npos) << e;
+  e = error_of([] { parse_train_config("schema = 9\n", "c.toml"); });
+  EXPECT_NE(e.find("newer"), std::string::npos) << e;
+  e = error_of([] { experiments::load_train_config("/nonexistent/x.toml"); });
+  EXPECT_NE(e.find("/nonexistent/x.toml"), std::string::npos) << e;
+}
+
+TEST(Config, ShippedConfigsParse) {
+  for (const auto& entry : std::filesystem::directory_iterator(FP8LAB_SOURCE_DIR "/configs")) {
+    if (entry.path().extension() != ".toml") continue;
+    const std::string text = [&] {
+      std::ifstream in(entry.path());
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    }();
+    if (text.find("[recipe]") != std::string::npos || text.find("[[override]]") != std::string::npos) continue;
+    EXPECT_EQ(error_of([&] { experiments::load_train_config(entry.path().string()); }), "") << entry.path();
+  }
+}
