@@ -46,9 +46,6 @@ int run_train(const TrainArgs& a) {
   opt.resume = a.resume;
   opt.stop_after = a.stop_after;
   opt.progress = !a.no_progress;
-  std::fprintf(stderr, "fp8lab train: %s: %s on %s, recipe %s, loss scaling %s, seed %llu%s\n", cfg.name.c_str(),
-               cfg.model.name.c_str(), cfg.data.name.c_str(), cfg.quant.recipe.c_str(), cfg.quant.loss_scale.c_str(),
-               static_cast<unsigned long long>(cfg.seed), a.resume ? " (resumed)" : "");
   experiments::clear_stop_request();
   std::signal(SIGINT, on_sigint);
   const experiments::TrainResult r = experiments::train(cfg, &store, opt);

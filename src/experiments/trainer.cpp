@@ -383,6 +383,13 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
     const std::int64_t eval_every = cfg.train.eval_interval > 0 ? cfg.train.eval_interval : steps_per_epoch;
     const std::int64_t ckpt_every = cfg.train.checkpoint_interval > 0 ? cfg.train.checkpoint_interval : steps_per_epoch;
     res.total_steps = total;
+    if (opt.progress)
+      std::fprintf(stderr, "%s: %s on %s (%lld train / %lld test), recipe %s, loss scaling %s, %lld steps, seed %llu%s\n",
+                   cfg.name.c_str(), model.description.c_str(), cfg.data.name.c_str(),
+                   static_cast<long long>(n), static_cast<long long>(test_src->size()), cfg.quant.recipe.c_str(),
+                   cfg.quant.loss_scale.c_str(), static_cast<long long>(total),
+                   static_cast<unsigned long long>(cfg.seed),
+                   in ? (" (resumed at step " + std::to_string(meta["step"].get<std::int64_t>()) + ")").c_str() : "");
 
     std::vector<torch::Tensor> ema;
     if (cfg.train.ema > 0) ema = snapshot(*model.module);
@@ -461,19 +468,27 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
       fs::rename(tmp, target);
     };
 
+    double eval_seconds = 0, ckpt_seconds = 0;  // kept out of the throughput figure
     auto eval_weights = [&](const std::vector<torch::Tensor>* w) {
-      if (!w) return evaluate(model, test_b, *ctx, qm);
-      const auto current = snapshot(*model.module);
-      load_into(*model.module, *w);
-      const double acc = evaluate(model, test_b, *ctx, qm);
-      load_into(*model.module, current);
+      const auto t0 = std::chrono::steady_clock::now();
+      double acc = 0;
+      if (!w) {
+        acc = evaluate(model, test_b, *ctx, qm);
+      } else {
+        const auto current = snapshot(*model.module);
+        load_into(*model.module, *w);
+        acc = evaluate(model, test_b, *ctx, qm);
+        load_into(*model.module, current);
+      }
+      eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return acc;
     };
 
     // --- the loop ---------------------------------------------------------------------------
     Progress bar(cfg.name.size() > 24 ? cfg.name.substr(0, 24) : cfg.name, total, "steps", step);
     const std::int64_t first_step = step;
-    const auto t_loop = std::chrono::steady_clock::now();
+    // Throughput counts the steps after this session's first (allocation, kernel selection).
+    auto t_loop = std::chrono::steady_clock::now();
     std::int64_t samples = 0;
     torch::Tensor perm;
     std::int64_t perm_epoch = -1;
@@ -526,7 +541,11 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
           else ema[i].copy_(cur[i]);
         }
       }
-      samples += idx.size(0);
+      if (step == first_step) {
+        t_loop = std::chrono::steady_clock::now();
+        eval_seconds = ckpt_seconds = 0;
+      }
+      else samples += idx.size(0);
       loss_ema = step == 0 ? lv : 0.98 * loss_ema + 0.02 * lv;
       if (store && ctx->stats_interval > 0 && ctx->stats->size() > 0) store->log_stats(run_id, stat_rows(ctx->stats->take()));
       ++step;
@@ -546,14 +565,17 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
           recent.push_back(snapshot(*model.module));
           if (static_cast<int>(recent.size()) > cfg.train.average_last) recent.erase(recent.begin());
         }
+        const auto t0 = std::chrono::steady_clock::now();
         if (step < total) save_checkpoint();
+        ckpt_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
       if (opt.progress)
         bar.update(step, "epoch " + std::to_string(step / steps_per_epoch + (step % steps_per_epoch ? 1 : 0)) +
                              " loss " + short_num(loss_ema) + " scale 2^" + std::to_string(scaler.log2_scale()) +
                              " lr " + short_num(lr));
     }
-    const double loop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
+    const double loop_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count() - eval_seconds - ckpt_seconds;
     res.samples_per_second = loop_s > 0 ? static_cast<double>(samples) / loop_s : 0;
 
     if (res.status == "stopped") {

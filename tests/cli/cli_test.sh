@@ -119,5 +119,59 @@ if "$FP8LAB" --help | grep -q quickstart && [ -d /usr/share/datasets/fashion-mni
   expect_fail "quickstart bad recipe" "unknown key 'q'" "$FP8LAB" quickstart --recipe q=1.4.3
 fi
 
+# --- train: config files, --set, stop/resume, Ctrl-C, errors --------------------------------
+if "$FP8LAB" --help | grep -q ' train'; then
+  cat >"$T/syn.toml" <<'TOML'
+name = "syn"
+[model]
+name = "resnet8"
+width = 4
+[data]
+name = "synthetic"
+image_size = 8
+synthetic_channels = 1
+synthetic_classes = 2
+synthetic_train = 128
+synthetic_test = 64
+[train]
+epochs = 3
+batch = 16
+[quant]
+recipe = "resnet32-mixed"
+TOML
+  S=(--set "train.checkpoint=$T/syn.ckpt" --set threads=1 --db "$T/t.db" --no-progress)
+  out=$("$FP8LAB" train "$T/syn.toml" "${S[@]}" 2>"$T/err"); rc=$?
+  check "train exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "train prints the run" grep -q '^1 *finished *resnet8' <<<"$out"
+  check "train keeps the final weights" [ -s "$T/syn.ckpt" ]
+  check "train names the store" grep -q "recorded as run 1 in $T/t.db" "$T/err"
+  full=$(awk 'NR==3 {print $5}' <<<"$out")
+  out=$("$FP8LAB" train "$T/syn.toml" "${S[@]}" --set name=syn2 --set "train.checkpoint=$T/s2.ckpt" --stop-after 5 2>"$T/err"); rc=$?
+  check "stop-after exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "stop-after says how to resume" grep -q -- "--resume" "$T/err"
+  check "stopped run in the store" grep -q ',syn2,.*,stopped,' <<<"$("$FP8LAB" runs --db "$T/t.db" --csv)"
+  out=$("$FP8LAB" train "$T/syn.toml" "${S[@]}" --set name=syn2 --set "train.checkpoint=$T/s2.ckpt" --resume 2>/dev/null); rc=$?
+  check "resume exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "resumed run ends with the uninterrupted accuracy ($full)" [ "$(awk 'NR==3 {print $5}' <<<"$out")" = "$full" ]
+  check "resumed run is one finished run" [ "$("$FP8LAB" runs --db "$T/t.db" --name syn2 --csv | grep -c ',finished,')" -eq 1 ]
+  # Ctrl-C: a checkpoint at the next step, status stopped, exit 130.
+  "$FP8LAB" train "$T/syn.toml" "${S[@]}" --set name=syn3 --set "train.checkpoint=$T/s3.ckpt" --set train.epochs=400 >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do [ -s "$T/s3.ckpt" ] && break; sleep 0.1; done
+  kill -INT $pid
+  wait $pid; rc=$?
+  check "Ctrl-C exits 130 (got $rc)" [ $rc -eq 130 ]
+  check "Ctrl-C leaves a stopped run" grep -q ',syn3,.*,stopped,' <<<"$("$FP8LAB" runs --db "$T/t.db" --csv)"
+  check "no checkpoint temporaries" [ -z "$(ls "$T" | grep 'ckpt.tmp')" ]
+  out=$("$FP8LAB" train "$T/syn.toml" --set train.epochs=9 --print-config); rc=$?
+  check "print-config" grep -q '^epochs = 9$' <<<"$out"
+  printf '[train]\nepochs = 2\nbach = 3\n' >"$T/bad.toml"
+  expect_fail "train unknown key" "bad.toml:3: unknown key 'train.bach'" "$FP8LAB" train "$T/bad.toml"
+  expect_fail "train bad --set" "--set optimizer.lr=fast: 'optimizer.lr' must be a number" "$FP8LAB" train "$T/syn.toml" --set optimizer.lr=fast
+  expect_fail "train missing config" "cannot open config" "$FP8LAB" train "$T/none.toml"
+  expect_fail "resume without checkpoint" "no checkpoint to resume from" "$FP8LAB" train "$T/syn.toml" --set "train.checkpoint=$T/none.ckpt" --resume --db "$T/t.db"
+  expect_fail "resume with another config" "different config (/train/batch)" "$FP8LAB" train "$T/syn.toml" --set name=syn3 --set "train.checkpoint=$T/s3.ckpt" --set train.epochs=400 --set train.batch=8 --resume --db "$T/t.db" --set threads=1
+fi
+
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -42,7 +42,8 @@ struct TrainResult {
   std::int64_t steps = 0, total_steps = 0;
   std::array<QuantCounts, nn::kKinds> counts{};  // summed over quantized layers and steps
   double seconds = 0;            // wall time, over all sessions of a resumed run
-  double samples_per_second = 0; // training throughput of this session
+  double samples_per_second = 0; // training throughput of this session: the steps after its
+                                 // first, without evaluation and checkpoint time
   std::int64_t run_id = 0;       // in the store, when one was given
   std::string model_description;
   std::string checkpoint;        // the checkpoint file written, if any
