@@ -9,6 +9,7 @@ pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev libopenblas0-pthread zlib1g-dev
   dataset-fashion-mnist
+  sword-text-kjv sword-text-sparv libsword-utils sentencepiece
 )
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

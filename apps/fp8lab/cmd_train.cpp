@@ -51,7 +51,7 @@ int run_train(const TrainArgs& a) {
   const experiments::TrainResult r = experiments::train(cfg, &store, opt);
   std::signal(SIGINT, SIG_DFL);
 
-  Table t({"run", "status", "model", "steps", "test_accuracy_pct", "train_loss", "loss_scale", "skipped",
+  Table t({"run", "status", "model", "steps", r.metric_name, "train_loss", "loss_scale", "skipped",
            "overflow_pct", "underflow_pct", "samples_per_s", "seconds"});
   std::uint64_t ovf = 0, und = 0, tot = 0;
   for (const auto& c : r.counts) ovf += c.overflow, und += c.underflow, tot += c.total;

@@ -3,8 +3,14 @@
 
 #include "commands.hpp"
 #include "fp8lab/core/format.hpp"
+#ifdef FP8LAB_HAVE_TORCH
+#include "fp8lab/nn/blas.hpp"
+#endif
 
 int main(int argc, char** argv) {
+#ifdef FP8LAB_HAVE_TORCH
+  fp8lab::nn::fix_blas_kernels(argv);  // may re-execute with OPENBLAS_CORETYPE set
+#endif
   CLI::App app{"fp8lab: 8-bit number formats for deep neural networks"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "fp8lab 0.1.0");

@@ -47,6 +47,10 @@ std::vector<Field> fields(TrainConfig& c) {
       {"data.synthetic_test", &c.data.synthetic_test},
       {"data.synthetic_classes", &c.data.synthetic_classes},
       {"data.synthetic_channels", &c.data.synthetic_channels},
+      {"data.src_lang", &c.data.src_lang},
+      {"data.tgt_lang", &c.data.tgt_lang},
+      {"data.vocab_size", &c.data.vocab_size},
+      {"data.max_tokens", &c.data.max_tokens},
       {"optimizer.name", &c.optimizer.name},
       {"optimizer.lr", &c.optimizer.lr},
       {"optimizer.momentum", &c.optimizer.momentum},
@@ -74,6 +78,8 @@ std::vector<Field> fields(TrainConfig& c) {
       {"train.stats_interval", &c.train.stats_interval},
       {"train.checkpoint_interval", &c.train.checkpoint_interval},
       {"train.checkpoint", &c.train.checkpoint},
+      {"train.beam", &c.train.beam},
+      {"train.bleu_lowercase", &c.train.bleu_lowercase},
       {"quant.recipe", &c.quant.recipe},
       {"quant.loss_scale", &c.quant.loss_scale},
   };
@@ -149,11 +155,25 @@ void check(bool ok, const std::string& what) {
 }  // namespace
 
 void validate(const TrainConfig& c) {
-  check(c.task == "image-classification",
-        "task '" + c.task + "' is not supported (image-classification)");
+  check(c.task == "image-classification" || c.task == "translation",
+        "task '" + c.task + "' is not supported (image-classification, translation)");
   check(c.threads >= 0, "threads must be >= 0");
+  if (c.task == "translation") {
+    check(c.model.name == "transformer-base" || c.model.name == "transformer-small" || c.model.name == "transformer-tiny",
+          "model.name '" + c.model.name + "' is not a translation model (transformer-base, transformer-small, transformer-tiny)");
+    check(c.data.name == "bible-en-es" || c.data.name == "parallel",
+          "data.name '" + c.data.name + "' is not a translation corpus (bible-en-es, parallel)");
+    check(c.data.name != "parallel" || !c.data.dir.empty(), "data.dir must name the folder holding the parallel files");
+    check(c.data.vocab_size >= 16 && c.data.vocab_size <= 1000000, "data.vocab_size must be in 16..1000000");
+    check(c.data.max_tokens >= 4 && c.data.max_tokens <= 4096, "data.max_tokens must be in 4..4096");
+    check(!c.data.src_lang.empty() && !c.data.tgt_lang.empty() && c.data.src_lang != c.data.tgt_lang,
+          "data.src_lang and data.tgt_lang must be two different suffixes");
+    check(c.train.beam >= 1 && c.train.beam <= 64, "train.beam must be in 1..64");
+    check(c.train.mixup == 0 && c.train.cutmix == 0, "mixup and cutmix are for images");
+    check(c.data.augment == "none" || c.data.augment.empty(), "data.augment is for images");
+  }
   const auto presets = models::image_model_presets();
-  if (std::find(presets.begin(), presets.end(), c.model.name) == presets.end()) {
+  if (c.task == "image-classification" && std::find(presets.begin(), presets.end(), c.model.name) == presets.end()) {
     std::string list;
     for (const auto& p : presets) list += (list.empty() ? "" : ", ") + p;
     check(false, "model.name '" + c.model.name + "' is not a model (" + list + ")");
@@ -162,7 +182,7 @@ void validate(const TrainConfig& c) {
   check(c.model.width_mult >= 0 && c.model.depth_mult >= 0, "model multipliers must be >= 0");
   check(c.model.dropout < 1, "model.dropout must be < 1");
   const std::vector<std::string> sets = {"fashion-mnist", "mnist", "cifar10", "cifar100", "folder", "synthetic"};
-  check(std::find(sets.begin(), sets.end(), c.data.name) != sets.end(),
+  check(c.task != "image-classification" || std::find(sets.begin(), sets.end(), c.data.name) != sets.end(),
         "data.name '" + c.data.name + "' is not a data set (fashion-mnist, mnist, cifar10, cifar100, folder, synthetic)");
   check((c.data.name != "mnist" && c.data.name != "cifar10" && c.data.name != "cifar100" &&
          c.data.name != "folder") || !c.data.dir.empty(),

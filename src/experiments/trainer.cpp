@@ -8,15 +8,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <thread>
 
 #include "fp8lab/core/random.hpp"
-#include "fp8lab/data/images.hpp"
 #include "fp8lab/experiments/progress.hpp"
-#include "fp8lab/models/image_models.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 #include "fp8lab/nn/modules.hpp"
+#include "task.hpp"
 
 namespace fp8lab::experiments {
 
@@ -35,58 +33,6 @@ std::string checkpoint_path(const TrainConfig& cfg) {
 }
 
 namespace {
-
-// --- data ---------------------------------------------------------------------------------
-
-// The first `n` examples of a source.
-class PrefixSource final : public data::ImageSource {
- public:
-  PrefixSource(std::shared_ptr<data::ImageSource> s, std::int64_t n) : s_(std::move(s)), n_(std::min(n, s_->size())) {}
-  std::int64_t size() const override { return n_; }
-  std::int64_t num_classes() const override { return s_->num_classes(); }
-  std::array<std::int64_t, 3> shape() const override { return s_->shape(); }
-  std::pair<torch::Tensor, torch::Tensor> bytes(const torch::Tensor& i) const override { return s_->bytes(i); }
-
- private:
-  std::shared_ptr<data::ImageSource> s_;
-  std::int64_t n_;
-};
-
-std::pair<std::shared_ptr<data::ImageSource>, std::shared_ptr<data::ImageSource>> load_data(const TrainConfig& c) {
-  const auto& d = c.data;
-  std::shared_ptr<data::ImageSource> tr, te;
-  if (d.name == "fashion-mnist" || d.name == "mnist") {
-    const std::string dir = d.dir.empty() ? data::kFashionMnistDir : d.dir;
-    tr = data::memory_source(data::load_mnist_folder(dir, true));
-    te = data::memory_source(data::load_mnist_folder(dir, false));
-  } else if (d.name == "cifar10" || d.name == "cifar100") {
-    const int k = d.name == "cifar10" ? 10 : 100;
-    tr = data::memory_source(data::load_cifar(d.dir, true, k));
-    te = data::memory_source(data::load_cifar(d.dir, false, k));
-  } else if (d.name == "folder") {
-    const std::int64_t size = d.image_size > 0 ? d.image_size : 224;
-    tr = data::image_folder_source((fs::path(d.dir) / "train").string(), size);
-    const fs::path val = fs::exists(fs::path(d.dir) / "val") ? fs::path(d.dir) / "val" : fs::path(d.dir) / "test";
-    te = data::image_folder_source(val.string(), size);
-    if (te->num_classes() != tr->num_classes())
-      throw Error(val.string() + ": " + std::to_string(te->num_classes()) + " classes but train has " +
-                  std::to_string(tr->num_classes()));
-  } else {  // synthetic: one draw split in two, so both halves share the class patterns
-    const std::int64_t size = d.image_size > 0 ? d.image_size : 16;
-    data::ImageSet all = data::synthetic_images(d.synthetic_train + d.synthetic_test, d.synthetic_channels, size,
-                                                d.synthetic_classes, c.seed ^ 0x5eed);
-    data::ImageSet a = all, b = all;
-    a.images = all.images.slice(0, 0, d.synthetic_train).clone();
-    a.labels = all.labels.slice(0, 0, d.synthetic_train).clone();
-    b.images = all.images.slice(0, d.synthetic_train).clone();
-    b.labels = all.labels.slice(0, d.synthetic_train).clone();
-    tr = data::memory_source(a);
-    te = data::memory_source(b);
-  }
-  if (d.train_limit > 0) tr = std::make_shared<PrefixSource>(tr, d.train_limit);
-  if (d.test_limit > 0) te = std::make_shared<PrefixSource>(te, d.test_limit);
-  return {tr, te};
-}
 
 // --- optimizer ----------------------------------------------------------------------------
 
@@ -130,48 +76,6 @@ double learning_rate(const TrainConfig& c, std::int64_t step, std::int64_t total
 
 namespace {
 
-// --- mixup / cutmix ----------------------------------------------------------------------
-
-struct Mixed {
-  torch::Tensor x, y2;
-  double lam = 1;  // weight of the original labels
-};
-
-double sample_beta(double a, std::mt19937_64& rng) {
-  std::gamma_distribution<double> g(a, 1.0);
-  const double u = g(rng), v = g(rng);
-  return u + v > 0 ? u / (u + v) : 0.5;
-}
-
-Mixed mix(const torch::Tensor& x, const torch::Tensor& y, const TrainLoopConfig& t, std::uint64_t seed) {
-  Mixed m{x, {}, 1};
-  if (t.mixup <= 0 && t.cutmix <= 0) return m;
-  std::mt19937_64 rng(seed);
-  const bool cut = t.cutmix > 0 && (t.mixup <= 0 || (rng() & 1));
-  const double lam = sample_beta(cut ? t.cutmix : t.mixup, rng);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(rng());
-  const torch::Tensor perm = torch::randperm(x.size(0), gen, torch::kInt64);
-  m.y2 = y.index_select(0, perm);
-  const torch::Tensor xp = x.index_select(0, perm);
-  if (!cut) {
-    m.x = x * lam + xp * (1 - lam);
-    m.lam = lam;
-    return m;
-  }
-  // CutMix: paste a box of area (1 - lam) from the partner; lam becomes the exact area kept.
-  const std::int64_t h = x.size(2), w = x.size(3);
-  const double r = std::sqrt(1 - lam);
-  const auto bh = static_cast<std::int64_t>(h * r), bw = static_cast<std::int64_t>(w * r);
-  const auto cy = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(h));
-  const auto cx = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(w));
-  const std::int64_t y0 = std::clamp<std::int64_t>(cy - bh / 2, 0, h), y1 = std::clamp<std::int64_t>(cy + bh / 2, 0, h);
-  const std::int64_t x0 = std::clamp<std::int64_t>(cx - bw / 2, 0, w), x1 = std::clamp<std::int64_t>(cx + bw / 2, 0, w);
-  m.x = x.clone();
-  m.x.slice(2, y0, y1).slice(3, x0, x1).copy_(xp.slice(2, y0, y1).slice(3, x0, x1));
-  m.lam = 1.0 - static_cast<double>((y1 - y0) * (x1 - x0)) / static_cast<double>(h * w);
-  return m;
-}
-
 // --- weights: EMA and averaging -----------------------------------------------------------
 
 std::vector<torch::Tensor> state_tensors(torch::nn::Module& m) {
@@ -211,8 +115,7 @@ std::vector<torch::Tensor> read_list(torch::serialize::InputArchive& a, const st
 
 // --- evaluation ---------------------------------------------------------------------------
 
-double evaluate(const models::ImageModel& model, const data::ImageBatcher& test, nn::QuantContext& ctx,
-                const nn::QuantizedModel& qm) {
+double evaluate(Task& task, nn::QuantContext& ctx, const nn::QuantizedModel& qm, bool final) {
   torch::NoGradGuard no_grad;
   // Evaluation must not disturb training: its quantizer calls use their own step number
   // (so training's stochastic-rounding call numbering is unchanged), record no statistics
@@ -223,21 +126,16 @@ double evaluate(const models::ImageModel& model, const data::ImageBatcher& test,
   for (const auto& l : qm.layers) counts.push_back(l->counts());
   ctx.step = ~std::uint64_t{0} - 1;
   ctx.stats_interval = 0;
-  model.module->eval();
-  std::int64_t correct = 0;
-  const std::int64_t n = test.source().size();
-  for (std::int64_t b = 0; b < n; b += 500) {
-    auto [x, y] = test.batch(torch::arange(b, std::min(n, b + 500), torch::kInt64), {}, nullptr);
-    correct += model.forward(x).argmax(1).eq(y).sum().item<std::int64_t>();
-  }
-  model.module->train();
+  task.module().eval();
+  const double metric = task.evaluate(final);
+  task.module().train();
   for (std::size_t i = 0; i < qm.layers.size(); ++i) {
     qm.layers[i]->reset_counts();
     qm.layers[i]->add_counts(counts[i]);
   }
   ctx.step = step;
   ctx.stats_interval = stats;
-  return 100.0 * static_cast<double>(correct) / static_cast<double>(n);
+  return metric;
 }
 
 std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records) {
@@ -353,46 +251,33 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
                      "quantizer saturates: the scale will only grow. Use overflow nan (e.g. gx=1.5.2:33/rne/nan) "
                      "or LogMax.\n");
     }
-    auto [train_src, test_src] = load_data(cfg);
-    const data::ImageBatcher train_b(train_src);
-    const data::ImageBatcher test_b(test_src, train_b.mean(), train_b.std());
-    const data::Augment aug = data::parse_augment(cfg.data.augment);
-
     torch::manual_seed(cfg.seed);
-    models::ImageModelSpec spec;
-    spec.name = cfg.model.name;
-    spec.in_channels = static_cast<int>(train_src->shape()[0]);
-    spec.num_classes = static_cast<int>(train_src->num_classes());
-    spec.image_size = static_cast<int>(train_src->shape()[1]);
-    spec.width = cfg.model.width;
-    spec.width_mult = cfg.model.width_mult;
-    spec.depth_mult = cfg.model.depth_mult;
-    spec.dropout = cfg.model.dropout;
-    const models::ImageModel model = models::make_image_model(spec);
-    res.model_description = model.description;
+    const std::unique_ptr<Task> task = make_task(cfg);
+    torch::nn::Module& model = task->module();
+    res.model_description = task->description();
+    res.metric_name = task->metric_name(true);
     auto ctx = std::make_shared<nn::QuantContext>();
     ctx->seed = cfg.seed;
     ctx->stats_interval = cfg.train.stats_interval;
-    const nn::QuantizedModel qm = nn::quantize_model(*model.module, recipe, ctx);
+    const nn::QuantizedModel qm = nn::quantize_model(model, recipe, ctx);
     nn::LossScaler scaler(ls);
-    auto optimizer = make_optimizer(cfg.optimizer, model.module->parameters());
+    auto optimizer = make_optimizer(cfg.optimizer, model.parameters());
 
-    const std::int64_t n = train_src->size(), B = cfg.train.batch;
+    const std::int64_t n = task->train_size(), B = cfg.train.batch;
     const std::int64_t steps_per_epoch = (n + B - 1) / B;
     const std::int64_t total = cfg.train.steps > 0 ? cfg.train.steps : steps_per_epoch * cfg.train.epochs;
     const std::int64_t eval_every = cfg.train.eval_interval > 0 ? cfg.train.eval_interval : steps_per_epoch;
     const std::int64_t ckpt_every = cfg.train.checkpoint_interval > 0 ? cfg.train.checkpoint_interval : steps_per_epoch;
     res.total_steps = total;
     if (opt.progress)
-      std::fprintf(stderr, "%s: %s on %s (%lld train / %lld test), recipe %s, loss scaling %s, %lld steps, seed %llu%s\n",
-                   cfg.name.c_str(), model.description.c_str(), cfg.data.name.c_str(),
-                   static_cast<long long>(n), static_cast<long long>(test_src->size()), cfg.quant.recipe.c_str(),
+      std::fprintf(stderr, "%s: %s, recipe %s, loss scaling %s, %lld steps, seed %llu%s\n",
+                   cfg.name.c_str(), task->description().c_str(), cfg.quant.recipe.c_str(),
                    cfg.quant.loss_scale.c_str(), static_cast<long long>(total),
                    static_cast<unsigned long long>(cfg.seed),
                    in ? (" (resumed at step " + std::to_string(meta["step"].get<std::int64_t>()) + ")").c_str() : "");
 
     std::vector<torch::Tensor> ema;
-    if (cfg.train.ema > 0) ema = snapshot(*model.module);
+    if (cfg.train.ema > 0) ema = snapshot(model);
     std::vector<std::vector<torch::Tensor>> recent;  // the last K checkpoints' weights
     std::int64_t step = 0;
     double loss_ema = 0;
@@ -400,7 +285,7 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
     Trace pending;  // loss-scale points not yet in the store
 
     if (in) {
-      model.module->load(*in);
+      model.load(*in);
       torch::serialize::InputArchive oa;
       in->read("optimizer", oa);
       optimizer->load(oa);
@@ -418,7 +303,7 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
         }
         qm.layers[i]->add_counts(c);
       }
-      const std::size_t nt = state_tensors(*model.module).size();
+      const std::size_t nt = state_tensors(model).size();
       if (!ema.empty()) ema = read_list(*in, "ema", nt);
       for (int k = 0; k < meta.value("recent", 0); ++k) recent.push_back(read_list(*in, "recent" + std::to_string(k), nt));
       if (!store)
@@ -454,7 +339,7 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
         m["trace"] = pending;
       }
       a.write("meta", c10::IValue(m.dump()));
-      model.module->save(a);
+      model.save(a);
       torch::serialize::OutputArchive oa;
       optimizer->save(oa);
       a.write("optimizer", oa);
@@ -469,16 +354,16 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
     };
 
     double eval_seconds = 0, ckpt_seconds = 0;  // kept out of the throughput figure
-    auto eval_weights = [&](const std::vector<torch::Tensor>* w) {
+    auto eval_weights = [&](const std::vector<torch::Tensor>* w, bool final) {
       const auto t0 = std::chrono::steady_clock::now();
       double acc = 0;
       if (!w) {
-        acc = evaluate(model, test_b, *ctx, qm);
+        acc = evaluate(*task, *ctx, qm, final);
       } else {
-        const auto current = snapshot(*model.module);
-        load_into(*model.module, *w);
-        acc = evaluate(model, test_b, *ctx, qm);
-        load_into(*model.module, current);
+        const auto current = snapshot(model);
+        load_into(model, *w);
+        acc = evaluate(*task, *ctx, qm, final);
+        load_into(model, current);
       }
       eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return acc;
@@ -511,17 +396,11 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
       for (auto& g : optimizer->param_groups()) g.options().set_lr(lr);
 
       const torch::Tensor idx = perm.slice(0, within * B, std::min(n, (within + 1) * B));
-      auto aug_gen = at::make_generator<at::CPUGeneratorImpl>(step_seed ^ 0xA06);
-      auto [x, y] = train_b.batch(idx, aug, &aug_gen);
-      const Mixed mx = mix(x, y, cfg.train, step_seed ^ 0x313);
       optimizer->zero_grad();
-      const torch::Tensor out = model.forward(mx.x);
-      const auto ce = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(cfg.train.label_smoothing);
-      torch::Tensor loss = torch::nn::functional::cross_entropy(out, y, ce);
-      if (mx.lam < 1) loss = loss * mx.lam + torch::nn::functional::cross_entropy(out, mx.y2, ce) * (1 - mx.lam);
+      const torch::Tensor loss = task->loss(idx, step_seed);
       (loss * scaler.scale()).backward();
       std::vector<torch::Tensor> grads;
-      for (auto& p : model.module->parameters())
+      for (auto& p : model.parameters())
         if (p.grad().defined()) grads.push_back(p.grad());
       const nn::LossScaleStep s = scaler.update(grads);
       pending.emplace_back(step, static_cast<int>(std::lround(std::log2(s.scale))), s.skipped);
@@ -535,7 +414,7 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
       if (!s.skipped) optimizer->step();
       if (!ema.empty() && !s.skipped) {
         torch::NoGradGuard g;
-        const auto cur = state_tensors(*model.module);
+        const auto cur = state_tensors(model);
         for (std::size_t i = 0; i < cur.size(); ++i) {
           if (ema[i].is_floating_point()) ema[i].mul_(cfg.train.ema).add_(cur[i].detach(), 1 - cfg.train.ema);
           else ema[i].copy_(cur[i]);
@@ -552,17 +431,17 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
       ctx->step = static_cast<std::uint64_t>(step);
 
       if (step % eval_every == 0 || step == total) {
-        const double acc = eval_weights(ema.empty() ? nullptr : &ema);
+        const double acc = eval_weights(ema.empty() ? nullptr : &ema, false);
         res.evals.emplace_back(step, acc);
         if (store) {
-          store->log_metric(run_id, step, "test_accuracy", acc);
+          store->log_metric(run_id, step, task->metric_name(false), acc);
           store->log_metric(run_id, step, "train_loss", loss_ema);
           store->log_metric(run_id, step, "log2_loss_scale", scaler.log2_scale());
         }
       }
       if (step % ckpt_every == 0 || step == total) {
         if (cfg.train.average_last > 0) {
-          recent.push_back(snapshot(*model.module));
+          recent.push_back(snapshot(model));
           if (static_cast<int>(recent.size()) > cfg.train.average_last) recent.erase(recent.begin());
         }
         const auto t0 = std::chrono::steady_clock::now();
@@ -582,6 +461,10 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
       save_checkpoint();
     } else if (res.status == "finished") {
       res.final_metric = res.evals.empty() ? 0 : res.evals.back().second;
+      if (task->separate_final()) {
+        res.final_metric = eval_weights(ema.empty() ? nullptr : &ema, true);
+        if (store) store->log_metric(run_id, step, task->metric_name(true), res.final_metric);
+      }
       if (cfg.train.average_last > 0 && recent.size() > 1) {
         std::vector<torch::Tensor> avg;
         for (std::size_t i = 0; i < recent[0].size(); ++i) {
@@ -592,8 +475,8 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
           }
           avg.push_back(t);
         }
-        res.final_metric = eval_weights(&avg);
-        if (store) store->log_metric(run_id, step, "test_accuracy_averaged", res.final_metric);
+        res.final_metric = eval_weights(&avg, true);
+        if (store) store->log_metric(run_id, step, task->metric_name(true) + "_averaged", res.final_metric);
       }
     }
     if (store && !pending.empty()) {

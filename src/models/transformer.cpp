@@ -48,3 +48,179 @@ torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
 }
 
 }  // namespace fp8lab::models
+
+namespace fp8lab::models {
+
+DecoderLayerImpl::DecoderLayerImpl(std::int64_t d, std::int64_t h, std::int64_t d_ff, double p) {
+  self_attn = register_module("self_attn", MultiheadAttention(d, h));
+  cross_attn = register_module("cross_attn", MultiheadAttention(d, h));
+  ff1 = register_module("ff1", nn::QuantLinear(d, d_ff));
+  ff2 = register_module("ff2", nn::QuantLinear(d_ff, d));
+  ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  ln3 = register_module("ln3", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+  drop = register_module("drop", torch::nn::Dropout(p));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& memory,
+                                        const torch::Tensor& self_mask, const torch::Tensor& memory_mask) {
+  torch::Tensor y = ln1->forward(x + drop->forward(self_attn->forward(x, x, self_mask)));
+  y = ln2->forward(y + drop->forward(cross_attn->forward(y, memory, memory_mask)));
+  return ln3->forward(y + drop->forward(ff2->forward(torch::relu(ff1->forward(y)))));
+}
+
+TransformerOptions transformer_preset(const std::string& name) {
+  TransformerOptions o;
+  if (name == "transformer-base") return o;
+  if (name == "transformer-small") {
+    o.d_model = 256, o.heads = 4, o.d_ff = 1024, o.encoder_layers = 3, o.decoder_layers = 3;
+    return o;
+  }
+  if (name == "transformer-tiny") {
+    o.d_model = 128, o.heads = 4, o.d_ff = 512, o.encoder_layers = 2, o.decoder_layers = 2;
+    return o;
+  }
+  throw Error("unknown Transformer '" + name + "' (transformer-base, transformer-small, transformer-tiny)");
+}
+
+TransformerImpl::TransformerImpl(TransformerOptions o) : options(o) {
+  embed = register_module("embed", torch::nn::Embedding(torch::nn::EmbeddingOptions(o.vocab, o.d_model).padding_idx(0)));
+  torch::nn::init::normal_(embed->weight, 0.0, std::pow(static_cast<double>(o.d_model), -0.5));
+  {
+    torch::NoGradGuard g;
+    embed->weight[0].zero_();
+  }
+  for (int i = 0; i < o.encoder_layers; ++i)
+    encoder.push_back(register_module("enc" + std::to_string(i), EncoderLayer(o.d_model, o.heads, o.d_ff, o.dropout)));
+  for (int i = 0; i < o.decoder_layers; ++i)
+    decoder.push_back(register_module("dec" + std::to_string(i), DecoderLayer(o.d_model, o.heads, o.d_ff, o.dropout)));
+  drop = register_module("drop", torch::nn::Dropout(o.dropout));
+  out = register_module("out", nn::QuantTiedLinear(embed->weight));
+  // PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...)
+  const torch::Tensor pos = torch::arange(o.max_len, torch::kFloat64).unsqueeze(1);
+  const torch::Tensor div = torch::exp(torch::arange(0, o.d_model, 2, torch::kFloat64) *
+                                       (-std::log(10000.0) / static_cast<double>(o.d_model)));
+  torch::Tensor pe = torch::zeros({o.max_len, o.d_model}, torch::kFloat64);
+  pe.slice(1, 0, o.d_model, 2).copy_(torch::sin(pos * div));
+  pe.slice(1, 1, o.d_model, 2).copy_(torch::cos(pos * div).slice(1, 0, o.d_model / 2));
+  positions = register_buffer("positions", pe.to(torch::kFloat32));
+}
+
+namespace {
+torch::Tensor padding_mask(const torch::Tensor& ids) { return ids.eq(0).unsqueeze(1).unsqueeze(1); }  // [B,1,1,L]
+torch::Tensor causal_mask(std::int64_t t) {
+  return torch::ones({t, t}, torch::kBool).triu(1).unsqueeze(0).unsqueeze(0);  // [1,1,T,T]
+}
+}  // namespace
+
+torch::Tensor TransformerImpl::encode(const torch::Tensor& src) {
+  if (src.size(1) > options.max_len)
+    throw Error("source of " + std::to_string(src.size(1)) + " tokens is longer than max_len " + std::to_string(options.max_len));
+  const double scale = std::sqrt(static_cast<double>(options.d_model));
+  torch::Tensor x = drop->forward(embed->forward(src) * scale + positions.slice(0, 0, src.size(1)));
+  const torch::Tensor mask = padding_mask(src);
+  for (auto& l : encoder) x = l->forward(x, mask);
+  return x;
+}
+
+torch::Tensor TransformerImpl::decode(const torch::Tensor& tgt_in, const torch::Tensor& memory, const torch::Tensor& src) {
+  if (tgt_in.size(1) > options.max_len)
+    throw Error("target of " + std::to_string(tgt_in.size(1)) + " tokens is longer than max_len " + std::to_string(options.max_len));
+  const double scale = std::sqrt(static_cast<double>(options.d_model));
+  torch::Tensor y = drop->forward(embed->forward(tgt_in) * scale + positions.slice(0, 0, tgt_in.size(1)));
+  const torch::Tensor self_mask = causal_mask(tgt_in.size(1)).logical_or(padding_mask(tgt_in));
+  const torch::Tensor mem_mask = padding_mask(src);
+  for (auto& l : decoder) y = l->forward(y, memory, self_mask, mem_mask);
+  return out->forward(y);
+}
+
+torch::Tensor TransformerImpl::forward(const torch::Tensor& src, const torch::Tensor& tgt_in) {
+  return decode(tgt_in, encode(src), src);
+}
+
+std::vector<std::vector<int>> TransformerImpl::greedy(const torch::Tensor& src, int max_len, int bos, int eos) {
+  torch::NoGradGuard g;
+  const std::int64_t B = src.size(0);
+  const torch::Tensor memory = encode(src);
+  torch::Tensor ys = torch::full({B, 1}, bos, torch::kInt64);
+  std::vector<std::vector<int>> out(B);
+  std::vector<bool> done(B, false);
+  std::int64_t left = B;
+  for (int t = 0; t < max_len && left > 0; ++t) {
+    const torch::Tensor next = decode(ys, memory, src).select(1, -1).argmax(-1);  // [B]
+    const auto* np = next.data_ptr<std::int64_t>();
+    for (std::int64_t b = 0; b < B; ++b) {
+      if (done[b]) continue;
+      if (np[b] == eos) {
+        done[b] = true;
+        --left;
+      } else {
+        out[b].push_back(static_cast<int>(np[b]));
+      }
+    }
+    ys = torch::cat({ys, next.unsqueeze(1)}, 1);
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> TransformerImpl::beam_search(const torch::Tensor& src, int beam, int max_len, int bos,
+                                                           int eos, double alpha) {
+  torch::NoGradGuard g;
+  std::vector<std::vector<int>> result;
+  auto penalty = [&](std::size_t len) { return std::pow((5.0 + static_cast<double>(len)) / 6.0, alpha); };
+  for (std::int64_t b = 0; b < src.size(0); ++b) {
+    // Drop the sentence's padding so the encoder sees only its tokens.
+    torch::Tensor s = src[b];
+    const std::int64_t len = s.ne(0).sum().item<std::int64_t>();
+    s = s.slice(0, 0, std::max<std::int64_t>(1, len)).unsqueeze(0);
+    const torch::Tensor memory = encode(s);
+    struct Hyp {
+      std::vector<int> ids;
+      double logp = 0;
+    };
+    std::vector<Hyp> live = {{{bos}, 0.0}}, finished;
+    for (int t = 0; t < max_len && !live.empty(); ++t) {
+      const auto n = static_cast<std::int64_t>(live.size());
+      torch::Tensor ys = torch::empty({n, static_cast<std::int64_t>(live[0].ids.size())}, torch::kInt64);
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::size_t k = 0; k < live[i].ids.size(); ++k) ys[i][static_cast<std::int64_t>(k)] = live[i].ids[k];
+      const torch::Tensor logp =
+          torch::log_softmax(decode(ys, memory.expand({n, -1, -1}), s.expand({n, -1})).select(1, -1), -1);
+      const auto [vals, idx] = logp.topk(beam, -1);  // [n, beam]
+      std::vector<Hyp> cand;
+      for (std::int64_t i = 0; i < n; ++i)
+        for (int k = 0; k < beam; ++k) {
+          Hyp h = live[i];
+          h.ids.push_back(static_cast<int>(idx[i][k].item<std::int64_t>()));
+          h.logp += vals[i][k].item<double>();
+          cand.push_back(std::move(h));
+        }
+      std::sort(cand.begin(), cand.end(), [](const Hyp& a, const Hyp& c) { return a.logp > c.logp; });
+      live.clear();
+      for (auto& h : cand) {
+        if (static_cast<int>(live.size()) >= beam) break;
+        if (h.ids.back() == eos) {
+          if (static_cast<int>(finished.size()) < beam) finished.push_back(h);
+        } else {
+          live.push_back(std::move(h));
+        }
+      }
+      if (static_cast<int>(finished.size()) >= beam) break;
+    }
+    for (auto& h : live) finished.push_back(std::move(h));  // out of length: unfinished count too
+    const Hyp* best = nullptr;
+    double best_score = -1e300;
+    for (const auto& h : finished) {
+      const std::size_t n_tok = h.ids.size() - 1;  // without bos
+      const double sc = h.logp / penalty(n_tok);
+      if (sc > best_score) best_score = sc, best = &h;
+    }
+    std::vector<int> ids;
+    for (std::size_t k = 1; k < best->ids.size(); ++k)
+      if (best->ids[k] != eos) ids.push_back(best->ids[k]);
+    result.push_back(std::move(ids));
+  }
+  return result;
+}
+
+}  // namespace fp8lab::models

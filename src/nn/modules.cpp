@@ -38,6 +38,11 @@ torch::Tensor QuantLinearImpl::forward(const torch::Tensor& x) {
   return quant_linear(x, weight, bias, state);
 }
 
+torch::Tensor QuantTiedLinearImpl::forward(const torch::Tensor& x) {
+  if (!state) state = float_state("tied_linear");
+  return quant_linear(x, weight, {}, state);
+}
+
 void QuantLinearImpl::pretty_print(std::ostream& os) const {
   os << "fp8lab::QuantLinear(in_features=" << options.in_features()
      << ", out_features=" << options.out_features() << ", bias=" << options.bias();

@@ -23,7 +23,9 @@ namespace fp8lab::experiments {
 inline constexpr int kConfigSchema = 1;
 
 struct ModelConfig {
-  std::string name = "resnet8";  // see models::image_model_presets()
+  // image-classification: models::image_model_presets(); translation: transformer-base,
+  // transformer-small, transformer-tiny.
+  std::string name = "resnet8";
   int width = 0;                 // ResNet first-stage width (0: the preset's)
   double width_mult = 0, depth_mult = 0;  // EfficientNet overrides (0: the preset's)
   double dropout = -1;                    // (-1: the preset's)
@@ -32,7 +34,9 @@ struct ModelConfig {
 struct DataConfig {
   // fashion-mnist (Debian's dataset-fashion-mnist), mnist (an MNIST-layout `dir`),
   // cifar10, cifar100 (binary version in `dir`), folder (`dir`/train and `dir`/val image
-  // folders), synthetic (generated; for tests and benchmarks).
+  // folders), synthetic (generated; for tests and benchmarks). Translation: bible-en-es
+  // (prepared from Debian's SWORD modules into `dir`, default data/bible-en-es), parallel
+  // (`dir`/{train,dev,test}.{src_lang,tgt_lang}, one sentence per line).
   std::string name = "fashion-mnist";
   std::string dir;               // "" : the default for the data set
   std::int64_t train_limit = 0;  // use the first N training examples (0: all)
@@ -41,6 +45,9 @@ struct DataConfig {
   int image_size = 0;            // folder: decode size (0: 224); synthetic: size (0: 16)
   std::int64_t synthetic_train = 512, synthetic_test = 256;
   int synthetic_classes = 4, synthetic_channels = 3;
+  std::string src_lang = "en", tgt_lang = "es";  // translation direction
+  int vocab_size = 8000;                         // joint SentencePiece vocabulary
+  int max_tokens = 128;                          // longer sentences are truncated
 };
 
 struct OptimizerConfig {
@@ -81,6 +88,8 @@ struct TrainLoopConfig {
   int stats_interval = 0;                // tensor statistics every N steps (0: off)
   std::int64_t checkpoint_interval = 0;  // steps between checkpoints (0: once per epoch)
   std::string checkpoint;                // checkpoint file ("" : <name>.ckpt)
+  int beam = 1;                          // translation decoding: 1 greedy, else beam width
+  bool bleu_lowercase = false;           // case-insensitive BLEU
 };
 
 struct QuantConfig {

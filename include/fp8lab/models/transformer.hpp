@@ -4,6 +4,10 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+
+#include <string>
+#include <vector>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/normalization.h>
 
@@ -32,5 +36,52 @@ struct EncoderLayerImpl : torch::nn::Module {
   torch::nn::Dropout drop{nullptr};
 };
 TORCH_MODULE(EncoderLayer);
+
+struct DecoderLayerImpl : torch::nn::Module {
+  DecoderLayerImpl(std::int64_t d_model, std::int64_t heads, std::int64_t d_ff, double dropout);
+  // self_mask: [1, 1, T, T] causal (true = masked); memory_mask: [B, 1, 1, S] source padding.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& memory, const torch::Tensor& self_mask,
+                        const torch::Tensor& memory_mask);
+  MultiheadAttention self_attn{nullptr}, cross_attn{nullptr};
+  nn::QuantLinear ff1{nullptr}, ff2{nullptr};
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr}, ln3{nullptr};
+  torch::nn::Dropout drop{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// The Transformer encoder-decoder for translation over one shared (joint) vocabulary: the
+// embedding (float32: a table lookup, not a matmul) is scaled by sqrt(d_model) and tied
+// to the output projection, which is a quantized matmul like every other.
+struct TransformerOptions {
+  std::int64_t vocab = 8000;
+  std::int64_t d_model = 512, heads = 8, d_ff = 2048;
+  int encoder_layers = 6, decoder_layers = 6;
+  double dropout = 0.1;
+  std::int64_t max_len = 512;
+};
+// "transformer-base" (the paper's: 512/8/2048, 6+6), "transformer-small" (256/4/1024,
+// 3+3), "transformer-tiny" (128/4/512, 2+2: minutes on 2 cores).
+TransformerOptions transformer_preset(const std::string& name);
+
+struct TransformerImpl : torch::nn::Module {
+  explicit TransformerImpl(TransformerOptions o = {});
+  // src [B, S], tgt_in [B, T] int64 token ids (0 = padding) -> logits [B, T, vocab].
+  torch::Tensor forward(const torch::Tensor& src, const torch::Tensor& tgt_in);
+  torch::Tensor encode(const torch::Tensor& src);  // memory [B, S, D]
+  torch::Tensor decode(const torch::Tensor& tgt_in, const torch::Tensor& memory, const torch::Tensor& src);
+  // Greedy decoding from <s> (bos) until </s> (eos) or max_len tokens; ids without bos/eos.
+  std::vector<std::vector<int>> greedy(const torch::Tensor& src, int max_len, int bos, int eos);
+  // Beam search with the GNMT length penalty ((5 + len) / 6)^alpha, one sentence at a time.
+  std::vector<std::vector<int>> beam_search(const torch::Tensor& src, int beam, int max_len, int bos, int eos,
+                                            double alpha = 0.6);
+  TransformerOptions options;
+  torch::nn::Embedding embed{nullptr};
+  std::vector<EncoderLayer> encoder;
+  std::vector<DecoderLayer> decoder;
+  torch::nn::Dropout drop{nullptr};
+  nn::QuantTiedLinear out{nullptr};
+  torch::Tensor positions;  // sinusoidal encodings [max_len, D] (a buffer)
+};
+TORCH_MODULE(Transformer);
 
 }  // namespace fp8lab::models

@@ -47,6 +47,16 @@ struct QuantConv2dImpl : torch::nn::Cloneable<QuantConv2dImpl>, Quantized {
 };
 TORCH_MODULE(QuantConv2d);
 
+// y = x w^T where w is another module's parameter (tied input and output embeddings). The
+// weight is not registered here, so an optimizer sees it once.
+struct QuantTiedLinearImpl : torch::nn::Cloneable<QuantTiedLinearImpl>, Quantized {
+  explicit QuantTiedLinearImpl(torch::Tensor w) : weight(std::move(w)) {}
+  void reset() override {}
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+};
+TORCH_MODULE(QuantTiedLinear);
+
 // torch::matmul of two activations (attention's Q K^T and A V).
 struct QuantMatmulImpl : torch::nn::Cloneable<QuantMatmulImpl>, Quantized {
   QuantMatmulImpl() = default;

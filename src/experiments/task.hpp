@@ -1,0 +1,37 @@
+// What the trainer trains (private to src/experiments): a model, its data, its loss and its
+// evaluation. The trainer owns everything else (optimizer, schedule, loss scaling, EMA,
+// checkpoints, the store).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "fp8lab/experiments/config.hpp"
+
+namespace fp8lab::experiments {
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual torch::nn::Module& module() = 0;
+  virtual std::string description() const = 0;  // model and data, for the banner
+  virtual std::int64_t train_size() const = 0;   // examples an epoch draws from
+  virtual std::int64_t eval_size() const = 0;
+  virtual std::string metric_name(bool final) const = 0;
+  // The training loss of the examples `idx` (int64); `step_seed` seeds the step's own
+  // randomness (augmentation, mixup, masking).
+  virtual torch::Tensor loss(const torch::Tensor& idx, std::uint64_t step_seed) = 0;
+  // The metric (higher is better unless noted), without gradients, model in eval mode.
+  // `final`: the end-of-training evaluation (translation: the test set; otherwise the same
+  // set as during training).
+  virtual double evaluate(bool final) = 0;
+  // Whether the final evaluation differs from the periodic one (else it is reused).
+  virtual bool separate_final() const { return false; }
+};
+
+std::unique_ptr<Task> make_task(const TrainConfig& cfg);
+
+}  // namespace fp8lab::experiments
