@@ -137,3 +137,51 @@ TEST(Models, EfficientNetForwardBackwardQuantized) {
   EXPECT_NE(test::error_of([] { models::make_image_model({.name = "efficientnet-b9"}); }).find("unknown model"),
             std::string::npos);
 }
+
+TEST(Models, TransformerForwardBackwardQuantizedAndMasks) {
+  torch::manual_seed(0);
+  models::TransformerOptions o = models::transformer_preset("transformer-tiny");
+  o.vocab = 50;
+  o.dropout = 0;
+  auto m = models::Transformer(o);
+  auto qm = nn::quantize_model(*m, nn::parse_recipe("transformer-mixed"));
+  // Per encoder layer 4 projections + 2 attention matmuls + 2 feed-forward; per decoder
+  // layer twice the attention; plus the tied output projection.
+  EXPECT_EQ(qm.layers.size(), 2u * 8 + 2u * 14 + 1u);
+  EXPECT_EQ(qm.layers.back()->name, "out");
+  const torch::Tensor src = torch::tensor({{5, 6, 7, 8, 0, 0}, {9, 10, 11, 12, 13, 14}}, torch::kInt64);
+  const torch::Tensor tgt = torch::tensor({{2, 20, 21, 0}, {2, 22, 23, 24}}, torch::kInt64);
+  auto logits = m->forward(src, tgt);
+  ASSERT_EQ(logits.sizes(), (std::vector<std::int64_t>{2, 4, 50}));
+  torch::nn::functional::cross_entropy(logits.reshape({-1, 50}), torch::tensor({20, 21, 3, 0, 22, 23, 24, 3}),
+                                       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(0))
+      .backward();
+  for (const auto& p : m->named_parameters()) {
+    if (p.key() == "positions") continue;
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
+  }
+  // The tied output projection is the embedding: one parameter, seen once.
+  std::size_t same = 0;
+  for (const auto& p : m->parameters()) same += p.is_same(m->embed->weight);
+  EXPECT_EQ(same, 1u);
+  // Masks, in float32: padding the source does not change the first sentence's output, and
+  // position t of the decoder does not see later target tokens.
+  auto f = models::Transformer(o);
+  f->eval();
+  torch::NoGradGuard g;
+  const torch::Tensor a = f->forward(src.slice(0, 0, 1).slice(1, 0, 4), tgt.slice(0, 0, 1).slice(1, 0, 3));
+  const torch::Tensor b = f->forward(src.slice(0, 0, 1), tgt.slice(0, 0, 1).slice(1, 0, 3));
+  EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-5));
+  torch::Tensor tgt2 = tgt.clone();
+  tgt2[1][3] = 40;  // change the last target token only
+  const torch::Tensor c = f->forward(src, tgt), d = f->forward(src, tgt2);
+  EXPECT_TRUE(torch::allclose(c.select(0, 1).slice(0, 0, 3), d.select(0, 1).slice(0, 0, 3), 1e-5, 1e-5));
+  EXPECT_FALSE(torch::allclose(c.select(0, 1).slice(0, 3, 4), d.select(0, 1).slice(0, 3, 4), 1e-5, 1e-5));
+  // Decoding: greedy equals a beam of one; lengths are bounded.
+  const auto gr = f->greedy(src, 7, 2, 3);
+  const auto bm = f->beam_search(src, 1, 7, 2, 3, 0.0);
+  EXPECT_EQ(gr, bm);
+  for (const auto& s : f->beam_search(src, 4, 7, 2, 3)) EXPECT_LE(s.size(), 7u);
+  EXPECT_THROW(models::transformer_preset("transformer-huge"), Error);
+}
