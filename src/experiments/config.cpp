@@ -155,8 +155,8 @@ void check(bool ok, const std::string& what) {
 }  // namespace
 
 void validate(const TrainConfig& c) {
-  check(c.task == "image-classification" || c.task == "translation",
-        "task '" + c.task + "' is not supported (image-classification, translation)");
+  check(c.task == "image-classification" || c.task == "translation" || c.task == "bert",
+        "task '" + c.task + "' is not supported (image-classification, translation, bert)");
   check(c.threads >= 0, "threads must be >= 0");
   if (c.task == "translation") {
     check(c.model.name == "transformer-base" || c.model.name == "transformer-small" || c.model.name == "transformer-tiny",
@@ -171,6 +171,16 @@ void validate(const TrainConfig& c) {
     check(c.train.beam >= 1 && c.train.beam <= 64, "train.beam must be in 1..64");
     check(c.train.mixup == 0 && c.train.cutmix == 0, "mixup and cutmix are for images");
     check(c.data.augment == "none" || c.data.augment.empty(), "data.augment is for images");
+  }
+  if (c.task == "bert") {
+    check(c.model.name == "bert-large" || c.model.name == "bert-base" || c.model.name == "bert-tiny",
+          "model.name '" + c.model.name + "' is not a BERT (bert-large, bert-base, bert-tiny)");
+    check(c.data.name == "bible-en" || c.data.name == "text",
+          "data.name '" + c.data.name + "' is not a BERT text (bible-en, text)");
+    check(c.data.name != "text" || !c.data.dir.empty(), "data.dir must name the folder holding train.txt and dev.txt");
+    check(c.data.vocab_size >= 16 && c.data.vocab_size <= 1000000, "data.vocab_size must be in 16..1000000");
+    check(c.data.max_tokens >= 8 && c.data.max_tokens <= 4096, "data.max_tokens must be in 8..4096");
+    check(c.train.mixup == 0 && c.train.cutmix == 0, "mixup and cutmix are for images");
   }
   const auto presets = models::image_model_presets();
   if (c.task == "image-classification" && std::find(presets.begin(), presets.end(), c.model.name) == presets.end()) {

@@ -484,7 +484,7 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
       pending.clear();
     }
     if (opt.progress)
-      bar.finish(res.status == "finished" ? "test accuracy " + short_num(res.final_metric) + " %" : res.status);
+      bar.finish(res.status == "finished" ? res.metric_name + " " + short_num(res.final_metric) : res.status);
     res.final_train_loss = loss_ema;
     res.final_log2_scale = scaler.log2_scale();
     res.skipped_steps = scaler.skipped_steps();

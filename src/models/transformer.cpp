@@ -32,7 +32,8 @@ torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& q, const torc
   return wo->forward(c);
 }
 
-EncoderLayerImpl::EncoderLayerImpl(std::int64_t d, std::int64_t h, std::int64_t d_ff, double p) {
+EncoderLayerImpl::EncoderLayerImpl(std::int64_t d, std::int64_t h, std::int64_t d_ff, double p, bool use_gelu)
+    : gelu(use_gelu) {
   attn = register_module("attn", MultiheadAttention(d, h));
   ff1 = register_module("ff1", nn::QuantLinear(d, d_ff));
   ff2 = register_module("ff2", nn::QuantLinear(d_ff, d));
@@ -44,7 +45,8 @@ EncoderLayerImpl::EncoderLayerImpl(std::int64_t d, std::int64_t h, std::int64_t 
 torch::Tensor EncoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
   // Post-norm, as the original Transformer base.
   torch::Tensor y = ln1->forward(x + drop->forward(attn->forward(x, x, mask)));
-  return ln2->forward(y + drop->forward(ff2->forward(torch::relu(ff1->forward(y)))));
+  const torch::Tensor hidden = ff1->forward(y);
+  return ln2->forward(y + drop->forward(ff2->forward(gelu ? torch::gelu(hidden) : torch::relu(hidden))));
 }
 
 }  // namespace fp8lab::models

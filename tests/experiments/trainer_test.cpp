@@ -312,3 +312,44 @@ TEST(Trainer, TranslationLearnsAWordMapping) {
   EXPECT_EQ(store.metric(id, "dev_bleu").size(), 2u);
   EXPECT_EQ(store.metric(id, "test_bleu").size(), 1u);
 }
+
+TEST(Trainer, BertPretrainingLossFalls) {
+  if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
+  // A "document" whose sentences follow a fixed cycle: both the masked words and the next
+  // sentence are predictable.
+  const fs::path d = dir() / "text";
+  fs::create_directories(d);
+  const std::vector<std::string> s = {"in the beginning god created the heaven", "and the earth was without form",
+                                      "and darkness was upon the deep", "and god said let there be light",
+                                      "and there was light and it was good"};
+  for (const auto& [name, n] : std::vector<std::pair<std::string, int>>{{"train.txt", 600}, {"dev.txt", 60}}) {
+    std::ofstream o(d / name);
+    for (int i = 0; i < n; ++i) o << s[i % s.size()] << "\n";
+  }
+  experiments::TrainConfig c;
+  c.name = "bert";
+  c.task = "bert";
+  c.model.name = "bert-tiny";
+  c.model.dropout = 0;
+  c.data.name = "text";
+  c.data.dir = d.string();
+  c.data.vocab_size = 50;
+  c.data.max_tokens = 32;
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 0.003;
+  c.optimizer.weight_decay = 0.01;
+  c.schedule.name = "linear";
+  c.schedule.warmup_steps = 10;
+  c.train.steps = 60;
+  c.train.batch = 32;
+  c.train.eval_interval = 20;
+  c.quant.recipe = "bert-mixed";
+  c.threads = 2;
+  c.train.checkpoint = (dir() / "bert.ckpt").string();
+  const auto r = experiments::train(c, nullptr, quiet());
+  ASSERT_EQ(r.status, "finished");
+  EXPECT_EQ(r.metric_name, "mlm_nsp_loss");
+  ASSERT_EQ(r.evals.size(), 3u);
+  EXPECT_LT(r.evals.back().second, r.evals.front().second - 0.5) << r.evals.front().second;
+  EXPECT_LT(r.final_metric, std::log(50.0) + std::log(2.0));  // below the uniform guess
+}

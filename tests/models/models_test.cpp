@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "../common/testutil.hpp"
+#include "fp8lab/models/bert.hpp"
 #include "fp8lab/models/image_models.hpp"
 #include "fp8lab/models/resnet.hpp"
 #include "fp8lab/models/transformer.hpp"
@@ -184,4 +185,36 @@ TEST(Models, TransformerForwardBackwardQuantizedAndMasks) {
   EXPECT_EQ(gr, bm);
   for (const auto& s : f->beam_search(src, 4, 7, 2, 3)) EXPECT_LE(s.size(), 7u);
   EXPECT_THROW(models::transformer_preset("transformer-huge"), Error);
+}
+
+TEST(Models, BertForwardBackwardQuantized) {
+  torch::manual_seed(0);
+  models::BertOptions o = models::bert_preset("bert-tiny");
+  o.vocab = 40;
+  o.max_len = 16;
+  auto m = models::Bert(o);
+  auto qm = nn::quantize_model(*m, nn::parse_recipe("bert-mixed"));
+  // 2 layers x 8 quantized ops, MLM dense + tied output, pooler, NSP classifier.
+  EXPECT_EQ(qm.layers.size(), 2u * 8 + 4u);
+  const torch::Tensor ids = torch::tensor({{5, 4, 7, 6, 9, 6, 0, 0}, {5, 10, 11, 6, 12, 13, 14, 6}}, torch::kInt64);
+  const torch::Tensor seg = torch::tensor({{0, 0, 0, 0, 1, 1, 0, 0}, {0, 0, 0, 0, 1, 1, 1, 1}}, torch::kInt64);
+  const auto [mlm, nsp] = m->forward(ids, seg);
+  ASSERT_EQ(mlm.sizes(), (std::vector<std::int64_t>{2, 8, 40}));
+  ASSERT_EQ(nsp.sizes(), (std::vector<std::int64_t>{2, 2}));
+  torch::Tensor labels = torch::full({2, 8}, -1, torch::kInt64);
+  labels[0][1] = 8;
+  labels[1][4] = 12;
+  (torch::nn::functional::cross_entropy(mlm.reshape({-1, 40}), labels.reshape({-1}),
+                                        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1)) +
+   torch::nn::functional::cross_entropy(nsp, torch::tensor({1, 0})))
+      .backward();
+  for (const auto& p : m->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
+  }
+  std::size_t same = 0;
+  for (const auto& p : m->parameters()) same += p.is_same(m->tokens->weight);
+  EXPECT_EQ(same, 1u);
+  EXPECT_THROW(m->forward(torch::ones({1, 17}, torch::kInt64), torch::zeros({1, 17}, torch::kInt64)), Error);
+  EXPECT_THROW(models::bert_preset("bert-huge"), Error);
 }

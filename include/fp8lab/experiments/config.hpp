@@ -24,7 +24,7 @@ inline constexpr int kConfigSchema = 1;
 
 struct ModelConfig {
   // image-classification: models::image_model_presets(); translation: transformer-base,
-  // transformer-small, transformer-tiny.
+  // transformer-small, transformer-tiny; bert: bert-large, bert-base, bert-tiny.
   std::string name = "resnet8";
   int width = 0;                 // ResNet first-stage width (0: the preset's)
   double width_mult = 0, depth_mult = 0;  // EfficientNet overrides (0: the preset's)
@@ -36,7 +36,9 @@ struct DataConfig {
   // cifar10, cifar100 (binary version in `dir`), folder (`dir`/train and `dir`/val image
   // folders), synthetic (generated; for tests and benchmarks). Translation: bible-en-es
   // (prepared from Debian's SWORD modules into `dir`, default data/bible-en-es), parallel
-  // (`dir`/{train,dev,test}.{src_lang,tgt_lang}, one sentence per line).
+  // (`dir`/{train,dev,test}.{src_lang,tgt_lang}, one sentence per line). BERT: bible-en
+  // (the English side of that corpus), text (`dir`/train.txt and dev.txt, one sentence per
+  // line in document order: consecutive lines are the next-sentence pairs).
   std::string name = "fashion-mnist";
   std::string dir;               // "" : the default for the data set
   std::int64_t train_limit = 0;  // use the first N training examples (0: all)
@@ -99,7 +101,7 @@ struct QuantConfig {
 
 struct TrainConfig {
   std::string name = "train";
-  std::string task = "image-classification";
+  std::string task = "image-classification";  // or translation, bert
   std::uint64_t seed = 1;
   int threads = 0;  // 0: all cores
   ModelConfig model;

@@ -28,12 +28,14 @@ struct MultiheadAttentionImpl : torch::nn::Module {
 TORCH_MODULE(MultiheadAttention);
 
 struct EncoderLayerImpl : torch::nn::Module {
-  EncoderLayerImpl(std::int64_t d_model, std::int64_t heads, std::int64_t d_ff, double dropout);
+  // gelu: BERT's feed-forward activation (the Transformer's is ReLU).
+  EncoderLayerImpl(std::int64_t d_model, std::int64_t heads, std::int64_t d_ff, double dropout, bool gelu = false);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask = {});
   MultiheadAttention attn{nullptr};
   nn::QuantLinear ff1{nullptr}, ff2{nullptr};
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   torch::nn::Dropout drop{nullptr};
+  bool gelu = false;
 };
 TORCH_MODULE(EncoderLayer);
 
