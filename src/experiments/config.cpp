@@ -80,6 +80,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"train.checkpoint", &c.train.checkpoint},
       {"train.beam", &c.train.beam},
       {"train.bleu_lowercase", &c.train.bleu_lowercase},
+      {"train.flush_denormals", &c.train.flush_denormals},
       {"quant.recipe", &c.quant.recipe},
       {"quant.loss_scale", &c.quant.loss_scale},
   };

@@ -178,6 +178,7 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
   const auto t_start = std::chrono::steady_clock::now();
   const int threads = cfg.threads > 0 ? cfg.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   torch::set_num_threads(threads);  // libtorch defaults to one thread on this kind of machine
+  at::globalContext().setFlushDenormal(cfg.train.flush_denormals);
   // Keep freed activation buffers in the heap rather than faulting fresh pages every step.
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);

@@ -92,6 +92,7 @@ struct TrainLoopConfig {
   std::string checkpoint;                // checkpoint file ("" : <name>.ckpt)
   int beam = 1;                          // translation decoding: 1 greedy, else beam width
   bool bleu_lowercase = false;           // case-insensitive BLEU
+  bool flush_denormals = false;          // CPU flush-to-zero for float32 (faster; not IEEE)
 };
 
 struct QuantConfig {
