@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <functional>
 #include <ctime>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -184,15 +185,10 @@ void Store::log_metric(std::int64_t run, std::int64_t step, const std::string& n
   s.step();
 }
 
-void Store::log_loss_scale(std::int64_t run, const std::vector<std::tuple<std::int64_t, int, bool>>& trace) {
-  exec("BEGIN IMMEDIATE");
+void Store::transaction(const std::function<void()>& body) {
+  exec("BEGIN IMMEDIATE");  // takes the write lock now: waits (busy timeout) for other writers
   try {
-    Stmt s(db_, path_, "INSERT INTO loss_scale (run_id, step, log2_scale, skipped) VALUES (?,?,?,?)");
-    for (const auto& [step, k, skipped] : trace) {
-      s.bind(1, run).bind(2, step).bind(3, static_cast<std::int64_t>(k)).bind(4, static_cast<std::int64_t>(skipped));
-      s.step();
-      s.reset();
-    }
+    body();
     exec("COMMIT");
   } catch (...) {
     sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
@@ -200,10 +196,20 @@ void Store::log_loss_scale(std::int64_t run, const std::vector<std::tuple<std::i
   }
 }
 
+void Store::log_loss_scale(std::int64_t run, const std::vector<std::tuple<std::int64_t, int, bool>>& trace) {
+  transaction([&] {
+    Stmt s(db_, path_, "INSERT INTO loss_scale (run_id, step, log2_scale, skipped) VALUES (?,?,?,?)");
+    for (const auto& [step, k, skipped] : trace) {
+      s.bind(1, run).bind(2, step).bind(3, static_cast<std::int64_t>(k)).bind(4, static_cast<std::int64_t>(skipped));
+      s.step();
+      s.reset();
+    }
+  });
+}
+
 void Store::log_stats(std::int64_t run, const std::vector<StatRow>& rows) {
   if (rows.empty()) return;
-  exec("BEGIN IMMEDIATE");
-  try {
+  transaction([&] {
     Stmt s(db_, path_,
            "INSERT INTO tensor_stats (run_id, step, layer, kind, total, overflow, underflow, nan, absmax, "
            "histogram) VALUES (?,?,?,?,?,?,?,?,?,?)");
@@ -217,11 +223,7 @@ void Store::log_stats(std::int64_t run, const std::vector<StatRow>& rows) {
       s.step();
       s.reset();
     }
-    exec("COMMIT");
-  } catch (...) {
-    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-    throw;
-  }
+  });
 }
 
 std::vector<Store::StatRow> Store::stats(std::int64_t run) const {
@@ -247,8 +249,7 @@ std::vector<Store::StatRow> Store::stats(std::int64_t run) const {
 }
 
 void Store::resume_run(std::int64_t run, std::int64_t from_step) {
-  exec("BEGIN IMMEDIATE");
-  try {
+  transaction([&] {
     {
       Stmt s(db_, path_, "SELECT status FROM runs WHERE id = ?");
       s.bind(1, run);
@@ -265,11 +266,7 @@ void Store::resume_run(std::int64_t run, std::int64_t from_step) {
     }
     Stmt u(db_, path_, "UPDATE runs SET status = 'running', host = ?, pid = ? WHERE id = ?");
     u.bind(1, hostname()).bind(2, static_cast<std::int64_t>(::getpid())).bind(3, run).step();
-    exec("COMMIT");
-  } catch (...) {
-    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-    throw;
-  }
+  });
 }
 
 void Store::finish_run(std::int64_t run, const std::string& status, std::optional<double> final_metric,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,6 +77,7 @@ class Store {
 
  private:
   void exec(const char* sql) const;
+  void transaction(const std::function<void()>& body);  // BEGIN IMMEDIATE .. COMMIT, ROLLBACK on throw
   void mark_dead_runs();
   std::string path_;
   sqlite3* db_ = nullptr;
