@@ -10,16 +10,17 @@
 #include <torch/torch.h>
 
 #include "fp8lab/core/format.hpp"
+#include "io.hpp"
 
 namespace fp8lab::data {
 
-namespace {
+namespace io {
 
-[[noreturn]] void fail(const std::string& path, std::uint64_t offset, const std::string& what) {
+void fail(const std::string& path, std::uint64_t offset, const std::string& what) {
   throw Error(path + ": offset " + std::to_string(offset) + ": " + what);
 }
 
-// Reads the whole (decompressed) file; gzread passes plain files through unchanged.
+// gzread passes plain files through unchanged.
 std::vector<std::uint8_t> slurp(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
@@ -38,6 +39,12 @@ std::vector<std::uint8_t> slurp(const std::string& path) {
   }
   return out;
 }
+
+}  // namespace io
+
+namespace {
+using io::fail;
+using io::slurp;
 
 std::uint32_t be32(const std::uint8_t* p) {
   return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];

@@ -4,13 +4,11 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/random.hpp"
+#include "io.hpp"
 
 namespace fp8lab::data {
 
@@ -18,15 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& path, std::uint64_t offset, const std::string& what) {
-  throw Error(path + ": offset " + std::to_string(offset) + ": " + what);
-}
-
-std::vector<std::uint8_t> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
-  return std::vector<std::uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
+using io::fail;
 
 constexpr std::int64_t kCifarPixels = 3 * 32 * 32;
 
@@ -54,7 +44,7 @@ ImageSet load_cifar(const std::string& dir_in, bool train, int classes) {
     if (!fs::exists(path))
       throw Error(dir.string() + ": no " + n + " (expected the CIFAR-" + std::to_string(classes) +
                   " binary version, e.g. " + sub + "/)");
-    const std::vector<std::uint8_t> b = read_file(path);
+    const std::vector<std::uint8_t> b = io::slurp(path);
     if (b.empty()) fail(path, 0, "file is empty");
     if (static_cast<std::int64_t>(b.size()) % record != 0)
       fail(path, b.size() - b.size() % record,
@@ -238,16 +228,14 @@ ImageBatcher::ImageBatcher(std::shared_ptr<ImageSource> source, std::vector<doub
   if (static_cast<std::int64_t>(mean_.size()) != c || static_cast<std::int64_t>(std_.size()) != c)
     throw Error("image normalisation: " + std::to_string(mean_.size()) + " means for " + std::to_string(c) +
                 " channels");
+  mean_t_ = torch::tensor(std::vector<float>(mean_.begin(), mean_.end())).view({1, c, 1, 1});
+  std_t_ = torch::tensor(std::vector<float>(std_.begin(), std_.end())).view({1, c, 1, 1});
 }
 
 std::pair<torch::Tensor, torch::Tensor> ImageBatcher::batch(const torch::Tensor& indices, const Augment& aug,
                                                             torch::Generator* gen) const {
   auto [b, y] = src_->bytes(indices);
-  const std::int64_t c = b.size(1);
-  std::vector<float> m(mean_.begin(), mean_.end()), s(std_.begin(), std_.end());
-  const torch::Tensor mt = torch::from_blob(m.data(), {1, c, 1, 1}, torch::kFloat32).clone();
-  const torch::Tensor st = torch::from_blob(s.data(), {1, c, 1, 1}, torch::kFloat32).clone();
-  torch::Tensor x = b.to(torch::kFloat32).div_(255.0f).sub_(mt).div_(st);
+  torch::Tensor x = b.to(torch::kFloat32).div_(255.0f).sub_(mean_t_).div_(std_t_);
   if ((aug.crop_padding > 0 || aug.flip) && gen) x = augment(x, aug, *gen);
   return {x, y};
 }

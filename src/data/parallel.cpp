@@ -13,6 +13,7 @@
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/npy.hpp"
 #include "fp8lab/core/random.hpp"
+#include "io.hpp"
 
 namespace fp8lab::data {
 
@@ -273,9 +274,7 @@ std::vector<VersePair> align_verses(const std::vector<ImpEntry>& en, const std::
 }
 
 std::string split_of(const std::string& ref, int dev_percent, int test_percent) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a, then mixed
-  for (unsigned char c : ref) h = (h ^ c) * 0x100000001b3ULL;
-  const auto bucket = static_cast<int>(mix64(h) % 100);
+  const auto bucket = static_cast<int>(mix64(io::fnv1a(io::kFnvBasis, ref.data(), ref.size())) % 100);
   if (bucket < dev_percent) return "dev";
   if (bucket < dev_percent + test_percent) return "test";
   return "train";

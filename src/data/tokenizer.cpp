@@ -13,6 +13,7 @@
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/npy.hpp"
+#include "io.hpp"
 
 namespace fp8lab::data {
 
@@ -23,13 +24,12 @@ constexpr int kTokenizerVersion = 1;
 
 // FNV-1a over the inputs' bytes: the cache key of a trained model.
 std::string fingerprint(const std::vector<std::string>& inputs) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
+  std::uint64_t h = io::kFnvBasis;
   for (const auto& p : inputs) {
     std::ifstream in(p, std::ios::binary);
     if (!in) throw Error(p + ": cannot open tokenizer training text");
     char buf[1 << 16];
-    while (in.read(buf, sizeof buf) || in.gcount() > 0)
-      for (std::streamsize i = 0; i < in.gcount(); ++i) h = (h ^ static_cast<unsigned char>(buf[i])) * 0x100000001b3ULL;
+    while (in.read(buf, sizeof buf) || in.gcount() > 0) h = io::fnv1a(h, buf, static_cast<std::size_t>(in.gcount()));
   }
   char out[17];
   std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
@@ -42,13 +42,6 @@ std::string quote(const std::string& s) {
   return q + "'";
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // Runs a shell command; on failure throws Error with `what` and the end of its stderr.
 void run(const std::string& cmd, const std::string& what, const std::string& err_file) {
   const int rc = std::system((cmd + " 2>" + quote(err_file)).c_str());
@@ -56,7 +49,8 @@ void run(const std::string& cmd, const std::string& what, const std::string& err
     fs::remove(err_file);
     return;
   }
-  std::string err = slurp(err_file);
+  const auto bytes = io::slurp(err_file);
+  std::string err(bytes.begin(), bytes.end());
   fs::remove(err_file);
   if (err.size() > 400) err = "..." + err.substr(err.size() - 400);
   if (WIFEXITED(rc) && WEXITSTATUS(rc) == 127)

@@ -68,6 +68,7 @@ class ImageBatcher {
  private:
   std::shared_ptr<ImageSource> src_;
   std::vector<double> mean_, std_;
+  torch::Tensor mean_t_, std_t_;  // the same as float32 [1, C, 1, 1]
 };
 
 // Random crop (after zero padding) and horizontal flip of a float batch [B, C, H, W].
