@@ -24,13 +24,6 @@ struct QuickstartArgs {
   std::string db = "results.db";
 };
 
-std::string pct(std::uint64_t part, std::uint64_t total) {
-  if (total == 0) return "-";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f", 100.0 * static_cast<double>(part) / static_cast<double>(total));
-  return buf;
-}
-
 void run_quickstart(QuickstartArgs a) {
   if (!a.loss_scales.empty() && a.loss_scales.size() != a.recipes.size())
     throw Error("--loss-scale takes one value per recipe (" + std::to_string(a.recipes.size()) + ")");

@@ -28,13 +28,6 @@ extern "C" void on_sigint(int) {
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
 
-std::string pct(std::uint64_t part, std::uint64_t total) {
-  if (total == 0) return "-";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f", 100.0 * static_cast<double>(part) / static_cast<double>(total));
-  return buf;
-}
-
 int run_train(const TrainArgs& a) {
   const experiments::TrainConfig cfg = experiments::load_train_config(a.config, a.set);
   if (a.print_config) {

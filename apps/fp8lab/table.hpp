@@ -1,6 +1,7 @@
 // Tables for the terminal (aligned columns) or CSV, from the same rows.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -66,6 +67,11 @@ inline std::string fmt_f(double v, int decimals = 1) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
+}
+// part / total as a percentage with 3 decimals; "-" when total is 0.
+inline std::string pct(std::uint64_t part, std::uint64_t total) {
+  if (total == 0) return "-";
+  return fmt_f(100.0 * static_cast<double>(part) / static_cast<double>(total), 3);
 }
 
 }  // namespace fp8lab::cli
