@@ -278,7 +278,6 @@ class TranslationTask final : public Task {
     const std::vector<std::string> hyps = tok_.decode(out_ids);
     results::BleuOptions bo;
     bo.lowercase = cfg_.train.bleu_lowercase;
-    last_hyps_ = hyps;
     return results::corpus_bleu(hyps, {split.second}, bo).score;
   }
 
@@ -287,7 +286,6 @@ class TranslationTask final : public Task {
   data::Tokenizer tok_;
   std::vector<std::vector<int>> src_, tgt_, dev_src_, test_src_;
   std::pair<std::vector<std::string>, std::vector<std::string>> dev_, test_;
-  std::vector<std::string> last_hyps_;
   models::Transformer model_{nullptr};
   std::string desc_;
 };

@@ -115,26 +115,19 @@ std::vector<torch::Tensor> read_list(torch::serialize::InputArchive& a, const st
 
 // --- evaluation ---------------------------------------------------------------------------
 
-double evaluate(Task& task, nn::QuantContext& ctx, const nn::QuantizedModel& qm, bool final) {
+double evaluate(Task& task, nn::QuantContext& ctx, bool final) {
   torch::NoGradGuard no_grad;
   // Evaluation must not disturb training: its quantizer calls use their own step number
-  // (so training's stochastic-rounding call numbering is unchanged), record no statistics
-  // and leave the overflow counts as they were.
+  // (so training's stochastic-rounding call numbering is unchanged) and record neither
+  // counts nor statistics.
   const std::uint64_t step = ctx.step.load();
-  const int stats = ctx.stats_interval;
-  std::vector<std::array<QuantCounts, nn::kKinds>> counts;
-  for (const auto& l : qm.layers) counts.push_back(l->counts());
   ctx.step = ~std::uint64_t{0} - 1;
-  ctx.stats_interval = 0;
+  ctx.recording = false;
   task.module().eval();
   const double metric = task.evaluate(final);
   task.module().train();
-  for (std::size_t i = 0; i < qm.layers.size(); ++i) {
-    qm.layers[i]->reset_counts();
-    qm.layers[i]->add_counts(counts[i]);
-  }
   ctx.step = step;
-  ctx.stats_interval = stats;
+  ctx.recording = true;
   return metric;
 }
 
@@ -359,11 +352,11 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
       const auto t0 = std::chrono::steady_clock::now();
       double acc = 0;
       if (!w) {
-        acc = evaluate(*task, *ctx, qm, final);
+        acc = evaluate(*task, *ctx, final);
       } else {
         const auto current = snapshot(model);
         load_into(model, *w);
-        acc = evaluate(*task, *ctx, qm, final);
+        acc = evaluate(*task, *ctx, final);
         load_into(model, current);
       }
       eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -71,6 +71,7 @@ std::uint64_t LayerState::seed_for(TensorKind k, std::uint32_t call, std::uint32
 
 void LayerState::record(TensorKind k, const torch::Tensor& t, const QuantCounts& c,
                         std::uint32_t call) {
+  if (!ctx->recording) return;
   {
     std::lock_guard<std::mutex> lk(m_);
     counts_[static_cast<int>(k)] += c;

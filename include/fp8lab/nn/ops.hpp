@@ -51,6 +51,7 @@ struct QuantContext {
   std::atomic<std::uint64_t> step{0}; // the trainer advances it once per optimizer step
   bool save_codes = true;             // save 8-bit codes for backward (else float32)
   int stats_interval = 0;             // record statistics every N steps; 0: off
+  bool recording = true;              // false: quantize without counts or statistics (evaluation)
   std::shared_ptr<StatsLog> stats = std::make_shared<StatsLog>();
   std::atomic<std::int64_t> saved_bytes{0};  // bytes saved for backward by quantized ops
 };
