@@ -6,6 +6,7 @@
 //   build/bench_kernels --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -24,12 +25,13 @@ namespace {
 constexpr std::size_t kN = (std::size_t{64} << 20) / sizeof(float);  // 64 MiB of float32
 
 struct Data {
-  std::vector<float> x, y;
+  std::vector<float> x, xr, y;  // xr: max(x, 0), what a ReLU hands the next layer
   std::vector<std::uint8_t> c;
-  Data() : x(kN), y(kN), c(kN) {
+  Data() : x(kN), xr(kN), y(kN), c(kN) {
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (auto& v : x) v = nd(rng);
+    for (std::size_t i = 0; i < kN; ++i) xr[i] = std::max(x[i], 0.0f);
     QuantSpec q;
     q.format = parse_format("e4m3fnuz");
     kernels::encode(x.data(), c.data(), kN, q);
@@ -93,7 +95,7 @@ float stream_read(const float* x, std::size_t n) {
   return total;
 }
 
-enum class Kind { quantize, quantize_sr, encode, decode, quantize_counts, histogram };
+enum class Kind { quantize, quantize_relu, quantize_sr, encode, decode, quantize_counts, histogram };
 
 void run(benchmark::State& state, Kind kind, const char* fmt) {
   const int threads = static_cast<int>(state.range(0));
@@ -108,6 +110,7 @@ void run(benchmark::State& state, Kind kind, const char* fmt) {
     switch (kind) {
       case Kind::quantize:
       case Kind::quantize_sr: kernels::quantize(d.x.data(), d.y.data(), kN, q); break;
+      case Kind::quantize_relu: kernels::quantize(d.xr.data(), d.y.data(), kN, q); break;
       case Kind::quantize_counts: kernels::quantize(d.x.data(), d.y.data(), kN, q, 0, &counts); break;
       case Kind::encode: kernels::encode(d.x.data(), d.c.data(), kN, q); break;
       case Kind::decode: kernels::decode(d.c.data(), d.y.data(), kN, q.format); break;
@@ -151,6 +154,7 @@ void Threads(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_CAPTURE(run, quantize_rne, Kind::quantize, "e4m3fnuz")->Apply(Threads);
 BENCHMARK_CAPTURE(run, quantize_rne_e5m2, Kind::quantize, "e5m2")->Apply(Threads);
+BENCHMARK_CAPTURE(run, quantize_rne_relu, Kind::quantize_relu, "e4m3fnuz")->Apply(Threads);
 BENCHMARK_CAPTURE(run, quantize_rne_counts, Kind::quantize_counts, "e4m3fnuz")->Apply(Threads);
 BENCHMARK_CAPTURE(run, quantize_stochastic, Kind::quantize_sr, "e4m3fnuz")->Apply(Threads);
 BENCHMARK_CAPTURE(run, encode_rne, Kind::encode, "e4m3fnuz")->Apply(Threads);

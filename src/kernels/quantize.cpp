@@ -147,10 +147,15 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
     r = Hash32(d, hn::Xor(Hash32(d, hn::Xor(idx_lo, hn::Set(d, key.k0))), hn::Set(d, key.k1)));
   V32 mag, v;  // magnitude code, and float32 bits of the rounded magnitude
   bool may_be_zero;
-  if (HWY_LIKELY(hn::AllFalse(d, hn::Lt(a, hn::Set(d, p.min_normal_bits))))) {
-    // Every lane is in the normal range (or above it): the quantum is a fixed number S of
-    // float mantissa bits, so round the float bits themselves; a carry out of the mantissa
-    // moves into the exponent by the addition, as in the codec.
+  // Zeros (half of every ReLU output and of the gradients flowing back through it) do not
+  // leave the fast path: they are the one sub-normal-range value whose result is known.
+  const auto is_zero = hn::Eq(a, zero);
+  if (HWY_LIKELY(hn::AllFalse(d, hn::AndNot(is_zero, hn::Lt(a, hn::Set(d, p.min_normal_bits)))))) {
+    // Every lane is in the normal range (or above it) or zero: the quantum is a fixed
+    // number S of float mantissa bits, so round the float bits themselves; a carry out of
+    // the mantissa moves into the exponent by the addition, as in the codec. A zero lane
+    // rounds to float bits 0 (the added bits stay below the S dropped ones); its code,
+    // which the subtraction below would wrap, is forced to 0.
     V32 rounded;
     if constexpr (kMode == Rounding::nearest_even) {
       // The tie-breaking bit is the mantissa LSB; with M = 0 it is the implicit bit (1),
@@ -168,7 +173,8 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
     }
     v = hn::AndNot(hn::Set(d, p.low_mask), rounded);
     mag = hn::Sub(hn::ShiftRightSame(rounded, static_cast<int>(p.S)), hn::Set(d, p.code_offset));
-    may_be_zero = false;
+    may_be_zero = !hn::AllFalse(d, is_zero);
+    if (may_be_zero) mag = hn::IfThenZeroElse(is_zero, mag);
   } else {
     const V32 exf = hn::ShiftRight<23>(a);
     const V32 e1 = hn::Max(exf, one);

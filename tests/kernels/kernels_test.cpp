@@ -48,6 +48,28 @@ std::vector<float> inputs(const Format& f, std::size_t n, std::uint64_t seed) {
   return x;
 }
 
+// What the SIMD fast path sees in training: values in the format's normal range (and a
+// few past its max) mixed with +-0, as in ReLU outputs and the gradients through them;
+// runs of whole vectors without zeros too.
+std::vector<float> normal_or_zero_inputs(const Format& f, std::size_t n, std::uint64_t seed) {
+  ref::InputGen gen(seed);
+  const int emin = std::max(f.emin(), -126);
+  const int emax = std::min(static_cast<int>(std::ilogb(f.max_finite())), 126);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool dense = (i / 64) % 3 == 2;  // every third run of 64 has no zeros
+    const std::uint64_t r = gen.next();
+    if (!dense && r % 2 == 0) {
+      x[i] = (r & 4) ? -0.0f : 0.0f;
+      continue;
+    }
+    const int e = emin + static_cast<int>((r >> 8) % static_cast<std::uint64_t>(emax - emin + 2));
+    const float m = 1.0f + static_cast<float>((r >> 20) & 0x7fffff) * 0x1p-23f;
+    x[i] = std::ldexp((r & 2) ? -m : m, e);
+  }
+  return x;
+}
+
 std::uint32_t bits(float v) { return std::bit_cast<std::uint32_t>(v); }
 
 class AllTargets : public ::testing::TestWithParam<std::string> {
@@ -65,7 +87,9 @@ TEST_P(AllTargets, QuantizeEncodeDecodeMatchScalar) {
   int fast = 0;
   for (const Format& f : kernel_formats()) {
     fast += kernels::has_fast_path(f);
-    const auto x = inputs(f, n, f.bias * 131 + f.exp_bits);
+    for (int set = 0; set < 2; ++set) {
+    const auto x = set == 0 ? inputs(f, n, f.bias * 131 + f.exp_bits)
+                            : normal_or_zero_inputs(f, n, f.bias * 17 + f.man_bits);
     for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic}) {
       for (Overflow o : {Overflow::saturate, Overflow::nan, Overflow::inf}) {
         QuantSpec q;
@@ -80,7 +104,7 @@ TEST_P(AllTargets, QuantizeEncodeDecodeMatchScalar) {
           continue;
         }
         SCOPED_TRACE(to_string(f) + " " + std::string(to_string(r)) + " " +
-                     std::string(to_string(o)));
+                     std::string(to_string(o)) + (set ? " normal-or-zero inputs" : ""));
         // Scalar expectations.
         std::vector<float> want_q(n);
         std::vector<std::uint32_t> want_c(n);
@@ -123,6 +147,7 @@ TEST_P(AllTargets, QuantizeEncodeDecodeMatchScalar) {
             ASSERT_EQ(c[i], want_c[i]) << "i=" << i << " x=" << std::hexfloat << x[i];
         }
       }
+    }
     }
     // Decode every code (and garbage above the width, which is ignored).
     const std::uint32_t ncodes = 1u << f.width();
