@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
 #ifdef FP8LAB_HAVE_TORCH
   fp8lab::cli::register_quickstart(app);
   fp8lab::cli::register_train(app);
+  fp8lab::cli::register_sweep(app);
+  fp8lab::cli::register_report(app);
 #endif
   try {
     app.parse(argc, argv);

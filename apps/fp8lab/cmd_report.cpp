@@ -1,0 +1,41 @@
+// fp8lab report SWEEP.toml [--out DIR]: the sweep's table (mean +- sd per point, one-sided
+// Mann-Whitney U against the baseline, asterisks) printed and written as Markdown and CSV,
+// and its plots as SVG and PNG.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "commands.hpp"
+#include "fp8lab/core/format.hpp"
+#include "fp8lab/experiments/report.hpp"
+
+namespace fp8lab::cli {
+
+namespace {
+struct ReportArgs {
+  std::string sweep, db = "results.db", out;
+};
+
+void run_report(const ReportArgs& a) {
+  const experiments::Sweep s = experiments::load_sweep(a.sweep);
+  if (!std::filesystem::exists(a.db)) throw Error(a.db + ": no results store here (run the sweep first, or pass --db)");
+  const results::Store store(a.db);
+  const std::string out = a.out.empty() ? "reports/" + s.name : a.out;
+  const auto files = experiments::write_report(s, store, out);
+  const auto rep = experiments::analyse(s, store);
+  std::fputs(experiments::to_markdown(s, rep).c_str(), stdout);
+  for (const auto& f : files) std::fprintf(stderr, "wrote %s\n", f.c_str());
+}
+}  // namespace
+
+void register_report(CLI::App& app) {
+  auto args = std::make_shared<ReportArgs>();
+  auto* cmd = app.add_subcommand("report", "Tables (Markdown, CSV) and plots (SVG, PNG) of a sweep's results");
+  cmd->add_option("sweep", args->sweep, "Sweep file (TOML)")->required();
+  cmd->add_option("--db", args->db, "Results store (SQLite)")->capture_default_str();
+  cmd->add_option("--out", args->out, "Output folder (default reports/<sweep name>)");
+  cmd->callback([args] { run_report(*args); });
+}
+
+}  // namespace fp8lab::cli

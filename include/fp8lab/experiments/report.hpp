@@ -1,0 +1,49 @@
+// Reports of a sweep from the results store: per point the metric's mean and standard
+// deviation over seeds, the one-sided Mann-Whitney U test against the baseline point at 5 %
+// (an asterisk marks a point significantly worse, as the paper's tables do), in Markdown and
+// CSV with the recipe as columns; and the sweep's [[plot]] figures as SVG and PNG.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fp8lab/experiments/sweep.hpp"
+#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/results/stats.hpp"
+#include "fp8lab/results/store.hpp"
+
+namespace fp8lab::experiments {
+
+struct PointResult {
+  int point = 0;
+  std::vector<double> values;            // the metric of each finished run
+  std::vector<std::int64_t> run_ids;     // finished and diverged runs
+  int diverged = 0, missing = 0;         // runs that diverged; seeds with no result yet
+  results::MeanSd stats;
+  std::optional<results::MannWhitney> test;  // against the baseline (not for the baseline)
+  bool significant = false;                  // worse than the baseline at 5 %
+  std::string recipe;                        // as configured (preset name or line)
+  std::string kinds[4];                      // "1.4.3 b10" per a, w, gx, gw ("fp32" if float32)
+  std::string loss_scale;
+};
+
+struct SweepReport {
+  std::string metric;  // e.g. test_accuracy
+  std::vector<PointResult> points;
+  double alpha = 0.05;
+};
+
+SweepReport analyse(const Sweep& s, const results::Store& store);
+std::string to_markdown(const Sweep& s, const SweepReport& r);
+std::string to_csv(const Sweep& s, const SweepReport& r);
+
+// Writes <out>/table.md, <out>/table.csv and each plot's <out>/<file>.{svg,png}; returns the
+// files written. A plot without data is skipped with a note on stderr.
+std::vector<std::string> write_report(const Sweep& s, const results::Store& store, const std::string& out_dir);
+
+// "1.4.3 b10" for a kind's quantizer (the paper's table notation, with " SR" for stochastic
+// rounding and the policy when not the paper's fnuz); "fp32" for none.
+std::string paper_notation(const nn::KindQuant& q);
+
+}  // namespace fp8lab::experiments

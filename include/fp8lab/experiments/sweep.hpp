@@ -1,0 +1,118 @@
+// Sweeps: a grid of training runs (points) times seeds, defined in one TOML file, recorded
+// in the results store; `fp8lab sweep` runs what is missing, `fp8lab report` tabulates and
+// plots what is there.
+//
+//   name = "fmnist-recipes"                 # every run is recorded under this name
+//   base = "../configs/resnet8-fmnist.toml"  # relative to the sweep file
+//   seeds = [1, 2, 3, 4, 5]                  # or a count: seeds = 5 (1..5)
+//   baseline = "recipe=fp32"                 # the point the others are tested against
+//   [set]                                    # config keys set in every run
+//   "train.epochs" = 1
+//   [[grid]]                                 # a grid: the product of its variables
+//   recipe = ["fp32", "resnet32-mixed"]      # a variable: an array, a range table
+//   bias = { from = 0, to = 40, step = 4 }   #   {from, to, step} (inclusive) or a scalar
+//   "quant.recipe" = "{recipe}"              # a config key (dotted): a value or a template
+//   [[plot]]                                 # figures for `fp8lab report`; see docs/experiments.md
+//   type = "metric"  x = "bias"  series = "kind"
+//
+// Several [[grid]] tables are concatenated (a point is a combination of one grid's
+// variables). A run's identity is its full config without the checkpoint path and thread
+// count, so a sweep started again skips runs that finished (or diverged), resumes stopped
+// or killed ones from their checkpoints, and starts the rest.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/results/store.hpp"
+
+namespace fp8lab::experiments {
+
+struct SweepPoint {
+  std::vector<std::pair<std::string, std::string>> vars;  // variable -> value text, grid order
+  std::vector<std::string> sets;                          // "key=value" beyond the base and [set]
+  std::string label() const;                              // "recipe=fp32, seed-independent"
+  std::string var(const std::string& name) const;         // "" if the point has no such variable
+};
+
+struct SweepRun {
+  int point = 0;
+  std::uint64_t seed = 0;
+  TrainConfig cfg;
+  std::string identity;  // canonical JSON of the config (see above)
+  std::string key;       // 16 hex digits of its hash: names the config, log and checkpoint
+};
+
+struct PlotSpec {
+  std::string type;  // metric, heatmap, loss-scale, histograms, fixed-point-snr
+  std::string title, x, y, series, file;  // file: output name without extension
+  std::map<std::string, std::string> where;  // only points whose variables have these values
+  std::vector<std::string> formats;          // histograms: ranges to draw; snr: unused
+  std::vector<std::string> kinds;            // histograms: tensor kinds (default all four)
+  bool log_x = false;
+};
+
+struct Sweep {
+  std::string name, source, base;  // source: the sweep file; base: the base config's path
+  std::vector<std::uint64_t> seeds;
+  std::vector<std::string> set;     // [set] as "key=value"
+  std::vector<SweepPoint> points;
+  std::vector<std::string> variables;  // every variable name, first-seen order
+  int baseline = -1;                   // index into points, -1: none
+  std::string metric;                  // "" : the task's own
+  std::string better;                  // higher, lower, "": lower for metrics named *loss*
+  std::vector<PlotSpec> plots;
+  std::vector<SweepRun> runs;  // points x seeds, point-major
+};
+
+// Parses and expands a sweep; every run's config is built and validated here, so a bad key
+// or value is reported (with the grid and variable it came from) before anything runs.
+Sweep parse_sweep(const std::string& toml_text, const std::string& source,
+                  const std::string& base_dir);
+Sweep load_sweep(const std::string& path);
+
+// Where a run stands in a store: done (finished or diverged: skip), resumable (stopped or
+// killed with a checkpoint on disk), or to start. `row` is the newest matching run.
+struct RunState {
+  enum Kind { todo, resume, done } kind = todo;
+  std::optional<results::RunRow> row;
+};
+RunState run_state(const SweepRun& run, const std::vector<results::RunRow>& rows,
+                   const std::string& checkpoint);
+// The newest row of the store whose config is `run`'s (any status).
+std::optional<results::RunRow> find_run(const SweepRun& run, const std::vector<results::RunRow>& rows);
+std::string identity_of(const std::string& config_json);  // canonical form of a stored config
+
+struct SweepOptions {
+  int jobs = 1;
+  std::string dir;       // configs, logs and checkpoints: <dir>/<key>.{toml,log,ckpt}
+  bool progress = true;
+  bool dry_run = false;  // list what would run
+  // Runs one training run to completion (blocking) and returns its exit status. The CLI
+  // spawns `fp8lab train CONFIG --db STORE [--resume]`; tests may train in-process.
+  std::function<int(const SweepRun&, const std::string& config_path, bool resume,
+                    const std::string& log_path)>
+      launch;
+};
+
+struct SweepSummary {
+  int total = 0, skipped = 0, started = 0, resumed = 0, finished = 0, diverged = 0, failed = 0;
+  bool stopped = false;  // a stop was requested: not every run was attempted
+};
+
+// Runs what is missing, `jobs` at a time, reporting each end on stderr.
+SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions& opt);
+
+// The CLI's launcher: `exe train CONFIG --db DB --no-progress [--resume]`, output appended to
+// the log, in its own process group (a Ctrl-C reaches the sweep, which passes exactly one
+// SIGINT on, so each run stops with a checkpoint).
+int launch_process(const std::string& exe, const std::string& db, const std::string& config_path,
+                   bool resume, const std::string& log_path);
+// Sends SIGINT to every process launch_process is waiting on (async-signal-safe).
+void interrupt_launched();
+
+}  // namespace fp8lab::experiments

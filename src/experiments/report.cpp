@@ -1,0 +1,484 @@
+#include "fp8lab/experiments/report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "fp8lab/core/analysis.hpp"
+#include "fp8lab/core/format.hpp"
+#include "fp8lab/results/plot.hpp"
+
+namespace fp8lab::experiments {
+
+namespace fs = std::filesystem;
+namespace plt = results::plot;
+
+namespace {
+
+std::string fixed(double v, int d) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", d, v);
+  return b;
+}
+
+std::string pvalue(double p) {
+  char b[32];
+  if (p < 1e-4) std::snprintf(b, sizeof b, "%.1e", p);
+  else std::snprintf(b, sizeof b, "%.4f", p);
+  return b;
+}
+
+const char* kKindNames[4] = {"activations", "weights", "grad_x", "grad_w"};
+
+// Decimals for a metric: accuracies and BLEU 2, losses 4.
+int decimals_for(const std::string& metric) { return metric.find("loss") != std::string::npos ? 4 : 2; }
+
+void write_text(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw Error(path + ": cannot write");
+    out << text;
+    if (!out) throw Error(path + ": write failed");
+  }
+  fs::rename(tmp, path);
+}
+
+bool matches(const SweepPoint& p, const std::map<std::string, std::string>& where) {
+  for (const auto& [k, v] : where)
+    if (p.var(k) != v) return false;
+  return true;
+}
+
+double as_number(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  return end && *end == '\0' && !s.empty() ? v : std::nan("");
+}
+
+// The finished/diverged run of a point with the smallest seed (for traces and histograms).
+std::optional<results::RunRow> first_run(const Sweep& s, int point, const std::vector<results::RunRow>& rows) {
+  for (const auto& r : s.runs)
+    if (r.point == point) {
+      const RunState st = run_state(r, rows, "");
+      if (st.kind == RunState::done) return st.row;
+    }
+  return std::nullopt;
+}
+
+std::string point_title(const Sweep& s, int point, const PlotSpec& spec) {
+  std::string t;
+  for (const auto& [k, v] : s.points[static_cast<std::size_t>(point)].vars)
+    if (!spec.where.count(k)) t += (t.empty() ? "" : ", ") + k + "=" + v;
+  return t.empty() ? s.points[static_cast<std::size_t>(point)].label() : t;
+}
+
+// --- plots -----------------------------------------------------------------------------
+
+std::optional<plt::Figure> metric_plot(const Sweep& s, const SweepReport& rep, const PlotSpec& spec) {
+  plt::Figure fig;
+  fig.title = spec.title.empty() ? s.name + ": " + rep.metric + " against " + spec.x : spec.title;
+  plt::Panel p;
+  p.xlabel = spec.x;
+  p.ylabel = rep.metric + " (mean +- sd over seeds)";
+  std::map<std::string, plt::Series> by_series;
+  std::vector<std::string> order;
+  for (const auto& pr : rep.points) {
+    const SweepPoint& pt = s.points[static_cast<std::size_t>(pr.point)];
+    if (!matches(pt, spec.where) || pt.var(spec.x).empty()) continue;
+    const double x = as_number(pt.var(spec.x));
+    if (!std::isfinite(x)) continue;
+    const std::string key = spec.series.empty() ? "" : spec.series + "=" + pt.var(spec.series);
+    if (!by_series.count(key)) order.push_back(key), by_series[key].label = key;
+    auto& se = by_series[key];
+    se.x.push_back(x);
+    se.y.push_back(pr.stats.n ? pr.stats.mean : std::nan(""));
+    se.err.push_back(pr.stats.n > 1 ? pr.stats.sd : 0);
+  }
+  if (order.empty()) return std::nullopt;
+  for (const auto& k : order) {
+    auto se = by_series[k];
+    std::vector<std::size_t> idx(se.x.size());
+    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::sort(idx.begin(), idx.end(), [&](auto a, auto b) { return se.x[a] < se.x[b]; });
+    plt::Series sorted{se.label};
+    for (auto i : idx) sorted.x.push_back(se.x[i]), sorted.y.push_back(se.y[i]), sorted.err.push_back(se.err[i]);
+    p.series.push_back(std::move(sorted));
+  }
+  if (s.baseline >= 0) {
+    const auto& b = rep.points[static_cast<std::size_t>(s.baseline)];
+    if (b.stats.n) {
+      p.bands.push_back({b.stats.mean - b.stats.sd, b.stats.mean + b.stats.sd, "", 7, false, 0.18});
+      p.lines.push_back({b.stats.mean, "baseline (" + s.points[static_cast<std::size_t>(s.baseline)].label() + ") +- sd", 7, false, true});
+    }
+  }
+  fig.panels.push_back(std::move(p));
+  fig.panel_width = 760;
+  fig.panel_height = 430;
+  return fig;
+}
+
+std::optional<plt::Figure> heatmap_plot(const Sweep& s, const SweepReport& rep, const PlotSpec& spec) {
+  std::set<double> xs, ys;
+  std::map<std::pair<double, double>, double> v;
+  for (const auto& pr : rep.points) {
+    const SweepPoint& pt = s.points[static_cast<std::size_t>(pr.point)];
+    if (!matches(pt, spec.where)) continue;
+    const double x = as_number(pt.var(spec.x)), y = as_number(pt.var(spec.y));
+    if (!std::isfinite(x) || !std::isfinite(y)) continue;
+    xs.insert(x), ys.insert(y);
+    v[{x, y}] = pr.stats.n ? pr.stats.mean : std::nan("");
+  }
+  if (xs.empty()) return std::nullopt;
+  plt::Heat h;
+  h.xs.assign(xs.begin(), xs.end());
+  h.ys.assign(ys.begin(), ys.end());
+  h.value_label = rep.metric + " (mean over seeds)";
+  h.decimals = decimals_for(rep.metric) == 4 ? 3 : 1;
+  for (double y : h.ys) {
+    std::vector<double> row;
+    for (double x : h.xs) row.push_back(v.count({x, y}) ? v[{x, y}] : std::nan(""));
+    h.v.push_back(std::move(row));
+  }
+  plt::Figure fig;
+  fig.title = spec.title.empty() ? s.name + ": " + rep.metric : spec.title;
+  plt::Panel p;
+  p.xlabel = spec.x;
+  p.ylabel = spec.y;
+  p.heat = std::move(h);
+  fig.panels.push_back(std::move(p));
+  fig.panel_width = std::max(520, 90 + 46 * static_cast<int>(xs.size()) + 110);
+  fig.panel_height = std::max(360, 90 + 34 * static_cast<int>(ys.size()));
+  return fig;
+}
+
+std::optional<plt::Figure> loss_scale_plot(const Sweep& s, const results::Store& store, const PlotSpec& spec,
+                                           const std::vector<results::RunRow>& rows) {
+  plt::Panel p;
+  p.xlabel = "training step";
+  p.ylabel = "loss scale (log2)";
+  for (std::size_t i = 0; i < s.points.size(); ++i) {
+    if (!matches(s.points[i], spec.where)) continue;
+    const auto row = first_run(s, static_cast<int>(i), rows);
+    if (!row) continue;
+    const auto trace = store.loss_scale_trace(row->id);
+    if (trace.empty()) continue;
+    plt::Series se;
+    se.label = spec.series.empty() ? point_title(s, static_cast<int>(i), spec) : s.points[i].var(spec.series);
+    se.markers = false;
+    for (const auto& [step, l2, skipped] : trace) se.x.push_back(static_cast<double>(step)), se.y.push_back(l2);
+    p.series.push_back(std::move(se));
+  }
+  if (p.series.empty()) return std::nullopt;
+  plt::Figure fig;
+  fig.title = spec.title.empty() ? s.name + ": loss scale over training (first seed)" : spec.title;
+  fig.panels.push_back(std::move(p));
+  fig.panel_width = 760;
+  fig.panel_height = 420;
+  return fig;
+}
+
+// Exponent histograms: for each tensor kind, the first and last recorded step, with the
+// first layer, the last layer and all others summed, against the formats' ranges.
+std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& store, const PlotSpec& spec,
+                                          const std::vector<results::RunRow>& rows) {
+  std::optional<results::RunRow> row;
+  std::string which;
+  for (std::size_t i = 0; i < s.points.size() && !row; ++i)
+    if (matches(s.points[i], spec.where)) row = first_run(s, static_cast<int>(i), rows), which = s.points[i].label();
+  if (!row) return std::nullopt;
+  const auto stats = store.stats(row->id);
+  if (stats.empty()) {
+    std::fprintf(stderr, "report: run %lld (%s) has no tensor statistics (set train.stats_interval)\n",
+                 static_cast<long long>(row->id), which.c_str());
+    return std::nullopt;
+  }
+  std::int64_t first_step = stats.front().step, last_step = stats.front().step;
+  std::vector<std::string> layer_order;  // forward order: as the activations were recorded
+  for (const auto& r : stats) {
+    first_step = std::min(first_step, r.step), last_step = std::max(last_step, r.step);
+    if (r.kind == "a" && std::find(layer_order.begin(), layer_order.end(), r.layer) == layer_order.end())
+      layer_order.push_back(r.layer);
+  }
+  const std::vector<std::string> kinds = spec.kinds.empty() ? std::vector<std::string>{"a", "w", "gx", "gw"} : spec.kinds;
+  plt::Figure fig;
+  fig.title = spec.title.empty() ? s.name + ": exponent histograms (" + which + ", seed " + std::to_string(row->seed) + ")"
+                                 : spec.title;
+  fig.cols = 2;
+  fig.panel_width = 600;
+  fig.panel_height = 330;
+  for (const auto& kind : kinds) {
+    for (const std::int64_t step : {first_step, last_step}) {
+      // group -> exponent -> count; zeros and totals per group.
+      std::map<int, std::map<int, double>> groups;
+      std::map<int, double> zeros, totals;
+      for (const auto& r : stats) {
+        if (r.kind != kind || r.step != step) continue;
+        const auto pos = std::find(layer_order.begin(), layer_order.end(), r.layer);
+        const int g = pos == layer_order.begin() ? 0 : (pos + 1 == layer_order.end() ? 2 : 1);
+        const auto h = nlohmann::json::parse(r.histogram, nullptr, false);
+        if (h.is_discarded()) continue;
+        const int lo = h.value("lo", 0);
+        const auto counts = h.value("counts", std::vector<double>{});
+        for (std::size_t i = 0; i < counts.size(); ++i) groups[g][lo + static_cast<int>(i)] += counts[i];
+        zeros[g] += h.value("zero", 0.0);
+        totals[g] += static_cast<double>(r.total);
+      }
+      if (groups.empty()) continue;
+      plt::Panel p;
+      p.title = std::string(kKindNames[static_cast<int>(nn::parse_kind(kind))]) + ", step " + std::to_string(step);
+      p.xlabel = "exponent e = floor(log2 |x|)";
+      p.ylabel = "% of values";
+      static const char* kGroupNames[3] = {"first layer", "other layers", "last layer"};
+      for (auto& [g, hist] : groups) {
+        plt::Series se;
+        se.label = std::string(kGroupNames[g]) + " (" + fixed(totals[g] > 0 ? 100 * zeros[g] / totals[g] : 0, 0) + "% zero)";
+        se.color = g;
+        se.markers = false;
+        for (const auto& [e, c] : hist) {
+          se.x.push_back(e + 0.5);
+          se.y.push_back(totals[g] > 0 ? 100 * c / totals[g] : 0);
+        }
+        p.series.push_back(std::move(se));
+      }
+      int fi = 0;
+      for (const auto& fs_text : spec.formats) {
+        const Format f = parse_format(fs_text);
+        const int emin = f.emin();
+        const int emax = static_cast<int>(std::floor(std::log2(f.max_finite())));
+        const int color = 4 + fi * 2;
+        p.bands.push_back({static_cast<double>(emin), static_cast<double>(emax + 1), fs_text + " normal", color, true, 0.16});
+        if (f.subnormals && f.man_bits > 0)
+          p.bands.push_back({static_cast<double>(emin - f.man_bits), static_cast<double>(emin), fs_text + " subnormal", color, true, 0.07});
+        ++fi;
+      }
+      fig.panels.push_back(std::move(p));
+    }
+  }
+  if (fig.panels.empty()) return std::nullopt;
+  return fig;
+}
+
+// Appendix A: SNR of the scaled integer 1.0.7 on N(0, 1) against its quantization step,
+// the closed form and the measured value, beside the float formats' SNR.
+plt::Figure fixed_point_snr_plot(const PlotSpec& spec) {
+  plt::Panel p;
+  p.xlabel = "quantization step q (log2)";
+  p.ylabel = "SNR (dB), input N(0, 1)";
+  DistSpec d;
+  d.dist = Distribution::normal;
+  d.scale = 1;
+  const auto x = sample(d, 1 << 16, 1);
+  plt::Series model{"1.0.7 model (Appendix A)"}, measured{"1.0.7 measured (65,536 samples)"};
+  model.markers = false;
+  measured.line = false;
+  for (int b = -4; b <= 12; ++b) {
+    const Format f = make_format(0, 7, b);
+    const double q = std::log2(f.min_positive());
+    measured.x.push_back(q), measured.y.push_back(measured_snr_db(f, x));
+  }
+  for (double lq = std::log2(make_format(0, 7, 12).min_positive()); lq <= std::log2(make_format(0, 7, -4).min_positive()) + 1e-9; lq += 0.125) {
+    model.x.push_back(lq);
+    model.y.push_back(fixed_point_snr_model_db(127, std::exp2(lq), d));
+  }
+  p.series.push_back(std::move(model));
+  p.series.push_back(std::move(measured));
+  int color = 2;
+  for (const char* name : {"1.4.3", "1.5.2"}) {
+    const Format f = parse_format(name);
+    p.lines.push_back({measured_snr_db(f, x), std::string(name) + " measured (bias " + std::to_string(f.bias) + ")", color++, false, true});
+  }
+  plt::Figure fig;
+  fig.title = spec.title.empty() ? "Fixed point (1.0.7) SNR against the quantization step" : spec.title;
+  fig.panels.push_back(std::move(p));
+  fig.panel_width = 760;
+  fig.panel_height = 430;
+  return fig;
+}
+
+}  // namespace
+
+std::string paper_notation(const nn::KindQuant& q) {
+  if (!q) return "fp32";
+  const Format& f = q->format;
+  std::string s = "1." + std::to_string(f.exp_bits) + "." + std::to_string(f.man_bits) + " b" + std::to_string(f.bias);
+  if (f.policy != Policy::fnuz) s += " " + std::string(to_string(f.policy));
+  if (!f.subnormals) s += " nosub";
+  if (q->rounding == Rounding::stochastic) s += " SR";
+  else if (q->rounding == Rounding::toward_zero) s += " RZ";
+  return s;
+}
+
+SweepReport analyse(const Sweep& s, const results::Store& store) {
+  SweepReport rep;
+  const auto rows = store.runs({.status = "", .recipe = "", .name = s.name});
+  rep.points.resize(s.points.size());
+  for (std::size_t i = 0; i < s.points.size(); ++i) rep.points[i].point = static_cast<int>(i);
+  std::set<std::string> metric_names;
+  for (const auto& r : s.runs) {
+    PointResult& pr = rep.points[static_cast<std::size_t>(r.point)];
+    if (pr.recipe.empty()) {
+      pr.recipe = r.cfg.quant.recipe;
+      pr.loss_scale = r.cfg.quant.loss_scale;
+      try {
+        const nn::Recipe rec = nn::load_recipe(r.cfg.quant.recipe);
+        for (int k = 0; k < 4; ++k) pr.kinds[k] = paper_notation(rec.base.q[static_cast<std::size_t>(k)]);
+      } catch (const Error&) {
+        for (auto& k : pr.kinds) k = "?";
+      }
+    }
+    const RunState st = run_state(r, rows, "");
+    if (st.kind != RunState::done) {
+      ++pr.missing;
+      continue;
+    }
+    pr.run_ids.push_back(st.row->id);
+    if (st.row->status == "diverged") {
+      ++pr.diverged;
+      continue;
+    }
+    double v = std::nan("");
+    if (s.metric.empty() || s.metric == st.row->metric_name) {
+      if (st.row->final_metric) v = *st.row->final_metric;
+      metric_names.insert(st.row->metric_name);
+    } else {
+      const auto m = store.metric(st.row->id, s.metric);
+      if (!m.empty()) v = m.back().second;
+      metric_names.insert(s.metric);
+    }
+    if (std::isfinite(v)) pr.values.push_back(v);
+    else ++pr.missing;
+  }
+  rep.metric = !s.metric.empty() ? s.metric : metric_names.empty() ? "metric" : *metric_names.begin();
+  const bool higher = s.better.empty() ? rep.metric.find("loss") == std::string::npos : s.better == "higher";
+  for (auto& pr : rep.points) pr.stats = results::mean_sd(pr.values);
+  if (s.baseline >= 0) {
+    const auto& base = rep.points[static_cast<std::size_t>(s.baseline)].values;
+    for (auto& pr : rep.points) {
+      if (pr.point == s.baseline || pr.values.empty() || base.empty()) continue;
+      // One-sided: is this point worse than the baseline?
+      pr.test = results::mann_whitney_u(pr.values, base, higher ? results::Alternative::less : results::Alternative::greater);
+      pr.significant = pr.test->p < rep.alpha;
+    }
+  }
+  return rep;
+}
+
+namespace {
+struct Columns {
+  std::vector<std::string> vars;  // variables that vary (others are constant)
+  bool recipe = false, loss_scale = false;
+};
+Columns columns(const Sweep& s, const SweepReport& r) {
+  Columns c;
+  for (const auto& v : s.variables) {
+    std::set<std::string> seen;
+    for (const auto& p : s.points) seen.insert(p.var(v));
+    if (seen.size() > 1 || s.points.size() == 1) c.vars.push_back(v);
+  }
+  std::set<std::string> recipes, scales;
+  for (const auto& p : r.points) recipes.insert(p.recipe), scales.insert(p.loss_scale);
+  c.recipe = true;
+  c.loss_scale = scales.size() > 1 || (scales.size() == 1 && *scales.begin() != "none");
+  return c;
+}
+}  // namespace
+
+std::string to_markdown(const Sweep& s, const SweepReport& r) {
+  const Columns c = columns(s, r);
+  const int dec = decimals_for(r.metric);
+  std::ostringstream o;
+  o << "| ";
+  for (const auto& v : c.vars) o << v << " | ";
+  o << "activations | weights | grad_x | grad_w | ";
+  if (c.loss_scale) o << "loss scaling | ";
+  o << r.metric << " | runs | p (MWU vs baseline) |\n|";
+  const std::size_t ncols = c.vars.size() + 4 + (c.loss_scale ? 1 : 0) + 3;
+  for (std::size_t i = 0; i < ncols; ++i) o << (i < c.vars.size() + 4 + (c.loss_scale ? 1 : 0) ? "---|" : "---:|");
+  o << "\n";
+  for (const auto& p : r.points) {
+    const SweepPoint& pt = s.points[static_cast<std::size_t>(p.point)];
+    o << "| ";
+    for (const auto& v : c.vars) o << pt.var(v) << " | ";
+    for (const auto& k : p.kinds) o << k << " | ";
+    if (c.loss_scale) o << p.loss_scale << " | ";
+    if (p.stats.n) o << fixed(p.stats.mean, dec) << " ± " << fixed(p.stats.sd, dec) << (p.significant ? "*" : "");
+    else o << "-";
+    o << " | " << p.stats.n;
+    if (p.diverged) o << " (+" << p.diverged << " diverged)";
+    if (p.missing) o << " (" << p.missing << " missing)";
+    o << " | " << (p.point == s.baseline ? "baseline" : p.test ? pvalue(p.test->p) : "-") << " |\n";
+  }
+  o << "\n" << r.metric << ": mean ± sample standard deviation over seeds";
+  if (s.baseline >= 0)
+    o << "; * = worse than the baseline (" << s.points[static_cast<std::size_t>(s.baseline)].label()
+      << ") by a one-sided Mann-Whitney U test at " << fixed(r.alpha * 100, 0) << " %";
+  o << ".\n";
+  return o.str();
+}
+
+std::string to_csv(const Sweep& s, const SweepReport& r) {
+  const Columns c = columns(s, r);
+  std::ostringstream o;
+  auto cell = [](const std::string& x) {
+    if (x.find_first_of(",\"\n") == std::string::npos) return x;
+    std::string q = "\"";
+    for (char ch : x) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+    return q + "\"";
+  };
+  for (const auto& v : s.variables) o << cell(v) << ",";
+  o << "recipe,a,w,gx,gw,loss_scale,n,diverged,missing,mean,sd,u,p,significant,values\n";
+  for (const auto& p : r.points) {
+    const SweepPoint& pt = s.points[static_cast<std::size_t>(p.point)];
+    for (const auto& v : s.variables) o << cell(pt.var(v)) << ",";
+    o << cell(p.recipe) << "," << cell(p.kinds[0]) << "," << cell(p.kinds[1]) << "," << cell(p.kinds[2]) << ","
+      << cell(p.kinds[3]) << "," << cell(p.loss_scale) << "," << p.stats.n << "," << p.diverged << "," << p.missing << ",";
+    if (p.stats.n) o << fixed(p.stats.mean, 6) << "," << fixed(p.stats.sd, 6);
+    else o << ",";
+    o << ",";
+    if (p.test) o << fixed(p.test->u, 1) << "," << pvalue(p.test->p) << "," << (p.significant ? 1 : 0);
+    else o << ",,";
+    std::string vals;
+    for (double v : p.values) vals += (vals.empty() ? "" : " ") + fixed(v, 4);
+    o << "," << cell(vals) << "\n";
+  }
+  (void)c;
+  return o.str();
+}
+
+std::vector<std::string> write_report(const Sweep& s, const results::Store& store, const std::string& out_dir) {
+  fs::create_directories(out_dir);
+  const SweepReport rep = analyse(s, store);
+  const auto rows = store.runs({.status = "", .recipe = "", .name = s.name});
+  std::vector<std::string> files;
+  const std::string md = (fs::path(out_dir) / "table.md").string(), csv = (fs::path(out_dir) / "table.csv").string();
+  write_text(md, to_markdown(s, rep));
+  write_text(csv, to_csv(s, rep));
+  files.push_back(md);
+  files.push_back(csv);
+  for (const auto& spec : s.plots) {
+    std::optional<plt::Figure> fig;
+    if (spec.type == "metric") fig = metric_plot(s, rep, spec);
+    else if (spec.type == "heatmap") fig = heatmap_plot(s, rep, spec);
+    else if (spec.type == "loss-scale") fig = loss_scale_plot(s, store, spec, rows);
+    else if (spec.type == "histograms") fig = histogram_plot(s, store, spec, rows);
+    else if (spec.type == "fixed-point-snr") fig = fixed_point_snr_plot(spec);
+    if (!fig) {
+      std::fprintf(stderr, "report: plot '%s' (%s) has no data yet; skipped\n", spec.file.c_str(), spec.type.c_str());
+      continue;
+    }
+    const std::string stem = (fs::path(out_dir) / spec.file).string();
+    plt::save(*fig, stem);
+    files.push_back(stem + ".svg");
+    files.push_back(stem + ".png");
+  }
+  return files;
+}
+
+}  // namespace fp8lab::experiments
