@@ -321,6 +321,8 @@ SweepReport analyse(const Sweep& s, const results::Store& store) {
   rep.points.resize(s.points.size());
   for (std::size_t i = 0; i < s.points.size(); ++i) rep.points[i].point = static_cast<int>(i);
   std::set<std::string> metric_names;
+  std::map<int, std::pair<double, double>> scale_sums;  // point -> (sum of run means, runs)
+  std::map<int, double> skipped_sums;
   for (const auto& r : s.runs) {
     PointResult& pr = rep.points[static_cast<std::size_t>(r.point)];
     if (pr.recipe.empty()) {
@@ -354,6 +356,25 @@ SweepReport analyse(const Sweep& s, const results::Store& store) {
     }
     if (std::isfinite(v)) pr.values.push_back(v);
     else ++pr.missing;
+    if (r.cfg.quant.loss_scale != "none") {
+      // Each trace point holds the scale from its step on: weight it by the steps it held.
+      const auto trace = store.loss_scale_trace(st.row->id);
+      if (!trace.empty()) {
+        double sum = 0, steps = 0, skipped = 0;
+        for (std::size_t i = 0; i < trace.size(); ++i) {
+          const double len = i + 1 < trace.size() ? static_cast<double>(std::get<0>(trace[i + 1]) - std::get<0>(trace[i])) : 1.0;
+          sum += std::get<1>(trace[i]) * len, steps += len;
+          skipped += std::get<2>(trace[i]);
+        }
+        scale_sums[r.point].first += sum / steps;
+        scale_sums[r.point].second += 1;
+        skipped_sums[r.point] += skipped;
+      }
+    }
+  }
+  for (const auto& [pt, acc] : scale_sums) {
+    rep.points[static_cast<std::size_t>(pt)].mean_log2_scale = acc.first / acc.second;
+    rep.points[static_cast<std::size_t>(pt)].skipped_steps = skipped_sums[pt] / acc.second;
   }
   rep.metric = !s.metric.empty() ? s.metric : metric_names.empty() ? "metric" : *metric_names.begin();
   const bool higher = s.better.empty() ? rep.metric.find("loss") == std::string::npos : s.better == "higher";
@@ -397,17 +418,21 @@ std::string to_markdown(const Sweep& s, const SweepReport& r) {
   o << "| ";
   for (const auto& v : c.vars) o << v << " | ";
   o << "activations | weights | grad_x | grad_w | ";
-  if (c.loss_scale) o << "loss scaling | ";
+  if (c.loss_scale) o << "loss scaling | mean log2 scale | skipped steps | ";
   o << r.metric << " | runs | p (MWU vs baseline) |\n|";
-  const std::size_t ncols = c.vars.size() + 4 + (c.loss_scale ? 1 : 0) + 3;
-  for (std::size_t i = 0; i < ncols; ++i) o << (i < c.vars.size() + 4 + (c.loss_scale ? 1 : 0) ? "---|" : "---:|");
+  const std::size_t left = c.vars.size() + 4 + (c.loss_scale ? 1 : 0);
+  const std::size_t ncols = left + (c.loss_scale ? 2 : 0) + 3;
+  for (std::size_t i = 0; i < ncols; ++i) o << (i < left ? "---|" : "---:|");
   o << "\n";
   for (const auto& p : r.points) {
     const SweepPoint& pt = s.points[static_cast<std::size_t>(p.point)];
     o << "| ";
     for (const auto& v : c.vars) o << pt.var(v) << " | ";
     for (const auto& k : p.kinds) o << k << " | ";
-    if (c.loss_scale) o << p.loss_scale << " | ";
+    if (c.loss_scale) {
+      o << p.loss_scale << " | " << (p.mean_log2_scale ? fixed(*p.mean_log2_scale, 1) : "-") << " | "
+        << (p.skipped_steps ? fixed(*p.skipped_steps, 1) : "-") << " | ";
+    }
     if (p.stats.n) o << fixed(p.stats.mean, dec) << " ± " << fixed(p.stats.sd, dec) << (p.significant ? "*" : "");
     else o << "-";
     o << " | " << p.stats.n;
@@ -433,12 +458,14 @@ std::string to_csv(const Sweep& s, const SweepReport& r) {
     return q + "\"";
   };
   for (const auto& v : s.variables) o << cell(v) << ",";
-  o << "recipe,a,w,gx,gw,loss_scale,n,diverged,missing,mean,sd,u,p,significant,values\n";
+  o << "recipe,a,w,gx,gw,loss_scale,mean_log2_scale,skipped_steps,n,diverged,missing,mean,sd,u,p,significant,values\n";
   for (const auto& p : r.points) {
     const SweepPoint& pt = s.points[static_cast<std::size_t>(p.point)];
     for (const auto& v : s.variables) o << cell(pt.var(v)) << ",";
     o << cell(p.recipe) << "," << cell(p.kinds[0]) << "," << cell(p.kinds[1]) << "," << cell(p.kinds[2]) << ","
-      << cell(p.kinds[3]) << "," << cell(p.loss_scale) << "," << p.stats.n << "," << p.diverged << "," << p.missing << ",";
+      << cell(p.kinds[3]) << "," << cell(p.loss_scale) << ","
+      << (p.mean_log2_scale ? fixed(*p.mean_log2_scale, 3) : "") << "," << (p.skipped_steps ? fixed(*p.skipped_steps, 1) : "")
+      << "," << p.stats.n << "," << p.diverged << "," << p.missing << ",";
     if (p.stats.n) o << fixed(p.stats.mean, 6) << "," << fixed(p.stats.sd, 6);
     else o << ",";
     o << ",";

@@ -8,7 +8,9 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -24,6 +26,8 @@
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/experiments/progress.hpp"
 #include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/nn/loss_scale.hpp"
+#include "fp8lab/nn/recipe.hpp"
 #include "../data/io.hpp"
 
 extern char** environ;
@@ -51,14 +55,24 @@ std::string quote(const std::string& s) {
   return o.str();
 }
 
+// The shortest text that reads back to the same double, always with a '.' or exponent
+// (so that TOML reads it as a float): 0.1, 2.0, 1e-05.
+std::string shortest(double v) {
+  if (!std::isfinite(v)) return v > 0 ? "inf" : v < 0 ? "-inf" : "nan";
+  char b[64];
+  auto r = std::to_chars(b, b + sizeof b, v);
+  std::string t(b, r.ptr);
+  if (t.find_first_of(".eE") == std::string::npos) t += ".0";
+  return t;
+}
+
 Value scalar(const toml::node& n, const std::string& what, const std::string& source) {
   if (auto s = n.value_exact<std::string>()) return {*s, quote(*s)};
   if (auto i = n.value_exact<std::int64_t>()) return {std::to_string(*i), std::to_string(*i)};
   if (auto b = n.value_exact<bool>()) return {*b ? "true" : "false", *b ? "true" : "false"};
   if (auto d = n.value_exact<double>()) {
-    std::ostringstream o;
-    o << toml::value<double>(*d);
-    return {o.str(), o.str()};
+    const std::string t = shortest(*d);
+    return {t, t};
   }
   throw Error(where(source, n) + what + ": expected a string, number or boolean");
 }
@@ -98,9 +112,7 @@ std::vector<Value> values_of(const toml::node& n, const std::string& name, const
         const auto iv = static_cast<std::int64_t>(std::llround(v));
         out.push_back({std::to_string(iv), std::to_string(iv)});
       } else {
-        std::ostringstream o;
-        o << toml::value<double>(v);
-        out.push_back({o.str(), o.str()});
+        out.push_back({shortest(v), shortest(v)});
       }
     }
     return out;
@@ -304,8 +316,20 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
   for (const toml::table* g : grids) {
     std::vector<std::pair<std::string, std::vector<Value>>> vars;
     std::vector<std::pair<std::string, const toml::node*>> keys;
-    for (const auto& [k, v] : *g) {
-      const std::string key(k.str());
+    // toml++ orders a table's keys by name; the grid's order is the file's.
+    struct Entry {
+      std::string key;
+      const toml::node* node;
+      toml::source_position at;
+    };
+    std::vector<Entry> entries;
+    for (const auto& [k, v] : *g) entries.push_back({std::string(k.str()), &v, k.source().begin});
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return a.at.line != b.at.line ? a.at.line < b.at.line : a.at.column < b.at.column;
+    });
+    for (const auto& e : entries) {
+      const std::string& key = e.key;
+      const toml::node& v = *e.node;
       const bool config_key = key.find('.') != std::string::npos || key == "seed" || key == "name" || key == "task";
       if (key == "seed" || key == "name")
         throw Error(where(source, v) + "'" + key + "' is set by the sweep (use 'seeds')");
@@ -384,6 +408,7 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
     const auto bytes = data::io::slurp(s.base);
     base_text.assign(bytes.begin(), bytes.end());
   }
+  std::set<std::string> checked;
   for (std::size_t pi = 0; pi < s.points.size(); ++pi) {
     for (std::uint64_t seed : s.seeds) {
       std::vector<std::string> ov = s.set;
@@ -395,6 +420,15 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
       r.seed = seed;
       try {
         r.cfg = parse_train_config(base_text, s.base.empty() ? "(defaults)" : s.base, ov);
+      } catch (const Error& e) {
+        throw Error(source + ": point " + s.points[pi].label() + ": " + e.what());
+      }
+      // What the trainer would reject only when the run starts: the recipe and loss scaling.
+      try {
+        if (checked.insert(r.cfg.quant.recipe + "\n" + r.cfg.quant.loss_scale).second) {
+          (void)nn::load_recipe(r.cfg.quant.recipe);
+          (void)nn::parse_loss_scale(r.cfg.quant.loss_scale);
+        }
       } catch (const Error& e) {
         throw Error(source + ": point " + s.points[pi].label() + ": " + e.what());
       }

@@ -26,6 +26,9 @@ struct PointResult {
   std::string recipe;                        // as configured (preset name or line)
   std::string kinds[4];                      // "1.4.3 b10" per a, w, gx, gw ("fp32" if float32)
   std::string loss_scale;
+  // Loss scaling on: log2 of the scale averaged over each run's steps, then over runs; and
+  // the steps skipped (mean over runs).
+  std::optional<double> mean_log2_scale, skipped_steps;
 };
 
 struct SweepReport {
