@@ -173,6 +173,65 @@ TOML
   expect_fail "train missing config" "cannot open config" "$FP8LAB" train "$T/none.toml"
   expect_fail "resume without checkpoint" "no checkpoint to resume from" "$FP8LAB" train "$T/syn.toml" --set "train.checkpoint=$T/none.ckpt" --resume --db "$T/t.db"
   expect_fail "resume with another config" "different config (/train/batch)" "$FP8LAB" train "$T/syn.toml" --set name=syn3 --set "train.checkpoint=$T/s3.ckpt" --set train.epochs=400 --set train.batch=8 --resume --db "$T/t.db" --set threads=1
+
+  # --- sweep and report -------------------------------------------------------------------
+  cat >"$T/sw.toml" <<'TOML'
+name = "clisweep"
+base = "syn.toml"
+seeds = 2
+baseline = "recipe=fp32"
+[set]
+"threads" = 1
+[[grid]]
+recipe = ["fp32", "resnet32-mixed"]
+"quant.recipe" = "{recipe}"
+[[plot]]
+type = "metric"
+x = "recipe"
+[[plot]]
+type = "fixed-point-snr"
+file = "snr"
+TOML
+  W=(--db "$T/sw.db" --dir "$T/swruns" --no-progress)
+  "$FP8LAB" sweep "$T/sw.toml" "${W[@]}" --jobs 2 2>"$T/err"; rc=$?
+  check "sweep exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "sweep runs all four" grep -q '4 runs: 0 already done, 4 started, 0 resumed; 4 finished' "$T/err"
+  check "sweep prints each run" grep -q '^\[4/4\] .* finished test_accuracy' "$T/err"
+  check "sweep keeps logs" [ "$(ls "$T/swruns" | grep -c '\.log$')" -eq 4 ]
+  "$FP8LAB" sweep "$T/sw.toml" "${W[@]}" 2>"$T/err"; rc=$?
+  check "sweep again exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "sweep again skips all" grep -q '4 runs: 4 already done, 0 started' "$T/err"
+  out=$("$FP8LAB" report "$T/sw.toml" --db "$T/sw.db" --out "$T/rep" 2>"$T/err"); rc=$?
+  check "report exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "report table" grep -q '^| fp32 | fp32 | fp32 | fp32 | fp32 | .* | 2 | baseline |$' <<<"$out"
+  check "report files" [ -s "$T/rep/table.md" ] && [ -s "$T/rep/table.csv" ] && [ -s "$T/rep/snr.svg" ] && [ -s "$T/rep/snr.png" ]
+  check "report: a metric plot of a non-numeric x is skipped" grep -q "plot 'plot1-metric' (metric) has no data" "$T/err"
+  # Ctrl-C: each run stops with a checkpoint; the sweep again resumes them.
+  cat >"$T/stop.toml" <<'TOML'
+name = "clistop"
+base = "syn.toml"
+[set]
+"threads" = 1
+"train.epochs" = 300
+[[grid]]
+recipe = ["fp32", "resnet32-mixed"]
+"quant.recipe" = "{recipe}"
+TOML
+  W=(--db "$T/sw.db" --dir "$T/stopruns" --no-progress)
+  "$FP8LAB" sweep "$T/stop.toml" "${W[@]}" --jobs 2 >/dev/null 2>"$T/err" &
+  pid=$!
+  for _ in $(seq 1 200); do [ "$(ls "$T/stopruns" 2>/dev/null | grep -c '\.ckpt$')" -ge 2 ] && break; sleep 0.1; done
+  kill -INT $pid
+  wait $pid; rc=$?
+  check "sweep Ctrl-C exits 130 (got $rc)" [ $rc -eq 130 ]
+  check "sweep Ctrl-C says how to go on" grep -q 'run the same command again' "$T/err"
+  check "sweep Ctrl-C leaves stopped runs" [ "$("$FP8LAB" runs --db "$T/sw.db" --csv --name clistop | grep -c ',stopped,')" -eq 2 ]
+  "$FP8LAB" sweep "$T/stop.toml" "${W[@]}" --jobs 2 --dry-run 2>"$T/err"; rc=$?
+  check "sweep dry run lists resumes" [ "$(grep -c '^resume' "$T/err")" -eq 2 ]
+  printf 'name = "x"\n[[grid]]\nr = [1]\n"optimizer.lr" = "{q}"\n' >"$T/badsw.toml"
+  expect_fail "sweep unknown template variable" "uses {q}, which is not a variable" "$FP8LAB" sweep "$T/badsw.toml" --db "$T/sw.db"
+  printf 'name = "x"\nseedz = 1\n' >"$T/badsw.toml"
+  expect_fail "sweep unknown key" "badsw.toml:2: unknown key 'seedz'" "$FP8LAB" sweep "$T/badsw.toml" --db "$T/sw.db"
 fi
 
 echo "cli: $pass passed, $fail failed"
