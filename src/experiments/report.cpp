@@ -235,6 +235,7 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
       p.title = std::string(kKindNames[static_cast<int>(nn::parse_kind(kind))]) + ", step " + std::to_string(step);
       p.xlabel = "exponent e = floor(log2 |x|)";
       p.ylabel = "% of values";
+      p.ymin = 0;
       static const char* kGroupNames[3] = {"first layer", "other layers", "last layer"};
       for (auto& [g, hist] : groups) {
         plt::Series se;
@@ -252,10 +253,11 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
         const Format f = parse_format(fs_text);
         const int emin = f.emin();
         const int emax = static_cast<int>(std::floor(std::log2(f.max_finite())));
-        const int color = 4 + fi * 2;
-        p.bands.push_back({static_cast<double>(emin), static_cast<double>(emax + 1), fs_text + " normal", color, true, 0.16});
+        static constexpr int kBandColors[] = {4, 8, 9, 5};
+        const int color = kBandColors[fi % 4];
+        p.bands.push_back({static_cast<double>(emin), static_cast<double>(emax + 1), fs_text + " normal", color, true, 0.2});
         if (f.subnormals && f.man_bits > 0)
-          p.bands.push_back({static_cast<double>(emin - f.man_bits), static_cast<double>(emin), fs_text + " subnormal", color, true, 0.07});
+          p.bands.push_back({static_cast<double>(emin - f.man_bits), static_cast<double>(emin), fs_text + " subnormal", color, true, 0.08});
         ++fi;
       }
       fig.panels.push_back(std::move(p));

@@ -602,8 +602,7 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
       ++ended;
       // The outcome as the store has it (the run wrote it); the exit status only says how
       // the process ended.
-      results::Store view(store.path());
-      const auto row = find_run(*j->run, view.runs({.status = "", .recipe = "", .name = s.name}));
+      const auto row = find_run(*j->run, store.runs({.status = "", .recipe = "", .name = s.name}));
       const std::string status = row ? row->status : "failed";
       if (status == "finished") ++sum.finished;
       else if (status == "diverged") ++sum.diverged;
@@ -627,8 +626,7 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
   worker();
   for (auto& t : pool) t.join();
   if (bar) bar->finish();
-  sum.stopped = stop_requested() && ended < static_cast<int>(jobs.size());
-  if (stop_requested()) sum.stopped = true;
+  sum.stopped = stop_requested();
   return sum;
 }
 
