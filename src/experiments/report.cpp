@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -12,6 +11,7 @@
 
 #include "fp8lab/core/analysis.hpp"
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/npy.hpp"
 #include "fp8lab/results/plot.hpp"
 
 namespace fp8lab::experiments {
@@ -39,16 +39,7 @@ const char* kKindNames[4] = {"activations", "weights", "grad_x", "grad_w"};
 // Decimals for a metric: accuracies and BLEU 2, losses 4.
 int decimals_for(const std::string& metric) { return metric.find("loss") != std::string::npos ? 4 : 2; }
 
-void write_text(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw Error(path + ": cannot write");
-    out << text;
-    if (!out) throw Error(path + ": write failed");
-  }
-  fs::rename(tmp, path);
-}
+void write_text(const std::string& path, const std::string& text) { write_file_atomic(path, text.data(), text.size()); }
 
 bool matches(const SweepPoint& p, const std::map<std::string, std::string>& where) {
   for (const auto& [k, v] : where)

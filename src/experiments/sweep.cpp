@@ -16,7 +16,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -24,6 +23,7 @@
 #include <thread>
 
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/npy.hpp"
 #include "fp8lab/experiments/progress.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
@@ -582,11 +582,10 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
       // Atomic: a config half-written by a killed sweep is never read. A resumed run keeps
       // the config it started with (its thread count may differ from this sweep's).
       if (!(j->resume && fs::exists(j->config))) {
-        const std::string tmp = j->config + ".tmp";
-        std::ofstream(tmp) << "# " << s.name << ": " << s.points[j->run->point].label() << ", seed "
-                           << j->run->seed << " (written by fp8lab sweep " << s.source << ")\n"
-                           << to_toml(cfg);
-        fs::rename(tmp, j->config);
+        const std::string text = "# " + s.name + ": " + s.points[static_cast<std::size_t>(j->run->point)].label() +
+                                 ", seed " + std::to_string(j->run->seed) + " (written by fp8lab sweep " + s.source +
+                                 ")\n" + to_toml(cfg);
+        write_file_atomic(j->config, text.data(), text.size());
       }
       const auto t0 = std::chrono::steady_clock::now();
       int rc;

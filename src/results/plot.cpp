@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/npy.hpp"
 
 #define STB_TRUETYPE_IMPLEMENTATION
 #define STBTT_STATIC
@@ -510,17 +511,6 @@ class Canvas {
   std::vector<float> px_;
 };
 
-void write_atomic(const std::string& path, const void* data, std::size_t n) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(path + ": cannot write");
-    out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
-    if (!out) throw Error(path + ": write failed");
-  }
-  fs::rename(tmp, path);
-}
-
 }  // namespace
 
 const std::string& font_path() {
@@ -594,7 +584,7 @@ std::vector<std::uint8_t> rasterize(const Figure& f, int& width, int& height) {
 
 void save(const Figure& f, const std::string& stem) {
   const std::string svg = to_svg(f);
-  write_atomic(stem + ".svg", svg.data(), svg.size());
+  write_file_atomic(stem + ".svg", svg.data(), svg.size());
   int w, h;
   const auto px = rasterize(f, w, h);
   std::vector<std::uint8_t> png;
@@ -605,7 +595,7 @@ void save(const Figure& f, const std::string& stem) {
       },
       &png, w, h, 3, px.data(), w * 3);
   if (png.empty()) throw Error(stem + ".png: PNG encoding failed");
-  write_atomic(stem + ".png", png.data(), png.size());
+  write_file_atomic(stem + ".png", png.data(), png.size());
 }
 
 }  // namespace fp8lab::results::plot
