@@ -80,6 +80,11 @@ std::optional<plt::Figure> metric_plot(const Sweep& s, const SweepReport& rep, c
   p.ylabel = rep.metric + " (mean +- sd over seeds)";
   std::map<std::string, plt::Series> by_series;
   std::vector<std::string> order;
+  // Points whose every run diverged have no mean: drawn at 0 (as the paper's tables give a
+  // non-converged model 0.00) in grey, for metrics where higher is better.
+  plt::Series diverged{"all runs diverged (drawn at 0)"};
+  diverged.color = 7;
+  diverged.line = false;
   for (const auto& pr : rep.points) {
     const SweepPoint& pt = s.points[static_cast<std::size_t>(pr.point)];
     if (!matches(pt, spec.where) || pt.var(spec.x).empty()) continue;
@@ -91,6 +96,7 @@ std::optional<plt::Figure> metric_plot(const Sweep& s, const SweepReport& rep, c
     se.x.push_back(x);
     se.y.push_back(pr.stats.n ? pr.stats.mean : std::nan(""));
     se.err.push_back(pr.stats.n > 1 ? pr.stats.sd : 0);
+    if (pr.stats.n == 0 && pr.diverged > 0) diverged.x.push_back(x), diverged.y.push_back(0);
   }
   if (order.empty()) return std::nullopt;
   for (const auto& k : order) {
@@ -102,6 +108,7 @@ std::optional<plt::Figure> metric_plot(const Sweep& s, const SweepReport& rep, c
     for (auto i : idx) sorted.x.push_back(se.x[i]), sorted.y.push_back(se.y[i]), sorted.err.push_back(se.err[i]);
     p.series.push_back(std::move(sorted));
   }
+  if (!diverged.x.empty() && rep.higher_is_better) p.series.push_back(std::move(diverged));
   if (s.baseline >= 0) {
     const auto& b = rep.points[static_cast<std::size_t>(s.baseline)];
     if (b.stats.n) {
@@ -371,6 +378,7 @@ SweepReport analyse(const Sweep& s, const results::Store& store) {
   }
   rep.metric = !s.metric.empty() ? s.metric : metric_names.empty() ? "metric" : *metric_names.begin();
   const bool higher = s.better.empty() ? rep.metric.find("loss") == std::string::npos : s.better == "higher";
+  rep.higher_is_better = higher;
   for (auto& pr : rep.points) pr.stats = results::mean_sd(pr.values);
   if (s.baseline >= 0) {
     const auto& base = rep.points[static_cast<std::size_t>(s.baseline)].values;

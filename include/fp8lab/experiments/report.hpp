@@ -35,6 +35,7 @@ struct SweepReport {
   std::string metric;  // e.g. test_accuracy
   std::vector<PointResult> points;
   double alpha = 0.05;
+  bool higher_is_better = true;  // the direction the test looks for "worse"
 };
 
 SweepReport analyse(const Sweep& s, const results::Store& store);
