@@ -61,6 +61,8 @@ int run_sweep_cmd(const SweepArgs& a) {
     std::fprintf(stderr, "stopped; run the same command again to continue\n");
     return 130;
   }
+  if (sum.busy > 0)
+    std::fprintf(stderr, "%d runs are running in another process; run the sweep again when they end\n", sum.busy);
   if (sum.failed > 0) return 1;
   std::fprintf(stderr, "tables and plots: fp8lab report %s --db %s\n", a.sweep.c_str(), a.db.c_str());
   return 0;

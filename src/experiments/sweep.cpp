@@ -467,7 +467,9 @@ RunState run_state(const SweepRun& run, const std::vector<results::RunRow>& rows
     return st;
   }
   st.row = find_run(run, rows);
-  if (st.row && (st.row->status == "stopped" || st.row->status == "incomplete") && fs::exists(checkpoint))
+  // The store marks a "running" row whose process has died as "incomplete" when it is opened.
+  if (st.row && st.row->status == "running") st.kind = RunState::running;
+  else if (st.row && (st.row->status == "stopped" || st.row->status == "incomplete") && fs::exists(checkpoint))
     st.kind = RunState::resume;
   return st;
 }
@@ -542,6 +544,13 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
     const RunState st = run_state(r, rows, base + ".ckpt");
     if (st.kind == RunState::done) {
       ++sum.skipped;
+      continue;
+    }
+    if (st.kind == RunState::running) {
+      ++sum.busy;
+      std::fprintf(stderr, "%s seed %llu: running in another process (run %lld); left alone\n",
+                   s.points[static_cast<std::size_t>(r.point)].label().c_str(),
+                   static_cast<unsigned long long>(r.seed), static_cast<long long>(st.row->id));
       continue;
     }
     jobs.push_back({&r, st.kind == RunState::resume, base + ".toml", base + ".log", base + ".ckpt"});

@@ -344,3 +344,31 @@ TEST(Plot, RasterDrawsWhatTheFigureHolds) {
   for (std::size_t i = 0; i < blank.size(); i += 3) red += blank[i] > 200 && blank[i + 1] < 80 && blank[i + 2] < 80;
   EXPECT_EQ(red, 0u);
 }
+
+TEST(Sweep, LeavesRunsOfAnotherLiveProcessAlone) {
+  const fs::path d = dir() / "busy";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const auto s = parse("seeds = 2\n" + std::string(kSmall), "busy-sweep");
+  ASSERT_EQ(s.runs.size(), 2u);
+  const std::string db = (d / "b.db").string();
+  results::Store store(db);
+  // Seed 1 is "running" in a live process (this one, as far as the store can tell).
+  results::RunInfo info;
+  info.name = s.name;
+  info.kind = s.runs[0].cfg.task;
+  info.config_json = experiments::to_json(s.runs[0].cfg);
+  info.recipe = s.runs[0].cfg.quant.recipe;
+  info.loss_scale = s.runs[0].cfg.quant.loss_scale;
+  info.seed = s.runs[0].seed;
+  store.begin_run(info);
+  InProcess launcher{db};
+  experiments::SweepOptions opt;
+  opt.dir = (d / "runs").string();
+  opt.progress = false;
+  opt.launch = std::ref(launcher);
+  const auto sum = experiments::run_sweep(s, store, opt);
+  EXPECT_EQ(sum.busy, 1);
+  EXPECT_EQ(launcher.calls, 1);  // seed 2 only
+  EXPECT_EQ(sum.finished, 1);
+}

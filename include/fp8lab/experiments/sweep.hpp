@@ -75,10 +75,11 @@ Sweep parse_sweep(const std::string& toml_text, const std::string& source,
                   const std::string& base_dir);
 Sweep load_sweep(const std::string& path);
 
-// Where a run stands in a store: done (finished or diverged: skip), resumable (stopped or
+// Where a run stands in a store: done (finished or diverged: skip), running (in another
+// live process, e.g. a second sweep over the same store: skip), resumable (stopped or
 // killed with a checkpoint on disk), or to start. `row` is the newest matching run.
 struct RunState {
-  enum Kind { todo, resume, done } kind = todo;
+  enum Kind { todo, resume, running, done } kind = todo;
   std::optional<results::RunRow> row;
 };
 RunState run_state(const SweepRun& run, const std::vector<results::RunRow>& rows,
@@ -101,6 +102,7 @@ struct SweepOptions {
 
 struct SweepSummary {
   int total = 0, skipped = 0, started = 0, resumed = 0, finished = 0, diverged = 0, failed = 0;
+  int busy = 0;          // running in another process: left alone
   bool stopped = false;  // a stop was requested: not every run was attempted
 };
 
