@@ -163,6 +163,11 @@ std::optional<plt::Figure> loss_scale_plot(const Sweep& s, const results::Store&
   p.ylabel = "loss scale (log2)";
   for (std::size_t i = 0; i < s.points.size(); ++i) {
     if (!matches(s.points[i], spec.where)) continue;
+    // Points without loss scaling have a flat trace at 2^0: left out.
+    const bool scaled = std::any_of(s.runs.begin(), s.runs.end(), [&](const SweepRun& r) {
+      return r.point == static_cast<int>(i) && r.cfg.quant.loss_scale != "none";
+    });
+    if (!scaled) continue;
     const auto row = first_run(s, static_cast<int>(i), rows);
     if (!row) continue;
     const auto trace = store.loss_scale_trace(row->id);
