@@ -100,8 +100,45 @@ void run(benchmark::State& state, Setup (*make)(const std::string&, bool), const
   state.SetLabel(recipe);
 }
 
+// Where the quantized step's extra time goes: each tensor kind quantized alone, and the
+// whole recipe saving float32 instead of 8-bit codes (no encode in forward, no decode in
+// backward), all interleaved with the float32 step in the same run. Counters are the
+// extra milliseconds over float32.
+void breakdown(benchmark::State& state, Setup (*make)(const std::string&, bool), const char* recipe) {
+  const nn::Recipe full = nn::parse_recipe(recipe);
+  struct Variant {
+    std::string name, recipe;
+    bool codes;
+  };
+  std::vector<Variant> vs = {{"fp32", "fp32", true}};
+  for (nn::TensorKind k : nn::kAllKinds) {
+    std::string line = std::string(nn::to_string(k)) + "=" + nn::to_string(full.base[k]);
+    vs.push_back({"only_" + std::string(nn::to_string(k)), line, true});
+  }
+  vs.push_back({"all_float_saved", recipe, false});
+  vs.push_back({"all_codes_saved", recipe, true});
+  std::vector<Setup> setups;
+  std::vector<torch::optim::SGD> opts;
+  for (const auto& v : vs) {
+    setups.push_back(make(v.recipe, v.codes));
+    opts.emplace_back(setups.back().model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  }
+  for (std::size_t i = 0; i < vs.size(); ++i) step_ms(setups[i], opts[i], 1);  // warm up
+  for (auto _ : state) step_ms(setups[0], opts[0], 1);
+  std::vector<double> best(vs.size(), 1e30);
+  for (int r = 0; r < 6; ++r)
+    for (std::size_t i = 0; i < vs.size(); ++i) best[i] = std::min(best[i], step_ms(setups[i], opts[i], 2));
+  state.counters["fp32_ms"] = best[0];
+  for (std::size_t i = 1; i < vs.size(); ++i) state.counters[vs[i].name + "_extra_ms"] = best[i] - best[0];
+  state.SetLabel(recipe);
+}
+
 }  // namespace
 
+BENCHMARK_CAPTURE(breakdown, resnet20_cifar_b32_breakdown, resnet<16>, "resnet32-mixed")
+    ->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(breakdown, transformer_layer_breakdown, transformer, "transformer-mixed")
+    ->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_CAPTURE(run, resnet20_cifar_b32, resnet<16>, "resnet32-mixed")->Unit(benchmark::kMillisecond)->Iterations(5);
 BENCHMARK_CAPTURE(run, resnet20_cifar_b32_sr, resnet<16>,
                   "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33/stochastic,gw=1.5.2:31/stochastic")
