@@ -317,6 +317,7 @@ std::string paper_notation(const nn::KindQuant& q) {
   if (!f.subnormals) s += " nosub";
   if (q->rounding == Rounding::stochastic) s += " SR";
   else if (q->rounding == Rounding::toward_zero) s += " RZ";
+  if (q->overflow != Overflow::saturate) s += " ovf:" + std::string(to_string(q->overflow));
   return s;
 }
 

@@ -47,7 +47,8 @@ std::string to_csv(const Sweep& s, const SweepReport& r);
 std::vector<std::string> write_report(const Sweep& s, const results::Store& store, const std::string& out_dir);
 
 // "1.4.3 b10" for a kind's quantizer (the paper's table notation, with " SR" for stochastic
-// rounding and the policy when not the paper's fnuz); "fp32" for none.
+// rounding, the policy when not the paper's fnuz and " ovf:nan" when overflow is not
+// saturation); "fp32" for none.
 std::string paper_notation(const nn::KindQuant& q);
 
 }  // namespace fp8lab::experiments
