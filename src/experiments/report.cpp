@@ -352,13 +352,16 @@ SweepReport analyse(const Sweep& s, const results::Store& store) {
       continue;
     }
     double v = std::nan("");
-    if (s.metric.empty() || s.metric == st.row->metric_name) {
-      if (st.row->final_metric) v = *st.row->final_metric;
-      metric_names.insert(st.row->metric_name);
-    } else {
-      const auto m = store.metric(st.row->id, s.metric);
-      if (!m.empty()) v = m.back().second;
+    // A metric named in the sweep is its last logged value (the final weights' test BLEU
+    // is logged as test_bleu even when the run's final metric is that of averaged weights);
+    // otherwise the run's own final metric.
+    const auto logged = s.metric.empty() ? decltype(store.metric(0, "")){} : store.metric(st.row->id, s.metric);
+    if (!logged.empty()) {
+      v = logged.back().second;
       metric_names.insert(s.metric);
+    } else if ((s.metric.empty() || s.metric == st.row->metric_name) && st.row->final_metric) {
+      v = *st.row->final_metric;
+      metric_names.insert(st.row->metric_name);
     }
     if (std::isfinite(v)) pr.values.push_back(v);
     else ++pr.missing;

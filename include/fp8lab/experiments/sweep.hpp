@@ -63,7 +63,7 @@ struct Sweep {
   std::vector<SweepPoint> points;
   std::vector<std::string> variables;  // every variable name, first-seen order
   int baseline = -1;                   // index into points, -1: none
-  std::string metric;                  // "" : the task's own
+  std::string metric;                  // "" : each run's final metric; else the last logged value of this one
   std::string better;                  // higher, lower, "": lower for metrics named *loss*
   std::vector<PlotSpec> plots;
   std::vector<SweepRun> runs;  // points x seeds, point-major
