@@ -206,6 +206,8 @@ void record(results::Store& store, const experiments::SweepRun& r, const std::st
     store.log_stats(id, rows);
     store.log_loss_scale(id, {{0, 10, false}, {50, 9, true}, {100, 10, false}});
   }
+  store.log_metric(id, 50, "test_bleu", -1);  // an earlier evaluation: not the one reported
+  store.log_metric(id, 100, "test_bleu", metric + 1000);
   store.finish_run(id, status, status == "finished" ? std::optional<double>(metric) : std::nullopt, "test_accuracy", 1.0);
 }
 
@@ -324,6 +326,14 @@ file = "snr"
   EXPECT_NE(svg.find("floor(log2 |x|)"), std::string::npos);
   EXPECT_NE(svg.find("grad_x, step 100"), std::string::npos);
   EXPECT_TRUE(fs::exists(d / "out" / "table.md"));
+
+  // A metric named in the sweep is the run's last logged value of it, not its final metric.
+  experiments::Sweep named = s;
+  named.metric = "test_bleu";
+  const auto rep2 = experiments::analyse(named, store);
+  EXPECT_EQ(rep2.metric, "test_bleu");
+  EXPECT_NEAR(rep2.points[0].stats.mean, 1092, 1e-9);
+  EXPECT_NEAR(rep2.points[1].stats.mean, 1082, 1e-9);
 }
 
 TEST(Plot, RasterDrawsWhatTheFigureHolds) {
