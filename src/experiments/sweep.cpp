@@ -272,17 +272,13 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
           else if (k2 == "file") p.file = str();
           else if (k2 == "formats") p.formats = list();
           else if (k2 == "kinds") p.kinds = list();
-          else if (k2 == "log_x") {
-            auto b = pv.value_exact<bool>();
-            if (!b) throw Error(where(source, pv) + "plot 'log_x' must be true or false");
-            p.log_x = *b;
-          } else if (k2 == "where") {
+          else if (k2 == "where") {
             const auto* wt = pv.as_table();
             if (!wt) throw Error(where(source, pv) + "plot 'where' must be a table of variable = value");
             for (const auto& [wk, wv] : *wt) p.where[std::string(wk.str())] = scalar(wv, "where", source).text;
           } else
             throw Error(where(source, pv) + "unknown plot key '" + k2 +
-                        "' (expected type, title, x, y, series, file, where, formats, kinds, log_x)");
+                        "' (expected type, title, x, y, series, file, where, formats, kinds)");
         }
         static const std::set<std::string> kTypes = {"metric", "heatmap", "loss-scale", "histograms",
                                                       "fixed-point-snr"};
@@ -300,7 +296,6 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
           }
         }
         if (p.file.empty()) p.file = "plot" + std::to_string(s.plots.size() + 1) + "-" + p.type;
-        p.title = p.title.empty() ? "" : p.title;
         s.plots.push_back(std::move(p));
       }
     } else
@@ -457,16 +452,19 @@ std::optional<results::RunRow> find_run(const SweepRun& run, const std::vector<r
 RunState run_state(const SweepRun& run, const std::vector<results::RunRow>& rows,
                    const std::string& checkpoint) {
   RunState st;
-  // Any finished or diverged run of this config counts, even if a newer attempt failed.
-  for (const auto& r : rows)
-    if (r.seed == run.seed && (r.status == "finished" || r.status == "diverged") &&
-        identity_of(r.config_json) == run.identity && (!st.row || r.id > st.row->id))
-      st.row = r;
-  if (st.row) {
+  // One pass: the newest row of this config, and the newest finished or diverged one (which
+  // counts even if a newer attempt failed).
+  std::optional<results::RunRow> done;
+  for (const auto& r : rows) {
+    if (r.seed != run.seed || identity_of(r.config_json) != run.identity) continue;
+    if (!st.row || r.id > st.row->id) st.row = r;
+    if ((r.status == "finished" || r.status == "diverged") && (!done || r.id > done->id)) done = r;
+  }
+  if (done) {
+    st.row = done;
     st.kind = RunState::done;
     return st;
   }
-  st.row = find_run(run, rows);
   // The store marks a "running" row whose process has died as "incomplete" when it is opened.
   if (st.row && st.row->status == "running") st.kind = RunState::running;
   else if (st.row && (st.row->status == "stopped" || st.row->status == "incomplete") && fs::exists(checkpoint))

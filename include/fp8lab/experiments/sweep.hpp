@@ -53,7 +53,6 @@ struct PlotSpec {
   std::map<std::string, std::string> where;  // only points whose variables have these values
   std::vector<std::string> formats;          // histograms: ranges to draw; snr: unused
   std::vector<std::string> kinds;            // histograms: tensor kinds (default all four)
-  bool log_x = false;
 };
 
 struct Sweep {
