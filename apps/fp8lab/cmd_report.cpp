@@ -22,8 +22,8 @@ void run_report(const ReportArgs& a) {
   if (!std::filesystem::exists(a.db)) throw Error(a.db + ": no results store here (run the sweep first, or pass --db)");
   const results::Store store(a.db);
   const std::string out = a.out.empty() ? "reports/" + s.name : a.out;
-  const auto files = experiments::write_report(s, store, out);
   const auto rep = experiments::analyse(s, store);
+  const auto files = experiments::write_report(s, rep, store, out);
   std::fputs(experiments::to_markdown(s, rep).c_str(), stdout);
   for (const auto& f : files) std::fprintf(stderr, "wrote %s\n", f.c_str());
 }

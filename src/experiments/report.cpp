@@ -404,7 +404,7 @@ SweepReport analyse(const Sweep& s, const results::Store& store) {
 namespace {
 struct Columns {
   std::vector<std::string> vars;  // variables that vary (others are constant)
-  bool recipe = false, loss_scale = false;
+  bool loss_scale = false;  // a loss-scaling column (some point scales the loss)
 };
 Columns columns(const Sweep& s, const SweepReport& r) {
   Columns c;
@@ -413,9 +413,8 @@ Columns columns(const Sweep& s, const SweepReport& r) {
     for (const auto& p : s.points) seen.insert(p.var(v));
     if (seen.size() > 1 || s.points.size() == 1) c.vars.push_back(v);
   }
-  std::set<std::string> recipes, scales;
-  for (const auto& p : r.points) recipes.insert(p.recipe), scales.insert(p.loss_scale);
-  c.recipe = true;
+  std::set<std::string> scales;
+  for (const auto& p : r.points) scales.insert(p.loss_scale);
   c.loss_scale = scales.size() > 1 || (scales.size() == 1 && *scales.begin() != "none");
   return c;
 }
@@ -459,7 +458,6 @@ std::string to_markdown(const Sweep& s, const SweepReport& r) {
 }
 
 std::string to_csv(const Sweep& s, const SweepReport& r) {
-  const Columns c = columns(s, r);
   std::ostringstream o;
   auto cell = [](const std::string& x) {
     if (x.find_first_of(",\"\n") == std::string::npos) return x;
@@ -485,13 +483,12 @@ std::string to_csv(const Sweep& s, const SweepReport& r) {
     for (double v : p.values) vals += (vals.empty() ? "" : " ") + fixed(v, 4);
     o << "," << cell(vals) << "\n";
   }
-  (void)c;
   return o.str();
 }
 
-std::vector<std::string> write_report(const Sweep& s, const results::Store& store, const std::string& out_dir) {
+std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, const results::Store& store,
+                                      const std::string& out_dir) {
   fs::create_directories(out_dir);
-  const SweepReport rep = analyse(s, store);
   const auto rows = store.runs({.status = "", .recipe = "", .name = s.name});
   std::vector<std::string> files;
   const std::string md = (fs::path(out_dir) / "table.md").string(), csv = (fs::path(out_dir) / "table.csv").string();

@@ -306,7 +306,7 @@ file = "snr"
   const std::string csv = experiments::to_csv(s, rep);
   EXPECT_NE(csv.find("recipe,bias,recipe,a,w,gx,gw"), std::string::npos) << csv;
 
-  const auto files = experiments::write_report(s, store, (d / "out").string());
+  const auto files = experiments::write_report(s, rep, store, (d / "out").string());
   for (const char* stem : {"acc", "heat", "hist", "scale", "snr"}) {
     const fs::path svg = d / "out" / (std::string(stem) + ".svg"), png = d / "out" / (std::string(stem) + ".png");
     ASSERT_TRUE(fs::exists(svg)) << stem;

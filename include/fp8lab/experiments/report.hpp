@@ -42,9 +42,10 @@ SweepReport analyse(const Sweep& s, const results::Store& store);
 std::string to_markdown(const Sweep& s, const SweepReport& r);
 std::string to_csv(const Sweep& s, const SweepReport& r);
 
-// Writes <out>/table.md, <out>/table.csv and each plot's <out>/<file>.{svg,png}; returns the
+// Writes `rep` (analyse(s, store)) as <out>/table.md, <out>/table.csv and each plot's <out>/<file>.{svg,png}; returns the
 // files written. A plot without data is skipped with a note on stderr.
-std::vector<std::string> write_report(const Sweep& s, const results::Store& store, const std::string& out_dir);
+std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, const results::Store& store,
+                                      const std::string& out_dir);
 
 // "1.4.3 b10" for a kind's quantizer (the paper's table notation, with " SR" for stochastic
 // rounding, the policy when not the paper's fnuz and " ovf:nan" when overflow is not
