@@ -18,6 +18,7 @@
 #include "fp8lab/kernels/kernels.hpp"
 #include "fp8lab/models/resnet.hpp"
 #include "fp8lab/models/transformer.hpp"
+#include "fp8lab/nn/tensor_quant.hpp"
 
 using namespace fp8lab;
 
@@ -133,8 +134,66 @@ void breakdown(benchmark::State& state, Setup (*make)(const std::string&, bool),
   state.SetLabel(recipe);
 }
 
+// One recipe alone, for profilers: FP8LAB_BENCH_RECIPE (default fp32), FP8LAB_BENCH_CODES=0
+// to save float32. perf record build/bench_train --benchmark_filter=profile_resnet20
+void profile(benchmark::State& state, Setup (*make)(const std::string&, bool)) {
+  const char* r = std::getenv("FP8LAB_BENCH_RECIPE");
+  const char* c = std::getenv("FP8LAB_BENCH_CODES");
+  Setup s = make(r ? r : "fp32", !(c && std::string(c) == "0"));
+  torch::optim::SGD opt(s.model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  step_ms(s, opt, 2);
+  double best = 1e30;
+  for (auto _ : state) best = std::min(best, step_ms(s, opt, 1));
+  state.counters["best_ms"] = best;
+  state.SetLabel(r ? r : "fp32");
+}
+
+// The tensor passes the quantized ops make, on one ResNet-20 activation (32x16x32x32 after a
+// ReLU, 2 MiB: it stays in cache as it does between the layers of a step), on libtorch's
+// threads, beside x.clone() of the same tensor (a plain copy: the reference). Counters:
+// each pass's time over the copy's, and its speed-up from 1 to 2 threads (1.0 would mean
+// the pass runs on one thread).
+void tensor_passes(benchmark::State& state) {
+  const auto x = torch::randn({32, 16, 32, 32}).relu();
+  QuantSpec q;
+  q.format = parse_format("1.4.3:10");
+  const auto codes = nn::encode_tensor(x, q, 1);
+  auto time_us = [&](int threads, auto&& fn) {
+    torch::set_num_threads(threads);
+    double best = 1e30;
+    for (int r = 0; r < 200; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto out = fn();
+      benchmark::DoNotOptimize(out);
+      best = std::min(best, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  const int cores = torch::get_num_threads();
+  auto copy = [&] { return x.clone(); };
+  auto qe = [&] { QuantCounts c; return nn::quantize_and_encode_tensor(x, q, 1, &c); };
+  auto fq = [&] { QuantCounts c; return nn::fake_quantize(x, q, 1, &c); };
+  auto dec = [&] { return nn::decode_tensor(codes, q.format); };
+  for (auto _ : state) benchmark::DoNotOptimize(qe());
+  const double tc = time_us(cores, copy), tqe = time_us(cores, qe), tfq = time_us(cores, fq),
+               tdec = time_us(cores, dec);
+  const double tqe1 = time_us(1, qe), tdec1 = time_us(1, dec);
+  torch::set_num_threads(cores);
+  state.counters["copy_us"] = tc;
+  state.counters["quantize_encode_us"] = tqe;
+  state.counters["quantize_us"] = tfq;
+  state.counters["decode_us"] = tdec;
+  state.counters["qe_vs_copy"] = tqe / tc;
+  state.counters["decode_vs_copy"] = tdec / tc;
+  state.counters["qe_speedup_2thr"] = tqe1 / tqe;
+  state.counters["decode_speedup_2thr"] = tdec1 / tdec;
+}
+
 }  // namespace
 
+BENCHMARK(tensor_passes)->Unit(benchmark::kMillisecond)->Iterations(20);
+BENCHMARK_CAPTURE(profile, profile_resnet20, resnet<16>)->Unit(benchmark::kMillisecond)->Iterations(100);
+BENCHMARK_CAPTURE(profile, profile_transformer, transformer)->Unit(benchmark::kMillisecond)->Iterations(100);
 BENCHMARK_CAPTURE(breakdown, resnet20_cifar_b32_breakdown, resnet<16>, "resnet32-mixed")
     ->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_CAPTURE(breakdown, transformer_layer_breakdown, transformer, "transformer-mixed")

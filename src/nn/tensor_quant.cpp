@@ -1,7 +1,13 @@
 #include "fp8lab/nn/tensor_quant.hpp"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+
+// Without OpenMP, at::parallel_for (an inline template) runs every pass on one thread:
+// CMakeLists.txt compiles this file with -fopenmp.
+#ifndef _OPENMP
+#error "src/nn/tensor_quant.cpp must be compiled with OpenMP, or at::parallel_for is serial"
+#endif
 
 #include <mutex>
 
