@@ -271,11 +271,17 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
 // vector, `emit_one(i)` handles one tail element with the scalar codec (which counts it).
 template <Rounding kMode, bool kWantCode, bool kWantFloat, bool kCount, class Emit,
           class EmitOne>
-HWY_INLINE void Loop(const Params& p, const float* x, std::size_t n, std::uint64_t index0,
+HWY_INLINE void Loop(const Params& params, const float* x, std::size_t n, std::uint64_t index0,
                      QuantCounts* counts, const Emit& emit, const EmitOne& emit_one) {
+  // A local copy: the output stores could alias `params` as far as the compiler knows, so
+  // it would reload every field and rebuild every constant vector after each store.
+  const Params p = params;
   const D32 d;
   const std::size_t N = hn::Lanes(d);
   const hn::RebindToFloat<D32> df;
+  // Counted into a local that stays in registers: through `counts` the compiler would
+  // store the sums every vector, since the output stores (uint8_t) may alias them.
+  QuantCounts local;
   std::size_t i = 0;
   while (i < n) {
     // Segments never cross a multiple of 2^32 in the global index: one key per segment.
@@ -289,12 +295,13 @@ HWY_INLINE void Loop(const Params& p, const float* x, std::size_t n, std::uint64
     const V32 step = hn::Set(d, static_cast<std::uint32_t>(N));
     for (; i + N <= seg_end; i += N) {
       const V32 xb = hn::BitCast(d, hn::LoadU(df, x + i));
-      emit(i, Process<kMode, kWantCode, kWantFloat, kCount>(d, p, xb, idx, key, counts));
+      emit(i, Process<kMode, kWantCode, kWantFloat, kCount>(d, p, xb, idx, key, &local));
       idx = hn::Add(idx, step);
-      if constexpr (kCount) counts->total += N;
+      if constexpr (kCount) local.total += N;
     }
     for (; i < seg_end; ++i) emit_one(i);
   }
+  if constexpr (kCount) *counts += local;
 }
 
 template <bool kCount, class Fn>

@@ -36,6 +36,7 @@ LayerStatePtr make_layer_state(std::string name, const LayerQuant& q,
   std::uint64_t h = mix64(st->ctx->seed);
   for (char c : st->name) h = mix64(h ^ static_cast<unsigned char>(c));
   st->layer_seed = h;
+  (void)backward_grad_refs();  // measured here, outside any backward pass
   return st;
 }
 
@@ -69,6 +70,12 @@ std::uint64_t LayerState::seed_for(TensorKind k, std::uint32_t call, std::uint32
                      static_cast<std::uint64_t>(k)));
 }
 
+bool LayerState::stats_due(std::uint32_t call) const {
+  const int every = ctx->stats_interval;
+  return ctx->recording && every > 0 && call == 0 &&
+         ctx->step.load() % static_cast<std::uint64_t>(every) == 0;
+}
+
 void LayerState::record(TensorKind k, const torch::Tensor& t, const QuantCounts& c,
                         std::uint32_t call) {
   if (!ctx->recording) return;
@@ -76,10 +83,8 @@ void LayerState::record(TensorKind k, const torch::Tensor& t, const QuantCounts&
     std::lock_guard<std::mutex> lk(m_);
     counts_[static_cast<int>(k)] += c;
   }
-  const int every = ctx->stats_interval;
-  if (every <= 0 || call != 0) return;
+  if (!stats_due(call)) return;
   const std::uint64_t step = ctx->step.load();
-  if (step % static_cast<std::uint64_t>(every) != 0) return;
   const torch::Tensor x = t.contiguous();
   TensorStats s;
   s.step = step;
@@ -104,6 +109,23 @@ torch::Tensor LayerState::quantize(TensorKind k, const torch::Tensor& t, std::ui
   }
   record(k, t, c, call);
   return out;
+}
+
+torch::Tensor LayerState::quantize_owned(TensorKind k, torch::Tensor t, std::uint32_t call,
+                                        std::int64_t refs) {
+  const KindQuant& q = quant[k];
+  // In place only when the caller's handles are the only references to the tensor and
+  // its storage (no view, no other node's input or saved tensor), and not on a statistics
+  // step, whose histogram is of the values before quantization.
+  const bool exclusive = t.defined() && t.use_count() <= refs && t.has_storage() &&
+                         t.storage().use_count() == 1 && t.is_contiguous() &&
+                         t.device().is_cpu() && t.scalar_type() == torch::kFloat32;
+  if (!q || !exclusive || stats_due(call)) return quantize(k, t, call);
+  QuantCounts c;
+  fake_quantize_(t, *q, seed_for(k, call), &c);
+  record(k, t, c, call);
+  ++ctx->in_place;
+  return t;
 }
 
 std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_and_save(TensorKind k,
@@ -179,24 +201,26 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto [st, call, xq_saved, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w);
-    const torch::Tensor& g = grads[0];
+    torch::Tensor g = std::move(grads[0]);
     const std::int64_t out_f = wq.size(0), in_f = wq.size(1);
-    const torch::Tensor gq = st->quantize(TensorKind::gx, g, call).reshape({-1, out_f});
     torch::Tensor dx, dw, db;
+    // The bias gradient is of the float32 gradient: before g may be quantized in place.
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
+      db = g.reshape({-1, out_f}).sum(0);
+    const std::vector<std::int64_t> g_shape(g.sizes().begin(), g.sizes().end());
+    const torch::Tensor gq = st->quantize_owned(TensorKind::gx, std::move(g), call, backward_grad_refs()).reshape({-1, out_f});
     // The same products libtorch's addmm/mm backward forms, so that with float32
     // quantizers the gradients are bit-identical to torch::linear's.
     if (ctx->needs_input_grad(0)) {
       dx = gq.mm(wq);
-      std::vector<std::int64_t> shape(g.sizes().begin(), g.sizes().end());
+      std::vector<std::int64_t> shape = g_shape;
       shape.back() = in_f;
       dx = dx.reshape(shape);
     }
     if (ctx->needs_input_grad(1)) {
       const torch::Tensor xq = xq_saved.reshape({-1, in_f});
-      dw = st->quantize(TensorKind::gw, xq.t().mm(gq).t().contiguous(), call);
+      dw = st->quantize_owned(TensorKind::gw, xq.t().mm(gq).t().contiguous(), call);
     }
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
-      db = g.reshape({-1, out_f}).sum(0);
     return {dx, dw, db, torch::Tensor()};
   }
 };
@@ -220,24 +244,25 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto [st, call, xq, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w);
-    const torch::Tensor& g = grads[0];
-    const torch::Tensor gq = st->quantize(TensorKind::gx, g, call);
+    torch::Tensor g = std::move(grads[0]);
     const auto stride = ctx->saved_data["stride"].toIntVector();
     const auto padding = ctx->saved_data["padding"].toIntVector();
     const auto dilation = ctx->saved_data["dilation"].toIntVector();
     const std::int64_t groups = ctx->saved_data["groups"].toInt();
-    auto [dx, dw, unused] = at::convolution_backward(
-        gq, xq, wq, c10::nullopt, stride, padding, dilation, false, {0, 0}, groups,
-        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), false});
-    (void)unused;
-    if (dw.defined()) dw = st->quantize(TensorKind::gw, dw, call);
     torch::Tensor db;
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) {
-      // libtorch's own bias reduction (float32 g), so that float32 quantizers match exactly.
+      // libtorch's own bias reduction of the float32 g (so that float32 quantizers match
+      // exactly), before g may be quantized in place.
       const std::vector<std::int64_t> bias_sizes{wq.size(0)};
       db = std::get<2>(at::convolution_backward(g, xq, wq, bias_sizes, stride, padding, dilation,
                                                 false, {0, 0}, groups, {false, false, true}));
     }
+    const torch::Tensor gq = st->quantize_owned(TensorKind::gx, std::move(g), call, backward_grad_refs());
+    auto [dx, dw, unused] = at::convolution_backward(
+        gq, xq, wq, c10::nullopt, stride, padding, dilation, false, {0, 0}, groups,
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), false});
+    (void)unused;
+    if (dw.defined()) dw = st->quantize_owned(TensorKind::gw, std::move(dw), call);
     return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor()};
   }
@@ -253,12 +278,24 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto [st, call, aq, bq] = restore_operands(ctx, TensorKind::a, TensorKind::a);
-    const torch::Tensor gq = st->quantize(TensorKind::gx, grads[0], call);
+    const torch::Tensor gq = st->quantize_owned(TensorKind::gx, std::move(grads[0]), call, backward_grad_refs());
     torch::Tensor da, db;
     if (ctx->needs_input_grad(0)) da = at::sum_to(gq.matmul(bq.transpose(-2, -1)), aq.sizes());
     if (ctx->needs_input_grad(1)) db = at::sum_to(aq.transpose(-2, -1).matmul(gq), bq.sizes());
     return {da, db, torch::Tensor()};
   }
+};
+
+// The probe of backward_grad_refs(): its backward sees the gradient as the ops' do.
+class RefProbeFn : public torch::autograd::Function<RefProbeFn> {
+ public:
+  static torch::Tensor forward(AutogradContext*, const torch::Tensor& x) { return x.clone(); }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    torch::Tensor g = std::move(grads[0]);  // as the ops take it
+    probe_refs = g.storage().use_count() == 1 ? g.use_count() : 0;
+    return {g};
+  }
+  static inline std::int64_t probe_refs = 0;
 };
 
 void check_cpu_float(const torch::Tensor& t, const char* op, const char* what) {
@@ -268,6 +305,23 @@ void check_cpu_float(const torch::Tensor& t, const char* op, const char* what) {
 }
 
 }  // namespace
+
+std::int64_t backward_grad_refs() {
+  static const std::int64_t refs = [] {
+    // (x * 2) hands the probe a fresh gradient that nothing else holds. 0 (never in place)
+    // if the probe saw anything else.
+    try {
+      c10::InferenceMode off(false);
+      torch::AutoGradMode on(true);
+      const torch::Tensor x = torch::ones({4}, torch::requires_grad());
+      (RefProbeFn::apply(x) * 2).sum().backward();
+      return RefProbeFn::probe_refs;
+    } catch (const std::exception&) {
+      return std::int64_t{0};
+    }
+  }();
+  return refs;
+}
 
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                            const LayerStatePtr& st) {

@@ -56,6 +56,18 @@ torch::Tensor fake_quantize(const torch::Tensor& t, const QuantSpec& q_in, std::
   return y;
 }
 
+void fake_quantize_(torch::Tensor& t, const QuantSpec& q_in, std::uint64_t seed,
+                    QuantCounts* counts) {
+  if (!t.device().is_cpu() || t.scalar_type() != torch::kFloat32 || !t.is_contiguous())
+    throw Error("fake_quantize_: expected a contiguous float32 CPU tensor");
+  QuantSpec q = q_in;
+  q.seed = seed;
+  float* p = t.data_ptr<float>();
+  torch_parallel(t.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
+    kernels::quantize(p + b, p + b, e - b, q, b, c);  // element-wise: in place is exact
+  });
+}
+
 torch::Tensor encode_tensor(const torch::Tensor& t, const QuantSpec& q_in, std::uint64_t seed,
                             QuantCounts* counts) {
   const torch::Tensor x = float_input(t, "encode_tensor");

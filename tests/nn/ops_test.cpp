@@ -194,6 +194,49 @@ TEST(Ops, SavingCodesGivesIdenticalGradientsAtAQuarterOfTheMemory) {
   EXPECT_EQ(bytes[1] * 4, bytes[0]);
 }
 
+// A gradient that only the op holds is quantized in its own memory; one that autograd
+// also hands to another node (here through an add) is copied, or that node would receive
+// quantized values.
+TEST(Ops, GradientsAreQuantizedInPlaceOnlyWhenNothingElseHoldsThem) {
+  torch::manual_seed(8);
+  ASSERT_GT(backward_grad_refs(), 0) << "the probe could not measure libtorch's references";
+  const LayerQuant lq = paper_quant();
+  auto x = torch::randn({6, 8}, torch::requires_grad());
+  auto w = (0.3 * torch::randn({5, 8})).requires_grad_();
+  auto r = 1e-6 * torch::randn({6, 5});
+  {
+    // (y * r): MulBackward hands the op a fresh gradient, r, that nothing else holds.
+    auto ctx = std::make_shared<QuantContext>();
+    auto st = make_layer_state("lin", lq, ctx);
+    auto y = quant_linear(x, w, {}, st);
+    auto grads = torch::autograd::grad({(y * r).sum()}, {x, w});
+    EXPECT_EQ(ctx->in_place.load(), 2);  // grad_x and grad_w
+    const auto xq = scalar_q(x.detach(), lq[TensorKind::a], st->seed_for(TensorKind::a, 0));
+    const auto wq = scalar_q(w.detach(), lq[TensorKind::w], st->seed_for(TensorKind::w, 0));
+    const auto gq = scalar_q(r, lq[TensorKind::gx], st->seed_for(TensorKind::gx, 0));
+    EXPECT_FALSE(bit_equal(gq, r));
+    EXPECT_TRUE(bit_equal(grads[0], gq.mm(wq)));
+    EXPECT_TRUE(bit_equal(grads[1], scalar_q(xq.t().mm(gq).t().contiguous(), lq[TensorKind::gw],
+                                             st->seed_for(TensorKind::gw, 0))));
+  }
+  {
+    // out = float_branch + quantized_branch, the quantized one built last so that its
+    // backward runs first: the add gives both branches the same gradient tensor.
+    auto x2 = torch::randn({6, 8});
+    auto w2 = torch::randn({5, 8}, torch::requires_grad());
+    auto float_branch = torch::linear(x2, w2);
+    auto ctx = std::make_shared<QuantContext>();
+    auto st = make_layer_state("lin", lq, ctx);
+    auto out = float_branch + quant_linear(x, w, {}, st);
+    auto grads = torch::autograd::grad({(out * r).sum()}, {x, w, w2});
+    EXPECT_EQ(ctx->in_place.load(), 1);  // grad_w only
+    EXPECT_TRUE(bit_equal(grads[2], r.t().mm(x2)));  // the float branch saw r, unquantized
+    const auto wq = scalar_q(w.detach(), lq[TensorKind::w], st->seed_for(TensorKind::w, 0));
+    const auto gq = scalar_q(r, lq[TensorKind::gx], st->seed_for(TensorKind::gx, 0));
+    EXPECT_TRUE(bit_equal(grads[0], gq.mm(wq)));
+  }
+}
+
 namespace {
 // Built with the drop-in quantized layers (float32 until a recipe is applied).
 struct TinyNetImpl : torch::nn::Module {

@@ -54,6 +54,7 @@ struct QuantContext {
   bool recording = true;              // false: quantize without counts or statistics (evaluation)
   std::shared_ptr<StatsLog> stats = std::make_shared<StatsLog>();
   std::atomic<std::int64_t> saved_bytes{0};  // bytes saved for backward by quantized ops
+  std::atomic<std::int64_t> in_place{0};     // gradients quantized in their own memory
 };
 
 // The per-layer state of a quantized op: its quantizers, its random streams and counts.
@@ -78,6 +79,13 @@ struct LayerState : torch::CustomClassHolder {
   // statistics steps, a record.
   torch::Tensor quantize(TensorKind k, const torch::Tensor& t, std::uint32_t call,
                          std::uint32_t operand = 0);
+  // Q_k(t) for a tensor the caller owns and will not read again (a gradient handed to
+  // backward, one just computed): overwritten in place when nothing else refers to its
+  // storage, which spares a fresh tensor and a pass over memory; else as quantize().
+  // `refs`: the references the caller's own handles hold (1: a local tensor; for the
+  // gradient a backward receives, backward_grad_refs()).
+  torch::Tensor quantize_owned(TensorKind k, torch::Tensor t, std::uint32_t call,
+                               std::int64_t refs = 1);
   // Q_k(t) for the forward pass and what to save for backward (codes when possible).
   std::pair<torch::Tensor, torch::Tensor> quantize_and_save(TensorKind k, const torch::Tensor& t,
                                                             std::uint32_t call,
@@ -87,11 +95,18 @@ struct LayerState : torch::CustomClassHolder {
 
  private:
   void record(TensorKind k, const torch::Tensor& t, const QuantCounts& c, std::uint32_t call);
+  bool stats_due(std::uint32_t call) const;  // this call records a histogram
   mutable std::mutex m_;
   std::array<QuantCounts, kKinds> counts_{};
   std::uint64_t call_step_ = ~std::uint64_t{0};
   std::uint32_t calls_ = 0;
 };
+
+// How many references the autograd engine and the custom-function machinery hold to the
+// gradient a backward receives when nothing else does (measured once on a probe graph, as
+// it depends on libtorch's internals): a gradient also handed to another node (through an
+// add, say) has more, and is never overwritten.
+std::int64_t backward_grad_refs();
 
 using LayerStatePtr = c10::intrusive_ptr<LayerState>;
 LayerStatePtr make_layer_state(std::string name, const LayerQuant& q,

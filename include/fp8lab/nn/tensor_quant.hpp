@@ -15,6 +15,9 @@ namespace fp8lab::nn {
 // by `seed`; element i of the flattened tensor uses stream index i).
 torch::Tensor fake_quantize(const torch::Tensor& t, const QuantSpec& q, std::uint64_t seed,
                             QuantCounts* counts = nullptr);
+// fake_quantize in place: t (a contiguous float32 CPU tensor) is overwritten by Q(t).
+void fake_quantize_(torch::Tensor& t, const QuantSpec& q, std::uint64_t seed,
+                    QuantCounts* counts = nullptr);
 // Codes of the same shape: uint8 for formats up to 8 bits, int16 (holding the uint16
 // code bits) up to 16 bits.
 torch::Tensor encode_tensor(const torch::Tensor& t, const QuantSpec& q, std::uint64_t seed,
