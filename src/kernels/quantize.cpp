@@ -145,8 +145,9 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
   V32 r = zero;  // random bits (stochastic only)
   if constexpr (kMode == Rounding::stochastic)
     r = Hash32(d, hn::Xor(Hash32(d, hn::Xor(idx_lo, hn::Set(d, key.k0))), hn::Set(d, key.k1)));
-  V32 mag, v;  // magnitude code, and float32 bits of the rounded magnitude
-  bool may_be_zero;
+  V32 mag = zero, v;  // magnitude code (when wanted), float32 bits of the rounded magnitude
+  hn::Mask<D32> ovf, zero_res;  // lanes whose result overflows / is zero
+  bool any_zero;                // some lane's result may be zero
   // Zeros (half of every ReLU output and of the gradients flowing back through it) do not
   // leave the fast path: they are the one sub-normal-range value whose result is known.
   const auto is_zero = hn::Eq(a, zero);
@@ -172,9 +173,16 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
       rounded = hn::Add(hn::And(a, hn::Set(d, p.sr_keep)), rb);
     }
     v = hn::AndNot(hn::Set(d, p.low_mask), rounded);
-    mag = hn::Sub(hn::ShiftRightSame(rounded, static_cast<int>(p.S)), hn::Set(d, p.code_offset));
-    may_be_zero = !hn::AllFalse(d, is_zero);
-    if (may_be_zero) mag = hn::IfThenZeroElse(is_zero, mag);
+    // Above 2^emin the float bits and the codes are in the same order: overflow is v past
+    // the largest finite value's bits (NaN and Inf inputs included), and the only zero
+    // results are the zero inputs (so nothing underflows here).
+    ovf = hn::Gt(v, hn::Set(d, p.max_bits));
+    zero_res = is_zero;
+    any_zero = !hn::AllFalse(d, is_zero);
+    if constexpr (kWantCode) {
+      mag = hn::Sub(hn::ShiftRightSame(rounded, static_cast<int>(p.S)), hn::Set(d, p.code_offset));
+      if (any_zero) mag = hn::IfThenZeroElse(is_zero, mag);
+    }
   } else {
     const V32 exf = hn::ShiftRight<23>(a);
     const V32 e1 = hn::Max(exf, one);
@@ -218,15 +226,16 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
     const auto tiny = hn::Gt(drop_raw, hn::Set(d, 23u));
     if (HWY_UNLIKELY(!hn::AllFalse(d, tiny)))
       v = hn::IfThenElse(tiny, hn::IfThenZeroElse(hn::Eq(n, zero), hn::Set(d, p.minsub_bits)), v);
-    may_be_zero = true;
+    // mag = (exponent field above emin << M) + n; see codec.cpp step 4.
+    // Non-finite inputs have exf = 255, hence a huge `mag`: they are inside `ovf` too.
+    ovf = hn::Gt(mag, hn::Set(d, p.max_code));
+    zero_res = hn::Eq(mag, zero);
+    any_zero = true;
+    if constexpr (kCount) counts->underflow += hn::CountTrue(d, hn::AndNot(is_zero, zero_res));
   }
-  // mag = (exponent field above emin << M) + n; see codec.cpp step 4.
-  // Non-finite inputs have exf = 255, hence a huge `mag`: they are inside `ovf` too.
-  const auto ovf = hn::Gt(mag, hn::Set(d, p.max_code));
   const bool any_ovf = !hn::AllFalse(d, ovf);
-  const auto mag_zero = hn::Eq(mag, zero);
   const V32 sign_kept =
-      (p.unsigned_zero && may_be_zero) ? hn::IfThenZeroElse(mag_zero, sign) : sign;
+      (p.unsigned_zero && any_zero) ? hn::IfThenZeroElse(zero_res, sign) : sign;
 
   Lanes out{zero, zero};
   if constexpr (kWantCode) {
@@ -234,8 +243,6 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
     out.code = hn::Or(mag, hn::ShiftRightSame(sign_kept, shift));
   }
   if constexpr (kWantFloat) out.fbits = hn::Or(v, sign_kept);
-  if constexpr (kCount)
-    if (may_be_zero) counts->underflow += hn::CountTrue(d, hn::AndNot(hn::Eq(a, zero), mag_zero));
   if (HWY_LIKELY(!any_ovf)) return out;
 
   // Rare: overflow, NaN or Inf somewhere in this vector.
