@@ -1,14 +1,17 @@
 // One training step (forward, backward, SGD update) of a small CIFAR ResNet and of a
-// Transformer encoder layer, float32 versus the paper's 1.4.3/1.5.2 recipe, timed in the
-// same run. Counters: ms_per_step, vs_fp32 (quantized step time / float32 step time: the
-// overhead of simulating 8-bit training), and saved_ratio (bytes the quantized ops save for
-// backward with 8-bit codes / with float32).
+// Transformer encoder layer, float32 versus the paper's 1.4.3/1.5.2 recipe, timed in
+// interleaved rounds of the same run. Counters of `run`: fp32_ms and ms (median step
+// times), vs_fp32 (median over rounds of quantized / float32: the overhead of simulating
+// 8-bit training; all_codes_vs_fp32 with weights saved as codes too), act_saved_ratio
+// (activation bytes the quantized ops save for backward as 8-bit codes / as float32) and
+// w_saved_MiB (the weights' float32 quantized copies).
 //
 //   build/bench_train --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <malloc.h>
 #include <cstdlib>
@@ -30,26 +33,34 @@ struct Setup {
   std::shared_ptr<nn::QuantContext> ctx;
 };
 
+// What the quantized ops save for backward: float32 only, 8-bit codes of activations
+// (the default: weights keep a float32 quantized copy), or codes of weights too.
+enum class Save { float32, activation_codes, all_codes };
+void set_save(nn::QuantContext& ctx, Save s) {
+  ctx.save_codes = s != Save::float32;
+  ctx.save_weight_codes = s == Save::all_codes;
+}
+
 template <int kWidth>
-Setup resnet(const std::string& recipe, bool save_codes) {
+Setup resnet(const std::string& recipe, Save save) {
   torch::manual_seed(0);
   models::CifarResNetOptions o;
   o.depth = 20;
   o.width = kWidth;
   auto m = models::CifarResNet(o);
   auto ctx = std::make_shared<nn::QuantContext>();
-  ctx->save_codes = save_codes;
+  set_save(*ctx, save);
   nn::quantize_model(*m, nn::parse_recipe(recipe), ctx);
   auto x = torch::randn({32, 3, 32, 32});
   auto t = torch::randint(0, 10, {32});
   return {m.ptr(), [m, x, t]() mutable { return torch::nn::functional::cross_entropy(m->forward(x), t); }, ctx};
 }
 
-Setup transformer(const std::string& recipe, bool save_codes) {
+Setup transformer(const std::string& recipe, Save save) {
   torch::manual_seed(0);
   auto m = models::EncoderLayer(512, 8, 2048, 0.0);
   auto ctx = std::make_shared<nn::QuantContext>();
-  ctx->save_codes = save_codes;
+  set_save(*ctx, save);
   nn::quantize_model(*m, nn::parse_recipe(recipe), ctx);
   auto x = torch::randn({8, 32, 512});
   return {m.ptr(), [m, x]() mutable { return m->forward(x).pow(2).mean(); }, ctx};
@@ -68,78 +79,95 @@ double step_ms(Setup& s, torch::optim::SGD& opt, int reps) {
   return best;
 }
 
-void run(benchmark::State& state, Setup (*make)(const std::string&, bool), const char* recipe) {
-  Setup q = make(recipe, true);
-  Setup f = make("fp32", true);
-  torch::optim::SGD opt_q(q.model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  torch::optim::SGD opt_f(f.model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  step_ms(q, opt_q, 1);
-  step_ms(f, opt_f, 1);  // warm up
-  for (auto _ : state) {
-    opt_q.zero_grad();
-    q.loss().backward();
-    opt_q.step();
-    q.ctx->step++;
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Variants of one model timed in rounds: each round steps every variant (best of 2 steps),
+// so that the machine's slow phases (a shared VM) hit them alike. Returns per variant the
+// step times of every round; compare variants within a round.
+struct Variant {
+  std::string name, recipe;
+  Save save;
+};
+std::vector<std::vector<double>> time_rounds(Setup (*make)(const std::string&, Save),
+                                             const std::vector<Variant>& vs, int rounds,
+                                             benchmark::State& state) {
+  std::vector<Setup> setups;
+  std::vector<torch::optim::SGD> opts;
+  for (const auto& v : vs) {
+    setups.push_back(make(v.recipe, v.save));
+    opts.emplace_back(setups.back().model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   }
-  // Interleave the two so that machine noise hits both alike.
-  double tq = 1e30, tf = 1e30;
-  for (int i = 0; i < 6; ++i) {
-    tq = std::min(tq, step_ms(q, opt_q, 2));
-    tf = std::min(tf, step_ms(f, opt_f, 2));
-  }
-  // Saved-for-backward bytes of one forward, codes versus float32.
-  Setup fl = make(recipe, false);
-  q.ctx->saved_bytes = 0;
-  fl.ctx->saved_bytes = 0;
-  { auto l = q.loss(); }
+  for (std::size_t i = 0; i < vs.size(); ++i) step_ms(setups[i], opts[i], 1);  // warm up
+  for (auto _ : state) step_ms(setups.back(), opts.back(), 1);
+  std::vector<std::vector<double>> t(vs.size());
+  for (int r = 0; r < rounds; ++r)
+    for (std::size_t i = 0; i < vs.size(); ++i) t[i].push_back(step_ms(setups[i], opts[i], 2));
+  return t;
+}
+
+// Median over rounds of a variant's time over the first variant's in the same round.
+double median_ratio(const std::vector<std::vector<double>>& t, std::size_t i) {
+  std::vector<double> r;
+  for (std::size_t k = 0; k < t[0].size(); ++k) r.push_back(t[i][k] / t[0][k]);
+  return median(r);
+}
+
+void run(benchmark::State& state, Setup (*make)(const std::string&, Save), const char* recipe) {
+  const std::vector<Variant> vs = {{"fp32", "fp32", Save::float32},
+                                   {"quantized", recipe, Save::activation_codes},
+                                   {"quantized_all_codes", recipe, Save::all_codes}};
+  const auto t = time_rounds(make, vs, 15, state);
+  // Saved-for-backward bytes of one forward: activations as codes versus float32.
+  Setup codes = make(recipe, Save::all_codes), fl = make(recipe, Save::float32);
+  { auto l = codes.loss(); }
   { auto l = fl.loss(); }
-  state.counters["ms_per_step"] = tq;
-  state.counters["fp32_ms_per_step"] = tf;
-  state.counters["vs_fp32"] = tq / tf;
-  state.counters["saved_MiB"] = q.ctx->saved_bytes.load() / 1048576.0;
-  state.counters["saved_ratio"] = static_cast<double>(q.ctx->saved_bytes.load()) / fl.ctx->saved_bytes.load();
+  state.counters["fp32_ms"] = median(t[0]);
+  state.counters["ms"] = median(t[1]);
+  state.counters["vs_fp32"] = median_ratio(t, 1);
+  state.counters["all_codes_vs_fp32"] = median_ratio(t, 2);
+  state.counters["act_saved_MiB"] = codes.ctx->saved_bytes.load() / 1048576.0;
+  state.counters["act_saved_ratio"] =
+      static_cast<double>(codes.ctx->saved_bytes.load()) / fl.ctx->saved_bytes.load();
+  state.counters["w_saved_MiB"] = fl.ctx->saved_weight_bytes.load() / 1048576.0;
   state.SetLabel(recipe);
 }
 
 // Where the quantized step's extra time goes: each tensor kind quantized alone, and the
-// whole recipe saving float32 instead of 8-bit codes (no encode in forward, no decode in
-// backward), all interleaved with the float32 step in the same run. Counters are the
-// extra milliseconds over float32.
-void breakdown(benchmark::State& state, Setup (*make)(const std::string&, bool), const char* recipe) {
+// whole recipe saving float32 only, activation codes (the default) and all codes, all
+// timed in rounds with the float32 step. Counters: the median over rounds of the extra
+// milliseconds over float32 in the same round.
+void breakdown(benchmark::State& state, Setup (*make)(const std::string&, Save), const char* recipe) {
   const nn::Recipe full = nn::parse_recipe(recipe);
-  struct Variant {
-    std::string name, recipe;
-    bool codes;
-  };
-  std::vector<Variant> vs = {{"fp32", "fp32", true}};
+  std::vector<Variant> vs = {{"fp32", "fp32", Save::float32}};
   for (nn::TensorKind k : nn::kAllKinds) {
     std::string line = std::string(nn::to_string(k)) + "=" + nn::to_string(full.base[k]);
-    vs.push_back({"only_" + std::string(nn::to_string(k)), line, true});
+    vs.push_back({"only_" + std::string(nn::to_string(k)), line, Save::activation_codes});
   }
-  vs.push_back({"all_float_saved", recipe, false});
-  vs.push_back({"all_codes_saved", recipe, true});
-  std::vector<Setup> setups;
-  std::vector<torch::optim::SGD> opts;
-  for (const auto& v : vs) {
-    setups.push_back(make(v.recipe, v.codes));
-    opts.emplace_back(setups.back().model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  vs.push_back({"all_float_saved", recipe, Save::float32});
+  vs.push_back({"all", recipe, Save::activation_codes});
+  vs.push_back({"all_codes_saved", recipe, Save::all_codes});
+  const auto t = time_rounds(make, vs, 9, state);
+  state.counters["fp32_ms"] = median(t[0]);
+  for (std::size_t i = 1; i < vs.size(); ++i) {
+    std::vector<double> extra;
+    for (std::size_t k = 0; k < t[0].size(); ++k) extra.push_back(t[i][k] - t[0][k]);
+    state.counters[vs[i].name + "_extra_ms"] = median(extra);
   }
-  for (std::size_t i = 0; i < vs.size(); ++i) step_ms(setups[i], opts[i], 1);  // warm up
-  for (auto _ : state) step_ms(setups[0], opts[0], 1);
-  std::vector<double> best(vs.size(), 1e30);
-  for (int r = 0; r < 6; ++r)
-    for (std::size_t i = 0; i < vs.size(); ++i) best[i] = std::min(best[i], step_ms(setups[i], opts[i], 2));
-  state.counters["fp32_ms"] = best[0];
-  for (std::size_t i = 1; i < vs.size(); ++i) state.counters[vs[i].name + "_extra_ms"] = best[i] - best[0];
   state.SetLabel(recipe);
 }
 
 // One recipe alone, for profilers: FP8LAB_BENCH_RECIPE (default fp32), FP8LAB_BENCH_CODES=0
-// to save float32. perf record build/bench_train --benchmark_filter=profile_resnet20
-void profile(benchmark::State& state, Setup (*make)(const std::string&, bool)) {
+// to save float32 only, 2 to save weight codes too. perf record build/bench_train --benchmark_filter=profile_resnet20
+void profile(benchmark::State& state, Setup (*make)(const std::string&, Save)) {
   const char* r = std::getenv("FP8LAB_BENCH_RECIPE");
   const char* c = std::getenv("FP8LAB_BENCH_CODES");
-  Setup s = make(r ? r : "fp32", !(c && std::string(c) == "0"));
+  const std::string save = c ? c : "1";
+  Setup s = make(r ? r : "fp32", save == "0" ? Save::float32 : save == "2" ? Save::all_codes
+                                                                          : Save::activation_codes);
   torch::optim::SGD opt(s.model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   step_ms(s, opt, 2);
   double best = 1e30;

@@ -133,15 +133,17 @@ std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_and_save(TensorKind
                                                                       std::uint32_t call,
                                                                       std::uint32_t operand) {
   const KindQuant& q = quant[k];
-  if (!q || !ctx->save_codes || !q->format.codable()) {
+  const bool weight = k == TensorKind::w;
+  std::atomic<std::int64_t>& bytes = weight ? ctx->saved_weight_bytes : ctx->saved_bytes;
+  if (!q || !(weight ? ctx->save_weight_codes : ctx->save_codes) || !q->format.codable()) {
     torch::Tensor y = quantize(k, t, call, operand);
-    ctx->saved_bytes += static_cast<std::int64_t>(y.numel()) * 4;
+    bytes += static_cast<std::int64_t>(y.numel()) * 4;
     return {y, y};
   }
   QuantCounts c;
   auto [y, codes] = quantize_and_encode_tensor(t, *q, seed_for(k, call, operand), &c);
   record(k, t, c, call);
-  ctx->saved_bytes += static_cast<std::int64_t>(codes.numel() * codes.element_size());
+  bytes += static_cast<std::int64_t>(codes.numel() * codes.element_size());
   return {y, codes};
 }
 

@@ -178,20 +178,24 @@ TEST(Ops, SavingCodesGivesIdenticalGradientsAtAQuarterOfTheMemory) {
   auto x = torch::randn({16, 64}, torch::requires_grad());
   auto w = (0.1 * torch::randn({32, 64})).requires_grad_();
   torch::Tensor grads[2][2];
-  std::int64_t bytes[2];
+  std::int64_t bytes[2], weight_bytes[2];
   for (int save = 0; save < 2; ++save) {
     auto ctx = std::make_shared<QuantContext>();
-    ctx->save_codes = save == 1;
+    ctx->save_codes = ctx->save_weight_codes = save == 1;
     auto st = make_layer_state("lin", paper_quant(), ctx);
     auto y = quant_linear(x, w, {}, st);
     bytes[save] = ctx->saved_bytes.load();
+    weight_bytes[save] = ctx->saved_weight_bytes.load();
     auto g = torch::autograd::grad({y.pow(2).sum()}, {x, w});
     grads[save][0] = g[0];
     grads[save][1] = g[1];
   }
   EXPECT_TRUE(bit_equal(grads[0][0], grads[1][0]));
   EXPECT_TRUE(bit_equal(grads[0][1], grads[1][1]));
+  EXPECT_EQ(bytes[0], 16 * 64 * 4);  // activations
   EXPECT_EQ(bytes[1] * 4, bytes[0]);
+  EXPECT_EQ(weight_bytes[0], 32 * 64 * 4);  // weights
+  EXPECT_EQ(weight_bytes[1] * 4, weight_bytes[0]);
 }
 
 // A gradient that only the op holds is quantized in its own memory; one that autograd

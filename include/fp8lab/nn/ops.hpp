@@ -49,11 +49,17 @@ class StatsLog {
 struct QuantContext {
   std::uint64_t seed = 0;             // run seed: stochastic rounding streams derive from it
   std::atomic<std::uint64_t> step{0}; // the trainer advances it once per optimizer step
-  bool save_codes = true;             // save 8-bit codes for backward (else float32)
+  // What the ops keep for backward. Activations (whose memory grows with the batch): their
+  // 8-bit codes, else float32 Q(x). Weights: float32 Q(w) unless save_weight_codes (one
+  // copy of the model, held from forward to backward; codes cost a decode pass per step).
+  // Results are bit-identical either way.
+  bool save_codes = true;
+  bool save_weight_codes = false;
   int stats_interval = 0;             // record statistics every N steps; 0: off
   bool recording = true;              // false: quantize without counts or statistics (evaluation)
   std::shared_ptr<StatsLog> stats = std::make_shared<StatsLog>();
-  std::atomic<std::int64_t> saved_bytes{0};  // bytes saved for backward by quantized ops
+  std::atomic<std::int64_t> saved_bytes{0};         // activations saved for backward, bytes
+  std::atomic<std::int64_t> saved_weight_bytes{0};  // weights' quantized copies, bytes
   std::atomic<std::int64_t> in_place{0};     // gradients quantized in their own memory
 };
 
