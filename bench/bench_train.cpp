@@ -3,8 +3,9 @@
 // interleaved rounds of the same run. Counters of `run`: fp32_ms and ms (median step
 // times), vs_fp32 (median over rounds of quantized / float32: the overhead of simulating
 // 8-bit training; all_codes_vs_fp32 with weights saved as codes too), act_saved_ratio
-// (activation bytes the quantized ops save for backward as 8-bit codes / as float32) and
-// w_saved_MiB (the weights' float32 quantized copies).
+// (activation bytes the quantized ops save for backward as 8-bit codes / as float32;
+// act_saved_ratio_first0 with the first layer's input quantized too) and w_saved_MiB (the
+// weights' float32 quantized copies).
 //
 //   build/bench_train --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -121,10 +122,18 @@ void run(benchmark::State& state, Setup (*make)(const std::string&, Save), const
                                    {"quantized", recipe, Save::activation_codes},
                                    {"quantized_all_codes", recipe, Save::all_codes}};
   const auto t = time_rounds(make, vs, 15, state);
-  // Saved-for-backward bytes of one forward: activations as codes versus float32.
+  // Saved-for-backward bytes of one forward: activations as codes versus float32, with the
+  // recipe as given (its first layer's input stays float32) and with every layer's input
+  // quantized (first=0: what each layer inside a deeper stack saves).
   Setup codes = make(recipe, Save::all_codes), fl = make(recipe, Save::float32);
   { auto l = codes.loss(); }
   { auto l = fl.loss(); }
+  const std::string all_layers = nn::parse_recipe(recipe).to_line() + ",first=0";
+  Setup codes_all = make(all_layers, Save::all_codes), fl_all = make(all_layers, Save::float32);
+  { auto l = codes_all.loss(); }
+  { auto l = fl_all.loss(); }
+  state.counters["act_saved_ratio_first0"] =
+      static_cast<double>(codes_all.ctx->saved_bytes.load()) / fl_all.ctx->saved_bytes.load();
   state.counters["fp32_ms"] = median(t[0]);
   state.counters["ms"] = median(t[1]);
   state.counters["vs_fp32"] = median_ratio(t, 1);

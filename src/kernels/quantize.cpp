@@ -311,6 +311,22 @@ HWY_INLINE void Loop(const Params& params, const float* x, std::size_t n, std::u
   if constexpr (kCount) *counts += local;
 }
 
+// Stores one vector of codes (each < 2^16, and < 2^8 for uint8_t) as T.
+template <typename T>
+HWY_INLINE void StoreCodes(V32 code, T* HWY_RESTRICT out) {
+#if HWY_TARGET <= HWY_AVX3
+  // One truncating vpmovdb/vpmovdw: Highway's DemoteTo packs, masks and permutes (4 ops).
+  if constexpr (sizeof(T) == 1)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(code.raw));
+  else
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(code.raw));
+#else
+  const hn::Rebind<T, D32> dn;
+  const hn::RebindToSigned<D32> di;
+  hn::StoreU(hn::DemoteTo(dn, hn::BitCast(di, code)), dn, out);
+#endif
+}
+
 template <bool kCount, class Fn>
 HWY_INLINE void DispatchMode(Rounding r, const Fn& fn) {
   switch (r) {
@@ -336,14 +352,9 @@ void QuantizeRange(const Params& p, const QuantSpec& q, const float* x, float* y
 template <typename T>
 HWY_INLINE void EncodeRangeT(const Params& p, const QuantSpec& q, const float* x, T* out,
                              std::size_t n, std::uint64_t index0, QuantCounts* counts) {
-  const hn::Rebind<T, D32> dn;
-  const hn::RebindToSigned<D32> di;
   auto run = [&]<Rounding kMode, bool kCount>() {
     Loop<kMode, true, false, kCount>(
-        p, x, n, index0, counts,
-        [&](std::size_t i, const Lanes& l) {
-          hn::StoreU(hn::DemoteTo(dn, hn::BitCast(di, l.code)), dn, out + i);
-        },
+        p, x, n, index0, counts, [&](std::size_t i, const Lanes& l) { StoreCodes(l.code, out + i); },
         [&](std::size_t i) {
           out[i] = static_cast<T>(fp8lab::encode(x[i], q, index0 + i, counts));
         });
@@ -356,14 +367,12 @@ void QuantizeEncodeRange8(const Params& p, const QuantSpec& q, const float* x, f
                           std::uint8_t* out, std::size_t n, std::uint64_t index0,
                           QuantCounts* counts) {
   const hn::RebindToFloat<D32> df;
-  const hn::Rebind<std::uint8_t, D32> dn;
-  const hn::RebindToSigned<D32> di;
   auto run = [&]<Rounding kMode, bool kCount>() {
     Loop<kMode, true, true, kCount>(
         p, x, n, index0, counts,
         [&](std::size_t i, const Lanes& l) {
           hn::StoreU(hn::BitCast(df, l.fbits), df, y + i);
-          hn::StoreU(hn::DemoteTo(dn, hn::BitCast(di, l.code)), dn, out + i);
+          StoreCodes(l.code, out + i);
         },
         [&](std::size_t i) {
           out[i] = static_cast<std::uint8_t>(fp8lab::encode(x[i], q, index0 + i, counts));
