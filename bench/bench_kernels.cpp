@@ -2,6 +2,7 @@
 // physical-limit reference: a plain streaming loop over the same bytes (y[i] = a * x[i]
 // for float -> float; the same with a narrowing or widening store for codes), timed in the
 // same run. Counter `vs_stream` = reference time / kernel time (1.0 = memory speed).
+// The in_cache_* benchmarks run them on L1-resident data instead (their compute rate).
 //
 //   build/bench_kernels --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -143,6 +144,58 @@ void run(benchmark::State& state, Kind kind, const char* fmt) {
   kernels::set_num_threads(before);
 }
 
+// The same kernels on 4096 elements that stay in L1, one thread: their compute rate, the
+// bound they run at on tensors that are still in cache (as activations between the layers
+// of a training step are). Reference: the streaming loop y = a * x on the same buffers.
+enum class Hot { quantize, quantize_counts, quantize_encode, encode, decode };
+void in_cache(benchmark::State& state, Hot kind) {
+  constexpr std::size_t n = 4096;
+  std::vector<float> x(n), y(n);
+  std::vector<std::uint8_t> c(n);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : x) v = std::max(nd(rng), 0.0f);  // a ReLU output: half zeros
+  QuantSpec q;
+  q.format = parse_format("1.4.3:10");
+  kernels::encode(x.data(), c.data(), n, q);
+  kernels::SerialScope serial;
+  QuantCounts counts;
+  auto kernel = [&] {
+    switch (kind) {
+      case Hot::quantize: kernels::quantize(x.data(), y.data(), n, q); break;
+      case Hot::quantize_counts: kernels::quantize(x.data(), y.data(), n, q, 0, &counts); break;
+      case Hot::quantize_encode:
+        kernels::quantize_and_encode(x.data(), y.data(), c.data(), n, q, 0, &counts);
+        break;
+      case Hot::encode: kernels::encode(x.data(), c.data(), n, q); break;
+      case Hot::decode: kernels::decode(c.data(), y.data(), n, q.format); break;
+    }
+    benchmark::ClobberMemory();
+  };
+  auto reference = [&] {
+    const float* __restrict in = x.data();
+    float* __restrict out = y.data();
+    for (std::size_t i = 0; i < n; ++i) out[i] = 3.0f * in[i];
+    benchmark::ClobberMemory();
+  };
+  auto per_call = [](const auto& f) {
+    double best = 1e30;
+    for (int r = 0; r < 20; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int k = 0; k < 100; ++k) f();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 100);
+    }
+    return best;
+  };
+  for (auto _ : state) kernel();
+  const double t_kernel = per_call(kernel), t_ref = per_call(reference);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * n));
+  state.counters["Gelem_s"] = n / t_kernel * 1e-9;
+  state.counters["stream_Gelem_s"] = n / t_ref * 1e-9;
+  state.counters["vs_stream"] = t_ref / t_kernel;
+  state.SetLabel(std::string("1.4.3:10 relu ") + kernels::current_target());
+}
+
 void Threads(benchmark::internal::Benchmark* b) {
   b->Arg(1);
   const int all = kernels::num_threads();
@@ -160,6 +213,11 @@ BENCHMARK_CAPTURE(run, quantize_stochastic, Kind::quantize_sr, "e4m3fnuz")->Appl
 BENCHMARK_CAPTURE(run, encode_rne, Kind::encode, "e4m3fnuz")->Apply(Threads);
 BENCHMARK_CAPTURE(run, decode, Kind::decode, "e4m3fnuz")->Apply(Threads);
 BENCHMARK_CAPTURE(run, exponent_histogram, Kind::histogram, "e4m3fnuz")->Apply(Threads);
+BENCHMARK_CAPTURE(in_cache, in_cache_quantize, Hot::quantize);
+BENCHMARK_CAPTURE(in_cache, in_cache_quantize_counts, Hot::quantize_counts);
+BENCHMARK_CAPTURE(in_cache, in_cache_quantize_encode, Hot::quantize_encode);
+BENCHMARK_CAPTURE(in_cache, in_cache_encode, Hot::encode);
+BENCHMARK_CAPTURE(in_cache, in_cache_decode, Hot::decode);
 
 int main(int argc, char** argv) {
   // FP8LAB_TARGET=AVX2 (say) runs the kernels on one SIMD target.
