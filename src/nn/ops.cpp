@@ -210,7 +210,9 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
       db = g.reshape({-1, out_f}).sum(0);
     const std::vector<std::int64_t> g_shape(g.sizes().begin(), g.sizes().end());
-    const torch::Tensor gq = st->quantize_owned(TensorKind::gx, std::move(g), call, backward_grad_refs()).reshape({-1, out_f});
+    const torch::Tensor gq =
+        st->quantize_owned(TensorKind::gx, std::move(g), call, backward_grad_refs())
+            .reshape({-1, out_f});
     // The same products libtorch's addmm/mm backward forms, so that with float32
     // quantizers the gradients are bit-identical to torch::linear's.
     if (ctx->needs_input_grad(0)) {
@@ -259,7 +261,8 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
       db = std::get<2>(at::convolution_backward(g, xq, wq, bias_sizes, stride, padding, dilation,
                                                 false, {0, 0}, groups, {false, false, true}));
     }
-    const torch::Tensor gq = st->quantize_owned(TensorKind::gx, std::move(g), call, backward_grad_refs());
+    const torch::Tensor gq =
+        st->quantize_owned(TensorKind::gx, std::move(g), call, backward_grad_refs());
     auto [dx, dw, unused] = at::convolution_backward(
         gq, xq, wq, c10::nullopt, stride, padding, dilation, false, {0, 0}, groups,
         {ctx->needs_input_grad(0), ctx->needs_input_grad(1), false});
@@ -280,7 +283,8 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto [st, call, aq, bq] = restore_operands(ctx, TensorKind::a, TensorKind::a);
-    const torch::Tensor gq = st->quantize_owned(TensorKind::gx, std::move(grads[0]), call, backward_grad_refs());
+    const torch::Tensor gq =
+        st->quantize_owned(TensorKind::gx, std::move(grads[0]), call, backward_grad_refs());
     torch::Tensor da, db;
     if (ctx->needs_input_grad(0)) da = at::sum_to(gq.matmul(bq.transpose(-2, -1)), aq.sizes());
     if (ctx->needs_input_grad(1)) db = at::sum_to(aq.transpose(-2, -1).matmul(gq), bq.sizes());
