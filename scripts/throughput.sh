@@ -8,10 +8,12 @@
 # (up to 1.6x on the Transformers here), which the 8-bit formats flush anyway, and the
 # comparison is meant to show the cost of quantization.
 #   scripts/throughput.sh [STEPS] [PRESET...]     (default 6 timed steps; all presets)
+#   ROUNDS=1 scripts/throughput.sh                 (one run per recipe instead of two)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FP8LAB=${FP8LAB:-build/fp8lab}
 STEPS=${1:-6}
+ROUNDS=${ROUNDS:-2}  # fp32 and 8-bit alternate this many times; each cell is the best round
 shift || true
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
@@ -37,7 +39,8 @@ echo "|---|---|---|---|---|---|---|"
 for row in "${rows[@]}"; do
   read -r model task size batch recipe <<<"$row"
   if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$model"; then continue; fi
-  declare -A sps=()
+  declare -A sps=([fp32]=0 [$recipe]=0)
+  for round in $(seq "$ROUNDS"); do
   for r in fp32 "$recipe"; do
     common=(--no-progress --db "$T/t.db" --set name=tp --set model.name="$model" --set train.batch="$batch"
             --set train.steps=$((STEPS + 1)) --set quant.recipe="$r" --set "train.checkpoint=$T/c.ckpt"
@@ -51,7 +54,9 @@ for row in "${rows[@]}"; do
                    --set optimizer.name=adamw --set optimizer.weight_decay=0.01) ;;
     esac
     out=$("$FP8LAB" train /dev/null "${common[@]}" "${extra[@]}" 2>/dev/null)
-    sps[$r]=$(awk 'NR==3 {print $(NF-1)}' <<<"$out")
+    # The best round: a shared machine's noise only ever slows a run down.
+    sps[$r]=$(awk -v best="${sps[$r]}" 'NR==3 { v = $(NF-1); print (v > best ? v : best) }' <<<"$out")
+  done
   done
   ratio=$(awk -v a="${sps[fp32]}" -v b="${sps[$recipe]}" 'BEGIN { printf "%.2f", a / b }')
   case $task in image) input="${size}x${size}" ;; *) input="verses, <= $size tokens" ;; esac
