@@ -16,12 +16,15 @@
 namespace fp8lab::nn {
 
 namespace {
-torch::Tensor float_input(const torch::Tensor& t, const char* what) {
+void check_float_cpu(const torch::Tensor& t, const char* what) {
   if (!t.device().is_cpu())
     throw Error(std::string(what) + ": fp8lab quantizes CPU tensors; got one on " + t.device().str());
   if (t.scalar_type() != torch::kFloat32)
     throw Error(std::string(what) + ": expected a float32 tensor, got " +
                 std::string(c10::toString(t.scalar_type())));
+}
+torch::Tensor float_input(const torch::Tensor& t, const char* what) {
+  check_float_cpu(t, what);
   return t.contiguous();
 }
 // Runs body(begin, end, counts*) over [0, n) on libtorch's threads, kernels serial inside.
@@ -40,32 +43,32 @@ void torch_parallel(std::int64_t n, QuantCounts* counts, const Body& body) {
   });
 }
 
+// out[i] = Q(in[i]) over n elements (out may be in).
+void quantize_into(const float* in, float* out, std::int64_t n, const QuantSpec& q_in,
+                   std::uint64_t seed, QuantCounts* counts) {
+  QuantSpec q = q_in;
+  q.seed = seed;
+  torch_parallel(n, counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
+    kernels::quantize(in + b, out + b, e - b, q, b, c);
+  });
+}
+
 }  // namespace
 
 torch::Tensor fake_quantize(const torch::Tensor& t, const QuantSpec& q_in, std::uint64_t seed,
                             QuantCounts* counts) {
   const torch::Tensor x = float_input(t, "fake_quantize");
-  QuantSpec q = q_in;
-  q.seed = seed;
   torch::Tensor y = torch::empty_like(x, torch::MemoryFormat::Contiguous);
-  const float* in = x.data_ptr<float>();
-  float* out = y.data_ptr<float>();
-  torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
-    kernels::quantize(in + b, out + b, e - b, q, b, c);
-  });
+  quantize_into(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), q_in, seed, counts);
   return y;
 }
 
 void fake_quantize_(torch::Tensor& t, const QuantSpec& q_in, std::uint64_t seed,
                     QuantCounts* counts) {
-  if (!t.device().is_cpu() || t.scalar_type() != torch::kFloat32 || !t.is_contiguous())
-    throw Error("fake_quantize_: expected a contiguous float32 CPU tensor");
-  QuantSpec q = q_in;
-  q.seed = seed;
+  check_float_cpu(t, "fake_quantize_");
+  if (!t.is_contiguous()) throw Error("fake_quantize_: the tensor must be contiguous");
   float* p = t.data_ptr<float>();
-  torch_parallel(t.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
-    kernels::quantize(p + b, p + b, e - b, q, b, c);  // element-wise: in place is exact
-  });
+  quantize_into(p, p, t.numel(), q_in, seed, counts);  // element-wise: in place is exact
 }
 
 torch::Tensor encode_tensor(const torch::Tensor& t, const QuantSpec& q_in, std::uint64_t seed,
