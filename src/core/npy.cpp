@@ -8,6 +8,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/core/format.hpp"
 
 namespace fp8lab {
@@ -141,22 +142,6 @@ NpyArray read_npy(const std::string& path) {
   if (need && !in.read(reinterpret_cast<char*>(a.data.data()), static_cast<std::streamsize>(need)))
     fail(path, data_start, "read failed");
   return a;
-}
-
-void write_file_atomic(const std::string& path, const void* bytes, std::size_t n) {
-  std::random_device rd;
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw Error(path + ": cannot create temporary file (" + std::strerror(errno) + ")");
-  bool ok = (n == 0 || std::fwrite(bytes, 1, n, f) == n);
-  ok = (std::fflush(f) == 0) && ok;
-  ok = (::fsync(::fileno(f)) == 0) && ok;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    throw Error(path + ": write failed (" + why + ")");
-  }
 }
 
 void write_npy(const std::string& path, const NpyArray& a) {

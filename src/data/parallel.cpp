@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "fp8lab/core/format.hpp"
-#include "fp8lab/core/npy.hpp"
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/core/random.hpp"
 #include "io.hpp"
 
@@ -274,7 +274,7 @@ std::vector<VersePair> align_verses(const std::vector<ImpEntry>& en, const std::
 }
 
 std::string split_of(const std::string& ref, int dev_percent, int test_percent) {
-  const auto bucket = static_cast<int>(mix64(io::fnv1a(io::kFnvBasis, ref.data(), ref.size())) % 100);
+  const auto bucket = static_cast<int>(mix64(fnv1a(kFnvBasis, ref.data(), ref.size())) % 100);
   if (bucket < dev_percent) return "dev";
   if (bucket < dev_percent + test_percent) return "test";
   return "train";

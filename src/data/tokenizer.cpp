@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "fp8lab/core/format.hpp"
-#include "fp8lab/core/npy.hpp"
+#include "fp8lab/core/files.hpp"
 #include "io.hpp"
 
 namespace fp8lab::data {
@@ -24,12 +24,12 @@ constexpr int kTokenizerVersion = 1;
 
 // FNV-1a over the inputs' bytes: the cache key of a trained model.
 std::string fingerprint(const std::vector<std::string>& inputs) {
-  std::uint64_t h = io::kFnvBasis;
+  std::uint64_t h = kFnvBasis;
   for (const auto& p : inputs) {
     std::ifstream in(p, std::ios::binary);
     if (!in) throw Error(p + ": cannot open tokenizer training text");
     char buf[1 << 16];
-    while (in.read(buf, sizeof buf) || in.gcount() > 0) h = io::fnv1a(h, buf, static_cast<std::size_t>(in.gcount()));
+    while (in.read(buf, sizeof buf) || in.gcount() > 0) h = fnv1a(h, buf, static_cast<std::size_t>(in.gcount()));
   }
   char out[17];
   std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));

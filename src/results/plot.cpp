@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "fp8lab/core/format.hpp"
-#include "fp8lab/core/npy.hpp"
+#include "fp8lab/core/files.hpp"
 
 #define STB_TRUETYPE_IMPLEMENTATION
 #define STBTT_STATIC

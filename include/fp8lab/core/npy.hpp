@@ -26,8 +26,4 @@ NpyArray read_npy(const std::string& path);
 // Throws Error on failure; a partially written file never replaces `path`.
 void write_npy(const std::string& path, const NpyArray& a);
 
-// Write `bytes` to `path` atomically: a temporary file in the same folder, flushed, then
-// renamed over `path`. On failure the temporary is removed and Error is thrown.
-void write_file_atomic(const std::string& path, const void* bytes, std::size_t n);
-
 }  // namespace fp8lab

@@ -1,0 +1,31 @@
+// Whole-file helpers shared by every layer: atomic writes (results, plots, checkpoints,
+// run configs, the corpus), whole-file reads and a content hash.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace fp8lab {
+
+// Writes `bytes` to `path` atomically: a temporary file with a unique name in the same
+// folder, flushed to disk, then renamed over `path`. On failure the temporary is removed,
+// `path` is untouched and Error is thrown naming it.
+void write_file_atomic(const std::string& path, const void* bytes, std::size_t n);
+inline void write_file_atomic(const std::string& path, const std::string& text) {
+  write_file_atomic(path, text.data(), text.size());
+}
+
+// The whole file as bytes; throws Error naming the file when it cannot be read (a folder
+// is an error too).
+std::string read_file(const std::string& path);
+
+// FNV-1a over `n` bytes, continued from `h` (start with kFnvBasis).
+inline constexpr std::uint64_t kFnvBasis = 0xcbf29ce484222325ULL;
+inline std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+}  // namespace fp8lab

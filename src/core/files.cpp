@@ -1,0 +1,57 @@
+#include "fp8lab/core/files.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+
+#include "fp8lab/core/format.hpp"
+
+namespace fp8lab {
+
+namespace {
+// A name no other writer of `path` uses at the same time: this process, a per-process
+// counter (threads) and a random number (a process with a recycled pid).
+std::string temporary_name(const std::string& path) {
+  static std::atomic<std::uint64_t> counter{0};
+  static const std::uint64_t salt = std::random_device{}();
+  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)) + "." +
+         std::to_string(salt);
+}
+}  // namespace
+
+void write_file_atomic(const std::string& path, const void* bytes, std::size_t n) {
+  const std::string tmp = temporary_name(path);
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw Error(path + ": cannot create temporary file (" + std::strerror(errno) + ")");
+  bool ok = (n == 0 || std::fwrite(bytes, 1, n, f) == n);
+  ok = (std::fflush(f) == 0) && ok;
+  ok = (::fsync(::fileno(f)) == 0) && ok;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw Error(path + ": write failed (" + why + ")");
+  }
+}
+
+std::string read_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder, not a file");
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
+  if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  std::string out;
+  char buf[1 << 16];
+  std::size_t got;
+  while ((got = std::fread(buf, 1, sizeof buf, f.get())) > 0) out.append(buf, got);
+  if (std::ferror(f.get())) throw Error(path + ": read failed at offset " + std::to_string(out.size()));
+  return out;
+}
+
+}  // namespace fp8lab
