@@ -18,7 +18,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "fp8lab/nn/blas.hpp"
+#include "fp8lab/nn/runtime.hpp"
 #include "fp8lab/kernels/kernels.hpp"
 #include "fp8lab/models/resnet.hpp"
 #include "fp8lab/models/transformer.hpp"
@@ -245,7 +245,8 @@ BENCHMARK_CAPTURE(run, transformer_layer_d512_b8x32, transformer, "transformer-m
     ->Unit(benchmark::kMillisecond)->Iterations(5);
 
 int main(int argc, char** argv) {
-  fp8lab::nn::fix_blas_kernels(argv);  // OpenBLAS's fallback kernels on unknown CPUs: see blas.hpp
+  // Run through build/fp8lab-env for the OpenBLAS kernels and OpenMP spinning the fp8lab
+  // program starts libtorch with (apps/launcher/process_env.hpp); blas_core says which ran.
   benchmark::AddCustomContext("blas_core", fp8lab::nn::blas_core());
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   torch::set_num_threads(cores);  // libtorch defaults to one thread here

@@ -1,16 +1,15 @@
+// The command-line program, built as a module that the `fp8lab` launcher (apps/launcher)
+// loads once it has set the environment libtorch starts with. Its entry point sets up the
+// rest of the process (process.hpp), then runs one subcommand.
 #include <cstdio>
 #include <exception>
 
 #include "commands.hpp"
 #include "fp8lab/core/format.hpp"
-#ifdef FP8LAB_HAVE_TORCH
-#include "fp8lab/nn/blas.hpp"
-#endif
+#include "process.hpp"
 
-int main(int argc, char** argv) {
-#ifdef FP8LAB_HAVE_TORCH
-  fp8lab::nn::fix_blas_kernels(argv);  // may re-execute with OPENBLAS_CORETYPE set
-#endif
+extern "C" int fp8lab_cli_main(int argc, char** argv) {
+  fp8lab::cli::setup_process();
   CLI::App app{"fp8lab: 8-bit number formats for deep neural networks"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "fp8lab 0.1.0");

@@ -1,0 +1,41 @@
+// libtorch's process-wide run-time settings that decide a training run's speed and its
+// float32 arithmetic, as one value a caller applies on purpose. The library never changes
+// them behind its caller's back: experiments::train applies its run's settings with a
+// ScopedTorchSettings and restores the caller's when it returns.
+//
+// What must be set before libtorch loads (OpenBLAS's kernel family, OpenMP's spinning) is
+// the program's business, not the library's: see apps/launcher/process_env.hpp and
+// docs/training.md.
+#pragma once
+
+#include <string>
+
+namespace fp8lab::nn {
+
+struct TorchSettings {
+  int threads = 1;               // libtorch's intra-op threads
+  bool flush_denormals = false;  // the CPU's flush-to-zero / denormals-are-zero for float32
+};
+
+// The settings in force now.
+TorchSettings current_torch_settings();
+
+// Applies `s` (threads < 1: one per core).
+void apply(const TorchSettings& s);
+
+// Applies settings for its lifetime and restores the ones in force before.
+class ScopedTorchSettings {
+ public:
+  explicit ScopedTorchSettings(const TorchSettings& s);
+  ~ScopedTorchSettings();
+  ScopedTorchSettings(const ScopedTorchSettings&) = delete;
+  ScopedTorchSettings& operator=(const ScopedTorchSettings&) = delete;
+
+ private:
+  TorchSettings before_;
+};
+
+// The OpenBLAS kernel family in use ("" when libtorch's BLAS is not OpenBLAS).
+std::string blas_core();
+
+}  // namespace fp8lab::nn

@@ -1,0 +1,114 @@
+// The passes over libtorch tensors (src/nn/tensor_quant.cpp) against the scalar codec,
+// element by element: every pass, every thread count, non-contiguous inputs, both code
+// widths, in place and not, and the counts.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <bit>
+#include <cmath>
+
+#include "fp8lab/core/codec.hpp"
+#include "fp8lab/nn/runtime.hpp"
+#include "fp8lab/nn/tensor_quant.hpp"
+
+using namespace fp8lab;
+
+namespace {
+
+// Values across the whole range of the formats below: normal, subnormal, zero, overflow,
+// both signs, and the special values.
+torch::Tensor inputs(std::int64_t n) {
+  torch::manual_seed(3);
+  auto t = torch::randn({n}) * torch::exp2(torch::randint(-30, 20, {n}).to(torch::kFloat32));
+  auto a = t.accessor<float, 1>();
+  a[0] = 0.0f, a[1] = -0.0f, a[2] = INFINITY, a[3] = -INFINITY, a[4] = NAN, a[5] = 1e30f, a[6] = -1e-30f;
+  return t;
+}
+
+QuantSpec spec(const char* format, Rounding r, Overflow o = Overflow::saturate) {
+  QuantSpec q;
+  q.format = parse_format(format);
+  q.rounding = r;
+  q.overflow = o;
+  return q;
+}
+
+bool same(float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); }
+
+// The scalar codec on element i of the flattened tensor, with stream seed `seed`.
+float reference(float x, QuantSpec q, std::uint64_t seed, std::uint64_t i) {
+  q.seed = seed;
+  return quantize(x, q, i);
+}
+
+void expect_quantized(const torch::Tensor& in, const torch::Tensor& out, const QuantSpec& q, std::uint64_t seed) {
+  ASSERT_EQ(out.numel(), in.numel());
+  const auto x = in.contiguous().view(-1), y = out.contiguous().view(-1);
+  const float* px = x.data_ptr<float>();
+  const float* py = y.data_ptr<float>();
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const float r = reference(px[i], q, seed, static_cast<std::uint64_t>(i));
+    if (std::isnan(r)) ASSERT_TRUE(std::isnan(py[i])) << i;
+    else ASSERT_TRUE(same(py[i], r)) << "element " << i << ": " << px[i] << " -> " << py[i] << ", codec " << r;
+  }
+}
+
+}  // namespace
+
+TEST(TensorQuant, EveryPassEqualsTheScalarCodecAtEveryThreadCount) {
+  const auto x = inputs(7 * 14287).view({7, 14287}).slice(1, 0, 14286);  // not contiguous
+  ASSERT_FALSE(x.is_contiguous());
+  for (int threads : {1, 2, 3}) {
+    nn::ScopedTorchSettings s({threads, false});
+    for (const char* f : {"1.4.3:10", "1.5.2", "e4m3fn", "1.0.7:-2", "fp16", "e2m1fn"})
+      for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic}) {
+        SCOPED_TRACE(std::string(f) + " threads " + std::to_string(threads));
+        const QuantSpec q = spec(f, r);
+        QuantCounts c;
+        const auto y = nn::fake_quantize(x, q, 77, &c);
+        expect_quantized(x, y, q, 77);
+        EXPECT_EQ(c.total, static_cast<std::uint64_t>(x.numel()));
+        EXPECT_GE(c.overflow, 2u);  // +-Inf at least
+        auto in_place = x.contiguous().clone();
+        nn::fake_quantize_(in_place, q, 77);
+        EXPECT_TRUE(torch::equal(in_place.nan_to_num(0), y.nan_to_num(0)));
+        const auto codes = nn::encode_tensor(x, q, 77);
+        EXPECT_EQ(codes.scalar_type(), q.format.width() <= 8 ? torch::kUInt8 : torch::kInt16);
+        EXPECT_EQ(codes.sizes(), x.sizes());
+        const auto back = nn::decode_tensor(codes, q.format);
+        auto [fq, codes2] = nn::quantize_and_encode_tensor(x, q, 77);
+        EXPECT_TRUE(torch::equal(codes, codes2));
+        EXPECT_TRUE(torch::equal(fq.nan_to_num(0), y.nan_to_num(0)));
+        // Decoding the codes gives the fake-quantized values, but for NaN inputs of a format
+        // without NaN (stored as +0, kept as NaN by fake quantization).
+        const auto keep = y.isnan().logical_not();
+        EXPECT_TRUE(torch::equal(back.masked_select(keep), y.masked_select(keep)));
+      }
+  }
+}
+
+TEST(TensorQuant, StochasticStreamsDependOnTheSeedOnly) {
+  const auto x = inputs(4096);
+  const QuantSpec q = spec("1.5.2", Rounding::stochastic);
+  const auto a = nn::fake_quantize(x, q, 5), b = nn::fake_quantize(x, q, 5), c = nn::fake_quantize(x, q, 6);
+  EXPECT_TRUE(torch::equal(a.nan_to_num(0), b.nan_to_num(0)));
+  EXPECT_FALSE(torch::equal(a.nan_to_num(0), c.nan_to_num(0)));
+}
+
+TEST(TensorQuant, RejectsWhatItCannotQuantize) {
+  const QuantSpec q = spec("1.4.3", Rounding::nearest_even);
+  EXPECT_THROW(nn::fake_quantize(torch::zeros({4}, torch::kFloat64), q, 0), Error);
+  auto strided = torch::zeros({4, 4}).t();
+  EXPECT_THROW(nn::fake_quantize_(strided, q, 0), Error);
+}
+
+TEST(TorchSettings, ScopedSettingsAreRestored) {
+  const nn::TorchSettings before = nn::current_torch_settings();
+  {
+    nn::ScopedTorchSettings s({before.threads + 1, !before.flush_denormals});
+    EXPECT_EQ(nn::current_torch_settings().threads, before.threads + 1);
+    EXPECT_EQ(nn::current_torch_settings().flush_denormals, !before.flush_denormals);
+  }
+  EXPECT_EQ(nn::current_torch_settings().threads, before.threads);
+  EXPECT_EQ(nn::current_torch_settings().flush_denormals, before.flush_denormals);
+}
