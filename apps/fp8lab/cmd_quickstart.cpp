@@ -65,7 +65,7 @@ void run_quickstart(QuickstartArgs a) {
       const auto& c = r.counts[static_cast<int>(k)];
       return pct(c.underflow, c.total);
     };
-    t.add({a.recipes[i], r.status, fmt_f(r.final_metric, 2), fmt_f(r.final_train_loss, 4),
+    t.add({a.recipes[i], std::string(results::to_string(r.status)), fmt_f(r.final_metric, 2), fmt_f(r.final_train_loss, 4),
            "2^" + std::to_string(r.final_log2_scale), std::to_string(r.skipped_steps),
            under(nn::TensorKind::a), under(nn::TensorKind::w), under(nn::TensorKind::gx),
            under(nn::TensorKind::gw), pct(ovf, tot), fmt_f(r.seconds, 1)});

@@ -15,13 +15,16 @@ namespace {
 struct RunsArgs {
   std::string db = "results.db";
   results::RunFilter filter;
+  std::string status;
   bool csv = false, json = false;
 };
 
 void run_runs(const RunsArgs& a) {
   if (!std::filesystem::exists(a.db)) throw Error(a.db + ": no results store here (run a training first, or pass --db)");
+  results::RunFilter filter = a.filter;
+  if (!a.status.empty()) filter.status = results::parse_run_status(a.status);
   const results::Store store(a.db);
-  const auto rows = store.runs(a.filter);
+  const auto rows = store.runs(filter);
   if (a.json) {
     std::fputs(results::to_json(rows).c_str(), stdout);
     return;
@@ -32,7 +35,7 @@ void run_runs(const RunsArgs& a) {
   }
   Table t({"id", "created", "name", "recipe", "loss_scale", "seed", "status", "metric", "value", "seconds"});
   for (const auto& r : rows)
-    t.add({std::to_string(r.id), r.created, r.name, r.recipe, r.loss_scale, std::to_string(r.seed), r.status,
+    t.add({std::to_string(r.id), r.created, r.name, r.recipe, r.loss_scale, std::to_string(r.seed), std::string(to_string(r.status)),
            r.metric_name, r.final_metric ? fmt_f(*r.final_metric, 2) : "-", fmt_f(r.wall_seconds, 1)});
   t.print(false);
 }
@@ -42,7 +45,8 @@ void register_runs(CLI::App& app) {
   auto args = std::make_shared<RunsArgs>();
   auto* cmd = app.add_subcommand("runs", "List the runs in the results store");
   cmd->add_option("--db", args->db, "Results store")->capture_default_str();
-  cmd->add_option("--status", args->filter.status, "Only runs with this status (running, finished, diverged, incomplete)");
+  cmd->add_option("--status", args->status,
+                  "Only runs with this status (running, finished, diverged, stopped, failed, incomplete)");
   cmd->add_option("--recipe", args->filter.recipe, "Only runs with this recipe");
   cmd->add_option("--name", args->filter.name, "Only runs with this name (e.g. quickstart)");
   auto* csv = cmd->add_flag("--csv", args->csv, "Print CSV");

@@ -48,13 +48,13 @@ int run_train(const TrainArgs& a) {
            "overflow_pct", "underflow_pct", "samples_per_s", "seconds"});
   std::uint64_t ovf = 0, und = 0, tot = 0;
   for (const auto& c : r.counts) ovf += c.overflow, und += c.underflow, tot += c.total;
-  t.add({std::to_string(r.run_id), r.status, r.model_description,
+  t.add({std::to_string(r.run_id), std::string(results::to_string(r.status)), r.model_description,
          std::to_string(r.steps) + "/" + std::to_string(r.total_steps),
-         r.status == "finished" ? fmt_f(r.final_metric, 2) : "-", fmt_f(r.final_train_loss, 4),
+         r.status == results::RunStatus::finished ? fmt_f(r.final_metric, 2) : "-", fmt_f(r.final_train_loss, 4),
          "2^" + std::to_string(r.final_log2_scale), std::to_string(r.skipped_steps), pct(ovf, tot), pct(und, tot),
          fmt_f(r.samples_per_second, 1), fmt_f(r.seconds, 1)});
   t.print(false);
-  if (r.status == "stopped") {
+  if (r.status == results::RunStatus::stopped) {
     std::fprintf(stderr, "stopped at step %lld; checkpoint %s. Continue with: fp8lab train %s%s --resume\n",
                  static_cast<long long>(r.steps), r.checkpoint.c_str(), a.config.c_str(),
                  [&] {
@@ -66,7 +66,7 @@ int run_train(const TrainArgs& a) {
   }
   std::fprintf(stderr, "recorded as run %lld in %s; weights in %s\n", static_cast<long long>(r.run_id),
                a.db.c_str(), r.checkpoint.c_str());
-  return r.status == "finished" ? 0 : 1;
+  return r.status == results::RunStatus::finished ? 0 : 1;
 }
 }  // namespace
 

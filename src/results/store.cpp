@@ -22,6 +22,32 @@ namespace fp8lab::results {
 
 namespace {
 
+constexpr std::pair<RunStatus, std::string_view> kStatusNames[] = {
+    {RunStatus::running, "running"},   {RunStatus::finished, "finished"}, {RunStatus::diverged, "diverged"},
+    {RunStatus::stopped, "stopped"},   {RunStatus::failed, "failed"},     {RunStatus::incomplete, "incomplete"},
+};
+
+}  // namespace
+
+std::string_view to_string(RunStatus s) {
+  for (const auto& [v, name] : kStatusNames)
+    if (v == s) return name;
+  return "?";
+}
+
+RunStatus parse_run_status(std::string_view text) {
+  std::string known;
+  for (const auto& [v, name] : kStatusNames) {
+    if (name == text) return v;
+    known += (known.empty() ? "" : ", ") + std::string(name);
+  }
+  throw Error("unknown run status '" + std::string(text) + "' (known: " + known + ")");
+}
+
+bool has_outcome(RunStatus s) { return s == RunStatus::finished || s == RunStatus::diverged; }
+
+namespace {
+
 std::string hostname() {
   char buf[256] = {};
   ::gethostname(buf, sizeof buf - 1);
@@ -255,7 +281,7 @@ void Store::resume_run(std::int64_t run, std::int64_t from_step) {
       s.bind(1, run);
       if (!s.step()) throw Error(path_ + ": no run " + std::to_string(run) + " to resume");
       const std::string st = s.text(0);
-      if (st == "finished" || st == "diverged")
+      if (has_outcome(parse_run_status(st)))
         throw Error(path_ + ": run " + std::to_string(run) + " has already ended (" + st + ")");
     }
     for (const char* sql : {"DELETE FROM metrics WHERE run_id = ? AND step > ?",
@@ -269,10 +295,10 @@ void Store::resume_run(std::int64_t run, std::int64_t from_step) {
   });
 }
 
-void Store::finish_run(std::int64_t run, const std::string& status, std::optional<double> final_metric,
+void Store::finish_run(std::int64_t run, RunStatus status, std::optional<double> final_metric,
                        const std::string& metric_name, double wall_seconds) {
   Stmt s(db_, path_, "UPDATE runs SET status = ?, final_metric = ?, metric_name = ?, wall_seconds = ? WHERE id = ?");
-  s.bind(1, status);
+  s.bind(1, std::string(to_string(status)));
   if (final_metric) s.bind(2, *final_metric);
   else s.bind_null(2);
   s.bind(3, metric_name).bind(4, wall_seconds).bind(5, run);
@@ -284,7 +310,7 @@ std::vector<RunRow> Store::runs(const RunFilter& f) const {
          "SELECT id, created, name, kind, recipe, loss_scale, status, code_version, config, seed, "
          "final_metric, metric_name, wall_seconds FROM runs WHERE (?1 = '' OR status = ?1) AND "
          "(?2 = '' OR recipe = ?2) AND (?3 = '' OR name = ?3) ORDER BY id");
-  s.bind(1, f.status).bind(2, f.recipe).bind(3, f.name);
+  s.bind(1, f.status ? std::string(to_string(*f.status)) : std::string()).bind(2, f.recipe).bind(3, f.name);
   std::vector<RunRow> out;
   while (s.step()) {
     RunRow r;
@@ -294,7 +320,11 @@ std::vector<RunRow> Store::runs(const RunFilter& f) const {
     r.kind = s.text(3);
     r.recipe = s.text(4);
     r.loss_scale = s.text(5);
-    r.status = s.text(6);
+    try {
+      r.status = parse_run_status(s.text(6));
+    } catch (const Error& e) {
+      throw Error(path_ + ": run " + std::to_string(r.id) + ": " + e.what());
+    }
     r.code_version = s.text(7);
     r.config_json = s.text(8);
     r.seed = static_cast<std::uint64_t>(s.i64(9));
@@ -336,7 +366,7 @@ std::string to_csv(const std::vector<RunRow>& rows) {
   o << "id,created,name,kind,recipe,loss_scale,seed,status,metric_name,final_metric,wall_seconds,code_version\n";
   for (const auto& r : rows) {
     o << r.id << ',' << r.created << ',' << csv_cell(r.name) << ',' << csv_cell(r.kind) << ','
-      << csv_cell(r.recipe) << ',' << csv_cell(r.loss_scale) << ',' << r.seed << ',' << r.status << ','
+      << csv_cell(r.recipe) << ',' << csv_cell(r.loss_scale) << ',' << r.seed << ',' << to_string(r.status) << ','
       << csv_cell(r.metric_name) << ',';
     if (r.final_metric) o << *r.final_metric;
     o << ',' << r.wall_seconds << ',' << csv_cell(r.code_version) << '\n';
@@ -349,7 +379,7 @@ std::string to_json(const std::vector<RunRow>& rows) {
   for (const auto& r : rows) {
     nlohmann::json j = {{"id", r.id}, {"created", r.created}, {"name", r.name}, {"kind", r.kind},
                         {"recipe", r.recipe}, {"loss_scale", r.loss_scale}, {"seed", r.seed},
-                        {"status", r.status}, {"metric_name", r.metric_name},
+                        {"status", std::string(to_string(r.status))}, {"metric_name", r.metric_name},
                         {"wall_seconds", r.wall_seconds}, {"code_version", r.code_version}};
     j["final_metric"] = r.final_metric ? nlohmann::json(*r.final_metric) : nlohmann::json(nullptr);
     const auto cfg = nlohmann::json::parse(r.config_json, nullptr, false);

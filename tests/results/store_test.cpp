@@ -41,18 +41,18 @@ TEST(Store, RecordsRunsMetricsAndTraces) {
     s.log_metric(id, 100, "test_accuracy", 80.5);
     s.log_metric(id, 200, "test_accuracy", 85.25);
     s.log_loss_scale(id, {{0, 16, false}, {1, 15, true}, {2, 15, false}});
-    s.finish_run(id, "finished", 85.25, "test_accuracy", 12.5);
+    s.finish_run(id, results::RunStatus::finished, 85.25, "test_accuracy", 12.5);
     const auto id2 = s.begin_run(info("resnet32-mixed", 1));
-    s.finish_run(id2, "diverged", std::nullopt, "test_accuracy", 3.0);
+    s.finish_run(id2, results::RunStatus::diverged, std::nullopt, "test_accuracy", 3.0);
   }
   Store s(p.string());  // reopened: everything persisted
   const auto all = s.runs();
   ASSERT_EQ(all.size(), 2u);
-  EXPECT_EQ(all[0].status, "finished");
+  EXPECT_EQ(all[0].status, results::RunStatus::finished);
   EXPECT_EQ(*all[0].final_metric, 85.25);
   EXPECT_EQ(all[0].code_version, Store::code_version());
   EXPECT_FALSE(all[1].final_metric.has_value());
-  EXPECT_EQ(s.runs({.status = "diverged"}).size(), 1u);
+  EXPECT_EQ(s.runs({.status = results::RunStatus::diverged}).size(), 1u);
   EXPECT_EQ(s.runs({.recipe = "fp32"}).size(), 1u);
   EXPECT_EQ(s.metric(id, "test_accuracy"), (std::vector<std::pair<std::int64_t, double>>{{100, 80.5}, {200, 85.25}}));
   EXPECT_EQ(s.loss_scale_trace(id).size(), 3u);
@@ -78,11 +78,11 @@ TEST(Store, KilledRunIsMarkedIncomplete) {
   Store s(p.string());
   const auto all = s.runs();
   ASSERT_EQ(all.size(), 1u);
-  EXPECT_EQ(all[0].status, "incomplete");
+  EXPECT_EQ(all[0].status, results::RunStatus::incomplete);
   // A live run (this process) stays "running".
   s.begin_run(info("fp32", 8));
   Store again(p.string());
-  EXPECT_EQ(again.runs({.status = "running"}).size(), 1u);
+  EXPECT_EQ(again.runs({.status = results::RunStatus::running}).size(), 1u);
 }
 
 TEST(Store, TwoProcessesWritingAtOnceLoseNothing) {
@@ -98,7 +98,7 @@ TEST(Store, TwoProcessesWritingAtOnceLoseNothing) {
         for (int r = 0; r < kRuns; ++r) {
           const auto id = s.begin_run(info("proc" + std::to_string(k), static_cast<std::uint64_t>(r)));
           for (int m = 0; m < kMetrics; ++m) s.log_metric(id, m, "loss", m * 0.5);
-          s.finish_run(id, "finished", 1.0, "loss", 0.1);
+          s.finish_run(id, results::RunStatus::finished, 1.0, "loss", 0.1);
         }
       } catch (...) {
         _exit(1);
@@ -112,7 +112,7 @@ TEST(Store, TwoProcessesWritingAtOnceLoseNothing) {
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   }
   Store s(p.string());
-  const auto all = s.runs({.status = "finished"});
+  const auto all = s.runs({.status = results::RunStatus::finished});
   EXPECT_EQ(all.size(), 2u * kRuns);
   for (const auto& r : all) EXPECT_EQ(s.metric(r.id, "loss").size(), static_cast<std::size_t>(kMetrics));
 }

@@ -1,13 +1,14 @@
 // The results store: one SQLite database holding every run (its full config, recipe, seed,
 // code version, status, metrics, loss-scale trace, wall time). Safe with several
 // processes writing at once (WAL journal, busy timeout); a run whose process died is
-// reported as "incomplete".
+// reported as incomplete.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 struct sqlite3;
@@ -15,6 +16,18 @@ struct sqlite3;
 namespace fp8lab::results {
 
 inline constexpr int kSchemaVersion = 2;  // 2: tensor_stats table
+
+// Where a run stands. `running` while its process trains; `incomplete` when that process
+// died without saying (found when a store is opened); `stopped` when it ended on request
+// with a checkpoint to resume from; `finished`, `diverged` (a NaN/Inf loss) and `failed`
+// (an error) are final.
+enum class RunStatus { running, finished, diverged, stopped, failed, incomplete };
+
+std::string_view to_string(RunStatus s);
+// Throws Error naming the text and listing the statuses.
+RunStatus parse_run_status(std::string_view text);
+// finished or diverged: the run's outcome is known and it cannot be resumed.
+bool has_outcome(RunStatus s);
 
 struct RunInfo {
   std::string name;         // e.g. "quickstart"
@@ -27,7 +40,8 @@ struct RunInfo {
 
 struct RunRow {
   std::int64_t id = 0;
-  std::string created, name, kind, recipe, loss_scale, status, code_version, config_json;
+  std::string created, name, kind, recipe, loss_scale, code_version, config_json;
+  RunStatus status = RunStatus::running;
   std::uint64_t seed = 0;
   std::optional<double> final_metric;
   std::string metric_name;
@@ -35,7 +49,8 @@ struct RunRow {
 };
 
 struct RunFilter {
-  std::string status, recipe, name;  // empty: any
+  std::optional<RunStatus> status;  // empty: any
+  std::string recipe, name;         // empty: any
 };
 
 class Store {
@@ -47,7 +62,7 @@ class Store {
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
 
-  std::int64_t begin_run(const RunInfo& info);  // status "running"
+  std::int64_t begin_run(const RunInfo& info);  // status running
   void log_metric(std::int64_t run, std::int64_t step, const std::string& name, double value);
   // A trace of (step, log2 scale, skipped) points, written in one transaction.
   void log_loss_scale(std::int64_t run, const std::vector<std::tuple<std::int64_t, int, bool>>& trace);
@@ -57,15 +72,17 @@ class Store {
     std::string layer, kind;
     std::uint64_t total = 0, overflow = 0, underflow = 0, nan = 0;
     double absmax = 0;
-    std::string histogram;  // JSON {"lo": e_lo, "counts": [...], "zero": n, "nonfinite": n}
+    // JSON {"lo": e_lo, "counts": [n(e_lo), n(e_lo + 1), ...], "zero": n, "inf": n, "nan": n}:
+    // counts of values with floor(log2|x|) = e, then zeros, infinities and NaNs.
+    std::string histogram;
   };
   void log_stats(std::int64_t run, const std::vector<StatRow>& rows);
   std::vector<StatRow> stats(std::int64_t run) const;
   // A stopped or killed run taken up again by this process (`fp8lab train --resume`): status
-  // back to "running", and metrics, statistics and trace points after `from_step` (written
+  // back to running, and metrics, statistics and trace points after `from_step` (written
   // after the checkpoint being resumed) dropped.
   void resume_run(std::int64_t run, std::int64_t from_step);
-  void finish_run(std::int64_t run, const std::string& status, std::optional<double> final_metric,
+  void finish_run(std::int64_t run, RunStatus status, std::optional<double> final_metric,
                   const std::string& metric_name, double wall_seconds);
 
   std::vector<RunRow> runs(const RunFilter& f = {}) const;
