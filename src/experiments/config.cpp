@@ -10,9 +10,10 @@
 #include <sstream>
 #include <variant>
 
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/data/images.hpp"
-#include "fp8lab/models/image_models.hpp"
 
 namespace fp8lab::experiments {
 
@@ -155,49 +156,50 @@ void check(bool ok, const std::string& what) {
 
 }  // namespace
 
-void validate(const TrainConfig& c) {
-  check(c.task == "image-classification" || c.task == "translation" || c.task == "bert",
-        "task '" + c.task + "' is not supported (image-classification, translation, bert)");
-  check(c.threads >= 0, "threads must be >= 0");
-  if (c.task == "translation") {
-    check(c.model.name == "transformer-base" || c.model.name == "transformer-small" || c.model.name == "transformer-tiny",
-          "model.name '" + c.model.name + "' is not a translation model (transformer-base, transformer-small, transformer-tiny)");
-    check(c.data.name == "bible-en-es" || c.data.name == "parallel",
-          "data.name '" + c.data.name + "' is not a translation corpus (bible-en-es, parallel)");
-    check(c.data.name != "parallel" || !c.data.dir.empty(), "data.dir must name the folder holding the parallel files");
+namespace {
+
+// `what` looked up in `r`: the registry's error, prefixed with the config key.
+template <class T>
+const T& lookup(const Registry<T>& r, const std::string& key, const std::string& name) {
+  try {
+    return r.at(name);
+  } catch (const Error& e) {
+    throw Error("config: " + key + ": " + e.what());
+  }
+}
+
+void validate_task(const TrainConfig& c) {
+  const TaskInfo& task = lookup(tasks(), "task", c.task);
+  const auto models = task.models();
+  if (std::find(models.begin(), models.end(), c.model.name) == models.end()) {
+    std::string list;
+    for (const auto& m : models) list += (list.empty() ? "" : ", ") + m;
+    check(false, "model.name: '" + c.model.name + "' is not a model of task " + c.task + " (known: " + list + ")");
+  }
+  const DataSetInfo& set = lookup(task.data_sets(), "data.name", c.data.name);
+  check(!set.needs_dir || !c.data.dir.empty(), "data.dir must name the folder holding " + c.data.name);
+  if (!task.images) {
     check(c.data.vocab_size >= 16 && c.data.vocab_size <= 1000000, "data.vocab_size must be in 16..1000000");
     check(c.data.max_tokens >= 4 && c.data.max_tokens <= 4096, "data.max_tokens must be in 4..4096");
-    check(!c.data.src_lang.empty() && !c.data.tgt_lang.empty() && c.data.src_lang != c.data.tgt_lang,
-          "data.src_lang and data.tgt_lang must be two different suffixes");
-    check(c.train.beam >= 1 && c.train.beam <= 64, "train.beam must be in 1..64");
     check(c.train.mixup == 0 && c.train.cutmix == 0, "mixup and cutmix are for images");
     check(c.data.augment == "none" || c.data.augment.empty(), "data.augment is for images");
   }
-  if (c.task == "bert") {
-    check(c.model.name == "bert-large" || c.model.name == "bert-base" || c.model.name == "bert-tiny",
-          "model.name '" + c.model.name + "' is not a BERT (bert-large, bert-base, bert-tiny)");
-    check(c.data.name == "bible-en" || c.data.name == "text",
-          "data.name '" + c.data.name + "' is not a BERT text (bible-en, text)");
-    check(c.data.name != "text" || !c.data.dir.empty(), "data.dir must name the folder holding train.txt and dev.txt");
-    check(c.data.vocab_size >= 16 && c.data.vocab_size <= 1000000, "data.vocab_size must be in 16..1000000");
-    check(c.data.max_tokens >= 8 && c.data.max_tokens <= 4096, "data.max_tokens must be in 8..4096");
-    check(c.train.mixup == 0 && c.train.cutmix == 0, "mixup and cutmix are for images");
+  if (c.task == "translation") {
+    check(!c.data.src_lang.empty() && !c.data.tgt_lang.empty() && c.data.src_lang != c.data.tgt_lang,
+          "data.src_lang and data.tgt_lang must be two different suffixes");
+    check(c.train.beam >= 1 && c.train.beam <= 64, "train.beam must be in 1..64");
   }
-  const auto presets = models::image_model_presets();
-  if (c.task == "image-classification" && std::find(presets.begin(), presets.end(), c.model.name) == presets.end()) {
-    std::string list;
-    for (const auto& p : presets) list += (list.empty() ? "" : ", ") + p;
-    check(false, "model.name '" + c.model.name + "' is not a model (" + list + ")");
-  }
+  if (c.task == "bert") check(c.data.max_tokens >= 8, "data.max_tokens must be in 8..4096 for BERT");
+}
+
+}  // namespace
+
+void validate(const TrainConfig& c) {
+  validate_task(c);
+  check(c.threads >= 0, "threads must be >= 0");
   check(c.model.width >= 0 && c.model.width <= 4096, "model.width must be in 0..4096");
   check(c.model.width_mult >= 0 && c.model.depth_mult >= 0, "model multipliers must be >= 0");
   check(c.model.dropout < 1, "model.dropout must be < 1");
-  const std::vector<std::string> sets = {"fashion-mnist", "mnist", "cifar10", "cifar100", "folder", "synthetic"};
-  check(c.task != "image-classification" || std::find(sets.begin(), sets.end(), c.data.name) != sets.end(),
-        "data.name '" + c.data.name + "' is not a data set (fashion-mnist, mnist, cifar10, cifar100, folder, synthetic)");
-  check((c.data.name != "mnist" && c.data.name != "cifar10" && c.data.name != "cifar100" &&
-         c.data.name != "folder") || !c.data.dir.empty(),
-        "data.dir must name the folder holding " + c.data.name);
   check(c.data.train_limit >= 0 && c.data.test_limit >= 0, "data limits must be >= 0");
   try {
     data::parse_augment(c.data.augment);
@@ -209,21 +211,18 @@ void validate(const TrainConfig& c) {
             c.data.synthetic_channels >= 1,
         "synthetic data needs train, test > 0, classes >= 2, channels >= 1");
   const auto& o = c.optimizer;
-  check(o.name == "sgd" || o.name == "adam" || o.name == "adamw" || o.name == "rmsprop",
-        "optimizer.name '" + o.name + "' is not an optimizer (sgd, adam, adamw, rmsprop)");
+  lookup(optimizers(), "optimizer.name", o.name);
   check(o.lr > 0 && std::isfinite(o.lr), "optimizer.lr must be > 0");
   check(o.momentum >= 0 && o.momentum < 1, "optimizer.momentum must be in [0, 1)");
   check(o.weight_decay >= 0, "optimizer.weight_decay must be >= 0");
   check(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "optimizer betas must be in [0, 1)");
   check(o.eps > 0 && o.alpha > 0 && o.alpha < 1, "optimizer.eps must be > 0, alpha in (0, 1)");
   const auto& s = c.schedule;
-  check(s.name == "constant" || s.name == "step" || s.name == "warmup-invsqrt" || s.name == "linear" ||
-            s.name == "exponential",
-        "schedule.name '" + s.name + "' is not a schedule (constant, step, warmup-invsqrt, linear, exponential)");
+  const ScheduleInfo& schedule = lookup(schedules(), "schedule.name", s.name);
   for (double f : s.decay_at) check(f > 0 && f < 1, "schedule.decay_at fractions must be in (0, 1)");
   check(s.factor > 0 && s.gamma > 0 && s.every_epochs > 0, "schedule factor, gamma, every_epochs must be > 0");
   check(s.warmup_steps >= 0, "schedule.warmup_steps must be >= 0");
-  check(s.name != "warmup-invsqrt" || s.warmup_steps > 0, "schedule warmup-invsqrt needs warmup_steps > 0");
+  check(!schedule.needs_warmup || s.warmup_steps > 0, "schedule " + s.name + " needs warmup_steps > 0");
   const auto& t = c.train;
   check(t.epochs >= 1 || t.steps > 0, "train.epochs must be >= 1 (or train.steps > 0)");
   check(t.steps >= 0, "train.steps must be >= 0");
@@ -299,11 +298,7 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open config");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_train_config(ss.str(), path, overrides);
+  return parse_train_config(read_file(path), path, overrides);
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "fp8lab/experiments/config.hpp"
+#include "fp8lab/experiments/registry.hpp"
 
 namespace fp8lab::experiments {
 
@@ -32,6 +33,19 @@ class Task {
   virtual bool separate_final() const { return false; }
 };
 
+// The task `cfg.task` names (registry.hpp).
 std::unique_ptr<Task> make_task(const TrainConfig& cfg);
+
+// Each task and its data sets (image_task.cpp, translation_task.cpp, bert_task.cpp).
+std::unique_ptr<Task> make_image_task(const TrainConfig& cfg);
+std::unique_ptr<Task> make_translation_task(const TrainConfig& cfg);
+std::unique_ptr<Task> make_bert_task(const TrainConfig& cfg);
+const Registry<DataSetInfo>& image_data_sets();
+const Registry<DataSetInfo>& translation_data_sets();
+const Registry<DataSetInfo>& bert_data_sets();
+
+// The folder of a text data set: data.dir, or the set's default folder, prepared on first
+// use when the set has a preparation step.
+std::string data_folder(const Registry<DataSetInfo>& sets, const TrainConfig& cfg);
 
 }  // namespace fp8lab::experiments

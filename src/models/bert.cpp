@@ -4,19 +4,17 @@
 
 namespace fp8lab::models {
 
-BertOptions bert_preset(const std::string& name) {
-  BertOptions o;
-  if (name == "bert-base") return o;
-  if (name == "bert-large") {
-    o.hidden = 1024, o.heads = 16, o.d_ff = 4096, o.layers = 24;
-    return o;
-  }
-  if (name == "bert-tiny") {
-    o.hidden = 128, o.heads = 2, o.d_ff = 512, o.layers = 2;
-    return o;
-  }
-  throw Error("unknown BERT '" + name + "' (bert-large, bert-base, bert-tiny)");
+const Registry<BertOptions>& bert_presets() {
+  static const Registry<BertOptions> r = [] {
+    BertOptions base, large, tiny;
+    large.hidden = 1024, large.heads = 16, large.d_ff = 4096, large.layers = 24;
+    tiny.hidden = 128, tiny.heads = 2, tiny.d_ff = 512, tiny.layers = 2;
+    return Registry<BertOptions>("BERT model", {{"bert-large", large}, {"bert-base", base}, {"bert-tiny", tiny}});
+  }();
+  return r;
 }
+
+BertOptions bert_preset(const std::string& name) { return bert_presets().at(name); }
 
 BertImpl::BertImpl(BertOptions o) : options(o) {
   auto emb = [&](std::int64_t n) {

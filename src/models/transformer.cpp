@@ -71,19 +71,18 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
   return ln3->forward(y + drop->forward(ff2->forward(torch::relu(ff1->forward(y)))));
 }
 
-TransformerOptions transformer_preset(const std::string& name) {
-  TransformerOptions o;
-  if (name == "transformer-base") return o;
-  if (name == "transformer-small") {
-    o.d_model = 256, o.heads = 4, o.d_ff = 1024, o.encoder_layers = 3, o.decoder_layers = 3;
-    return o;
-  }
-  if (name == "transformer-tiny") {
-    o.d_model = 128, o.heads = 4, o.d_ff = 512, o.encoder_layers = 2, o.decoder_layers = 2;
-    return o;
-  }
-  throw Error("unknown Transformer '" + name + "' (transformer-base, transformer-small, transformer-tiny)");
+const Registry<TransformerOptions>& transformer_presets() {
+  static const Registry<TransformerOptions> r = [] {
+    TransformerOptions base, small, tiny;
+    small.d_model = 256, small.heads = 4, small.d_ff = 1024, small.encoder_layers = 3, small.decoder_layers = 3;
+    tiny.d_model = 128, tiny.heads = 4, tiny.d_ff = 512, tiny.encoder_layers = 2, tiny.decoder_layers = 2;
+    return Registry<TransformerOptions>(
+        "translation model", {{"transformer-base", base}, {"transformer-small", small}, {"transformer-tiny", tiny}});
+  }();
+  return r;
 }
+
+TransformerOptions transformer_preset(const std::string& name) { return transformer_presets().at(name); }
 
 TransformerImpl::TransformerImpl(TransformerOptions o) : options(o) {
   embed = register_module("embed", torch::nn::Embedding(torch::nn::EmbeddingOptions(o.vocab, o.d_model).padding_idx(0)));

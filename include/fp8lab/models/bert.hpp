@@ -4,6 +4,8 @@
 // quantized; embeddings, layer norms and softmax inputs stay float32.
 #pragma once
 
+#include "fp8lab/core/registry.hpp"
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
@@ -24,6 +26,8 @@ struct BertOptions {
 };
 // bert-large (1024/16/4096, 24 layers: the paper's), bert-base (768/12/3072, 12),
 // bert-tiny (128/2/512, 2: minutes on 2 cores).
+// The named sizes (bert-large, -base, -tiny); preset() throws Error listing them.
+const Registry<BertOptions>& bert_presets();
 BertOptions bert_preset(const std::string& name);
 
 struct BertImpl : torch::nn::Module {

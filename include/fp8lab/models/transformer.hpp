@@ -3,6 +3,8 @@
 // softmax inputs stay float32.
 #pragma once
 
+#include "fp8lab/core/registry.hpp"
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/embedding.h>
 
@@ -63,6 +65,8 @@ struct TransformerOptions {
 };
 // "transformer-base" (the paper's: 512/8/2048, 6+6), "transformer-small" (256/4/1024,
 // 3+3), "transformer-tiny" (128/4/512, 2+2: minutes on 2 cores).
+// The named sizes (transformer-base, -small, -tiny); preset() throws Error listing them.
+const Registry<TransformerOptions>& transformer_presets();
 TransformerOptions transformer_preset(const std::string& name);
 
 struct TransformerImpl : torch::nn::Module {

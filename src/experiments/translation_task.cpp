@@ -1,0 +1,155 @@
+// The translation task: a Transformer encoder-decoder on a parallel corpus; BLEU.
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "fp8lab/core/random.hpp"
+#include "fp8lab/data/parallel.hpp"
+#include "fp8lab/data/tokenizer.hpp"
+#include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/models/transformer.hpp"
+#include "fp8lab/results/bleu.hpp"
+#include "task.hpp"
+
+namespace fp8lab::experiments {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Token ids of one side, with bos/eos, truncated to max_len.
+std::vector<int> with_ends(std::vector<int> ids, int max_len) {
+  if (static_cast<int>(ids.size()) > max_len - 2) ids.resize(static_cast<std::size_t>(max_len - 2));
+  ids.insert(ids.begin(), data::Tokenizer::kBos);
+  ids.push_back(data::Tokenizer::kEos);
+  return ids;
+}
+
+torch::Tensor pad_batch(const std::vector<const std::vector<int>*>& rows, std::size_t skip_front = 0, std::size_t skip_back = 0) {
+  std::size_t len = 1;
+  for (const auto* r : rows) len = std::max(len, r->size() - skip_front - skip_back);
+  torch::Tensor t = torch::zeros({static_cast<std::int64_t>(rows.size()), static_cast<std::int64_t>(len)}, torch::kInt64);
+  auto* p = t.data_ptr<std::int64_t>();
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (std::size_t k = skip_front; k + skip_back < rows[i]->size(); ++k) p[i * len + (k - skip_front)] = (*rows[i])[k];
+  return t;
+}
+
+class TranslationTask final : public Task {
+ public:
+  explicit TranslationTask(const TrainConfig& c) : cfg_(c) {
+    const std::string dir = data_folder(translation_data_sets(), c);
+    const std::string s = c.data.src_lang, t = c.data.tgt_lang;
+    auto train = data::read_parallel((fs::path(dir) / "train").string(), s, t);
+    auto dev = data::read_parallel((fs::path(dir) / "dev").string(), s, t);
+    auto test = data::read_parallel((fs::path(dir) / "test").string(), s, t);
+    if (c.data.train_limit > 0 && c.data.train_limit < static_cast<std::int64_t>(train.first.size())) {
+      train.first.resize(static_cast<std::size_t>(c.data.train_limit));
+      train.second.resize(static_cast<std::size_t>(c.data.train_limit));
+    }
+    for (auto* split : {&dev, &test})
+      if (c.data.test_limit > 0 && c.data.test_limit < static_cast<std::int64_t>(split->first.size())) {
+        split->first.resize(static_cast<std::size_t>(c.data.test_limit));
+        split->second.resize(static_cast<std::size_t>(c.data.test_limit));
+      }
+    // One joint vocabulary over both sides of the (whole) training split, cached.
+    data::TokenizerOptions to;
+    to.vocab_size = c.data.vocab_size;
+    tok_ = data::Tokenizer::train_or_load((fs::path(dir) / ("spm" + std::to_string(c.data.vocab_size))).string(),
+                                          {(fs::path(dir) / ("train." + s)).string(), (fs::path(dir) / ("train." + t)).string()},
+                                          to);
+    const int max_len = c.data.max_tokens;
+    for (auto& ids : tok_.encode(train.first)) src_.push_back(with_ends(std::move(ids), max_len));
+    for (auto& ids : tok_.encode(train.second)) tgt_.push_back(with_ends(std::move(ids), max_len));
+    for (auto& ids : tok_.encode(dev.first)) dev_src_.push_back(with_ends(std::move(ids), max_len));
+    for (auto& ids : tok_.encode(test.first)) test_src_.push_back(with_ends(std::move(ids), max_len));
+    dev_ = std::move(dev);
+    test_ = std::move(test);
+    models::TransformerOptions o = models::transformer_preset(c.model.name);
+    o.vocab = tok_.vocab_size();
+    if (c.model.dropout >= 0) o.dropout = c.model.dropout;
+    o.max_len = std::max<std::int64_t>(o.max_len, max_len);
+    model_ = models::Transformer(o);
+    std::int64_t params = 0;
+    for (const auto& p : model_->parameters()) params += p.numel();
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s (d %lld, %lld heads, %d+%d layers, vocab %d, %.2f M parameters)",
+                  c.model.name.c_str(), static_cast<long long>(o.d_model), static_cast<long long>(o.heads),
+                  o.encoder_layers, o.decoder_layers, tok_.vocab_size(), static_cast<double>(params) / 1e6);
+    desc_ = buf;
+  }
+  torch::nn::Module& module() override { return *model_; }
+  std::string description() const override {
+    return desc_ + " on " + cfg_.data.name + " " + cfg_.data.src_lang + "->" + cfg_.data.tgt_lang + " (" +
+           std::to_string(src_.size()) + " train pairs, " + std::to_string(dev_.first.size()) + " dev, " +
+           std::to_string(test_.first.size()) + " test)";
+  }
+  std::int64_t train_size() const override { return static_cast<std::int64_t>(src_.size()); }
+  std::int64_t eval_size() const override { return static_cast<std::int64_t>(dev_.first.size()); }
+  std::string metric_name(bool final) const override { return final ? "test_bleu" : "dev_bleu"; }
+  bool separate_final() const override { return true; }
+  torch::Tensor loss(const torch::Tensor& idx_in, std::uint64_t) override {
+    const torch::Tensor idx = idx_in.contiguous();
+    std::vector<const std::vector<int>*> s, t;
+    for (std::int64_t i = 0; i < idx.numel(); ++i) {
+      const auto k = static_cast<std::size_t>(idx.data_ptr<std::int64_t>()[i]);
+      s.push_back(&src_[k]);
+      t.push_back(&tgt_[k]);
+    }
+    const torch::Tensor src = pad_batch(s), tgt_in = pad_batch(t, 0, 1), tgt_out = pad_batch(t, 1, 0);
+    const torch::Tensor logits = model_->forward(src, tgt_in);
+    return torch::nn::functional::cross_entropy(
+        logits.reshape({-1, logits.size(-1)}), tgt_out.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(0).label_smoothing(cfg_.train.label_smoothing));
+  }
+  double evaluate(bool final) override {
+    const auto& split = final ? test_ : dev_;
+    const auto& rows = final ? test_src_ : dev_src_;
+    std::vector<std::vector<int>> out_ids;
+    const std::size_t B = 64;
+    for (std::size_t b = 0; b < rows.size(); b += B) {
+      std::vector<const std::vector<int>*> ptrs;
+      for (std::size_t i = b; i < std::min(rows.size(), b + B); ++i) ptrs.push_back(&rows[i]);
+      const torch::Tensor src = pad_batch(ptrs);
+      // Outputs up to 1.5x the longest source plus 10 tokens (never beyond max_tokens): an
+      // untrained model that never says </s> must not decode max_tokens steps every time.
+      std::size_t longest = 0;
+      for (const auto* p : ptrs) longest = std::max(longest, p->size());
+      const int max_out = std::min<int>(cfg_.data.max_tokens, static_cast<int>(longest * 3 / 2 + 10));
+      const auto out = cfg_.train.beam > 1
+                           ? model_->beam_search(src, cfg_.train.beam, max_out, data::Tokenizer::kBos, data::Tokenizer::kEos)
+                           : model_->greedy(src, max_out, data::Tokenizer::kBos, data::Tokenizer::kEos);
+      for (const auto& ids : out) out_ids.push_back(ids);
+    }
+    const std::vector<std::string> hyps = tok_.decode(out_ids);
+    results::BleuOptions bo;
+    bo.lowercase = cfg_.train.bleu_lowercase;
+    return results::corpus_bleu(hyps, {split.second}, bo).score;
+  }
+
+ private:
+  TrainConfig cfg_;
+  data::Tokenizer tok_;
+  std::vector<std::vector<int>> src_, tgt_, dev_src_, test_src_;
+  std::pair<std::vector<std::string>, std::vector<std::string>> dev_, test_;
+  models::Transformer model_{nullptr};
+  std::string desc_;
+};
+
+void prepare_bible(const std::string& dir) { data::prepare_bible_corpus(dir); }
+
+}  // namespace
+
+const Registry<DataSetInfo>& translation_data_sets() {
+  static const Registry<DataSetInfo> r = [] {
+    DataSetInfo bible, parallel;
+    bible.default_dir = "data/bible-en-es", bible.prepare = prepare_bible;
+    parallel.needs_dir = true;
+    return Registry<DataSetInfo>("translation corpus", {{"bible-en-es", bible}, {"parallel", parallel}});
+  }();
+  return r;
+}
+
+std::unique_ptr<Task> make_translation_task(const TrainConfig& cfg) { return std::make_unique<TranslationTask>(cfg); }
+
+}  // namespace fp8lab::experiments

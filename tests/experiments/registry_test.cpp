@@ -1,0 +1,68 @@
+// The registries: every name validation accepts is one construction knows, and an unknown
+// name, in a file or through --set, is an error listing the known ones.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "../common/testutil.hpp"
+#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/experiments/trainer.hpp"
+
+using namespace fp8lab;
+using test::error_of;
+
+TEST(Registry, UnknownNamesListTheKnownOnes) {
+  const Registry<int> r("colour", {{"red", 1}, {"green", 2}});
+  EXPECT_EQ(r.at("green"), 2);
+  EXPECT_EQ(r.find("blue"), nullptr);
+  EXPECT_EQ(error_of([&] { r.at("blue"); }), "unknown colour 'blue' (known: red, green)");
+  EXPECT_EQ(r.names(), (std::vector<std::string>{"red", "green"}));
+}
+
+TEST(Registry, EveryOptimizerValidationAcceptsIsBuilt) {
+  torch::Tensor w = torch::zeros({2}, torch::requires_grad());
+  for (const auto& name : experiments::optimizers().names()) {
+    experiments::OptimizerConfig o;
+    o.name = name;
+    auto opt = experiments::optimizers().at(name)(o, {w});
+    EXPECT_NE(opt, nullptr) << name;
+  }
+}
+
+TEST(Registry, EveryScheduleGivesAFiniteRate) {
+  experiments::TrainConfig c;
+  c.schedule.warmup_steps = 4;
+  for (const auto& name : experiments::schedules().names()) {
+    c.schedule.name = name;
+    EXPECT_NO_THROW(experiments::validate(c)) << name;
+    for (std::int64_t step : {0, 3, 4, 50, 99}) {
+      const double lr = experiments::learning_rate(c, step, 100, 10);
+      EXPECT_TRUE(std::isfinite(lr) && lr >= 0) << name << " step " << step;
+    }
+  }
+}
+
+TEST(Registry, EveryTaskKnowsItsModelsAndDataSets) {
+  for (const auto& [task, info] : experiments::tasks().entries()) {
+    EXPECT_FALSE(info.models().empty()) << task;
+    EXPECT_FALSE(info.data_sets().names().empty()) << task;
+    for (const auto& [name, set] : info.data_sets().entries())
+      if (info.images) EXPECT_NE(set.load_images, nullptr) << task << " " << name;
+  }
+}
+
+TEST(Registry, UnknownNamesAreErrorsAlsoThroughSet) {
+  for (const auto& [key, value, expected] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"optimizer.name", "adagrad", "optimizer.name: unknown optimizer 'adagrad' (known: sgd, adam, adamw, rmsprop)"},
+           {"schedule.name", "cosine", "schedule.name: unknown schedule 'cosine' (known: constant, step"},
+           {"task", "detection", "task: unknown task 'detection' (known: image-classification, translation, bert)"},
+           {"data.name", "imagenet", "data.name: unknown image data set 'imagenet' (known: fashion-mnist"},
+           {"model.name", "vgg16", "'vgg16' is not a model of task image-classification (known: resnet8"}}) {
+    const std::string e = error_of([&] { experiments::parse_train_config("", "t.toml", {key + "=" + value}); });
+    EXPECT_NE(e.find(expected), std::string::npos) << e;
+  }
+  // A name of another task is refused too.
+  const std::string e = error_of(
+      [] { experiments::parse_train_config("", "t.toml", {"task=translation", "data.name=bible-en-es"}); });
+  EXPECT_NE(e.find("is not a model of task translation"), std::string::npos) << e;
+}
