@@ -11,7 +11,7 @@
 
 #include "fp8lab/core/analysis.hpp"
 #include "fp8lab/core/format.hpp"
-#include "fp8lab/core/npy.hpp"
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/results/plot.hpp"
 
 namespace fp8lab::experiments {
@@ -323,7 +323,7 @@ std::string paper_notation(const nn::KindQuant& q) {
 
 SweepReport analyse(const Sweep& s, const results::Store& store) {
   SweepReport rep;
-  const auto rows = store.runs({.status = "", .recipe = "", .name = s.name});
+  const auto rows = store.runs({.name = s.name});
   rep.points.resize(s.points.size());
   for (std::size_t i = 0; i < s.points.size(); ++i) rep.points[i].point = static_cast<int>(i);
   std::set<std::string> metric_names;
@@ -347,7 +347,7 @@ SweepReport analyse(const Sweep& s, const results::Store& store) {
       continue;
     }
     pr.run_ids.push_back(st.row->id);
-    if (st.row->status == "diverged") {
+    if (st.row->status == results::RunStatus::diverged) {
       ++pr.diverged;
       continue;
     }
@@ -489,7 +489,7 @@ std::string to_csv(const Sweep& s, const SweepReport& r) {
 std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, const results::Store& store,
                                       const std::string& out_dir) {
   fs::create_directories(out_dir);
-  const auto rows = store.runs({.status = "", .recipe = "", .name = s.name});
+  const auto rows = store.runs({.name = s.name});
   std::vector<std::string> files;
   const std::string md = (fs::path(out_dir) / "table.md").string(), csv = (fs::path(out_dir) / "table.csv").string();
   write_text(md, to_markdown(s, rep));

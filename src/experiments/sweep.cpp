@@ -23,12 +23,11 @@
 #include <thread>
 
 #include "fp8lab/core/format.hpp"
-#include "fp8lab/core/npy.hpp"
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/experiments/progress.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 #include "fp8lab/nn/recipe.hpp"
-#include "../data/io.hpp"
 
 extern char** environ;
 
@@ -400,8 +399,7 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
   // Build every run's config now: a bad value is an error before anything runs.
   std::string base_text;
   if (!s.base.empty()) {
-    const auto bytes = data::io::slurp(s.base);
-    base_text.assign(bytes.begin(), bytes.end());
+    base_text = read_file(s.base);
   }
   std::set<std::string> checked;
   for (std::size_t pi = 0; pi < s.points.size(); ++pi) {
@@ -429,7 +427,7 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
       }
       r.cfg.train.checkpoint.clear();
       r.identity = identity_of(to_json(r.cfg));
-      r.key = hex16(data::io::fnv1a(0xcbf29ce484222325ull, r.identity.data(), r.identity.size()));
+      r.key = hex16(fnv1a(kFnvBasis, r.identity.data(), r.identity.size()));
       s.runs.push_back(std::move(r));
     }
   }
@@ -437,9 +435,7 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
 }
 
 Sweep load_sweep(const std::string& path) {
-  const auto bytes = data::io::slurp(path);
-  return parse_sweep(std::string(bytes.begin(), bytes.end()), path,
-                     fs::path(path).parent_path().string());
+  return parse_sweep(read_file(path), path, fs::path(path).parent_path().string());
 }
 
 std::optional<results::RunRow> find_run(const SweepRun& run, const std::vector<results::RunRow>& rows) {
@@ -458,16 +454,18 @@ RunState run_state(const SweepRun& run, const std::vector<results::RunRow>& rows
   for (const auto& r : rows) {
     if (r.seed != run.seed || identity_of(r.config_json) != run.identity) continue;
     if (!st.row || r.id > st.row->id) st.row = r;
-    if ((r.status == "finished" || r.status == "diverged") && (!done || r.id > done->id)) done = r;
+    if (results::has_outcome(r.status) && (!done || r.id > done->id)) done = r;
   }
   if (done) {
     st.row = done;
     st.kind = RunState::done;
     return st;
   }
-  // The store marks a "running" row whose process has died as "incomplete" when it is opened.
-  if (st.row && st.row->status == "running") st.kind = RunState::running;
-  else if (st.row && (st.row->status == "stopped" || st.row->status == "incomplete") && fs::exists(checkpoint))
+  // The store marks a running row whose process has died as incomplete when it is opened.
+  using results::RunStatus;
+  if (st.row && st.row->status == RunStatus::running) st.kind = RunState::running;
+  else if (st.row && (st.row->status == RunStatus::stopped || st.row->status == RunStatus::incomplete) &&
+           fs::exists(checkpoint))
     st.kind = RunState::resume;
   return st;
 }
@@ -529,7 +527,7 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
   fs::create_directories(dir);
   SweepSummary sum;
   sum.total = static_cast<int>(s.runs.size());
-  const auto rows = store.runs({.status = "", .recipe = "", .name = s.name});
+  const auto rows = store.runs({.name = s.name});
 
   struct Job {
     const SweepRun* run;
@@ -608,17 +606,18 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
       ++ended;
       // The outcome as the store has it (the run wrote it); the exit status only says how
       // the process ended.
-      const auto row = find_run(*j->run, store.runs({.status = "", .recipe = "", .name = s.name}));
-      const std::string status = row ? row->status : "failed";
-      if (status == "finished") ++sum.finished;
-      else if (status == "diverged") ++sum.diverged;
-      else if (status != "stopped") ++sum.failed;
+      using results::RunStatus;
+      const auto row = find_run(*j->run, store.runs({.name = s.name}));
+      const RunStatus status = row ? row->status : RunStatus::failed;
+      if (status == RunStatus::finished) ++sum.finished;
+      else if (status == RunStatus::diverged) ++sum.diverged;
+      else if (status != RunStatus::stopped) ++sum.failed;
       char line[512];
       std::snprintf(line, sizeof line, "[%d/%zu] %s seed %llu: %s%s (%.0f s%s)", ended, jobs.size(),
                     s.points[j->run->point].label().c_str(), static_cast<unsigned long long>(j->run->seed),
-                    status.c_str(),
+                    std::string(to_string(status)).c_str(),
                     row && row->final_metric ? (" " + row->metric_name + " " + fmt2(*row->final_metric)).c_str() : "",
-                    secs, rc != 0 && status != "stopped" ? (", exit " + std::to_string(rc) + ", see " + j->log).c_str() : "");
+                    secs, rc != 0 && status != RunStatus::stopped ? (", exit " + std::to_string(rc) + ", see " + j->log).c_str() : "");
       if (bar) {
         std::fprintf(stderr, isatty(2) ? "\r\033[K%s\n" : "%s\n", line);
         bar->update(ended);

@@ -1,24 +1,30 @@
+// The trainer: a run is built (task, model, quantizers, optimizer, loss scaler), resumed from
+// its checkpoint if asked, stepped until it ends, and finished (final evaluation, record,
+// checkpoint). What a run carries from step to step is one value, TrainState
+// (train_state.hpp); its record in the store is a RunRecord (run_record.hpp).
 #include "fp8lab/experiments/trainer.hpp"
 
-#include <malloc.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <nlohmann/json.hpp>
-#include <thread>
+#include <optional>
 
 #include "fp8lab/core/random.hpp"
 #include "fp8lab/experiments/progress.hpp"
+#include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 #include "fp8lab/nn/modules.hpp"
+#include "fp8lab/nn/runtime.hpp"
+#include "run_record.hpp"
 #include "task.hpp"
+#include "train_state.hpp"
 
 namespace fp8lab::experiments {
 
-namespace fs = std::filesystem;
+using results::RunStatus;
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -34,83 +40,27 @@ std::string checkpoint_path(const TrainConfig& cfg) {
 
 namespace {
 
-// --- optimizer ----------------------------------------------------------------------------
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& o, std::vector<torch::Tensor> params) {
-  if (o.name == "sgd")
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
-  if (o.name == "adam")
-    return std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
-  if (o.name == "adamw")
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay));
-  return std::make_unique<torch::optim::RMSprop>(
-      params, torch::optim::RMSpropOptions(o.lr).alpha(o.alpha).eps(o.eps).momentum(o.momentum).weight_decay(o.weight_decay));
-}
-
-}  // namespace
-
-double learning_rate(const TrainConfig& c, std::int64_t step, std::int64_t total, std::int64_t steps_per_epoch) {
-  const auto& s = c.schedule;
-  const double lr = c.optimizer.lr, t = static_cast<double>(step + 1);
-  const double w = static_cast<double>(s.warmup_steps);
-  if (s.name == "warmup-invsqrt") return lr * std::min(t / w, std::sqrt(w / t));
-  if (s.warmup_steps > 0 && step < s.warmup_steps) return lr * t / w;
-  if (s.name == "constant") return lr;
-  if (s.name == "step") {
-    double r = lr;
-    for (double f : s.decay_at)
-      if (step >= static_cast<std::int64_t>(f * static_cast<double>(total))) r *= s.factor;
-    return r;
-  }
-  if (s.name == "linear") {
-    const double left = static_cast<double>(total - step), span = static_cast<double>(total - s.warmup_steps);
-    return lr * std::max(0.0, left / std::max(1.0, span));
-  }
-  // exponential, per (fractional) epoch after warm-up
-  const double epoch = static_cast<double>(step - s.warmup_steps) / static_cast<double>(steps_per_epoch);
-  return lr * std::pow(s.gamma, std::floor(epoch / s.every_epochs));
-}
-
-namespace {
-
 // --- weights: EMA and averaging -----------------------------------------------------------
 
-std::vector<torch::Tensor> state_tensors(torch::nn::Module& m) {
-  std::vector<torch::Tensor> v;
+Weights state_tensors(torch::nn::Module& m) {
+  Weights v;
   for (auto& p : m.parameters()) v.push_back(p);
   for (auto& b : m.buffers()) v.push_back(b);
   return v;
 }
 
-std::vector<torch::Tensor> snapshot(torch::nn::Module& m) {
+Weights snapshot(torch::nn::Module& m) {
   torch::NoGradGuard g;
-  std::vector<torch::Tensor> v;
+  Weights v;
   for (auto& t : state_tensors(m)) v.push_back(t.detach().clone());
   return v;
 }
 
-void load_into(torch::nn::Module& m, const std::vector<torch::Tensor>& v) {
+void load_into(torch::nn::Module& m, const Weights& v) {
   torch::NoGradGuard g;
   auto dst = state_tensors(m);
   if (dst.size() != v.size()) throw Error("checkpoint: weight count does not match the model");
   for (std::size_t i = 0; i < v.size(); ++i) dst[i].copy_(v[i]);
-}
-
-void write_list(torch::serialize::OutputArchive& a, const std::string& key, const std::vector<torch::Tensor>& v) {
-  torch::serialize::OutputArchive sub;
-  for (std::size_t i = 0; i < v.size(); ++i) sub.write("t" + std::to_string(i), v[i]);
-  a.write(key, sub);
-}
-
-std::vector<torch::Tensor> read_list(torch::serialize::InputArchive& a, const std::string& key, std::size_t n) {
-  torch::serialize::InputArchive sub;
-  a.read(key, sub);
-  std::vector<torch::Tensor> v(n);
-  for (std::size_t i = 0; i < n; ++i) sub.read("t" + std::to_string(i), v[i]);
-  return v;
 }
 
 // --- evaluation ---------------------------------------------------------------------------
@@ -156,351 +106,343 @@ std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> reco
   return rows;
 }
 
-using Trace = std::vector<std::tuple<std::int64_t, int, bool>>;
-
 std::string short_num(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.3f", v);
   return b;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// How many steps the run takes and when it evaluates and checkpoints.
+struct Plan {
+  std::int64_t examples = 0, batch = 0, steps_per_epoch = 0, total = 0, eval_every = 0, checkpoint_every = 0;
+};
+
+Plan plan_of(const TrainConfig& cfg, std::int64_t examples) {
+  Plan p;
+  p.examples = examples;
+  p.batch = cfg.train.batch;
+  p.steps_per_epoch = (examples + p.batch - 1) / p.batch;
+  p.total = cfg.train.steps > 0 ? cfg.train.steps : p.steps_per_epoch * cfg.train.epochs;
+  p.eval_every = cfg.train.eval_interval > 0 ? cfg.train.eval_interval : p.steps_per_epoch;
+  p.checkpoint_every = cfg.train.checkpoint_interval > 0 ? cfg.train.checkpoint_interval : p.steps_per_epoch;
+  return p;
+}
+
+// The loss scaling of the config, with LogMax's target taken from the recipe's gradient format.
+nn::LossScaleConfig loss_scaling_of(const TrainConfig& cfg, const nn::Recipe& recipe, bool warn) {
+  nn::LossScaleConfig ls = nn::parse_loss_scale(cfg.quant.loss_scale);
+  const auto& g = recipe.base[nn::TensorKind::gx];
+  if (ls.method == nn::LossScaleMethod::logmax && g) ls.grad_format_max = g->format.max_finite();
+  if (ls.method == nn::LossScaleMethod::backoff && g && g->overflow == Overflow::saturate && warn)
+    std::fprintf(stderr,
+                 "warning: Backoff loss scaling only sees overflow as NaN/Inf, but this recipe's gradient "
+                 "quantizer saturates: the scale will only grow. Use overflow nan (e.g. gx=1.5.2:33/rne/nan) "
+                 "or LogMax.\n");
+  return ls;
+}
+
+Weights average(const std::vector<Weights>& sets) {
+  Weights avg;
+  for (std::size_t i = 0; i < sets[0].size(); ++i) {
+    torch::Tensor t = sets[0][i].clone();
+    if (t.is_floating_point()) {
+      for (std::size_t k = 1; k < sets.size(); ++k) t.add_(sets[k][i]);
+      t.div_(static_cast<double>(sets.size()));
+    }
+    avg.push_back(t);
+  }
+  return avg;
+}
+
+// One run from build to finish.
+class Trainer {
+ public:
+  Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::string& config_json, RunRecord& record);
+  void resume(Checkpoint& checkpoint);
+  void run();
+  TrainResult finish();
+
+ private:
+  bool stop_now() const;
+  torch::Tensor batch_of(std::int64_t step);
+  RunStatus train_step();
+  void update_ema();
+  void after_step(double lr);
+  void evaluate_now();
+  void checkpoint_now();
+  void save();
+  double evaluate_weights(const Weights* w, bool final);
+  double final_metric();
+
+  const TrainConfig& cfg_;
+  const TrainOptions opt_;
+  const std::string config_json_;
+  RunRecord& record_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+
+  std::unique_ptr<Task> task_;
+  std::shared_ptr<nn::QuantContext> ctx_;
+  nn::QuantizedModel qm_;
+  std::optional<nn::LossScaler> scaler_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  Plan plan_;
+  TrainState state_;
+  RunStatus status_ = RunStatus::finished;
+
+  torch::Tensor perm_;  // this epoch's order of the examples
+  std::int64_t perm_epoch_ = -1;
+  std::int64_t first_step_ = 0, samples_ = 0;  // throughput: the steps after this process's first
+  std::chrono::steady_clock::time_point loop_started_;
+  double eval_seconds_ = 0, checkpoint_seconds_ = 0;  // kept out of the throughput figure
+  std::optional<Progress> bar_;
+};
+
+Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::string& config_json, RunRecord& record)
+    : cfg_(cfg), opt_(opt), config_json_(config_json), record_(record) {
+  const nn::Recipe recipe = nn::load_recipe(cfg.quant.recipe);
+  const nn::LossScaleConfig ls = loss_scaling_of(cfg, recipe, opt.progress);
+  torch::manual_seed(cfg.seed);  // the model's initial weights
+  task_ = make_task(cfg);
+  ctx_ = std::make_shared<nn::QuantContext>();
+  ctx_->seed = cfg.seed;
+  ctx_->stats_interval = cfg.train.stats_interval;
+  qm_ = nn::quantize_model(task_->module(), recipe, ctx_);
+  scaler_.emplace(ls);
+  optimizer_ = optimizers().at(cfg.optimizer.name)(cfg.optimizer, task_->module().parameters());
+  plan_ = plan_of(cfg, task_->train_size());
+  if (cfg.train.ema > 0) state_.ema = snapshot(task_->module());
+  state_.run_id = record.id();
+  state_.store = record.store_path();
+}
+
+void Trainer::resume(Checkpoint& checkpoint) {
+  checkpoint.restore(task_->module(), *optimizer_);
+  const TrainState& saved = checkpoint.state();
+  if (saved.counts.size() != qm_.layers.size() || (cfg_.train.ema > 0) != !saved.ema.empty())
+    throw Error(checkpoint_path(cfg_) + ": checkpoint does not fit the model");
+  const std::int64_t run_id = state_.run_id;
+  const std::string store = state_.store;
+  state_ = saved;
+  state_.run_id = run_id;  // the record this process writes to
+  state_.store = store;
+  scaler_->set_state(state_.scaler);
+  ctx_->step = static_cast<std::uint64_t>(state_.step);
+  for (std::size_t i = 0; i < qm_.layers.size(); ++i) qm_.layers[i]->add_counts(state_.counts[i]);
+}
+
+bool Trainer::stop_now() const {
+  return (opt_.stop_after > 0 && state_.step - first_step_ >= opt_.stop_after) || stop_requested();
+}
+
+// The example indices of `step`: a slice of its epoch's permutation, drawn from (seed, epoch).
+torch::Tensor Trainer::batch_of(std::int64_t step) {
+  const std::int64_t epoch = step / plan_.steps_per_epoch, within = step % plan_.steps_per_epoch;
+  if (epoch != perm_epoch_) {
+    auto g = at::make_generator<at::CPUGeneratorImpl>(
+        mix64(cfg_.seed ^ mix64(0xE90C0000ULL + static_cast<std::uint64_t>(epoch))));
+    perm_ = torch::randperm(plan_.examples, g, torch::kInt64);
+    perm_epoch_ = epoch;
+  }
+  return perm_.slice(0, within * plan_.batch, std::min(plan_.examples, (within + 1) * plan_.batch));
+}
+
+void Trainer::update_ema() {
+  torch::NoGradGuard g;
+  const auto cur = state_tensors(task_->module());
+  for (std::size_t i = 0; i < cur.size(); ++i) {
+    if (state_.ema[i].is_floating_point()) state_.ema[i].mul_(cfg_.train.ema).add_(cur[i].detach(), 1 - cfg_.train.ema);
+    else state_.ema[i].copy_(cur[i]);
+  }
+}
+
+// One step: forward, scaled backward, loss-scale check, optimizer step. Every random draw
+// of the step (dropout, stochastic depth, augmentation, mixup) comes from streams seeded by
+// (seed, step), so a resumed run takes exactly the steps of an uninterrupted one.
+RunStatus Trainer::train_step() {
+  const std::int64_t step = state_.step;
+  const std::uint64_t step_seed = mix64(cfg_.seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(step));
+  torch::manual_seed(step_seed);
+  const double lr = learning_rate(cfg_, step, plan_.total, plan_.steps_per_epoch);
+  for (auto& g : optimizer_->param_groups()) g.options().set_lr(lr);
+  const torch::Tensor idx = batch_of(step);
+  optimizer_->zero_grad();
+  const torch::Tensor loss = task_->loss(idx, step_seed);
+  (loss * scaler_->scale()).backward();
+  std::vector<torch::Tensor> grads;
+  for (auto& p : task_->module().parameters())
+    if (p.grad().defined()) grads.push_back(p.grad());
+  const nn::LossScaleStep s = scaler_->update(grads);
+  state_.trace.emplace_back(step, static_cast<int>(std::lround(std::log2(s.scale))), s.skipped);
+  const double lv = loss.item<double>();
+  // The loss is computed before scaling: a NaN/Inf here is a forward-pass divergence that no
+  // loss scale can recover.
+  if (!std::isfinite(lv)) return RunStatus::diverged;
+  if (!s.skipped) optimizer_->step();
+  if (!state_.ema.empty() && !s.skipped) update_ema();
+  if (step == first_step_) {
+    loop_started_ = std::chrono::steady_clock::now();
+    eval_seconds_ = checkpoint_seconds_ = 0;
+  } else {
+    samples_ += idx.size(0);
+  }
+  state_.loss_ema = step == 0 ? lv : 0.98 * state_.loss_ema + 0.02 * lv;
+  if (ctx_->stats_interval > 0 && ctx_->stats->size() > 0) record_.log_stats(stat_rows(ctx_->stats->take()));
+  ctx_->step = static_cast<std::uint64_t>(++state_.step);
+  after_step(lr);
+  return RunStatus::running;
+}
+
+void Trainer::after_step(double lr) {
+  const std::int64_t step = state_.step;
+  if (step % plan_.eval_every == 0 || step == plan_.total) evaluate_now();
+  if (step % plan_.checkpoint_every == 0 || step == plan_.total) checkpoint_now();
+  if (opt_.progress) {
+    const std::int64_t epoch = step / plan_.steps_per_epoch + (step % plan_.steps_per_epoch ? 1 : 0);
+    bar_->update(step, "epoch " + std::to_string(epoch) + " loss " + short_num(state_.loss_ema) + " scale 2^" +
+                           std::to_string(scaler_->log2_scale()) + " lr " + short_num(lr));
+  }
+}
+
+void Trainer::evaluate_now() {
+  const double metric = evaluate_weights(state_.ema.empty() ? nullptr : &state_.ema, false);
+  state_.evals.emplace_back(state_.step, metric);
+  record_.log_metric(state_.step, task_->metric_name(false), metric);
+  record_.log_metric(state_.step, "train_loss", state_.loss_ema);
+  record_.log_metric(state_.step, "log2_loss_scale", scaler_->log2_scale());
+}
+
+void Trainer::checkpoint_now() {
+  if (cfg_.train.average_last > 0) {
+    state_.recent.push_back(snapshot(task_->module()));
+    if (static_cast<int>(state_.recent.size()) > cfg_.train.average_last) state_.recent.erase(state_.recent.begin());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  if (state_.step < plan_.total) save();
+  checkpoint_seconds_ += seconds_since(t0);
+}
+
+// The trace into the store, then (with checkpoints on) the run's state to its checkpoint.
+void Trainer::save() {
+  record_.flush_trace(state_.trace);
+  if (!opt_.checkpoints) return;
+  state_.scaler = scaler_->state();
+  state_.counts.clear();
+  for (const auto& l : qm_.layers) state_.counts.push_back(l->counts());
+  const double before = state_.seconds;
+  state_.seconds += seconds_since(started_);
+  save_checkpoint(checkpoint_path(cfg_), config_json_, state_, task_->module(), *optimizer_);
+  state_.seconds = before;
+}
+
+// The metric of weights `w` (nullptr: the model's own). Evaluation must not disturb
+// training: its quantizer calls use their own step number (so training's stochastic-rounding
+// call numbering is unchanged) and record neither counts nor statistics.
+double Trainer::evaluate_weights(const Weights* w, bool final) {
+  const auto t0 = std::chrono::steady_clock::now();
+  torch::nn::Module& model = task_->module();
+  const Weights current = w ? snapshot(model) : Weights{};
+  if (w) load_into(model, *w);
+  const double metric = evaluate(*task_, *ctx_, final);
+  if (w) load_into(model, current);
+  eval_seconds_ += seconds_since(t0);
+  return metric;
+}
+
+void Trainer::run() {
+  first_step_ = state_.step;
+  loop_started_ = std::chrono::steady_clock::now();
+  if (opt_.progress) {
+    std::fprintf(stderr, "%s: %s, recipe %s, loss scaling %s, %lld steps, seed %llu%s\n", cfg_.name.c_str(),
+                 task_->description().c_str(), cfg_.quant.recipe.c_str(), cfg_.quant.loss_scale.c_str(),
+                 static_cast<long long>(plan_.total), static_cast<unsigned long long>(cfg_.seed),
+                 first_step_ > 0 ? (" (resumed at step " + std::to_string(first_step_) + ")").c_str() : "");
+    bar_.emplace(cfg_.name.size() > 24 ? cfg_.name.substr(0, 24) : cfg_.name, plan_.total, "steps", first_step_);
+  }
+  while (state_.step < plan_.total) {
+    if (stop_now()) {
+      status_ = RunStatus::stopped;
+      return;
+    }
+    if (train_step() == RunStatus::diverged) {
+      status_ = RunStatus::diverged;
+      return;
+    }
+  }
+}
+
+// The final metric: the last evaluation, or the task's separate final evaluation, of the
+// EMA weights if on; then of the average of the last K checkpoints' weights if on.
+double Trainer::final_metric() {
+  double metric = state_.evals.empty() ? 0 : state_.evals.back().second;
+  if (task_->separate_final()) {
+    metric = evaluate_weights(state_.ema.empty() ? nullptr : &state_.ema, true);
+    record_.log_metric(state_.step, task_->metric_name(true), metric);
+  }
+  if (cfg_.train.average_last > 0 && state_.recent.size() > 1) {
+    const Weights avg = average(state_.recent);
+    metric = evaluate_weights(&avg, true);
+    record_.log_metric(state_.step, task_->metric_name(true) + "_averaged", metric);
+  }
+  return metric;
+}
+
+TrainResult Trainer::finish() {
+  const double loop_seconds = seconds_since(loop_started_) - eval_seconds_ - checkpoint_seconds_;
+  TrainResult res;
+  res.status = status_;
+  res.samples_per_second = loop_seconds > 0 ? static_cast<double>(samples_) / loop_seconds : 0;
+  res.metric_name = task_->metric_name(true);
+  res.model_description = task_->description();
+  if (opt_.checkpoints) res.checkpoint = checkpoint_path(cfg_);
+  if (status_ == RunStatus::stopped) save();
+  if (status_ == RunStatus::finished) res.final_metric = final_metric();
+  record_.flush_trace(state_.trace);
+  if (opt_.progress)
+    bar_->finish(status_ == RunStatus::finished ? res.metric_name + " " + short_num(res.final_metric)
+                                                : std::string(to_string(status_)));
+  res.evals = state_.evals;
+  res.final_train_loss = state_.loss_ema;
+  res.final_log2_scale = scaler_->log2_scale();
+  res.skipped_steps = scaler_->skipped_steps();
+  res.steps = state_.step;
+  res.total_steps = plan_.total;
+  res.run_id = record_.id();
+  for (const auto& l : qm_.layers) {
+    const auto c = l->counts();
+    for (int k = 0; k < nn::kKinds; ++k) res.counts[k] += c[k];
+  }
+  res.seconds = state_.seconds + seconds_since(started_);
+  record_.log_metric(state_.step, "samples_per_second", res.samples_per_second);
+  record_.finish(status_, status_ == RunStatus::finished ? std::optional<double>(res.final_metric) : std::nullopt,
+                 res.metric_name, res.seconds);
+  if (status_ == RunStatus::finished) {
+    state_.finished = true;
+    save();  // the trained weights, kept for the user; --resume refuses them
+  }
+  return res;
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOptions& opt) {
   validate(cfg);
-  const auto t_start = std::chrono::steady_clock::now();
-  const int threads = cfg.threads > 0 ? cfg.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  torch::set_num_threads(threads);  // libtorch defaults to one thread on this kind of machine
-  at::globalContext().setFlushDenormal(cfg.train.flush_denormals);
-  // Keep freed activation buffers in the heap rather than faulting fresh pages every step.
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-
-  const std::string ckpt = checkpoint_path(cfg);
-  const std::string cfg_json = to_json(cfg);
-  TrainResult res;
-  if (opt.checkpoints) res.checkpoint = ckpt;
   if (opt.resume && !opt.checkpoints) throw Error("--resume needs checkpoints");
-
-  // What a checkpoint holds besides tensors.
-  nlohmann::json meta;
-  std::unique_ptr<torch::serialize::InputArchive> in;
-  if (opt.resume) {
-    if (!fs::exists(ckpt)) throw Error(ckpt + ": no checkpoint to resume from");
-    in = std::make_unique<torch::serialize::InputArchive>();
-    try {
-      in->load_from(ckpt);
-      c10::IValue m;
-      in->read("meta", m);
-      meta = nlohmann::json::parse(m.toStringRef());
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw Error(ckpt + ": not a readable fp8lab checkpoint (" + std::string(e.what()).substr(0, 200) + ")");
-    }
-    if (meta.value("schema", 0) != kCheckpointSchema)
-      throw Error(ckpt + ": checkpoint schema " + std::to_string(meta.value("schema", 0)) + ", this fp8lab reads " +
-                  std::to_string(kCheckpointSchema));
-    if (meta.value("finished", false))
-      throw Error(ckpt + ": this run has finished; there is nothing to resume (start afresh without --resume)");
-    if (meta["config"].get<std::string>() != cfg_json) {
-      const auto a = nlohmann::json::parse(meta["config"].get<std::string>()), b = nlohmann::json::parse(cfg_json);
-      std::string diff;
-      for (const auto& d : nlohmann::json::diff(a, b)) diff += (diff.empty() ? "" : ", ") + d["path"].get<std::string>();
-      throw Error(ckpt + ": checkpoint was written with a different config (" + diff +
-                  "); resume with the same config, or start afresh without --resume");
-    }
-  }
-
-  std::int64_t run_id = 0;
-  if (store) {
-    if (in && meta.value("run_id", 0) > 0 && meta.value("store", std::string()) == fs::absolute(store->path()).string()) {
-      run_id = meta["run_id"].get<std::int64_t>();
-      store->resume_run(run_id, meta["step"].get<std::int64_t>());
-    } else {
-      results::RunInfo info;
-      info.name = cfg.name;
-      info.kind = cfg.task;
-      info.config_json = cfg_json;
-      info.recipe = cfg.quant.recipe;
-      info.loss_scale = cfg.quant.loss_scale;
-      info.seed = cfg.seed;
-      run_id = store->begin_run(info);
-    }
-  }
-  res.run_id = run_id;
-  const double prior_seconds = in ? meta.value("seconds", 0.0) : 0.0;
-
+  const nn::ScopedTorchSettings settings({cfg.threads, cfg.train.flush_denormals});
+  const std::string config_json = to_json(cfg);
+  std::optional<Checkpoint> checkpoint;
+  if (opt.resume) checkpoint.emplace(checkpoint_path(cfg), config_json);
+  RunRecord record(store, cfg, config_json, checkpoint ? &checkpoint->state() : nullptr);
   try {
-    // --- set up -----------------------------------------------------------------------------
-    const nn::Recipe recipe = nn::load_recipe(cfg.quant.recipe);
-    nn::LossScaleConfig ls = nn::parse_loss_scale(cfg.quant.loss_scale);
-    if (ls.method == nn::LossScaleMethod::logmax && recipe.base[nn::TensorKind::gx])
-      ls.grad_format_max = recipe.base[nn::TensorKind::gx]->format.max_finite();
-    if (ls.method == nn::LossScaleMethod::backoff) {
-      const auto& g = recipe.base[nn::TensorKind::gx];
-      if (g && g->overflow == Overflow::saturate && opt.progress)
-        std::fprintf(stderr,
-                     "warning: Backoff loss scaling only sees overflow as NaN/Inf, but this recipe's gradient "
-                     "quantizer saturates: the scale will only grow. Use overflow nan (e.g. gx=1.5.2:33/rne/nan) "
-                     "or LogMax.\n");
-    }
-    torch::manual_seed(cfg.seed);
-    const std::unique_ptr<Task> task = make_task(cfg);
-    torch::nn::Module& model = task->module();
-    res.model_description = task->description();
-    res.metric_name = task->metric_name(true);
-    auto ctx = std::make_shared<nn::QuantContext>();
-    ctx->seed = cfg.seed;
-    ctx->stats_interval = cfg.train.stats_interval;
-    const nn::QuantizedModel qm = nn::quantize_model(model, recipe, ctx);
-    nn::LossScaler scaler(ls);
-    auto optimizer = make_optimizer(cfg.optimizer, model.parameters());
-
-    const std::int64_t n = task->train_size(), B = cfg.train.batch;
-    const std::int64_t steps_per_epoch = (n + B - 1) / B;
-    const std::int64_t total = cfg.train.steps > 0 ? cfg.train.steps : steps_per_epoch * cfg.train.epochs;
-    const std::int64_t eval_every = cfg.train.eval_interval > 0 ? cfg.train.eval_interval : steps_per_epoch;
-    const std::int64_t ckpt_every = cfg.train.checkpoint_interval > 0 ? cfg.train.checkpoint_interval : steps_per_epoch;
-    res.total_steps = total;
-    if (opt.progress)
-      std::fprintf(stderr, "%s: %s, recipe %s, loss scaling %s, %lld steps, seed %llu%s\n",
-                   cfg.name.c_str(), task->description().c_str(), cfg.quant.recipe.c_str(),
-                   cfg.quant.loss_scale.c_str(), static_cast<long long>(total),
-                   static_cast<unsigned long long>(cfg.seed),
-                   in ? (" (resumed at step " + std::to_string(meta["step"].get<std::int64_t>()) + ")").c_str() : "");
-
-    std::vector<torch::Tensor> ema;
-    if (cfg.train.ema > 0) ema = snapshot(model);
-    std::vector<std::vector<torch::Tensor>> recent;  // the last K checkpoints' weights
-    std::int64_t step = 0;
-    double loss_ema = 0;
-    bool finished = false;
-    Trace pending;  // loss-scale points not yet in the store
-
-    if (in) {
-      model.load(*in);
-      torch::serialize::InputArchive oa;
-      in->read("optimizer", oa);
-      optimizer->load(oa);
-      step = meta["step"].get<std::int64_t>();
-      loss_ema = meta["loss_ema"].get<double>();
-      scaler.set_state(meta["scaler"].get<std::vector<double>>());
-      ctx->step = static_cast<std::uint64_t>(step);
-      for (const auto& e : meta["evals"]) res.evals.emplace_back(e[0].get<std::int64_t>(), e[1].get<double>());
-      const auto counts = meta["counts"];
-      for (std::size_t i = 0; i < qm.layers.size(); ++i) {
-        std::array<QuantCounts, nn::kKinds> c{};
-        for (int k = 0; k < nn::kKinds; ++k) {
-          const auto& v = counts.at(i).at(k);
-          c[k] = {v[0].get<std::uint64_t>(), v[1].get<std::uint64_t>(), v[2].get<std::uint64_t>(), v[3].get<std::uint64_t>()};
-        }
-        qm.layers[i]->add_counts(c);
-      }
-      const std::size_t nt = state_tensors(model).size();
-      if (!ema.empty()) ema = read_list(*in, "ema", nt);
-      for (int k = 0; k < meta.value("recent", 0); ++k) recent.push_back(read_list(*in, "recent" + std::to_string(k), nt));
-      if (!store)
-        for (const auto& p : meta["trace"]) pending.emplace_back(p[0].get<std::int64_t>(), p[1].get<int>(), p[2].get<bool>());
-      in.reset();
-    }
-
-    auto save_checkpoint = [&] {
-      if (!opt.checkpoints) {
-        if (store) store->log_loss_scale(run_id, pending);
-        pending.clear();
-        return;
-      }
-      torch::serialize::OutputArchive a;
-      nlohmann::json m = {{"schema", kCheckpointSchema}, {"config", cfg_json}, {"step", step},
-                          {"loss_ema", loss_ema}, {"scaler", scaler.state()}, {"run_id", run_id},
-                          {"store", store ? fs::absolute(store->path()).string() : std::string()},
-                          {"code_version", results::Store::code_version()},
-                          {"seconds", prior_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()},
-                          {"recent", recent.size()}, {"finished", finished}};
-      m["evals"] = res.evals;
-      nlohmann::json counts = nlohmann::json::array();
-      for (const auto& l : qm.layers) {
-        nlohmann::json lc = nlohmann::json::array();
-        for (const auto& c : l->counts()) lc.push_back({c.total, c.overflow, c.underflow, c.nan});
-        counts.push_back(lc);
-      }
-      m["counts"] = counts;
-      if (store) {
-        store->log_loss_scale(run_id, pending);  // the store holds the trace up to here
-        pending.clear();
-      } else {
-        m["trace"] = pending;
-      }
-      a.write("meta", c10::IValue(m.dump()));
-      model.save(a);
-      torch::serialize::OutputArchive oa;
-      optimizer->save(oa);
-      a.write("optimizer", oa);
-      if (!ema.empty()) write_list(a, "ema", ema);
-      for (std::size_t k = 0; k < recent.size(); ++k) write_list(a, "recent" + std::to_string(k), recent[k]);
-      // Atomic: a temp file in the same folder, then rename over the old checkpoint.
-      const fs::path target = fs::absolute(ckpt);
-      if (!target.parent_path().empty()) fs::create_directories(target.parent_path());
-      const std::string tmp = target.string() + ".tmp";
-      a.save_to(tmp);
-      fs::rename(tmp, target);
-    };
-
-    double eval_seconds = 0, ckpt_seconds = 0;  // kept out of the throughput figure
-    auto eval_weights = [&](const std::vector<torch::Tensor>* w, bool final) {
-      const auto t0 = std::chrono::steady_clock::now();
-      double acc = 0;
-      if (!w) {
-        acc = evaluate(*task, *ctx, final);
-      } else {
-        const auto current = snapshot(model);
-        load_into(model, *w);
-        acc = evaluate(*task, *ctx, final);
-        load_into(model, current);
-      }
-      eval_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      return acc;
-    };
-
-    // --- the loop ---------------------------------------------------------------------------
-    Progress bar(cfg.name.size() > 24 ? cfg.name.substr(0, 24) : cfg.name, total, "steps", step);
-    const std::int64_t first_step = step;
-    // Throughput counts the steps after this session's first (allocation, kernel selection).
-    auto t_loop = std::chrono::steady_clock::now();
-    std::int64_t samples = 0;
-    torch::Tensor perm;
-    std::int64_t perm_epoch = -1;
-    while (step < total) {
-      if ((opt.stop_after > 0 && step - first_step >= opt.stop_after) || stop_requested()) {
-        res.status = "stopped";
-        break;
-      }
-      const std::int64_t epoch = step / steps_per_epoch, within = step % steps_per_epoch;
-      if (epoch != perm_epoch) {
-        auto g = at::make_generator<at::CPUGeneratorImpl>(mix64(cfg.seed ^ mix64(0xE90C0000ULL + static_cast<std::uint64_t>(epoch))));
-        perm = torch::randperm(n, g, torch::kInt64);
-        perm_epoch = epoch;
-      }
-      // Every random draw of this step (dropout, stochastic depth, augmentation, mixup)
-      // comes from streams seeded by (seed, step).
-      const std::uint64_t step_seed = mix64(cfg.seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(step));
-      torch::manual_seed(step_seed);
-      const double lr = learning_rate(cfg, step, total, steps_per_epoch);
-      for (auto& g : optimizer->param_groups()) g.options().set_lr(lr);
-
-      const torch::Tensor idx = perm.slice(0, within * B, std::min(n, (within + 1) * B));
-      optimizer->zero_grad();
-      const torch::Tensor loss = task->loss(idx, step_seed);
-      (loss * scaler.scale()).backward();
-      std::vector<torch::Tensor> grads;
-      for (auto& p : model.parameters())
-        if (p.grad().defined()) grads.push_back(p.grad());
-      const nn::LossScaleStep s = scaler.update(grads);
-      pending.emplace_back(step, static_cast<int>(std::lround(std::log2(s.scale))), s.skipped);
-      const double lv = loss.item<double>();
-      if (!std::isfinite(lv)) {
-        // The loss is computed before scaling: a NaN/Inf here is a forward-pass divergence
-        // that no loss scale can recover.
-        res.status = "diverged";
-        break;
-      }
-      if (!s.skipped) optimizer->step();
-      if (!ema.empty() && !s.skipped) {
-        torch::NoGradGuard g;
-        const auto cur = state_tensors(model);
-        for (std::size_t i = 0; i < cur.size(); ++i) {
-          if (ema[i].is_floating_point()) ema[i].mul_(cfg.train.ema).add_(cur[i].detach(), 1 - cfg.train.ema);
-          else ema[i].copy_(cur[i]);
-        }
-      }
-      if (step == first_step) {
-        t_loop = std::chrono::steady_clock::now();
-        eval_seconds = ckpt_seconds = 0;
-      }
-      else samples += idx.size(0);
-      loss_ema = step == 0 ? lv : 0.98 * loss_ema + 0.02 * lv;
-      if (store && ctx->stats_interval > 0 && ctx->stats->size() > 0) store->log_stats(run_id, stat_rows(ctx->stats->take()));
-      ++step;
-      ctx->step = static_cast<std::uint64_t>(step);
-
-      if (step % eval_every == 0 || step == total) {
-        const double acc = eval_weights(ema.empty() ? nullptr : &ema, false);
-        res.evals.emplace_back(step, acc);
-        if (store) {
-          store->log_metric(run_id, step, task->metric_name(false), acc);
-          store->log_metric(run_id, step, "train_loss", loss_ema);
-          store->log_metric(run_id, step, "log2_loss_scale", scaler.log2_scale());
-        }
-      }
-      if (step % ckpt_every == 0 || step == total) {
-        if (cfg.train.average_last > 0) {
-          recent.push_back(snapshot(model));
-          if (static_cast<int>(recent.size()) > cfg.train.average_last) recent.erase(recent.begin());
-        }
-        const auto t0 = std::chrono::steady_clock::now();
-        if (step < total) save_checkpoint();
-        ckpt_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      }
-      if (opt.progress)
-        bar.update(step, "epoch " + std::to_string(step / steps_per_epoch + (step % steps_per_epoch ? 1 : 0)) +
-                             " loss " + short_num(loss_ema) + " scale 2^" + std::to_string(scaler.log2_scale()) +
-                             " lr " + short_num(lr));
-    }
-    const double loop_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count() - eval_seconds - ckpt_seconds;
-    res.samples_per_second = loop_s > 0 ? static_cast<double>(samples) / loop_s : 0;
-
-    if (res.status == "stopped") {
-      save_checkpoint();
-    } else if (res.status == "finished") {
-      res.final_metric = res.evals.empty() ? 0 : res.evals.back().second;
-      if (task->separate_final()) {
-        res.final_metric = eval_weights(ema.empty() ? nullptr : &ema, true);
-        if (store) store->log_metric(run_id, step, task->metric_name(true), res.final_metric);
-      }
-      if (cfg.train.average_last > 0 && recent.size() > 1) {
-        std::vector<torch::Tensor> avg;
-        for (std::size_t i = 0; i < recent[0].size(); ++i) {
-          torch::Tensor t = recent[0][i].clone();
-          if (t.is_floating_point()) {
-            for (std::size_t k = 1; k < recent.size(); ++k) t.add_(recent[k][i]);
-            t.div_(static_cast<double>(recent.size()));
-          }
-          avg.push_back(t);
-        }
-        res.final_metric = eval_weights(&avg, true);
-        if (store) store->log_metric(run_id, step, task->metric_name(true) + "_averaged", res.final_metric);
-      }
-    }
-    if (store && !pending.empty()) {
-      store->log_loss_scale(run_id, pending);
-      pending.clear();
-    }
-    if (opt.progress)
-      bar.finish(res.status == "finished" ? res.metric_name + " " + short_num(res.final_metric) : res.status);
-    res.final_train_loss = loss_ema;
-    res.final_log2_scale = scaler.log2_scale();
-    res.skipped_steps = scaler.skipped_steps();
-    res.steps = step;
-    for (const auto& l : qm.layers) {
-      const auto c = l->counts();
-      for (int k = 0; k < nn::kKinds; ++k) res.counts[k] += c[k];
-    }
-    res.seconds = prior_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    if (store) {
-      store->log_metric(run_id, step, "samples_per_second", res.samples_per_second);
-      store->finish_run(run_id, res.status,
-                        res.status == "finished" ? std::optional<double>(res.final_metric) : std::nullopt,
-                        res.metric_name, res.seconds);
-    }
-    if (res.status == "finished") {
-      finished = true;
-      save_checkpoint();  // the trained weights, kept for the user; --resume refuses it
-    }
-    return res;
+    Trainer trainer(cfg, opt, config_json, record);
+    if (checkpoint) trainer.resume(*checkpoint);
+    trainer.run();
+    return trainer.finish();
   } catch (...) {
-    if (store) store->finish_run(run_id, "failed", std::nullopt, res.metric_name, 0);
+    record.finish(RunStatus::failed, std::nullopt, "", 0);
     throw;
   }
 }

@@ -170,7 +170,7 @@ TOML
   printf '[train]\nepochs = 2\nbach = 3\n' >"$T/bad.toml"
   expect_fail "train unknown key" "bad.toml:3: unknown key 'train.bach'" "$FP8LAB" train "$T/bad.toml"
   expect_fail "train bad --set" "--set optimizer.lr=fast: 'optimizer.lr' must be a number" "$FP8LAB" train "$T/syn.toml" --set optimizer.lr=fast
-  expect_fail "train missing config" "cannot open config" "$FP8LAB" train "$T/none.toml"
+  expect_fail "train missing config" "none.toml: cannot open" "$FP8LAB" train "$T/none.toml"
   expect_fail "resume without checkpoint" "no checkpoint to resume from" "$FP8LAB" train "$T/syn.toml" --set "train.checkpoint=$T/none.ckpt" --resume --db "$T/t.db"
   expect_fail "resume with another config" "different config (/train/batch)" "$FP8LAB" train "$T/syn.toml" --set name=syn3 --set "train.checkpoint=$T/s3.ckpt" --set train.epochs=400 --set train.batch=8 --resume --db "$T/t.db" --set threads=1
 

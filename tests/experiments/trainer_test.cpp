@@ -67,13 +67,13 @@ experiments::TrainConfig busy(const std::string& name) {
 TEST(Trainer, FinishesLearnsAndRecords) {
   results::Store store((dir() / "r1.db").string());
   const auto r = experiments::train(small("unit"), &store, quiet());
-  EXPECT_EQ(r.status, "finished");
+  EXPECT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.steps, 24);
   EXPECT_EQ(r.evals.size(), 3u);
   EXPECT_GT(r.final_metric, 90.0);
   const auto runs = store.runs({.name = "unit"});
   ASSERT_EQ(runs.size(), 1u);
-  EXPECT_EQ(runs[0].status, "finished");
+  EXPECT_EQ(runs[0].status, results::RunStatus::finished);
   EXPECT_DOUBLE_EQ(*runs[0].final_metric, r.final_metric);
   EXPECT_EQ(store.metric(runs[0].id, "test_accuracy").size(), 3u);
   EXPECT_EQ(store.loss_scale_trace(runs[0].id).size(), 24u);
@@ -98,7 +98,7 @@ TEST(Trainer, EveryOptimizerAndScheduleLearns) {
       c.schedule.warmup_steps = 4;
       c.quant.recipe = "fp32";
       const auto r = experiments::train(c, nullptr, quiet());
-      EXPECT_EQ(r.status, "finished") << opt << " " << sched;
+      EXPECT_EQ(r.status, results::RunStatus::finished) << opt << " " << sched;
       EXPECT_GT(r.final_metric, 75.0) << opt << " " << sched;
     }
   }
@@ -143,22 +143,22 @@ void check_resume_equals_uninterrupted(const std::string& model) {
     c.model.dropout = 0.3;
   }
   const auto full = experiments::train(c, &s1, quiet());
-  ASSERT_EQ(full.status, "finished");
+  ASSERT_EQ(full.status, results::RunStatus::finished);
   c.train.checkpoint = (d / ("resume2" + model + ".ckpt")).string();
   experiments::TrainOptions o = quiet();
   o.stop_after = 7;  // not on a checkpoint or evaluation boundary
   auto r = experiments::train(c, &s2, o);
-  EXPECT_EQ(r.status, "stopped");
+  EXPECT_EQ(r.status, results::RunStatus::stopped);
   EXPECT_EQ(r.steps, 7);
-  EXPECT_EQ(s2.runs()[0].status, "stopped");
+  EXPECT_EQ(s2.runs()[0].status, results::RunStatus::stopped);
   o.resume = true;
   o.stop_after = 9;
   r = experiments::train(c, &s2, o);
-  EXPECT_EQ(r.status, "stopped");
+  EXPECT_EQ(r.status, results::RunStatus::stopped);
   EXPECT_EQ(r.steps, 16);
   o.stop_after = 0;
   r = experiments::train(c, &s2, o);
-  ASSERT_EQ(r.status, "finished");
+  ASSERT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.steps, full.steps);
   EXPECT_EQ(r.final_metric, full.final_metric);
   EXPECT_EQ(r.final_train_loss, full.final_train_loss);  // bitwise: the same steps were taken
@@ -174,7 +174,7 @@ void check_resume_equals_uninterrupted(const std::string& model) {
   // same metrics, trace and statistics, no duplicates.
   ASSERT_EQ(s2.runs().size(), 1u);
   const auto id1 = s1.runs()[0].id, id2 = s2.runs()[0].id;
-  EXPECT_EQ(s2.runs()[0].status, "finished");
+  EXPECT_EQ(s2.runs()[0].status, results::RunStatus::finished);
   EXPECT_EQ(s1.metric(id1, "test_accuracy"), s2.metric(id2, "test_accuracy"));
   EXPECT_EQ(s1.metric(id1, "train_loss"), s2.metric(id2, "train_loss"));
   EXPECT_EQ(s1.loss_scale_trace(id1), s2.loss_scale_trace(id2));
@@ -241,8 +241,8 @@ TEST(Trainer, DivergenceIsRecordedNotACrash) {
   c.quant.recipe = "fp32";
   c.optimizer.lr = 1e12;  // blows up within a few steps
   const auto r = experiments::train(c, &store, quiet());
-  EXPECT_EQ(r.status, "diverged");
-  EXPECT_EQ(store.runs({.name = "boom"})[0].status, "diverged");
+  EXPECT_EQ(r.status, results::RunStatus::diverged);
+  EXPECT_EQ(store.runs({.name = "boom"})[0].status, results::RunStatus::diverged);
 }
 
 TEST(Trainer, BadRecipeFailsTheRunCleanly) {
@@ -250,7 +250,7 @@ TEST(Trainer, BadRecipeFailsTheRunCleanly) {
   auto c = small("bad");
   c.quant.recipe = "a=1.4.3,q=1";
   EXPECT_THROW(experiments::train(c, &store, quiet()), Error);
-  EXPECT_EQ(store.runs({.name = "bad"})[0].status, "failed");
+  EXPECT_EQ(store.runs({.name = "bad"})[0].status, results::RunStatus::failed);
 }
 
 namespace {
@@ -304,7 +304,7 @@ TEST(Trainer, TranslationLearnsAWordMapping) {
   c.train.checkpoint = (dir() / "words.ckpt").string();
   results::Store store((dir() / "tr.db").string());
   const auto r = experiments::train(c, &store, quiet());
-  ASSERT_EQ(r.status, "finished");
+  ASSERT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.metric_name, "test_bleu");
   EXPECT_EQ(r.evals.size(), 2u);
   EXPECT_GT(r.final_metric, 50.0);  // a word-for-word mapping is well on its way after 160 steps
@@ -347,7 +347,7 @@ TEST(Trainer, BertPretrainingLossFalls) {
   c.threads = 2;
   c.train.checkpoint = (dir() / "bert.ckpt").string();
   const auto r = experiments::train(c, nullptr, quiet());
-  ASSERT_EQ(r.status, "finished");
+  ASSERT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.metric_name, "mlm_nsp_loss");
   ASSERT_EQ(r.evals.size(), 3u);
   EXPECT_LT(r.evals.back().second, r.evals.front().second - 0.5) << r.evals.front().second;

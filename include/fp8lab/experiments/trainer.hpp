@@ -6,6 +6,10 @@
 //   optimizer.step(lr(step));  ema.update()
 // Every random choice of step s is drawn from streams seeded by (seed, s), so a run resumed
 // from a checkpoint takes exactly the steps the uninterrupted run takes.
+//
+// A run changes no process-wide state behind its caller: libtorch's thread count and the
+// CPU's flush-to-zero mode are set from the config (threads, train.flush_denormals) for the
+// run's duration and restored when train() returns (nn/runtime.hpp).
 #pragma once
 
 #include <array>
@@ -21,18 +25,16 @@
 
 namespace fp8lab::experiments {
 
-inline constexpr int kCheckpointSchema = 1;
-
 struct TrainOptions {
   bool resume = false;          // continue from the checkpoint (an error if there is none)
   std::int64_t stop_after = 0;  // > 0: stop after this many steps of this process, with a
-                                // checkpoint and status "stopped" (resume later)
+                                // checkpoint and status stopped (resume later)
   bool progress = true;         // the progress bar on stderr
   bool checkpoints = true;      // write checkpoints (false: a run that cannot be resumed)
 };
 
 struct TrainResult {
-  std::string status = "finished";  // finished, diverged, stopped
+  results::RunStatus status = results::RunStatus::finished;  // finished, diverged, stopped
   std::string metric_name = "test_accuracy";
   double final_metric = 0;          // top-1 accuracy, percent (of the EMA / averaged weights if on)
   std::vector<std::pair<std::int64_t, double>> evals;  // (step, metric)
@@ -50,8 +52,8 @@ struct TrainResult {
 };
 
 // Trains per `cfg`. With a store the run is recorded as it goes; an exception marks it
-// "failed" before propagating. A NaN/Inf loss that loss scaling cannot recover ends it as
-// "diverged" (not an exception).
+// failed before propagating. A NaN/Inf loss that loss scaling cannot recover ends it as
+// diverged (not an exception).
 TrainResult train(const TrainConfig& cfg, results::Store* store = nullptr, const TrainOptions& opt = {});
 
 // Asks running trainers to stop at the next step boundary with a checkpoint (what the

@@ -1,0 +1,169 @@
+#include "train_state.hpp"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "fp8lab/core/files.hpp"
+#include "fp8lab/results/store.hpp"
+
+namespace fp8lab::experiments {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// --- the JSON half: every number of the state -----------------------------------------
+
+json counts_json(const std::vector<std::array<QuantCounts, nn::kKinds>>& counts) {
+  json out = json::array();
+  for (const auto& layer : counts) {
+    json l = json::array();
+    for (const auto& c : layer) l.push_back({c.total, c.overflow, c.underflow, c.nan});
+    out.push_back(l);
+  }
+  return out;
+}
+
+std::vector<std::array<QuantCounts, nn::kKinds>> counts_from(const json& j) {
+  std::vector<std::array<QuantCounts, nn::kKinds>> out;
+  for (const auto& l : j) {
+    std::array<QuantCounts, nn::kKinds> layer{};
+    for (int k = 0; k < nn::kKinds; ++k) {
+      const auto& v = l.at(k);
+      layer[k] = {v.at(0).get<std::uint64_t>(), v.at(1).get<std::uint64_t>(), v.at(2).get<std::uint64_t>(),
+                  v.at(3).get<std::uint64_t>()};
+    }
+    out.push_back(layer);
+  }
+  return out;
+}
+
+json state_json(const TrainState& s) {
+  std::vector<std::size_t> recent;
+  for (const auto& r : s.recent) recent.push_back(r.size());
+  return {{"step", s.step},         {"loss_ema", s.loss_ema},     {"scaler", s.scaler},
+          {"evals", s.evals},       {"counts", counts_json(s.counts)}, {"trace", s.trace},
+          {"seconds", s.seconds},   {"run_id", s.run_id},         {"store", s.store},
+          {"finished", s.finished}, {"ema", s.ema.size()},        {"recent", recent}};
+}
+
+// The numbers; the tensor lists are sized from the JSON and filled by read_weights.
+TrainState state_from(const json& j) {
+  TrainState s;
+  s.step = j.at("step").get<std::int64_t>();
+  s.loss_ema = j.at("loss_ema").get<double>();
+  s.scaler = j.at("scaler").get<std::vector<double>>();
+  s.evals = j.at("evals").get<std::vector<std::pair<std::int64_t, double>>>();
+  s.counts = counts_from(j.at("counts"));
+  s.trace = j.at("trace").get<LossScaleTrace>();
+  s.seconds = j.at("seconds").get<double>();
+  s.run_id = j.at("run_id").get<std::int64_t>();
+  s.store = j.at("store").get<std::string>();
+  s.finished = j.at("finished").get<bool>();
+  s.ema.resize(j.at("ema").get<std::size_t>());
+  for (std::size_t n : j.at("recent").get<std::vector<std::size_t>>()) s.recent.emplace_back(n);
+  return s;
+}
+
+// --- the tensor half ---------------------------------------------------------------------
+
+void write_weights(torch::serialize::OutputArchive& a, const std::string& key, const Weights& w) {
+  torch::serialize::OutputArchive sub;
+  for (std::size_t i = 0; i < w.size(); ++i) sub.write("t" + std::to_string(i), w[i]);
+  a.write(key, sub);
+}
+
+void read_weights(torch::serialize::InputArchive& a, const std::string& key, Weights& w) {
+  torch::serialize::InputArchive sub;
+  a.read(key, sub);
+  for (std::size_t i = 0; i < w.size(); ++i) sub.read("t" + std::to_string(i), w[i]);
+}
+
+std::string recent_key(std::size_t k) { return "recent" + std::to_string(k); }
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const std::string& config_json, const TrainState& state,
+                     torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive a;
+  const json meta = {{"schema", kCheckpointSchema},
+                     {"config", config_json},
+                     {"code_version", results::Store::code_version()},
+                     {"state", state_json(state)}};
+  a.write("meta", c10::IValue(meta.dump()));
+  torch::serialize::OutputArchive m, o;
+  model.save(m);
+  optimizer.save(o);
+  a.write("model", m);
+  a.write("optimizer", o);
+  write_weights(a, "ema", state.ema);
+  for (std::size_t k = 0; k < state.recent.size(); ++k) write_weights(a, recent_key(k), state.recent[k]);
+  std::string bytes;
+  a.save_to([&](const void* p, std::size_t n) {
+    bytes.append(static_cast<const char*>(p), n);
+    return n;
+  });
+  const fs::path target = fs::absolute(path);
+  if (target.has_parent_path()) fs::create_directories(target.parent_path());
+  write_file_atomic(target.string(), bytes);
+}
+
+namespace {
+
+// The keys (JSON pointers) in which two configs differ.
+std::string config_difference(const std::string& a, const std::string& b) {
+  std::string diff;
+  for (const auto& d : json::diff(json::parse(a), json::parse(b)))
+    diff += (diff.empty() ? "" : ", ") + d["path"].get<std::string>();
+  return diff;
+}
+
+}  // namespace
+
+Checkpoint::Checkpoint(const std::string& path, const std::string& config_json) : path_(path) {
+  if (!fs::exists(path)) throw Error(path + ": no checkpoint to resume from");
+  json meta;
+  try {
+    archive_.load_from(path);
+    c10::IValue m;
+    archive_.read("meta", m);
+    meta = json::parse(m.toStringRef());
+  } catch (const std::exception& e) {
+    throw Error(path + ": not a readable fp8lab checkpoint (" + std::string(e.what()).substr(0, 200) + ")");
+  }
+  const int schema = meta.value("schema", 0);
+  if (schema != kCheckpointSchema)
+    throw Error(path + ": checkpoint schema " + std::to_string(schema) + ", this fp8lab reads schema " +
+                std::to_string(kCheckpointSchema) + " only; start the run afresh without --resume");
+  try {
+    state_ = state_from(meta.at("state"));
+    if (state_.finished)
+      throw Error(path + ": this run has finished; there is nothing to resume (start afresh without --resume)");
+    const std::string written_with = meta.at("config").get<std::string>();
+    if (written_with != config_json)
+      throw Error(path + ": checkpoint was written with a different config (" +
+                  config_difference(written_with, config_json) +
+                  "); resume with the same config, or start afresh without --resume");
+    read_weights(archive_, "ema", state_.ema);
+    for (std::size_t k = 0; k < state_.recent.size(); ++k) read_weights(archive_, recent_key(k), state_.recent[k]);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(path + ": damaged checkpoint (" + std::string(e.what()).substr(0, 200) + ")");
+  }
+}
+
+void Checkpoint::restore(torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+  try {
+    torch::serialize::InputArchive m, o;
+    archive_.read("model", m);
+    archive_.read("optimizer", o);
+    model.load(m);
+    optimizer.load(o);
+  } catch (const std::exception& e) {
+    throw Error(path_ + ": checkpoint does not fit the model (" + std::string(e.what()).substr(0, 200) + ")");
+  }
+}
+
+}  // namespace fp8lab::experiments

@@ -1,0 +1,64 @@
+// A training run as one value (private to src/experiments): TrainState is everything a run
+// carries from one step to the next besides the model's and the optimizer's own state, and
+// a checkpoint is the run's config, its TrainState, the model and the optimizer, written
+// and read by the one pair of functions below.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "fp8lab/core/codec.hpp"
+#include "fp8lab/nn/recipe.hpp"
+
+namespace fp8lab::experiments {
+
+// 2: TrainState as one JSON value beside the model, optimizer, EMA and recent weights.
+inline constexpr int kCheckpointSchema = 2;
+
+using LossScaleTrace = std::vector<std::tuple<std::int64_t, int, bool>>;  // (step, log2 scale, skipped)
+using Weights = std::vector<torch::Tensor>;  // a model's parameters then buffers
+
+struct TrainState {
+  std::int64_t step = 0;        // steps taken
+  double loss_ema = 0;          // moving average of the training loss
+  std::vector<double> scaler;   // nn::LossScaler::state()
+  std::vector<std::pair<std::int64_t, double>> evals;        // (step, metric)
+  std::vector<std::array<QuantCounts, nn::kKinds>> counts;   // per quantized layer, all steps
+  Weights ema;                  // moving average of the weights (empty: off)
+  std::vector<Weights> recent;  // the last K checkpoints' weights, for averaging
+  LossScaleTrace trace;         // loss-scale points not yet in a results store
+  double seconds = 0;           // wall time of the run's earlier processes
+  std::int64_t run_id = 0;      // the run's record ...
+  std::string store;            // ... in this store (absolute path; "" : none)
+  bool finished = false;        // a finished run's checkpoint: kept, never resumed
+};
+
+// Writes the checkpoint atomically (a partial file never replaces `path`).
+void save_checkpoint(const std::string& path, const std::string& config_json, const TrainState& state,
+                     torch::nn::Module& model, torch::optim::Optimizer& optimizer);
+
+// A checkpoint read back: its TrainState now, the model and optimizer once they are built.
+class Checkpoint {
+ public:
+  // Throws Error naming `path` when it is missing, unreadable, of another schema (naming
+  // both versions), finished, or written with a config other than `config_json` (naming
+  // the keys that differ).
+  Checkpoint(const std::string& path, const std::string& config_json);
+
+  const TrainState& state() const { return state_; }
+  // Loads the model's and the optimizer's state.
+  void restore(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
+
+ private:
+  std::string path_;
+  torch::serialize::InputArchive archive_;
+  TrainState state_;
+};
+
+}  // namespace fp8lab::experiments

@@ -1,0 +1,183 @@
+// The report's statistics, tables and plots, from a fixture store holding chosen metrics
+// for a sweep's runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "../common/testutil.hpp"
+#include "fp8lab/experiments/report.hpp"
+#include "fp8lab/experiments/sweep.hpp"
+#include "fp8lab/results/store.hpp"
+#include "small_sweep.hpp"
+
+using namespace fp8lab;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path dir() { return test::temp_dir("fp8lab_report"); }
+
+experiments::Sweep parse(const std::string& body, const std::string& name = "t") {
+  return experiments::parse_sweep("name = \"" + name + "\"\n" + body, "sweep.toml", dir().string());
+}
+}  // namespace
+
+namespace {
+// A store holding chosen metrics for a sweep's runs, as if it had been run.
+void record(results::Store& store, const experiments::SweepRun& r, results::RunStatus status, double metric,
+            bool with_stats = false) {
+  results::RunInfo info;
+  info.name = r.cfg.name;
+  info.kind = r.cfg.task;
+  info.config_json = experiments::to_json(r.cfg);
+  info.recipe = r.cfg.quant.recipe;
+  info.loss_scale = r.cfg.quant.loss_scale;
+  info.seed = r.seed;
+  const auto id = store.begin_run(info);
+  if (with_stats) {
+    std::vector<results::Store::StatRow> rows;
+    for (std::int64_t step : {0, 100})
+      for (const char* layer : {"conv1", "layer1.conv", "fc"})
+        for (const char* kind : {"a", "w", "gx", "gw"}) {
+          results::Store::StatRow s;
+          s.step = step;
+          s.layer = layer;
+          s.kind = kind;
+          s.total = 100;
+          s.histogram = R"({"lo": -12, "counts": [5, 10, 20, 30, 20, 10], "zero": 5, "inf": 0, "nan": 0})";
+          rows.push_back(s);
+        }
+    store.log_stats(id, rows);
+    store.log_loss_scale(id, {{0, 10, false}, {50, 9, true}, {100, 10, false}});
+  }
+  store.log_metric(id, 50, "test_bleu", -1);  // an earlier evaluation: not the one reported
+  store.log_metric(id, 100, "test_bleu", metric + 1000);
+  store.finish_run(id, status, status == results::RunStatus::finished ? std::optional<double>(metric) : std::nullopt, "test_accuracy", 1.0);
+}
+
+bool valid_svg(const std::string& path) {
+  std::ifstream in(path);
+  const std::string s((std::istreambuf_iterator<char>(in)), {});
+  if (s.rfind("<?xml", 0) != 0 || s.find("<svg") == std::string::npos || s.find("</svg>") == std::string::npos)
+    return false;
+  // Every element is closed: count opening tags against closing and self-closing ones.
+  int depth = 0;
+  for (std::size_t i = 0; (i = s.find('<', i)) != std::string::npos; ++i) {
+    if (s.compare(i, 2, "<?") == 0) continue;
+    const std::size_t end = s.find('>', i);
+    if (end == std::string::npos) return false;
+    if (s[i + 1] == '/') --depth;
+    else if (s[end - 1] != '/') ++depth;
+    if (depth < 0) return false;
+  }
+  return depth == 0;
+}
+}  // namespace
+
+TEST(Report, TableMarksWorsePointsAndPlotsRender) {
+  const fs::path d = dir() / "report";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const auto s = parse(R"(
+seeds = 5
+baseline = "recipe=fp32"
+[[grid]]
+recipe = ["fp32"]
+"quant.recipe" = "fp32"
+"quant.loss_scale" = "backoff"
+[[grid]]
+recipe = ["a"]
+bias = [8, 12]
+"quant.recipe" = "a=1.4.3:{bias}"
+"quant.loss_scale" = "backoff"
+[[plot]]
+type = "metric"
+x = "bias"
+series = "recipe"
+file = "acc"
+[[plot]]
+type = "heatmap"
+x = "bias"
+y = "bias"
+file = "heat"
+[[plot]]
+type = "histograms"
+where = { recipe = "fp32" }
+formats = ["1.4.3:10", "1.5.2:33"]
+file = "hist"
+[[plot]]
+type = "loss-scale"
+file = "scale"
+[[plot]]
+type = "fixed-point-snr"
+file = "snr"
+)" + std::string(test::kSmall), "report-sweep");
+  ASSERT_EQ(s.points.size(), 3u);
+  results::Store store((d / "r.db").string());
+  // Baseline 90..94; bias 8 clearly worse (80..84); bias 12 the same as the baseline, but one
+  // seed diverged and one not run yet.
+  for (const auto& r : s.runs) {
+    const double k = static_cast<double>(r.seed);
+    if (r.point == 0) record(store, r, results::RunStatus::finished, 89 + k, r.seed == 1);
+    if (r.point == 1) record(store, r, results::RunStatus::finished, 79 + k);
+    if (r.point == 2 && r.seed <= 3) record(store, r, results::RunStatus::finished, 89 + k);
+    if (r.point == 2 && r.seed == 4) record(store, r, results::RunStatus::diverged, 0);
+  }
+  const auto rep = experiments::analyse(s, store);
+  EXPECT_NEAR(rep.points[0].stats.mean, 92, 1e-12);
+  EXPECT_NEAR(rep.points[0].stats.sd, std::sqrt(2.5), 1e-12);
+  EXPECT_FALSE(rep.points[0].test.has_value());
+  ASSERT_TRUE(rep.points[1].test.has_value());
+  // All five of bias 8 below all five of the baseline: U = 0, exact one-sided p = 1/252.
+  EXPECT_EQ(rep.points[1].test->u, 0);
+  EXPECT_NEAR(rep.points[1].test->p, 1.0 / 252, 1e-12);
+  EXPECT_TRUE(rep.points[1].significant);
+  EXPECT_FALSE(rep.points[2].significant);
+  EXPECT_EQ(rep.points[2].diverged, 1);
+  EXPECT_EQ(rep.points[2].missing, 1);
+  EXPECT_EQ(rep.points[2].kinds[0], "1.4.3 b12");
+  EXPECT_EQ(rep.points[2].kinds[1], "fp32");
+
+  const std::string md = experiments::to_markdown(s, rep);
+  // The scale trace (2^10 for 50 steps, 2^9 for 50, then 2^10) of seed 1 only.
+  ASSERT_TRUE(rep.points[0].mean_log2_scale.has_value());
+  EXPECT_NEAR(*rep.points[0].mean_log2_scale, (10.0 * 50 + 9 * 50 + 10) / 101, 1e-12);
+  EXPECT_EQ(*rep.points[0].skipped_steps, 1.0);
+  EXPECT_FALSE(rep.points[1].mean_log2_scale.has_value());
+  EXPECT_NE(md.find("| 8 | 1.4.3 b8 | fp32 | fp32 | fp32 | backoff | - | - | 82.00 ± 1.58* | 5 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("92.00 ± 1.58 | 5 | baseline"), std::string::npos) << md;
+  EXPECT_NE(md.find("(+1 diverged) (1 missing)"), std::string::npos) << md;
+  const std::string csv = experiments::to_csv(s, rep);
+  EXPECT_NE(csv.find("recipe,bias,recipe,a,w,gx,gw"), std::string::npos) << csv;
+
+  const auto files = experiments::write_report(s, rep, store, (d / "out").string());
+  for (const char* stem : {"acc", "heat", "hist", "scale", "snr"}) {
+    const fs::path svg = d / "out" / (std::string(stem) + ".svg"), png = d / "out" / (std::string(stem) + ".png");
+    ASSERT_TRUE(fs::exists(svg)) << stem;
+    EXPECT_TRUE(valid_svg(svg.string())) << stem;
+    ASSERT_TRUE(fs::exists(png)) << stem;
+    std::ifstream in(png, std::ios::binary);
+    char sig[8] = {};
+    in.read(sig, 8);
+    EXPECT_EQ(std::string(sig, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << stem;
+    EXPECT_GT(fs::file_size(png), 5000u) << stem;
+  }
+  // The histogram figure shows each format's range and labels its axes.
+  std::ifstream in(d / "out" / "hist.svg");
+  const std::string svg((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(svg.find("1.4.3:10 normal"), std::string::npos);
+  EXPECT_NE(svg.find("1.5.2:33 subnormal"), std::string::npos);
+  EXPECT_NE(svg.find("floor(log2 |x|)"), std::string::npos);
+  EXPECT_NE(svg.find("grad_x, step 100"), std::string::npos);
+  EXPECT_TRUE(fs::exists(d / "out" / "table.md"));
+
+  // A metric named in the sweep is the run's last logged value of it, not its final metric.
+  experiments::Sweep named = s;
+  named.metric = "test_bleu";
+  const auto rep2 = experiments::analyse(named, store);
+  EXPECT_EQ(rep2.metric, "test_bleu");
+  EXPECT_NEAR(rep2.points[0].stats.mean, 1092, 1e-9);
+  EXPECT_NEAR(rep2.points[1].stats.mean, 1082, 1e-9);
+}
+
