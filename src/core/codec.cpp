@@ -13,7 +13,7 @@ namespace fp8lab {
 namespace {
 
 // Round a finite, non-zero magnitude (float32 bits `a`, sign cleared) to the format as if
-// its exponent range had no upper limit (SPEC.md 2, step 3). Returns the magnitude code,
+// its exponent range had no upper limit (docs/spec.md §2.1, step 3). Returns the magnitude code,
 // which may exceed max_code(): the caller handles overflow (step 4).
 std::uint64_t round_magnitude(std::uint32_t a, const QuantSpec& q, std::uint64_t index) {
   const Format& f = q.format;

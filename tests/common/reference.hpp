@@ -1,4 +1,4 @@
-// An independent, slow reference for rounding float32 to a format, written from SPEC.md 2
+// An independent, slow reference for rounding float32 to a format, written from docs/spec.md §2
 // without the codec's bit arithmetic: it sorts the format's values and rounds by exact
 // comparisons in double (every float32 and every format value is exact in double).
 #pragma once
@@ -51,7 +51,7 @@ inline std::uint64_t top_bits(double num, double gap, int R) {
   return static_cast<std::uint64_t>(q);
 }
 
-// Encode per SPEC.md 2, steps 1-5.
+// Encode per docs/spec.md §2.1, steps 1-5.
 inline std::uint32_t encode(const Table& t, const QuantSpec& q, float x, std::uint64_t index) {
   const Format& f = t.f;
   const bool neg = std::signbit(x);

@@ -1,4 +1,4 @@
-// The codec against SPEC.md 2's worked examples and special-value rules, format by format.
+// The codec against docs/spec.md §2.4's worked examples and special-value rules, format by format.
 #include <gtest/gtest.h>
 
 #include <bit>

@@ -51,7 +51,7 @@ TEST(Exhaustive, DecodeThenEncodeReturnsEveryFiniteCode) {
 }
 
 // Between every pair of neighbouring values, 0.49, 0.50 and 0.51 of the gap round as
-// SPEC.md 2 says, on both signs, in every mode; the top gap (max to the next power) too.
+// docs/spec.md §2 says, on both signs, in every mode; the top gap (max to the next power) too.
 TEST(Exhaustive, NeighbourGapsRoundAsSpecified) {
   std::uint64_t checked = 0;
   for (const Format& f : formats()) {

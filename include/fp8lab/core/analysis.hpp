@@ -1,4 +1,4 @@
-// Format figures (SPEC.md 3): dynamic range, the SNR models of the paper's appendices, and
+// Format figures (docs/spec.md §3): dynamic range, the SNR models of the paper's appendices, and
 // SNR measured on a sampled distribution.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The scalar reference codec (SPEC.md 2): round a float32 to a format, encode it to a code,
+// The scalar reference codec (docs/spec.md §2): round a float32 to a format, encode it to a code,
 // decode a code. Every fast path in fp8lab is tested bit-exact against these functions.
 #pragma once
 

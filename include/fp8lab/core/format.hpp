@@ -1,5 +1,5 @@
 // Number formats as data: one trivially copyable value describes any 1.E.M format with
-// any exponent bias and one special-value policy (SPEC.md section 1). Every derived
+// any exponent bias and one special-value policy (docs/spec.md §1). Every derived
 // figure (max finite, smallest subnormal, NaN code, ...) is computed from these fields.
 #pragma once
 
@@ -17,7 +17,7 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Which codes are non-finite and how NaN is encoded (SPEC.md table in section 1).
+// Which codes are non-finite and how NaN is encoded (docs/spec.md §1.3).
 enum class Policy : std::uint8_t {
   fnuz,    // the paper's: one NaN code (sign 1, all else 0), no Inf, one zero
   fn,      // OCP e4m3fn: exponent and mantissa all ones is NaN (either sign), no Inf
@@ -65,7 +65,7 @@ struct Format {
   bool has_inf() const { return policy == Policy::ieee; }
   bool signed_zero() const { return policy != Policy::fnuz; }
   bool signed_nan() const { return policy == Policy::fn || policy == Policy::ieee; }
-  // The canonical NaN code (SPEC.md 2, step 1). Only meaningful when has_nan().
+  // The canonical NaN code (docs/spec.md §2.1, step 1). Only meaningful when has_nan().
   std::uint32_t nan_code(bool negative) const;
   std::uint32_t inf_code(bool negative) const;  // only when has_inf()
   // Exact value of a finite magnitude code (code <= max_code()), as a double: every format

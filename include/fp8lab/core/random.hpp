@@ -1,5 +1,5 @@
 // Counter-based random bits for stochastic rounding: the bits for element i depend only on
-// (seed, i), never on thread count, chunking or SIMD width (SPEC.md 2).
+// (seed, i), never on thread count, chunking or SIMD width (docs/spec.md §2).
 #pragma once
 
 #include <cstdint>

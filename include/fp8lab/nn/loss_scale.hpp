@@ -1,4 +1,4 @@
-// Loss scaling (SPEC.md 5): the loss is multiplied by alpha = 2^k before backward; the
+// Loss scaling (docs/spec.md §5): the loss is multiplied by alpha = 2^k before backward; the
 // gradients are divided by alpha in float32 before the optimizer step.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Quantized matmul and convolution as autograd functions (SPEC.md 4, the paper's Figure 1):
+// Quantized matmul and convolution as autograd functions (docs/spec.md §4, the paper's Figure 1):
 //   forward   y = f(Q_a(x), Q_w(w))                      (float32 accumulation)
 //   backward  gq = Q_gx(dL/dy)
 //             dL/dx = f_x'(gq, Q_w(w))      dL/dw = Q_gw(f_w'(Q_a(x), gq))

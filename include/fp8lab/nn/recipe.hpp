@@ -1,4 +1,4 @@
-// Recipes (SPEC.md 4): a quantizer (or float32) for each of the four tensor kinds of every
+// Recipes (docs/spec.md §4): a quantizer (or float32) for each of the four tensor kinds of every
 // matmul and convolution, plus overrides for layers chosen by module path.
 #pragma once
 
