@@ -1,3 +1,4 @@
+#include "fp8lab/core/text.hpp"
 #include "fp8lab/core/format.hpp"
 
 #include <algorithm>
@@ -13,12 +14,6 @@ std::string lower(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
 }
 
 bool parse_int(std::string_view s, int& out) {

@@ -1,3 +1,4 @@
+#include "fp8lab/core/text.hpp"
 #include "fp8lab/experiments/config.hpp"
 
 #define TOML_HEADER_ONLY 1
@@ -147,7 +148,7 @@ Field* find_field(std::vector<Field>& fs, const std::string& key) {
 }
 
 std::string line_of(const std::string& source, const toml::node& n) {
-  return source + ":" + std::to_string(n.source().begin.line) + ": ";
+  return at_line(source, n.source().begin.line);
 }
 
 void check(bool ok, const std::string& what) {
@@ -240,7 +241,7 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   try {
     root = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
-    throw Error(source + ":" + std::to_string(e.source().begin.line) + ": " + std::string(e.description()));
+    throw Error(at_line(source, e.source().begin.line) + std::string(e.description()));
   }
   TrainConfig c;
   std::vector<Field> fs = fields(c);

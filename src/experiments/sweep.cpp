@@ -1,3 +1,4 @@
+#include "fp8lab/core/text.hpp"
 #include "fp8lab/experiments/sweep.hpp"
 
 #include <fcntl.h>
@@ -191,7 +192,7 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
   try {
     root = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
-    throw Error(source + ":" + std::to_string(e.source().begin.line) + ": " + std::string(e.description()));
+    throw Error(at_line(source, e.source().begin.line) + std::string(e.description()));
   }
   Sweep s;
   s.source = source;
@@ -373,13 +374,8 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
     std::string part;
     while (std::getline(ss, part, ',')) {
       const auto eq = part.find('=');
-      auto trim = [](std::string x) {
-        while (!x.empty() && x.front() == ' ') x.erase(x.begin());
-        while (!x.empty() && x.back() == ' ') x.pop_back();
-        return x;
-      };
       if (eq == std::string::npos) throw Error(source + ": baseline \"" + baseline + "\": expected variable=value[, ...]");
-      want[trim(part.substr(0, eq))] = trim(part.substr(eq + 1));
+      want[std::string(trim(std::string_view(part).substr(0, eq)))] = std::string(trim(std::string_view(part).substr(eq + 1)));
     }
     for (std::size_t i = 0; i < s.points.size(); ++i) {
       bool ok = true;

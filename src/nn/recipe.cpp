@@ -1,3 +1,4 @@
+#include "fp8lab/core/text.hpp"
 #include "fp8lab/nn/recipe.hpp"
 
 #include <fstream>
@@ -8,11 +9,6 @@
 namespace fp8lab::nn {
 
 namespace {
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
 std::vector<std::string_view> split(std::string_view s, char sep) {
   std::vector<std::string_view> out;
   std::size_t start = 0;
@@ -251,7 +247,7 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
   try {
     root = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
-    throw Error(source + ":" + std::to_string(e.source().begin.line) + ": " +
+    throw Error(at_line(source, e.source().begin.line) +
                 std::string(e.description()));
   }
   const toml::table* t = &root;
