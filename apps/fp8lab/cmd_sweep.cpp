@@ -44,7 +44,9 @@ int run_sweep_cmd(const SweepArgs& a) {
   const ssize_t n = ::readlink(exe.c_str(), self, sizeof self - 1);
   const std::string path = n > 0 ? std::string(self, static_cast<std::size_t>(n)) : exe;
   opt.launch = [&](const experiments::SweepRun&, const std::string& config, bool resume, const std::string& log) {
-    return experiments::launch_process(path, a.db, config, resume, log);
+    std::vector<std::string> args = {path, "train", config, "--db", a.db, "--no-progress"};
+    if (resume) args.push_back("--resume");
+    return experiments::launch_process(args, log);
   };
   std::fprintf(stderr, "sweep %s: %zu points x %zu seeds = %zu runs, store %s\n", s.name.c_str(), s.points.size(),
                s.seeds.size(), s.runs.size(), a.db.c_str());

@@ -38,10 +38,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string where(const std::string& source, const toml::node& n) {
-  const auto& b = n.source().begin;
-  return source + ":" + std::to_string(b.line) + ": ";
-}
+std::string where(const std::string& source, const toml::node& n) { return at_line(source, n.source().begin.line); }
 
 // The text of a TOML scalar as a label and as a value for `--set`.
 struct Value {
@@ -187,6 +184,279 @@ std::string identity_of(const std::string& config_json) {
   return j.dump();
 }
 
+namespace {
+
+// What the top level of a sweep file holds besides the Sweep's own fields.
+struct SweepFile {
+  std::string baseline;                  // "variable=value, ..."
+  std::vector<const toml::table*> grids;
+};
+
+std::string string_of(const toml::node& v, const std::string& source, const std::string& what) {
+  if (auto x = v.value_exact<std::string>()) return *x;
+  throw Error(where(source, v) + what);
+}
+
+std::vector<std::uint64_t> seeds_of(const toml::node& v, const std::string& source) {
+  std::vector<std::uint64_t> seeds;
+  if (auto n = v.value_exact<std::int64_t>()) {
+    if (*n < 1 || *n > 1000) throw Error(where(source, v) + "'seeds' must be 1..1000");
+    for (std::int64_t i = 1; i <= *n; ++i) seeds.push_back(static_cast<std::uint64_t>(i));
+    return seeds;
+  }
+  const auto* a = v.as_array();
+  if (!a) throw Error(where(source, v) + "'seeds' must be a count or an array of integers");
+  for (const auto& e : *a) {
+    auto x = e.value_exact<std::int64_t>();
+    if (!x || *x < 0) throw Error(where(source, e) + "'seeds' must hold non-negative integers");
+    seeds.push_back(static_cast<std::uint64_t>(*x));
+  }
+  return seeds;
+}
+
+std::vector<std::string> strings_of(const toml::node& v, const std::string& source, const std::string& what) {
+  std::vector<std::string> out;
+  const auto* arr = v.as_array();
+  if (!arr) throw Error(where(source, v) + what + " must be an array of strings");
+  for (const auto& e : *arr) {
+    auto x = e.value_exact<std::string>();
+    if (!x) throw Error(where(source, e) + what + " must hold strings");
+    out.push_back(*x);
+  }
+  return out;
+}
+
+void set_plot_key(PlotSpec& p, const std::string& key, const toml::node& v, const std::string& source) {
+  const std::string what = "plot '" + key + "'";
+  if (key == "type") p.type = string_of(v, source, what + " must be a string");
+  else if (key == "title") p.title = string_of(v, source, what + " must be a string");
+  else if (key == "x") p.x = string_of(v, source, what + " must be a string");
+  else if (key == "y") p.y = string_of(v, source, what + " must be a string");
+  else if (key == "series") p.series = string_of(v, source, what + " must be a string");
+  else if (key == "file") p.file = string_of(v, source, what + " must be a string");
+  else if (key == "formats") p.formats = strings_of(v, source, what);
+  else if (key == "kinds") p.kinds = strings_of(v, source, what);
+  else if (key == "where") {
+    const auto* wt = v.as_table();
+    if (!wt) throw Error(where(source, v) + "plot 'where' must be a table of variable = value");
+    for (const auto& [wk, wv] : *wt) p.where[std::string(wk.str())] = scalar(wv, "where", source).text;
+  } else {
+    throw Error(where(source, v) + "unknown plot key '" + key +
+                "' (expected type, title, x, y, series, file, where, formats, kinds)");
+  }
+}
+
+void check_plot(const PlotSpec& p, const toml::node& at, const std::string& source) {
+  static const std::set<std::string> kTypes = {"metric", "heatmap", "loss-scale", "histograms", "fixed-point-snr"};
+  if (!kTypes.count(p.type))
+    throw Error(where(source, at) + "plot type '" + p.type +
+                "' (expected metric, heatmap, loss-scale, histograms or fixed-point-snr)");
+  if ((p.type == "metric" || p.type == "heatmap") && p.x.empty())
+    throw Error(where(source, at) + p.type + " plot needs 'x' (a variable)");
+  if (p.type == "heatmap" && p.y.empty()) throw Error(where(source, at) + "heatmap plot needs 'y' (a variable)");
+  for (const auto& f : p.formats) {
+    try {
+      (void)parse_format(f);
+    } catch (const Error& e) {
+      throw Error(where(source, at) + "plot formats: " + e.what());
+    }
+  }
+}
+
+// The [[plot]] tables, in file order; a plot without a file name gets "plotN-<type>".
+std::vector<PlotSpec> plots_of(const toml::node& v, const std::string& source) {
+  const auto* a = v.as_array();
+  if (!a) throw Error(where(source, v) + "'plot' must be an array of tables ([[plot]])");
+  std::vector<PlotSpec> plots;
+  for (const auto& pn : *a) {
+    const auto* t = pn.as_table();
+    if (!t) throw Error(where(source, pn) + "each [[plot]] must be a table");
+    PlotSpec p;
+    for (const auto& [pk, pv] : *t) set_plot_key(p, std::string(pk.str()), pv, source);
+    check_plot(p, pn, source);
+    if (p.file.empty()) p.file = "plot" + std::to_string(plots.size() + 1) + "-" + p.type;
+    plots.push_back(std::move(p));
+  }
+  return plots;
+}
+
+std::vector<const toml::table*> grids_of(const toml::node& v, const std::string& source) {
+  const auto* a = v.as_array();
+  if (!a) throw Error(where(source, v) + "'grid' must be an array of tables ([[grid]])");
+  std::vector<const toml::table*> grids;
+  for (const auto& g : *a) {
+    if (!g.is_table()) throw Error(where(source, g) + "each [[grid]] must be a table");
+    grids.push_back(g.as_table());
+  }
+  return grids;
+}
+
+// One top-level key of the sweep file into `s` or `f`.
+void read_top_key(Sweep& s, SweepFile& f, const std::string& key, const toml::node& v, const std::string& source,
+                  const std::string& base_dir) {
+  if (key == "name") {
+    s.name = string_of(v, source, "'name' must be a string");
+  } else if (key == "base") {
+    const std::string b = string_of(v, source, "'base' must be a string (a config file)");
+    s.base = (fs::path(base_dir) / b).lexically_normal().string();
+  } else if (key == "seeds") {
+    s.seeds = seeds_of(v, source);
+  } else if (key == "baseline") {
+    f.baseline = string_of(v, source, "'baseline' must be a string like \"recipe=fp32\"");
+  } else if (key == "metric") {
+    s.metric = string_of(v, source, "'metric' must be a string");
+  } else if (key == "better") {
+    auto x = v.value_exact<std::string>();
+    if (!x || (*x != "higher" && *x != "lower")) throw Error(where(source, v) + "'better' must be \"higher\" or \"lower\"");
+    s.better = *x;
+  } else if (key == "set") {
+    const auto* t = v.as_table();
+    if (!t) throw Error(where(source, v) + "'set' must be a table of config keys");
+    for (const auto& [ck, cv] : *t)
+      s.set.push_back(std::string(ck.str()) + "=" + scalar(cv, "[set] " + std::string(ck.str()), source).toml);
+  } else if (key == "grid") {
+    f.grids = grids_of(v, source);
+  } else if (key == "plot") {
+    s.plots = plots_of(v, source);
+  } else {
+    throw Error(where(source, v) + "unknown key '" + key +
+                "' (expected name, base, seeds, baseline, metric, better, set, grid, plot)");
+  }
+}
+
+// A grid's variables (with their values) and its config keys (set from a value or a
+// template; nullptr: an array-valued key, which is also the variable of the same name).
+struct Grid {
+  std::vector<std::pair<std::string, std::vector<Value>>> vars;
+  std::vector<std::pair<std::string, const toml::node*>> keys;
+  std::size_t size() const {
+    std::size_t n = 1;
+    for (const auto& [name, vals] : vars) n *= vals.size();
+    return n;
+  }
+};
+
+Grid grid_of(const toml::table& g, const std::string& source) {
+  // toml++ orders a table's keys by name; the grid's order is the file's.
+  struct Entry {
+    std::string key;
+    const toml::node* node;
+    toml::source_position at;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [k, v] : g) entries.push_back({std::string(k.str()), &v, k.source().begin});
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.at.line != b.at.line ? a.at.line < b.at.line : a.at.column < b.at.column;
+  });
+  Grid grid;
+  for (const auto& [key, node, at] : entries) {
+    const toml::node& v = *node;
+    const bool config_key = key.find('.') != std::string::npos || key == "seed" || key == "name" || key == "task";
+    if (key == "seed" || key == "name") throw Error(where(source, v) + "'" + key + "' is set by the sweep (use 'seeds')");
+    if (config_key && !v.is_array()) grid.keys.emplace_back(key, &v);
+    else grid.vars.emplace_back(key, values_of(v, key, source));
+    if (config_key && v.is_array()) grid.keys.emplace_back(key, nullptr);
+  }
+  if (grid.size() > 100000) throw Error(where(source, g) + "grid has over 100000 points");
+  return grid;
+}
+
+// Point `c` of the grid: the c-th combination of its variables' values, the last variable
+// varying fastest, and the config keys it sets.
+SweepPoint point_of(const Grid& grid, std::size_t c, const std::string& source) {
+  SweepPoint p;
+  std::vector<std::size_t> idx(grid.vars.size());
+  for (std::size_t i = grid.vars.size(); i-- > 0;) {
+    idx[i] = c % grid.vars[i].second.size();
+    c /= grid.vars[i].second.size();
+  }
+  std::map<std::string, std::string> env;
+  for (std::size_t i = 0; i < grid.vars.size(); ++i) {
+    p.vars.emplace_back(grid.vars[i].first, grid.vars[i].second[idx[i]].text);
+    env[grid.vars[i].first] = grid.vars[i].second[idx[i]].text;
+  }
+  for (const auto& [key, node] : grid.keys) {
+    if (!node) {
+      for (std::size_t i = 0; i < grid.vars.size(); ++i)
+        if (grid.vars[i].first == key) p.sets.push_back(key + "=" + grid.vars[i].second[idx[i]].toml);
+      continue;
+    }
+    if (auto str = node->value_exact<std::string>()) {
+      const std::string v = substitute(*str, env, where(source, *node) + "'" + key + "'");
+      p.sets.push_back(key + "=" + (is_number(v) || v == "true" || v == "false" ? v : quote(v)));
+    } else {
+      p.sets.push_back(key + "=" + scalar(*node, key, source).toml);
+    }
+  }
+  return p;
+}
+
+// Every grid expanded into points (the product of its variables); no grid: one point.
+void expand_grids(Sweep& s, const std::vector<const toml::table*>& grids, const std::string& source) {
+  if (grids.empty()) s.points.push_back({});
+  for (const toml::table* g : grids) {
+    const Grid grid = grid_of(*g, source);
+    for (std::size_t c = 0; c < grid.size(); ++c) s.points.push_back(point_of(grid, c, source));
+    for (const auto& [n, vals] : grid.vars)
+      if (std::find(s.variables.begin(), s.variables.end(), n) == s.variables.end()) s.variables.push_back(n);
+  }
+}
+
+// The index of the first point whose variables match "variable=value, ...".
+int baseline_point(const Sweep& s, const std::string& baseline, const std::string& source) {
+  std::map<std::string, std::string> want;
+  std::stringstream ss(baseline);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    const auto eq = part.find('=');
+    if (eq == std::string::npos) throw Error(source + ": baseline \"" + baseline + "\": expected variable=value[, ...]");
+    const std::string_view pv(part);
+    want[std::string(trim(pv.substr(0, eq)))] = std::string(trim(pv.substr(eq + 1)));
+  }
+  for (std::size_t i = 0; i < s.points.size(); ++i) {
+    bool ok = true;
+    for (const auto& [k, v] : want) ok = ok && s.points[i].var(k) == v;
+    if (ok) return static_cast<int>(i);
+  }
+  throw Error(source + ": baseline \"" + baseline + "\" matches no point of the grid");
+}
+
+void check_plot_variables(const Sweep& s, const std::string& source) {
+  for (const auto& p : s.plots)
+    for (const std::string* v : {&p.x, &p.y, &p.series})
+      if (!v->empty() && std::find(s.variables.begin(), s.variables.end(), *v) == s.variables.end())
+        throw Error(source + ": plot '" + p.file + "' uses variable '" + *v + "', which no grid defines");
+}
+
+// The run of point `pi` and `seed`, its config built and checked now: a bad value is an
+// error before anything runs. `checked` remembers the recipes and loss scalings seen.
+SweepRun run_of(const Sweep& s, const std::string& base_text, std::size_t pi, std::uint64_t seed,
+                std::set<std::string>& checked, const std::string& source) {
+  std::vector<std::string> ov = s.set;
+  ov.insert(ov.end(), s.points[pi].sets.begin(), s.points[pi].sets.end());
+  ov.push_back("name=" + quote(s.name));
+  ov.push_back("seed=" + std::to_string(seed));
+  SweepRun r;
+  r.point = static_cast<int>(pi);
+  r.seed = seed;
+  try {
+    r.cfg = parse_train_config(base_text, s.base.empty() ? "(defaults)" : s.base, ov);
+    // What the trainer would reject only when the run starts: the recipe and loss scaling.
+    if (checked.insert(r.cfg.quant.recipe + "\n" + r.cfg.quant.loss_scale).second) {
+      (void)nn::load_recipe(r.cfg.quant.recipe);
+      (void)nn::parse_loss_scale(r.cfg.quant.loss_scale);
+    }
+  } catch (const Error& e) {
+    throw Error(source + ": point " + s.points[pi].label() + ": " + e.what());
+  }
+  r.cfg.train.checkpoint.clear();
+  r.identity = identity_of(to_json(r.cfg));
+  r.key = hex16(fnv1a(kFnvBasis, r.identity.data(), r.identity.size()));
+  return r;
+}
+
+}  // namespace
+
 Sweep parse_sweep(const std::string& text, const std::string& source, const std::string& base_dir) {
   toml::table root;
   try {
@@ -196,237 +466,17 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
   }
   Sweep s;
   s.source = source;
-  std::string baseline;
-  std::vector<const toml::table*> grids;
-  for (const auto& [k, v] : root) {
-    const std::string key(k.str());
-    if (key == "name") {
-      if (auto x = v.value_exact<std::string>()) s.name = *x;
-      else throw Error(where(source, v) + "'name' must be a string");
-    } else if (key == "base") {
-      if (auto x = v.value_exact<std::string>()) s.base = (fs::path(base_dir) / *x).lexically_normal().string();
-      else throw Error(where(source, v) + "'base' must be a string (a config file)");
-    } else if (key == "seeds") {
-      if (auto n = v.value_exact<std::int64_t>()) {
-        if (*n < 1 || *n > 1000) throw Error(where(source, v) + "'seeds' must be 1..1000");
-        for (std::int64_t i = 1; i <= *n; ++i) s.seeds.push_back(static_cast<std::uint64_t>(i));
-      } else if (const auto* a = v.as_array()) {
-        for (const auto& e : *a) {
-          auto x = e.value_exact<std::int64_t>();
-          if (!x || *x < 0) throw Error(where(source, e) + "'seeds' must hold non-negative integers");
-          s.seeds.push_back(static_cast<std::uint64_t>(*x));
-        }
-      } else throw Error(where(source, v) + "'seeds' must be a count or an array of integers");
-    } else if (key == "baseline") {
-      if (auto x = v.value_exact<std::string>()) baseline = *x;
-      else throw Error(where(source, v) + "'baseline' must be a string like \"recipe=fp32\"");
-    } else if (key == "metric") {
-      if (auto x = v.value_exact<std::string>()) s.metric = *x;
-      else throw Error(where(source, v) + "'metric' must be a string");
-    } else if (key == "better") {
-      auto x = v.value_exact<std::string>();
-      if (!x || (*x != "higher" && *x != "lower"))
-        throw Error(where(source, v) + "'better' must be \"higher\" or \"lower\"");
-      s.better = *x;
-    } else if (key == "set") {
-      const auto* t = v.as_table();
-      if (!t) throw Error(where(source, v) + "'set' must be a table of config keys");
-      for (const auto& [ck, cv] : *t)
-        s.set.push_back(std::string(ck.str()) + "=" + scalar(cv, "[set] " + std::string(ck.str()), source).toml);
-    } else if (key == "grid") {
-      const auto* a = v.as_array();
-      if (!a) throw Error(where(source, v) + "'grid' must be an array of tables ([[grid]])");
-      for (const auto& g : *a) {
-        if (!g.is_table()) throw Error(where(source, g) + "each [[grid]] must be a table");
-        grids.push_back(g.as_table());
-      }
-    } else if (key == "plot") {
-      const auto* a = v.as_array();
-      if (!a) throw Error(where(source, v) + "'plot' must be an array of tables ([[plot]])");
-      for (const auto& pn : *a) {
-        const auto* t = pn.as_table();
-        if (!t) throw Error(where(source, pn) + "each [[plot]] must be a table");
-        PlotSpec p;
-        for (const auto& [pk, pv] : *t) {
-          const std::string k2(pk.str());
-          auto str = [&]() {
-            if (auto x = pv.value_exact<std::string>()) return *x;
-            throw Error(where(source, pv) + "plot '" + k2 + "' must be a string");
-          };
-          auto list = [&]() {
-            std::vector<std::string> out;
-            const auto* arr = pv.as_array();
-            if (!arr) throw Error(where(source, pv) + "plot '" + k2 + "' must be an array of strings");
-            for (const auto& e : *arr) {
-              auto x = e.value_exact<std::string>();
-              if (!x) throw Error(where(source, e) + "plot '" + k2 + "' must hold strings");
-              out.push_back(*x);
-            }
-            return out;
-          };
-          if (k2 == "type") p.type = str();
-          else if (k2 == "title") p.title = str();
-          else if (k2 == "x") p.x = str();
-          else if (k2 == "y") p.y = str();
-          else if (k2 == "series") p.series = str();
-          else if (k2 == "file") p.file = str();
-          else if (k2 == "formats") p.formats = list();
-          else if (k2 == "kinds") p.kinds = list();
-          else if (k2 == "where") {
-            const auto* wt = pv.as_table();
-            if (!wt) throw Error(where(source, pv) + "plot 'where' must be a table of variable = value");
-            for (const auto& [wk, wv] : *wt) p.where[std::string(wk.str())] = scalar(wv, "where", source).text;
-          } else
-            throw Error(where(source, pv) + "unknown plot key '" + k2 +
-                        "' (expected type, title, x, y, series, file, where, formats, kinds)");
-        }
-        static const std::set<std::string> kTypes = {"metric", "heatmap", "loss-scale", "histograms",
-                                                      "fixed-point-snr"};
-        if (!kTypes.count(p.type))
-          throw Error(where(source, pn) + "plot type '" + p.type +
-                      "' (expected metric, heatmap, loss-scale, histograms or fixed-point-snr)");
-        if ((p.type == "metric" || p.type == "heatmap") && p.x.empty())
-          throw Error(where(source, pn) + p.type + " plot needs 'x' (a variable)");
-        if (p.type == "heatmap" && p.y.empty()) throw Error(where(source, pn) + "heatmap plot needs 'y' (a variable)");
-        for (const auto& f : p.formats) {
-          try {
-            (void)parse_format(f);
-          } catch (const Error& e) {
-            throw Error(where(source, pn) + "plot formats: " + e.what());
-          }
-        }
-        if (p.file.empty()) p.file = "plot" + std::to_string(s.plots.size() + 1) + "-" + p.type;
-        s.plots.push_back(std::move(p));
-      }
-    } else
-      throw Error(where(source, v) + "unknown key '" + key +
-                  "' (expected name, base, seeds, baseline, metric, better, set, grid, plot)");
-  }
+  SweepFile f;
+  for (const auto& [k, v] : root) read_top_key(s, f, std::string(k.str()), v, source, base_dir);
   if (s.name.empty()) throw Error(source + ": the sweep needs a 'name'");
   if (s.seeds.empty()) s.seeds.push_back(1);
-  if (grids.empty()) s.points.push_back({});
-
-  // Expand every grid: the product of its variables (array-valued config keys are variables
-  // named by the key), each combination setting the grid's config keys.
-  for (const toml::table* g : grids) {
-    std::vector<std::pair<std::string, std::vector<Value>>> vars;
-    std::vector<std::pair<std::string, const toml::node*>> keys;
-    // toml++ orders a table's keys by name; the grid's order is the file's.
-    struct Entry {
-      std::string key;
-      const toml::node* node;
-      toml::source_position at;
-    };
-    std::vector<Entry> entries;
-    for (const auto& [k, v] : *g) entries.push_back({std::string(k.str()), &v, k.source().begin});
-    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-      return a.at.line != b.at.line ? a.at.line < b.at.line : a.at.column < b.at.column;
-    });
-    for (const auto& e : entries) {
-      const std::string& key = e.key;
-      const toml::node& v = *e.node;
-      const bool config_key = key.find('.') != std::string::npos || key == "seed" || key == "name" || key == "task";
-      if (key == "seed" || key == "name")
-        throw Error(where(source, v) + "'" + key + "' is set by the sweep (use 'seeds')");
-      if (config_key && !v.is_array()) keys.emplace_back(key, &v);
-      else vars.emplace_back(key, values_of(v, key, source));
-      if (config_key && v.is_array()) keys.emplace_back(key, nullptr);
-    }
-    std::size_t combos = 1;
-    for (const auto& [n, vals] : vars) combos *= vals.size();
-    if (combos > 100000) throw Error(where(source, *g) + "grid has over 100000 points");
-    for (std::size_t c = 0; c < combos; ++c) {
-      SweepPoint p;
-      std::map<std::string, std::string> env;
-      std::size_t rest = c;
-      std::vector<std::size_t> idx(vars.size());
-      for (std::size_t i = vars.size(); i-- > 0;) {
-        idx[i] = rest % vars[i].second.size();
-        rest /= vars[i].second.size();
-      }
-      for (std::size_t i = 0; i < vars.size(); ++i) {
-        p.vars.emplace_back(vars[i].first, vars[i].second[idx[i]].text);
-        env[vars[i].first] = vars[i].second[idx[i]].text;
-      }
-      for (const auto& [key, node] : keys) {
-        if (!node) {  // an array-valued config key: the variable of the same name
-          for (std::size_t i = 0; i < vars.size(); ++i)
-            if (vars[i].first == key) p.sets.push_back(key + "=" + vars[i].second[idx[i]].toml);
-          continue;
-        }
-        const std::string what = where(source, *node) + "'" + key + "'";
-        if (auto str = node->value_exact<std::string>()) {
-          const std::string v = substitute(*str, env, what);
-          p.sets.push_back(key + "=" + (is_number(v) || v == "true" || v == "false" ? v : quote(v)));
-        } else {
-          p.sets.push_back(key + "=" + scalar(*node, key, source).toml);
-        }
-      }
-      s.points.push_back(std::move(p));
-    }
-    for (const auto& [n, vals] : vars)
-      if (std::find(s.variables.begin(), s.variables.end(), n) == s.variables.end()) s.variables.push_back(n);
-  }
-
-  if (!baseline.empty()) {
-    std::map<std::string, std::string> want;
-    std::stringstream ss(baseline);
-    std::string part;
-    while (std::getline(ss, part, ',')) {
-      const auto eq = part.find('=');
-      if (eq == std::string::npos) throw Error(source + ": baseline \"" + baseline + "\": expected variable=value[, ...]");
-      want[std::string(trim(std::string_view(part).substr(0, eq)))] = std::string(trim(std::string_view(part).substr(eq + 1)));
-    }
-    for (std::size_t i = 0; i < s.points.size(); ++i) {
-      bool ok = true;
-      for (const auto& [k, v] : want) ok = ok && s.points[i].var(k) == v;
-      if (ok) {
-        s.baseline = static_cast<int>(i);
-        break;
-      }
-    }
-    if (s.baseline < 0) throw Error(source + ": baseline \"" + baseline + "\" matches no point of the grid");
-  }
-  for (const auto& p : s.plots)
-    for (const std::string* v : {&p.x, &p.y, &p.series})
-      if (!v->empty() && std::find(s.variables.begin(), s.variables.end(), *v) == s.variables.end())
-        throw Error(source + ": plot '" + p.file + "' uses variable '" + *v + "', which no grid defines");
-
-  // Build every run's config now: a bad value is an error before anything runs.
-  std::string base_text;
-  if (!s.base.empty()) {
-    base_text = read_file(s.base);
-  }
+  expand_grids(s, f.grids, source);
+  if (!f.baseline.empty()) s.baseline = baseline_point(s, f.baseline, source);
+  check_plot_variables(s, source);
+  const std::string base_text = s.base.empty() ? std::string() : read_file(s.base);
   std::set<std::string> checked;
-  for (std::size_t pi = 0; pi < s.points.size(); ++pi) {
-    for (std::uint64_t seed : s.seeds) {
-      std::vector<std::string> ov = s.set;
-      ov.insert(ov.end(), s.points[pi].sets.begin(), s.points[pi].sets.end());
-      ov.push_back("name=" + quote(s.name));
-      ov.push_back("seed=" + std::to_string(seed));
-      SweepRun r;
-      r.point = static_cast<int>(pi);
-      r.seed = seed;
-      try {
-        r.cfg = parse_train_config(base_text, s.base.empty() ? "(defaults)" : s.base, ov);
-      } catch (const Error& e) {
-        throw Error(source + ": point " + s.points[pi].label() + ": " + e.what());
-      }
-      // What the trainer would reject only when the run starts: the recipe and loss scaling.
-      try {
-        if (checked.insert(r.cfg.quant.recipe + "\n" + r.cfg.quant.loss_scale).second) {
-          (void)nn::load_recipe(r.cfg.quant.recipe);
-          (void)nn::parse_loss_scale(r.cfg.quant.loss_scale);
-        }
-      } catch (const Error& e) {
-        throw Error(source + ": point " + s.points[pi].label() + ": " + e.what());
-      }
-      r.cfg.train.checkpoint.clear();
-      r.identity = identity_of(to_json(r.cfg));
-      r.key = hex16(fnv1a(kFnvBasis, r.identity.data(), r.identity.size()));
-      s.runs.push_back(std::move(r));
-    }
-  }
+  for (std::size_t pi = 0; pi < s.points.size(); ++pi)
+    for (std::uint64_t seed : s.seeds) s.runs.push_back(run_of(s, base_text, pi, seed, checked, source));
   return s;
 }
 
@@ -481,12 +531,11 @@ void interrupt_launched() {
   }
 }
 
-int launch_process(const std::string& exe, const std::string& db, const std::string& config_path,
-                   bool resume, const std::string& log_path) {
-  std::vector<std::string> args = {exe, "train", config_path, "--db", db, "--no-progress"};
-  if (resume) args.push_back("--resume");
+int launch_process(const std::vector<std::string>& args, const std::string& log_path) {
+  if (args.empty()) throw Error("launch_process: no program");
+  std::vector<std::string> copy = args;
   std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
+  for (auto& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -499,10 +548,10 @@ int launch_process(const std::string& exe, const std::string& db, const std::str
   short flags = POSIX_SPAWN_SETPGROUP;
   posix_spawnattr_setflags(&attr, flags);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, exe.c_str(), &fa, &attr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, copy[0].c_str(), &fa, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
-  if (rc != 0) throw Error("cannot start " + exe + ": " + std::strerror(rc));
+  if (rc != 0) throw Error("cannot start " + copy[0] + ": " + std::strerror(rc));
   int slot = -1;
   for (int i = 0; i < kMaxPids && slot < 0; ++i) {
     pid_t expected = 0;
@@ -517,19 +566,18 @@ int launch_process(const std::string& exe, const std::string& db, const std::str
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
-SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions& opt) {
-  if (!opt.launch && !opt.dry_run) throw Error("run_sweep: no launcher");
-  const std::string dir = opt.dir.empty() ? "runs/" + s.name : opt.dir;
-  fs::create_directories(dir);
-  SweepSummary sum;
-  sum.total = static_cast<int>(s.runs.size());
-  const auto rows = store.runs({.name = s.name});
+namespace {
 
-  struct Job {
-    const SweepRun* run;
-    bool resume;
-    std::string config, log, ckpt;
-  };
+// One run the sweep starts or resumes, with its files <dir>/<key>.{toml,log,ckpt}.
+struct Job {
+  const SweepRun* run;
+  bool resume;
+  std::string config, log, ckpt;
+};
+
+// The runs still to do; those done, or running in another process, are counted in `sum`.
+std::vector<Job> plan_jobs(const Sweep& s, const std::vector<results::RunRow>& rows, const std::string& dir,
+                           SweepSummary& sum) {
   std::vector<Job> jobs;
   for (const auto& r : s.runs) {
     const std::string base = (fs::path(dir) / r.key).string();
@@ -547,86 +595,134 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
     }
     jobs.push_back({&r, st.kind == RunState::resume, base + ".toml", base + ".log", base + ".ckpt"});
   }
-  if (opt.dry_run) {
-    for (const auto& j : jobs)
-      std::fprintf(stderr, "%s %s seed %llu  (%s)\n", j.resume ? "resume" : "start ",
-                   s.points[j.run->point].label().c_str(), static_cast<unsigned long long>(j.run->seed),
-                   j.config.c_str());
-    std::fprintf(stderr, "%d runs: %d done, %zu to run\n", sum.total, sum.skipped, jobs.size());
-    return sum;
+  return jobs;
+}
+
+void print_plan(const Sweep& s, const std::vector<Job>& jobs, const SweepSummary& sum) {
+  for (const auto& j : jobs)
+    std::fprintf(stderr, "%s %s seed %llu  (%s)\n", j.resume ? "resume" : "start ",
+                 s.points[j.run->point].label().c_str(), static_cast<unsigned long long>(j.run->seed),
+                 j.config.c_str());
+  std::fprintf(stderr, "%d runs: %d done, %zu to run\n", sum.total, sum.skipped, jobs.size());
+}
+
+// The run's config file, written atomically (a config half-written by a killed sweep is
+// never read). A resumed run keeps the config it started with (its thread count may differ
+// from this sweep's); a fresh start removes a stale checkpoint of a failed attempt.
+void write_run_config(const Sweep& s, const Job& j, int threads) {
+  if (!j.resume) {
+    std::error_code ec;
+    fs::remove(j.ckpt, ec);
+  }
+  if (j.resume && fs::exists(j.config)) return;
+  TrainConfig cfg = j.run->cfg;
+  cfg.threads = threads;
+  cfg.train.checkpoint = j.ckpt;
+  write_file_atomic(j.config, "# " + s.name + ": " + s.points[static_cast<std::size_t>(j.run->point)].label() +
+                                  ", seed " + std::to_string(j.run->seed) + " (written by fp8lab sweep " + s.source +
+                                  ")\n" + to_toml(cfg));
+}
+
+// Runs the jobs on `opt.jobs` threads, each launching one run at a time.
+class SweepRunner {
+ public:
+  SweepRunner(const Sweep& s, results::Store& store, const SweepOptions& opt, std::vector<Job>& jobs,
+              SweepSummary& sum)
+      : s_(s), store_(store), opt_(opt), jobs_(jobs), sum_(sum) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads_ = std::max(1, cores / std::max(1, opt.jobs));
+    if (opt.progress && !jobs.empty())
+      bar_ = std::make_unique<Progress>("sweep " + s.name, static_cast<std::int64_t>(jobs.size()), "runs");
   }
 
-  const int jobs_n = std::max(1, std::min<int>(opt.jobs, static_cast<int>(jobs.size())));
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = std::max(1, cores / std::max(1, opt.jobs));
-  std::mutex m;
-  std::size_t next = 0;
-  int ended = 0;
-  std::unique_ptr<Progress> bar;
-  if (opt.progress && !jobs.empty()) bar = std::make_unique<Progress>("sweep " + s.name, static_cast<std::int64_t>(jobs.size()), "runs");
-  auto worker = [&] {
-    for (;;) {
-      Job* j;
-      {
-        std::lock_guard<std::mutex> lk(m);
-        if (next >= jobs.size() || stop_requested()) return;
-        j = &jobs[next++];
-        j->resume ? ++sum.resumed : ++sum.started;
-      }
-      TrainConfig cfg = j->run->cfg;
-      cfg.threads = threads;
-      cfg.train.checkpoint = j->ckpt;
-      if (!j->resume) {
-        std::error_code ec;
-        fs::remove(j->ckpt, ec);  // a stale checkpoint of a failed attempt
-      }
-      // Atomic: a config half-written by a killed sweep is never read. A resumed run keeps
-      // the config it started with (its thread count may differ from this sweep's).
-      if (!(j->resume && fs::exists(j->config))) {
-        const std::string text = "# " + s.name + ": " + s.points[static_cast<std::size_t>(j->run->point)].label() +
-                                 ", seed " + std::to_string(j->run->seed) + " (written by fp8lab sweep " + s.source +
-                                 ")\n" + to_toml(cfg);
-        write_file_atomic(j->config, text.data(), text.size());
-      }
+  void run() {
+    const int workers = std::max(1, std::min<int>(opt_.jobs, static_cast<int>(jobs_.size())));
+    std::vector<std::thread> pool;
+    for (int i = 1; i < workers; ++i) pool.emplace_back([this] { work(); });
+    work();
+    for (auto& t : pool) t.join();
+    if (bar_) bar_->finish();
+  }
+
+ private:
+  Job* next_job() {
+    std::lock_guard<std::mutex> lk(m_);
+    if (next_ >= jobs_.size() || stop_requested()) return nullptr;
+    Job* j = &jobs_[next_++];
+    j->resume ? ++sum_.resumed : ++sum_.started;
+    return j;
+  }
+
+  void work() {
+    while (Job* j = next_job()) {
+      write_run_config(s_, *j, threads_);
       const auto t0 = std::chrono::steady_clock::now();
-      int rc;
-      try {
-        rc = opt.launch(*j->run, j->config, j->resume, j->log);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lk(m);
-        std::fprintf(stderr, "\nsweep %s: %s\n", s.name.c_str(), e.what());
-        rc = 3;
-      }
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::lock_guard<std::mutex> lk(m);
-      ++ended;
-      // The outcome as the store has it (the run wrote it); the exit status only says how
-      // the process ended.
-      using results::RunStatus;
-      const auto row = find_run(*j->run, store.runs({.name = s.name}));
-      const RunStatus status = row ? row->status : RunStatus::failed;
-      if (status == RunStatus::finished) ++sum.finished;
-      else if (status == RunStatus::diverged) ++sum.diverged;
-      else if (status != RunStatus::stopped) ++sum.failed;
-      char line[512];
-      std::snprintf(line, sizeof line, "[%d/%zu] %s seed %llu: %s%s (%.0f s%s)", ended, jobs.size(),
-                    s.points[j->run->point].label().c_str(), static_cast<unsigned long long>(j->run->seed),
-                    std::string(to_string(status)).c_str(),
-                    row && row->final_metric ? (" " + row->metric_name + " " + fmt2(*row->final_metric)).c_str() : "",
-                    secs, rc != 0 && status != RunStatus::stopped ? (", exit " + std::to_string(rc) + ", see " + j->log).c_str() : "");
-      if (bar) {
-        std::fprintf(stderr, isatty(2) ? "\r\033[K%s\n" : "%s\n", line);
-        bar->update(ended);
-      } else {
-        std::fprintf(stderr, "%s\n", line);
-      }
+      const int rc = launch(*j);
+      report(*j, rc, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-  };
-  std::vector<std::thread> pool;
-  for (int i = 1; i < jobs_n; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-  if (bar) bar->finish();
+  }
+
+  int launch(const Job& j) {
+    try {
+      return opt_.launch(*j.run, j.config, j.resume, j.log);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lk(m_);
+      std::fprintf(stderr, "\nsweep %s: %s\n", s_.name.c_str(), e.what());
+      return 3;
+    }
+  }
+
+  // The outcome as the store has it (the run wrote it); the exit status only says how the
+  // process ended.
+  void report(const Job& j, int rc, double seconds) {
+    using results::RunStatus;
+    std::lock_guard<std::mutex> lk(m_);
+    ++ended_;
+    const auto row = find_run(*j.run, store_.runs({.name = s_.name}));
+    const RunStatus status = row ? row->status : RunStatus::failed;
+    if (status == RunStatus::finished) ++sum_.finished;
+    else if (status == RunStatus::diverged) ++sum_.diverged;
+    else if (status != RunStatus::stopped) ++sum_.failed;
+    const std::string metric = row && row->final_metric ? " " + row->metric_name + " " + fmt2(*row->final_metric) : "";
+    const std::string exit = rc != 0 && status != RunStatus::stopped ? ", exit " + std::to_string(rc) + ", see " + j.log : "";
+    char line[512];
+    std::snprintf(line, sizeof line, "[%d/%zu] %s seed %llu: %s%s (%.0f s%s)", ended_, jobs_.size(),
+                  s_.points[j.run->point].label().c_str(), static_cast<unsigned long long>(j.run->seed),
+                  std::string(to_string(status)).c_str(), metric.c_str(), seconds, exit.c_str());
+    if (bar_) {
+      std::fprintf(stderr, isatty(2) ? "\r\033[K%s\n" : "%s\n", line);
+      bar_->update(ended_);
+    } else {
+      std::fprintf(stderr, "%s\n", line);
+    }
+  }
+
+  const Sweep& s_;
+  results::Store& store_;
+  const SweepOptions& opt_;
+  std::vector<Job>& jobs_;
+  SweepSummary& sum_;
+  int threads_ = 1;
+  std::mutex m_;
+  std::size_t next_ = 0;
+  int ended_ = 0;
+  std::unique_ptr<Progress> bar_;
+};
+
+}  // namespace
+
+SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions& opt) {
+  if (!opt.launch && !opt.dry_run) throw Error("run_sweep: no launcher");
+  const std::string dir = opt.dir.empty() ? "runs/" + s.name : opt.dir;
+  fs::create_directories(dir);
+  SweepSummary sum;
+  sum.total = static_cast<int>(s.runs.size());
+  std::vector<Job> jobs = plan_jobs(s, store.runs({.name = s.name}), dir, sum);
+  if (opt.dry_run) {
+    print_plan(s, jobs, sum);
+    return sum;
+  }
+  SweepRunner(s, store, opt, jobs, sum).run();
   sum.stopped = stop_requested();
   return sum;
 }

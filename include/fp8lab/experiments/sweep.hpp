@@ -93,7 +93,7 @@ struct SweepOptions {
   bool progress = true;
   bool dry_run = false;  // list what would run
   // Runs one training run to completion (blocking) and returns its exit status. The CLI
-  // spawns `fp8lab train CONFIG --db STORE [--resume]`; tests may train in-process.
+  // spawns its own `train` command through launch_process; tests may train in-process.
   std::function<int(const SweepRun&, const std::string& config_path, bool resume,
                     const std::string& log_path)>
       launch;
@@ -108,11 +108,11 @@ struct SweepSummary {
 // Runs what is missing, `jobs` at a time, reporting each end on stderr.
 SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions& opt);
 
-// The CLI's launcher: `exe train CONFIG --db DB --no-progress [--resume]`, output appended to
-// the log, in its own process group (a Ctrl-C reaches the sweep, which passes exactly one
-// SIGINT on, so each run stops with a checkpoint).
-int launch_process(const std::string& exe, const std::string& db, const std::string& config_path,
-                   bool resume, const std::string& log_path);
+// Runs `args` (program first) to completion with its output appended to `log_path`, in
+// its own process group (a Ctrl-C reaches the sweep, which passes exactly one SIGINT on, so
+// each run stops with a checkpoint); returns its exit status (128 + signal if killed). The
+// application builds the command line (the CLI: `fp8lab train CONFIG --db DB ...`).
+int launch_process(const std::vector<std::string>& args, const std::string& log_path);
 // Sends SIGINT to every process launch_process is waiting on (async-signal-safe).
 void interrupt_launched();
 
