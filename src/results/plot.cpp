@@ -127,19 +127,20 @@ struct Range {
   bool empty() const { return !(hi >= lo); }
 };
 
-void layout_panel(List& l, const Panel& p, double ox, double oy, double pw, double ph) {
+// A legend entry: label, colour, kind (0 line, 1 patch, 2 dashed line, 3 marker), alpha.
+struct LegendEntry {
+  std::string label;
+  RGB c;
+  int kind;
+  double alpha;
+};
+
+// The series' colours (automatic ones numbered in order) and the panel's legend entries.
+std::vector<LegendEntry> legend_of(const Panel& p, std::vector<int>& colors) {
   int auto_color = 0;
-  // Legend entries (label, colour, kind: 0 line, 1 patch, 2 dashed line, 3 marker).
-  struct Entry {
-    std::string label;
-    RGB c;
-    int kind;
-    double alpha;
-  };
-  std::vector<Entry> legend;
+  std::vector<LegendEntry> legend;
   for (const auto& b : p.bars)
     if (!b.label.empty()) legend.push_back({b.label, palette(b.color), 1, b.alpha});
-  std::vector<int> colors;
   for (const auto& s : p.series) {
     const int c = s.color >= 0 ? s.color : auto_color++;
     colors.push_back(c);
@@ -149,22 +150,16 @@ void layout_panel(List& l, const Panel& p, double ox, double oy, double pw, doub
     if (!b.label.empty()) legend.push_back({b.label, palette(b.color), 1, std::max(b.alpha, 0.3)});
   for (const auto& r : p.lines)
     if (!r.label.empty()) legend.push_back({r.label, palette(r.color), r.dashed ? 2 : 0, 1});
+  return legend;
+}
 
-  double legend_w = 0;
-  for (const auto& e : legend) legend_w = std::max(legend_w, text_width(e.label, 11) + 34);
-  legend_w = std::min(legend_w, pw * 0.42);
-  const double left = ox + 66, top = oy + (p.title.empty() ? 12 : 32);
-  const double right = ox + pw - 14 - (legend.empty() ? 0 : legend_w + 8) - (p.heat ? 74 : 0);
-  const double bottom = oy + ph - 48;
-  add_text(l, ox + pw / 2, oy + 14, p.title, 13, 1, false, kText, true);
-
-  // Data ranges.
+// The x and y ranges the panel shows: its heat map's cells, or its data padded a little;
+// explicit limits win.
+std::pair<Range, Range> ranges_of(const Panel& p) {
   Range xr, yr;
-  bool heat = p.heat.has_value();
-  if (heat) {
-    const auto& h = *p.heat;
-    xr = {-0.5, static_cast<double>(h.xs.size()) - 0.5};
-    yr = {-0.5, static_cast<double>(h.ys.size()) - 0.5};
+  if (p.heat) {
+    xr = {-0.5, static_cast<double>(p.heat->xs.size()) - 0.5};
+    yr = {-0.5, static_cast<double>(p.heat->ys.size()) - 0.5};
   } else {
     for (const auto& s : p.series)
       for (std::size_t i = 0; i < s.x.size(); ++i) {
@@ -187,125 +182,140 @@ void layout_panel(List& l, const Panel& p, double ox, double oy, double pw, doub
   if (p.xmax) xr.hi = *p.xmax;
   if (p.ymin) yr.lo = *p.ymin;
   if (p.ymax) yr.hi = *p.ymax;
-  auto X = [&](double v) { return left + (v - xr.lo) / (xr.hi - xr.lo) * (right - left); };
-  auto Y = [&](double v) { return bottom - (v - yr.lo) / (yr.hi - yr.lo) * (bottom - top); };
-  auto clipx = [&](double v) { return std::clamp(v, left, right); };
-  auto clipy = [&](double v) { return std::clamp(v, top, bottom); };
+  return {xr, yr};
+}
 
-  // Grid and ticks.
-  if (heat) {
+// The plot area of a panel and the map from data to pixels.
+struct Frame {
+  double left, right, top, bottom;
+  Range xr, yr;
+  double X(double v) const { return left + (v - xr.lo) / (xr.hi - xr.lo) * (right - left); }
+  double Y(double v) const { return bottom - (v - yr.lo) / (yr.hi - yr.lo) * (bottom - top); }
+  double clipx(double v) const { return std::clamp(v, left, right); }
+  double clipy(double v) const { return std::clamp(v, top, bottom); }
+};
+
+void draw_axes(List& l, const Panel& p, const Frame& f, double ox) {
+  if (p.heat) {
     const auto& h = *p.heat;
-    for (std::size_t i = 0; i < h.xs.size(); ++i)
-      add_text(l, X(static_cast<double>(i)), bottom + 14, num(h.xs[i]), 11, 1);
-    for (std::size_t i = 0; i < h.ys.size(); ++i)
-      add_text(l, left - 6, Y(static_cast<double>(i)), num(h.ys[i]), 11, 2);
+    for (std::size_t i = 0; i < h.xs.size(); ++i) add_text(l, f.X(static_cast<double>(i)), f.bottom + 14, num(h.xs[i]), 11, 1);
+    for (std::size_t i = 0; i < h.ys.size(); ++i) add_text(l, f.left - 6, f.Y(static_cast<double>(i)), num(h.ys[i]), 11, 2);
   } else {
-    for (double t : ticks(xr.lo, xr.hi)) {
-      if (t < xr.lo || t > xr.hi) continue;
-      add_line(l, X(t), top, X(t), bottom, kGrid);
-      add_line(l, X(t), bottom, X(t), bottom + 4, kBlack);
-      add_text(l, X(t), bottom + 14, num(t), 11, 1);
+    for (double t : ticks(f.xr.lo, f.xr.hi)) {
+      if (t < f.xr.lo || t > f.xr.hi) continue;
+      add_line(l, f.X(t), f.top, f.X(t), f.bottom, kGrid);
+      add_line(l, f.X(t), f.bottom, f.X(t), f.bottom + 4, kBlack);
+      add_text(l, f.X(t), f.bottom + 14, num(t), 11, 1);
     }
-    for (double t : ticks(yr.lo, yr.hi, 5)) {
-      if (t < yr.lo || t > yr.hi) continue;
-      add_line(l, left, Y(t), right, Y(t), kGrid);
-      add_line(l, left - 4, Y(t), left, Y(t), kBlack);
-      add_text(l, left - 6, Y(t), num(t), 11, 2);
+    for (double t : ticks(f.yr.lo, f.yr.hi, 5)) {
+      if (t < f.yr.lo || t > f.yr.hi) continue;
+      add_line(l, f.left, f.Y(t), f.right, f.Y(t), kGrid);
+      add_line(l, f.left - 4, f.Y(t), f.left, f.Y(t), kBlack);
+      add_text(l, f.left - 6, f.Y(t), num(t), 11, 2);
     }
   }
-  add_text(l, (left + right) / 2, bottom + 34, p.xlabel, 12, 1);
-  add_text(l, ox + 14, (top + bottom) / 2, p.ylabel, 12, 1, true);
+  add_text(l, (f.left + f.right) / 2, f.bottom + 34, p.xlabel, 12, 1);
+  add_text(l, ox + 14, (f.top + f.bottom) / 2, p.ylabel, 12, 1, true);
+}
 
-  // Content, back to front: bands, bars, heat cells, reference lines, series.
+void draw_bands_and_bars(List& l, const Panel& p, const Frame& f) {
   for (const auto& b : p.bands) {
-    if (b.vertical) add_rect(l, clipx(X(b.lo)), top, clipx(X(b.hi)), bottom, palette(b.color), b.alpha);
-    else add_rect(l, left, clipy(Y(b.hi)), right, clipy(Y(b.lo)), palette(b.color), b.alpha);
+    if (b.vertical) add_rect(l, f.clipx(f.X(b.lo)), f.top, f.clipx(f.X(b.hi)), f.bottom, palette(b.color), b.alpha);
+    else add_rect(l, f.left, f.clipy(f.Y(b.hi)), f.right, f.clipy(f.Y(b.lo)), palette(b.color), b.alpha);
   }
   for (const auto& b : p.bars)
     for (std::size_t i = 0; i < b.left.size(); ++i)
       if (b.h[i] > 0)
-        add_rect(l, clipx(X(b.left[i]) + 0.5), clipy(Y(b.h[i])), clipx(X(b.left[i] + b.width) - 0.5), clipy(Y(std::max(0.0, yr.lo))),
-                 palette(b.color), b.alpha);
-  if (heat) {
-    const auto& h = *p.heat;
-    Range vr;
-    for (const auto& row : h.v)
-      for (double v : row) vr.add(v);
-    if (vr.empty()) vr = {0, 1};
-    if (vr.hi == vr.lo) vr.hi = vr.lo + 1;
-    for (std::size_t r = 0; r < h.ys.size(); ++r)
-      for (std::size_t c = 0; c < h.xs.size(); ++c) {
-        const double v = r < h.v.size() && c < h.v[r].size() ? h.v[r][c] : std::nan("");
-        const double x0 = X(c - 0.5), x1 = X(c + 0.5), y0 = Y(r - 0.5), y1 = Y(r + 0.5);
-        if (!std::isfinite(v)) {
-          add_rect(l, x0, y0, x1, y1, kNoData);
-          add_line(l, x0, y0, x1, y1, kWhite, 1);
-          continue;
-        }
-        const double t = (v - vr.lo) / (vr.hi - vr.lo);
-        add_rect(l, x0, y0, x1, y1, viridis(t));
-        if (h.annotate && std::fabs(x1 - x0) > 22) {
-          char b[32];
-          std::snprintf(b, sizeof b, "%.*f", h.decimals, v);
-          add_text(l, (x0 + x1) / 2, (y0 + y1) / 2, b, std::min(11.0, std::fabs(x1 - x0) / 4), 1, false,
-                   t > 0.6 ? kBlack : kWhite);
-        }
-      }
-    // Colour bar.
-    const double cx0 = right + 18, cx1 = cx0 + 14;
-    const int steps = 64;
-    for (int i = 0; i < steps; ++i) {
-      const double y0 = bottom - (bottom - top) * i / steps, y1 = bottom - (bottom - top) * (i + 1) / steps;
-      add_rect(l, cx0, y1, cx1, y0 + 0.5, viridis((i + 0.5) / steps));
-    }
-    for (double t : ticks(vr.lo, vr.hi, 4)) {
-      if (t < vr.lo || t > vr.hi) continue;
-      const double y = bottom - (t - vr.lo) / (vr.hi - vr.lo) * (bottom - top);
-      add_line(l, cx1, y, cx1 + 3, y, kBlack);
-      add_text(l, cx1 + 5, y, num(t), 10, 0);
-    }
-    add_text(l, cx1 + 50, (top + bottom) / 2, h.value_label, 11, 1, true);
+        add_rect(l, f.clipx(f.X(b.left[i]) + 0.5), f.clipy(f.Y(b.h[i])), f.clipx(f.X(b.left[i] + b.width) - 0.5),
+                 f.clipy(f.Y(std::max(0.0, f.yr.lo))), palette(b.color), b.alpha);
+}
+
+void draw_colour_bar(List& l, const Heat& h, const Frame& f, const Range& vr) {
+  const double cx0 = f.right + 18, cx1 = cx0 + 14;
+  const int steps = 64;
+  for (int i = 0; i < steps; ++i) {
+    const double y0 = f.bottom - (f.bottom - f.top) * i / steps, y1 = f.bottom - (f.bottom - f.top) * (i + 1) / steps;
+    add_rect(l, cx0, y1, cx1, y0 + 0.5, viridis((i + 0.5) / steps));
   }
+  for (double t : ticks(vr.lo, vr.hi, 4)) {
+    if (t < vr.lo || t > vr.hi) continue;
+    const double y = f.bottom - (t - vr.lo) / (vr.hi - vr.lo) * (f.bottom - f.top);
+    add_line(l, cx1, y, cx1 + 3, y, kBlack);
+    add_text(l, cx1 + 5, y, num(t), 10, 0);
+  }
+  add_text(l, cx1 + 50, (f.top + f.bottom) / 2, h.value_label, 11, 1, true);
+}
+
+void draw_heat(List& l, const Heat& h, const Frame& f) {
+  Range vr;
+  for (const auto& row : h.v)
+    for (double v : row) vr.add(v);
+  if (vr.empty()) vr = {0, 1};
+  if (vr.hi == vr.lo) vr.hi = vr.lo + 1;
+  for (std::size_t r = 0; r < h.ys.size(); ++r)
+    for (std::size_t c = 0; c < h.xs.size(); ++c) {
+      const double v = r < h.v.size() && c < h.v[r].size() ? h.v[r][c] : std::nan("");
+      const double x0 = f.X(c - 0.5), x1 = f.X(c + 0.5), y0 = f.Y(r - 0.5), y1 = f.Y(r + 0.5);
+      if (!std::isfinite(v)) {
+        add_rect(l, x0, y0, x1, y1, kNoData);
+        add_line(l, x0, y0, x1, y1, kWhite, 1);
+        continue;
+      }
+      const double t = (v - vr.lo) / (vr.hi - vr.lo);
+      add_rect(l, x0, y0, x1, y1, viridis(t));
+      if (h.annotate && std::fabs(x1 - x0) > 22) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%.*f", h.decimals, v);
+        add_text(l, (x0 + x1) / 2, (y0 + y1) / 2, b, std::min(11.0, std::fabs(x1 - x0) / 4), 1, false,
+                 t > 0.6 ? kBlack : kWhite);
+      }
+    }
+  draw_colour_bar(l, h, f, vr);
+}
+
+void draw_reference_lines(List& l, const Panel& p, const Frame& f) {
   for (const auto& r : p.lines) {
     if (r.vertical) {
-      if (r.at >= xr.lo && r.at <= xr.hi) add_line(l, X(r.at), top, X(r.at), bottom, palette(r.color), 1.5, r.dashed);
-    } else if (r.at >= yr.lo && r.at <= yr.hi) {
-      add_line(l, left, Y(r.at), right, Y(r.at), palette(r.color), 1.5, r.dashed);
+      if (r.at >= f.xr.lo && r.at <= f.xr.hi) add_line(l, f.X(r.at), f.top, f.X(r.at), f.bottom, palette(r.color), 1.5, r.dashed);
+    } else if (r.at >= f.yr.lo && r.at <= f.yr.hi) {
+      add_line(l, f.left, f.Y(r.at), f.right, f.Y(r.at), palette(r.color), 1.5, r.dashed);
     }
   }
-  for (std::size_t si = 0; si < p.series.size(); ++si) {
-    const auto& s = p.series[si];
-    const RGB c = palette(colors[si]);
-    const std::size_t n = std::min(s.x.size(), s.y.size());
-    auto inside = [&](double x, double y) {
-      return std::isfinite(x) && std::isfinite(y) && x >= xr.lo && x <= xr.hi && y >= yr.lo && y <= yr.hi;
-    };
-    if (s.line)
-      for (std::size_t i = 1; i < n; ++i)
-        if (inside(s.x[i - 1], s.y[i - 1]) && inside(s.x[i], s.y[i]))
-          add_line(l, X(s.x[i - 1]), Y(s.y[i - 1]), X(s.x[i]), Y(s.y[i]), c, 2, s.dashed);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (!inside(s.x[i], s.y[i])) continue;
-      if (i < s.err.size() && std::isfinite(s.err[i]) && s.err[i] > 0) {
-        const double y0 = clipy(Y(s.y[i] - s.err[i])), y1 = clipy(Y(s.y[i] + s.err[i]));
-        add_line(l, X(s.x[i]), y0, X(s.x[i]), y1, c, 1.5);
-        add_line(l, X(s.x[i]) - 4, y0, X(s.x[i]) + 4, y0, c, 1.5);
-        add_line(l, X(s.x[i]) - 4, y1, X(s.x[i]) + 4, y1, c, 1.5);
-      }
-      if (s.markers) add_circle(l, X(s.x[i]), Y(s.y[i]), 3.2, c);
-    }
-  }
-  // Frame.
-  add_line(l, left, top, right, top, kBlack);
-  add_line(l, left, bottom, right, bottom, kBlack);
-  add_line(l, left, top, left, bottom, kBlack);
-  add_line(l, right, top, right, bottom, kBlack);
+}
 
-  // Legend, right of the plot area.
-  double ly = top + 8;
-  const double lx = ox + pw - 10 - legend_w;
+void draw_series(List& l, const Series& s, RGB c, const Frame& f) {
+  const std::size_t n = std::min(s.x.size(), s.y.size());
+  auto inside = [&](double x, double y) {
+    return std::isfinite(x) && std::isfinite(y) && x >= f.xr.lo && x <= f.xr.hi && y >= f.yr.lo && y <= f.yr.hi;
+  };
+  if (s.line)
+    for (std::size_t i = 1; i < n; ++i)
+      if (inside(s.x[i - 1], s.y[i - 1]) && inside(s.x[i], s.y[i]))
+        add_line(l, f.X(s.x[i - 1]), f.Y(s.y[i - 1]), f.X(s.x[i]), f.Y(s.y[i]), c, 2, s.dashed);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!inside(s.x[i], s.y[i])) continue;
+    if (i < s.err.size() && std::isfinite(s.err[i]) && s.err[i] > 0) {
+      const double y0 = f.clipy(f.Y(s.y[i] - s.err[i])), y1 = f.clipy(f.Y(s.y[i] + s.err[i]));
+      add_line(l, f.X(s.x[i]), y0, f.X(s.x[i]), y1, c, 1.5);
+      add_line(l, f.X(s.x[i]) - 4, y0, f.X(s.x[i]) + 4, y0, c, 1.5);
+      add_line(l, f.X(s.x[i]) - 4, y1, f.X(s.x[i]) + 4, y1, c, 1.5);
+    }
+    if (s.markers) add_circle(l, f.X(s.x[i]), f.Y(s.y[i]), 3.2, c);
+  }
+}
+
+void draw_frame(List& l, const Frame& f) {
+  add_line(l, f.left, f.top, f.right, f.top, kBlack);
+  add_line(l, f.left, f.bottom, f.right, f.bottom, kBlack);
+  add_line(l, f.left, f.top, f.left, f.bottom, kBlack);
+  add_line(l, f.right, f.top, f.right, f.bottom, kBlack);
+}
+
+// The legend, right of the plot area, from its top down to the plot's bottom.
+void draw_legend(List& l, const std::vector<LegendEntry>& legend, double lx, double legend_w, const Frame& f) {
+  double ly = f.top + 8;
   for (const auto& e : legend) {
-    if (ly > bottom) break;
+    if (ly > f.bottom) break;
     if (e.kind == 1) add_rect(l, lx, ly - 5, lx + 22, ly + 5, e.c, e.alpha);
     else if (e.kind == 3) add_circle(l, lx + 11, ly, 3.2, e.c);
     else add_line(l, lx, ly, lx + 22, ly, e.c, 2, e.kind == 2);
@@ -314,6 +324,29 @@ void layout_panel(List& l, const Panel& p, double ox, double oy, double pw, doub
     add_text(l, lx + 28, ly, label, 11, 0);
     ly += 17;
   }
+}
+
+// One panel in the box (ox, oy, pw, ph). Content back to front: axes and grid, bands, bars,
+// heat cells, reference lines, series, the frame, the legend.
+void layout_panel(List& l, const Panel& p, double ox, double oy, double pw, double ph) {
+  std::vector<int> colors;
+  const std::vector<LegendEntry> legend = legend_of(p, colors);
+  double legend_w = 0;
+  for (const auto& e : legend) legend_w = std::max(legend_w, text_width(e.label, 11) + 34);
+  legend_w = std::min(legend_w, pw * 0.42);
+  Frame f;
+  f.left = ox + 66, f.top = oy + (p.title.empty() ? 12 : 32);
+  f.right = ox + pw - 14 - (legend.empty() ? 0 : legend_w + 8) - (p.heat ? 74 : 0);
+  f.bottom = oy + ph - 48;
+  add_text(l, ox + pw / 2, oy + 14, p.title, 13, 1, false, kText, true);
+  std::tie(f.xr, f.yr) = ranges_of(p);
+  draw_axes(l, p, f, ox);
+  draw_bands_and_bars(l, p, f);
+  if (p.heat) draw_heat(l, *p.heat, f);
+  draw_reference_lines(l, p, f);
+  for (std::size_t si = 0; si < p.series.size(); ++si) draw_series(l, p.series[si], palette(colors[si]), f);
+  draw_frame(l, f);
+  draw_legend(l, legend, ox + pw - 10 - legend_w, legend_w, f);
 }
 
 List layout(const Figure& f, int& width, int& height) {
