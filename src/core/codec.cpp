@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <optional>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -12,101 +13,99 @@ namespace fp8lab {
 
 namespace {
 
+// |x| = sig * 2^xe with sig in [2^23, 2^24) (docs/spec.md §2.1, step 3): float32
+// subnormals are normalised here, so xe + 23 is floor(log2 |x|) for every input.
+//   float32 bits:  0 | eeeeeeee | fffffffffffffffffffffff
+//   sig:           1fffffffffffffffffffffff   (24 bits, implicit bit made explicit)
+struct Normalised {
+  std::uint64_t sig;
+  int xe;
+};
+
+Normalised normalise(std::uint32_t a) {
+  const std::uint32_t exf = a >> 23;
+  if (exf != 0) return {(a & 0x7fffffu) | 0x800000u, static_cast<int>(exf) - 150};
+  const int s = std::countl_zero(a) - 8;
+  return {static_cast<std::uint64_t>(a) << s, -149 - s};
+}
+
+// Stochastic rounding's decision: up (1) iff F_R + r_R >= 2^R, with F_R the top R bits of
+// the fraction and r_R R random bits of element `index`: probability F_R / 2^R, the exact
+// fraction when it has at most R bits.
+std::uint64_t stochastic_up(std::uint64_t fraction_top_r, const QuantSpec& q, std::uint64_t index) {
+  const int R = q.random_bits;
+  const std::uint64_t r = random_bits(q.seed, index) >> (32 - R);
+  return (fraction_top_r + r) >> R;
+}
+
+// Subnormals off: between 0 and the smallest positive value minpos = 2^-b * (1 + 2^-M)
+// there is no binade grid, the neighbours are 0 and minpos. The magnitude code (0 or 1) of
+// an |x| below minpos, or nothing when |x| >= minpos.
+std::optional<std::uint64_t> round_below_minpos(const Normalised& x, const QuantSpec& q, std::uint64_t index) {
+  const int M = q.format.man_bits;
+  const std::uint64_t d = (1ull << M) + 1;  // minpos = d * 2^(-b-M)
+  const int s = x.xe + q.format.bias + M;   // |x| / 2^(-b-M) = sig * 2^s
+  const bool below = s >= 0 ? s <= 30 && (x.sig << s) < d : (-s >= 40) || x.sig < (d << -s);
+  if (!below) return std::nullopt;
+  switch (q.rounding) {
+    case Rounding::toward_zero: return 0;
+    case Rounding::nearest_even: {
+      // up iff 2|x| > minpos; a tie goes to 0, the even code.
+      const int s1 = s + 1;
+      if (s1 >= 0) return (x.sig << s1) > d ? 1 : 0;
+      return (-s1 >= 40) ? 0 : (x.sig > (d << -s1) ? 1 : 0);
+    }
+    case Rounding::stochastic: {
+      // F_R = floor(|x| / minpos * 2^R) = floor(sig * 2^(s+R) / d), exactly.
+      const int sr = s + q.random_bits;
+      const std::uint64_t num = sr >= 0 ? (x.sig << sr) : (-sr >= 64 ? 0 : x.sig >> -sr);
+      return stochastic_up(num / d, q, index);
+    }
+  }
+  return std::nullopt;
+}
+
+// sig rounded to a multiple of 2^drop, in units of 2^drop, by the rounding mode.
+std::uint64_t round_quanta(std::uint64_t sig, int drop, const QuantSpec& q, std::uint64_t index) {
+  if (drop == 0) return sig;
+  const std::uint64_t trunc = drop >= 64 ? 0 : sig >> drop;
+  const std::uint64_t rem = drop >= 64 ? sig : sig & ((1ull << drop) - 1);
+  switch (q.rounding) {
+    case Rounding::nearest_even: {
+      // Ties go to the even significand: trunc's LSB is the mantissa LSB (or the implicit
+      // bit when M = 0, so a tie between 2^e and 2^(e+1) goes up, as in IEEE 754).
+      if (drop >= 64) return 0;
+      const std::uint64_t half = 1ull << (drop - 1);
+      return trunc + ((rem > half || (rem == half && (trunc & 1))) ? 1 : 0);
+    }
+    case Rounding::toward_zero: return trunc;
+    case Rounding::stochastic: {
+      const int R = q.random_bits;
+      const std::uint64_t top = drop <= R ? rem << (R - drop) : (drop - R >= 64 ? 0 : rem >> (drop - R));
+      return trunc + stochastic_up(top, q, index);
+    }
+  }
+  return trunc;
+}
+
 // Round a finite, non-zero magnitude (float32 bits `a`, sign cleared) to the format as if
-// its exponent range had no upper limit (docs/spec.md §2.1, step 3). Returns the magnitude code,
-// which may exceed max_code(): the caller handles overflow (step 4).
+// its exponent range had no upper limit (docs/spec.md §2.1, step 3). Returns the magnitude
+// code, which may exceed max_code(): the caller handles overflow (step 4).
 std::uint64_t round_magnitude(std::uint32_t a, const QuantSpec& q, std::uint64_t index) {
   const Format& f = q.format;
   const int M = f.man_bits;
-  // Step 1. Write |x| = sig * 2^xe with sig in [2^23, 2^24): float32 subnormals are
-  // normalised here, so ex below is floor(log2 |x|) for every input.
-  //   float32 bits:  0 | eeeeeeee | fffffffffffffffffffffff
-  //   sig:           1fffffffffffffffffffffff   (24 bits, implicit bit made explicit)
-  std::uint64_t sig;
-  int xe;
-  const std::uint32_t exf = a >> 23;
-  if (exf != 0) {
-    sig = (a & 0x7fffffu) | 0x800000u;
-    xe = static_cast<int>(exf) - 150;
-  } else {
-    const int s = std::countl_zero(a) - 8;
-    sig = static_cast<std::uint64_t>(a) << s;
-    xe = -149 - s;
-  }
-  const int ex = xe + 23;
-  const int emin = f.emin();
-
-  const auto stochastic_up = [&](std::uint64_t fraction_top_r) -> std::uint64_t {
-    // Round up iff F_R + r_R >= 2^R, with F_R the top R bits of the fraction and r_R
-    // R random bits: probability F_R / 2^R, the exact fraction when it has <= R bits.
-    const int R = q.random_bits;
-    const std::uint64_t r = random_bits(q.seed, index) >> (32 - R);
-    return (fraction_top_r + r) >> R;
-  };
-
-  // Step 2 (subnormals off only). Between 0 and the smallest positive value
-  // minpos = 2^-b * (1 + 2^-M) there is no binade grid: the neighbours are 0 and minpos.
-  if (!f.subnormals) {
-    const std::uint64_t d = (1ull << M) + 1;  // minpos = d * 2^(-b-M)
-    const int s = xe + f.bias + M;            // |x| / 2^(-b-M) = sig * 2^s
-    bool below;
-    if (s >= 0) below = s <= 30 && (sig << s) < d;
-    else below = (-s >= 40) || sig < (d << -s);
-    if (below) {
-      switch (q.rounding) {
-        case Rounding::toward_zero: return 0;
-        case Rounding::nearest_even: {
-          // up iff 2|x| > minpos; a tie goes to 0, the even code.
-          const int s1 = s + 1;
-          if (s1 >= 0) return (sig << s1) > d ? 1 : 0;
-          return (-s1 >= 40) ? 0 : (sig > (d << -s1) ? 1 : 0);
-        }
-        case Rounding::stochastic: {
-          // F_R = floor(|x| / minpos * 2^R) = floor(sig * 2^(s+R) / d), exactly.
-          const int sr = s + q.random_bits;
-          const std::uint64_t num = sr >= 0 ? (sig << sr) : (-sr >= 64 ? 0 : sig >> -sr);
-          return stochastic_up(num / d);
-        }
-      }
-    }
-  }
-
-  // Step 3. The target exponent is ex, or emin below the normal range; the quantum is
+  const Normalised x = normalise(a);
+  if (!f.subnormals)
+    if (const auto code = round_below_minpos(x, q, index)) return *code;
+  // The target exponent is floor(log2 |x|), or emin below the normal range; the quantum is
   // 2^(et - M), i.e. `drop` bits of sig lie below the target LSB.
+  const int ex = x.xe + 23, emin = f.emin();
   const int et = std::max(ex, emin);
-  const int drop = et - M - xe;  // >= 23 - M >= 0
-  std::uint64_t n = 0;           // the rounded magnitude in quanta
-  if (drop == 0) {
-    n = sig;
-  } else {
-    const std::uint64_t trunc = drop >= 64 ? 0 : sig >> drop;
-    const std::uint64_t rem = drop >= 64 ? sig : sig & ((1ull << drop) - 1);
-    switch (q.rounding) {
-      case Rounding::nearest_even: {
-        // Ties go to the even significand: trunc's LSB is the mantissa LSB (or the implicit
-        // bit when M = 0, so a tie between 2^e and 2^(e+1) goes up, as in IEEE 754).
-        if (drop >= 64) {
-          n = 0;
-        } else {
-          const std::uint64_t half = 1ull << (drop - 1);
-          n = trunc + ((rem > half || (rem == half && (trunc & 1))) ? 1 : 0);
-        }
-        break;
-      }
-      case Rounding::toward_zero: n = trunc; break;
-      case Rounding::stochastic: {
-        const int R = q.random_bits;
-        const std::uint64_t top = drop <= R ? rem << (R - drop)
-                                            : (drop - R >= 64 ? 0 : rem >> (drop - R));
-        n = trunc + stochastic_up(top);
-        break;
-      }
-    }
-  }
-  // Step 4. Assemble the magnitude code. Below the normal range the code is n itself
-  // (n = 2^M is the smallest normal, whose code is also 2^M). In the normal range n holds
-  // the implicit bit: code = (exponent field << M) + n - 2^M, where a carry out of the
-  // mantissa (n = 2^(M+1)) moves into the exponent field by the addition itself.
+  const std::uint64_t n = round_quanta(x.sig, et - M - x.xe, q, index);  // drop >= 23 - M >= 0
+  // The magnitude code. Below the normal range the code is n itself (n = 2^M is the
+  // smallest normal, whose code is also 2^M). In the normal range n holds the implicit bit:
+  // code = (exponent field << M) + n - 2^M, where a carry out of the mantissa
+  // (n = 2^(M+1)) moves into the exponent field by the addition itself.
   if (ex < emin) return n;
   return (static_cast<std::uint64_t>(et + f.bias) << M) + n - (1ull << M);
 }
