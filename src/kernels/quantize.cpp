@@ -125,127 +125,125 @@ struct Lanes {
   V32 fbits;  // float32 bits of the fake-quantized value
 };
 
-// The codec on one vector of float32 bits. idx_lo: low 32 bits of each element's index.
-// The common case (finite results in range, not far below the smallest subnormal) runs
-// straight through; overflow, NaN/Inf inputs and tiny results take branches that are
-// rare in real tensors (each tested per vector with one mask test).
-template <Rounding kMode, bool kWantCode, bool kWantFloat, bool kCount>
-HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::StreamKey key,
-                         QuantCounts* counts) {
+// One vector's rounded magnitudes: the magnitude code (when wanted), the float32 bits of
+// the rounded magnitude, the lanes that overflow and those whose result is zero.
+struct Rounded {
+  V32 mag, v;
+  hn::Mask<D32> ovf, zero_res;
+  bool any_zero;  // some lane's result may be zero
+};
+
+// Every lane is in the normal range (or above it) or zero: the quantum is a fixed number S
+// of float mantissa bits, so round the float bits themselves; a carry out of the mantissa
+// moves into the exponent by the addition, as in the codec. A zero lane rounds to float
+// bits 0 (the added bits stay below the S dropped ones); its code, which the subtraction
+// below would wrap, is forced to 0.
+template <Rounding kMode, bool kWantCode>
+HWY_INLINE Rounded RoundNormal(D32 d, const Params& p, V32 a, V32 r, hn::Mask<D32> is_zero) {
+  const V32 one = hn::Set(d, 1u);
+  V32 rounded;
+  if constexpr (kMode == Rounding::nearest_even) {
+    // The tie-breaking bit is the mantissa LSB; with M = 0 it is the implicit bit (1),
+    // not the float exponent's LSB that sits at bit S.
+    const V32 lsb = p.M == 0 ? one : hn::And(hn::ShiftRightSame(a, static_cast<int>(p.S)), one);
+    rounded = hn::Add(a, hn::Add(hn::Set(d, p.half_m1), lsb));
+  } else if constexpr (kMode == Rounding::toward_zero) {
+    rounded = a;
+  } else {
+    // Add K random bits at the top of the S-bit fraction (the fraction's bits below them
+    // dropped first): the carry happens with probability F_K / 2^K.
+    const V32 rb = hn::ShiftLeftSame(hn::ShiftRightSame(r, static_cast<int>(p.sr_shift_r)),
+                                     static_cast<int>(p.sr_shift_l));
+    rounded = hn::Add(hn::And(a, hn::Set(d, p.sr_keep)), rb);
+  }
+  Rounded out;
+  out.v = hn::AndNot(hn::Set(d, p.low_mask), rounded);
+  // Above 2^emin the float bits and the codes are in the same order: overflow is v past the
+  // largest finite value's bits (NaN and Inf inputs included), and the only zero results
+  // are the zero inputs (so nothing underflows here).
+  out.ovf = hn::Gt(out.v, hn::Set(d, p.max_bits));
+  out.zero_res = is_zero;
+  out.any_zero = !hn::AllFalse(d, is_zero);
+  out.mag = hn::Zero(d);
+  if constexpr (kWantCode) {
+    out.mag = hn::Sub(hn::ShiftRightSame(rounded, static_cast<int>(p.S)), hn::Set(d, p.code_offset));
+    if (out.any_zero) out.mag = hn::IfThenZeroElse(is_zero, out.mag);
+  }
+  return out;
+}
+
+// Stochastic rounding's carry on the general path: F is the fraction below the target LSB
+// aligned to the top of a 32-bit word (drop <= 32: sig << (32 - drop); drop > 32:
+// sig >> (drop - 32)); round up iff (F & topR) + (r & topR) carries out of 32 bits.
+HWY_INLINE V32 StochasticCarry(D32 d, const Params& p, V32 sig, V32 drop_raw, V32 r) {
+  const V32 c32 = hn::Set(d, 32u);
+  V32 F = hn::Shl(sig, hn::Sub(c32, hn::Min(drop_raw, c32)));
+  const auto deep = hn::Gt(drop_raw, c32);
+  if (HWY_UNLIKELY(!hn::AllFalse(d, deep))) {
+    const V32 sr = hn::Min(hn::Sub(hn::Min(drop_raw, hn::Set(d, 63u)), c32), hn::Set(d, 31u));
+    F = hn::IfThenElse(deep, hn::Shr(sig, sr), F);
+  }
+  const V32 tm = hn::Set(d, p.random_mask);
+  const V32 fm = hn::And(F, tm);
+  const V32 sum = hn::Add(fm, hn::And(r, tm));
+  return hn::IfThenElseZero(hn::Lt(sum, fm), hn::Set(d, 1u));
+}
+
+// Any lane, subnormal range included. Float32 fields: e1 = max(biased exponent, 1), so
+// that sig = a - ((e1-1) << 23) is the significand with its implicit bit (normals) or the
+// raw fraction (subnormals), and |x| = sig * 2^(e1 - 150) in both cases.
+//   a:    0 | eeeeeeee | fffffffffffffffffffffff
+//   sig:             1 | fffffffffffffffffffffff   (0 | f... for subnormals)
+template <Rounding kMode, bool kCount>
+HWY_INLINE Rounded RoundAny(D32 d, const Params& p, V32 a, V32 r, hn::Mask<D32> is_zero, QuantCounts* counts) {
   const hn::RebindToSigned<D32> di;
   const V32 one = hn::Set(d, 1u);
   const V32 zero = hn::Zero(d);
-  const V32 a = hn::And(xb, hn::Set(d, 0x7fffffffu));
-  const V32 sign = hn::Xor(xb, a);
-  // Float32 fields: e1 = max(biased exponent, 1), so that sig = a - ((e1-1) << 23) is the
-  // significand with its implicit bit (normals) or the raw fraction (subnormals), and
-  // |x| = sig * 2^(e1 - 150) in both cases.
-  //   a:    0 | eeeeeeee | fffffffffffffffffffffff
-  //   sig:             1 | fffffffffffffffffffffff   (0 | f... for subnormals)
-  V32 r = zero;  // random bits (stochastic only)
-  if constexpr (kMode == Rounding::stochastic)
-    r = Hash32(d, hn::Xor(Hash32(d, hn::Xor(idx_lo, hn::Set(d, key.k0))), hn::Set(d, key.k1)));
-  V32 mag = zero, v;  // magnitude code (when wanted), float32 bits of the rounded magnitude
-  hn::Mask<D32> ovf, zero_res;  // lanes whose result overflows / is zero
-  bool any_zero;                // some lane's result may be zero
-  // Zeros (half of every ReLU output and of the gradients flowing back through it) do not
-  // leave the fast path: they are the one sub-normal-range value whose result is known.
-  const auto is_zero = hn::Eq(a, zero);
-  if (HWY_LIKELY(hn::AllFalse(d, hn::AndNot(is_zero, hn::Lt(a, hn::Set(d, p.min_normal_bits)))))) {
-    // Every lane is in the normal range (or above it) or zero: the quantum is a fixed
-    // number S of float mantissa bits, so round the float bits themselves; a carry out of
-    // the mantissa moves into the exponent by the addition, as in the codec. A zero lane
-    // rounds to float bits 0 (the added bits stay below the S dropped ones); its code,
-    // which the subtraction below would wrap, is forced to 0.
-    V32 rounded;
-    if constexpr (kMode == Rounding::nearest_even) {
-      // The tie-breaking bit is the mantissa LSB; with M = 0 it is the implicit bit (1),
-      // not the float exponent's LSB that sits at bit S.
-      const V32 lsb = p.M == 0 ? one : hn::And(hn::ShiftRightSame(a, static_cast<int>(p.S)), one);
-      rounded = hn::Add(a, hn::Add(hn::Set(d, p.half_m1), lsb));
-    } else if constexpr (kMode == Rounding::toward_zero) {
-      rounded = a;
-    } else {
-      // Add K random bits at the top of the S-bit fraction (the fraction's bits below
-      // them dropped first): the carry happens with probability F_K / 2^K.
-      const V32 rb = hn::ShiftLeftSame(hn::ShiftRightSame(r, static_cast<int>(p.sr_shift_r)),
-                                       static_cast<int>(p.sr_shift_l));
-      rounded = hn::Add(hn::And(a, hn::Set(d, p.sr_keep)), rb);
-    }
-    v = hn::AndNot(hn::Set(d, p.low_mask), rounded);
-    // Above 2^emin the float bits and the codes are in the same order: overflow is v past
-    // the largest finite value's bits (NaN and Inf inputs included), and the only zero
-    // results are the zero inputs (so nothing underflows here).
-    ovf = hn::Gt(v, hn::Set(d, p.max_bits));
-    zero_res = is_zero;
-    any_zero = !hn::AllFalse(d, is_zero);
-    if constexpr (kWantCode) {
-      mag = hn::Sub(hn::ShiftRightSame(rounded, static_cast<int>(p.S)), hn::Set(d, p.code_offset));
-      if (any_zero) mag = hn::IfThenZeroElse(is_zero, mag);
-    }
+  const V32 exf = hn::ShiftRight<23>(a);
+  const V32 e1 = hn::Max(exf, one);
+  const V32 base = hn::ShiftLeft<23>(hn::Sub(e1, one));
+  const V32 sig = hn::Sub(a, base);
+  const auto eminb = hn::Set(di, static_cast<std::int32_t>(p.eminb));
+  const auto ie1 = hn::BitCast(di, e1);
+  // Below the normal range the quantum stays 2^(emin - M): `below` more bits drop.
+  const V32 below = hn::BitCast(d, hn::Max(hn::Sub(eminb, ie1), hn::Zero(di)));
+  const V32 above = hn::BitCast(d, hn::Max(hn::Sub(ie1, eminb), hn::Zero(di)));
+  const V32 drop_raw = hn::Add(hn::Set(d, 23u - p.M), below);
+  const V32 drop = hn::Min(drop_raw, hn::Set(d, 31u));  // shifts stay defined on every target
+  V32 n;  // rounded magnitude in quanta of 2^(max(ex, emin) - M)
+  if constexpr (kMode == Rounding::nearest_even) {
+    // sig + (half - 1) + lsb, then drop: ties go to the even quantum count.
+    const V32 half_m1 = hn::Sub(hn::Shl(one, hn::Sub(drop, one)), one);
+    const V32 lsb = hn::And(hn::Shr(sig, drop), one);
+    n = hn::Shr(hn::Add(sig, hn::Add(half_m1, lsb)), drop);
+  } else if constexpr (kMode == Rounding::toward_zero) {
+    n = hn::Shr(sig, drop);
   } else {
-    const V32 exf = hn::ShiftRight<23>(a);
-    const V32 e1 = hn::Max(exf, one);
-    const V32 base = hn::ShiftLeft<23>(hn::Sub(e1, one));
-    const V32 sig = hn::Sub(a, base);
-    const auto eminb = hn::Set(di, static_cast<std::int32_t>(p.eminb));
-    const auto ie1 = hn::BitCast(di, e1);
-    // Below the normal range the quantum stays 2^(emin - M): `below` more bits drop.
-    const V32 below = hn::BitCast(d, hn::Max(hn::Sub(eminb, ie1), hn::Zero(di)));
-    const V32 above = hn::BitCast(d, hn::Max(hn::Sub(ie1, eminb), hn::Zero(di)));
-    const V32 drop_raw = hn::Add(hn::Set(d, 23u - p.M), below);
-    const V32 drop = hn::Min(drop_raw, hn::Set(d, 31u));  // shifts stay defined on every target
-    V32 n;  // rounded magnitude in quanta of 2^(max(ex, emin) - M)
-    if constexpr (kMode == Rounding::nearest_even) {
-      // sig + (half - 1) + lsb, then drop: ties go to the even quantum count.
-      const V32 half_m1 = hn::Sub(hn::Shl(one, hn::Sub(drop, one)), one);
-      const V32 lsb = hn::And(hn::Shr(sig, drop), one);
-      n = hn::Shr(hn::Add(sig, hn::Add(half_m1, lsb)), drop);
-    } else if constexpr (kMode == Rounding::toward_zero) {
-      n = hn::Shr(sig, drop);
-    } else {
-      // F: the fraction below the target LSB aligned to the top of a 32-bit word,
-      //   drop <= 32: sig << (32 - drop)      drop > 32: sig >> (drop - 32)
-      // Round up iff (F & topR) + (r & topR) carries out of 32 bits.
-      const V32 c32 = hn::Set(d, 32u);
-      V32 F = hn::Shl(sig, hn::Sub(c32, hn::Min(drop_raw, c32)));
-      const auto deep = hn::Gt(drop_raw, c32);
-      if (HWY_UNLIKELY(!hn::AllFalse(d, deep))) {
-        const V32 sr = hn::Min(hn::Sub(hn::Min(drop_raw, hn::Set(d, 63u)), c32), hn::Set(d, 31u));
-        F = hn::IfThenElse(deep, hn::Shr(sig, sr), F);
-      }
-      const V32 tm = hn::Set(d, p.random_mask);
-      const V32 fm = hn::And(F, tm);
-      const V32 sum = hn::Add(fm, hn::And(r, tm));
-      n = hn::Add(hn::Shr(sig, drop), hn::IfThenElseZero(hn::Lt(sum, fm), one));
-    }
-    mag = hn::Add(hn::ShiftLeftSame(above, static_cast<int>(p.M)), n);
-    // Value bits: within x's binade the quanta are linear in the float bits (drop <= 23);
-    // further down the only candidates are 0 and the smallest subnormal.
-    v = hn::Add(base, hn::Shl(n, drop));
-    const auto tiny = hn::Gt(drop_raw, hn::Set(d, 23u));
-    if (HWY_UNLIKELY(!hn::AllFalse(d, tiny)))
-      v = hn::IfThenElse(tiny, hn::IfThenZeroElse(hn::Eq(n, zero), hn::Set(d, p.minsub_bits)), v);
-    // mag = (exponent field above emin << M) + n; see codec.cpp step 4.
-    // Non-finite inputs have exf = 255, hence a huge `mag`: they are inside `ovf` too.
-    ovf = hn::Gt(mag, hn::Set(d, p.max_code));
-    zero_res = hn::Eq(mag, zero);
-    any_zero = true;
-    if constexpr (kCount) counts->underflow += hn::CountTrue(d, hn::AndNot(is_zero, zero_res));
+    n = hn::Add(hn::Shr(sig, drop), StochasticCarry(d, p, sig, drop_raw, r));
   }
-  const bool any_ovf = !hn::AllFalse(d, ovf);
-  const V32 sign_kept =
-      (p.unsigned_zero && any_zero) ? hn::IfThenZeroElse(zero_res, sign) : sign;
+  Rounded out;
+  out.mag = hn::Add(hn::ShiftLeftSame(above, static_cast<int>(p.M)), n);
+  // Value bits: within x's binade the quanta are linear in the float bits (drop <= 23);
+  // further down the only candidates are 0 and the smallest subnormal.
+  out.v = hn::Add(base, hn::Shl(n, drop));
+  const auto tiny = hn::Gt(drop_raw, hn::Set(d, 23u));
+  if (HWY_UNLIKELY(!hn::AllFalse(d, tiny)))
+    out.v = hn::IfThenElse(tiny, hn::IfThenZeroElse(hn::Eq(n, zero), hn::Set(d, p.minsub_bits)), out.v);
+  // mag = (exponent field above emin << M) + n; see codec.cpp's round_magnitude.
+  // Non-finite inputs have exf = 255, hence a huge `mag`: they are inside `ovf` too.
+  out.ovf = hn::Gt(out.mag, hn::Set(d, p.max_code));
+  out.zero_res = hn::Eq(out.mag, zero);
+  out.any_zero = true;
+  if constexpr (kCount) counts->underflow += hn::CountTrue(d, hn::AndNot(is_zero, out.zero_res));
+  return out;
+}
 
-  Lanes out{zero, zero};
-  if constexpr (kWantCode) {
-    const int shift = static_cast<int>(p.code_sign_shift);
-    out.code = hn::Or(mag, hn::ShiftRightSame(sign_kept, shift));
-  }
-  if constexpr (kWantFloat) out.fbits = hn::Or(v, sign_kept);
-  if (HWY_LIKELY(!any_ovf)) return out;
-
-  // Rare: overflow, NaN or Inf somewhere in this vector.
+// Rare: overflow, NaN or Inf somewhere in the vector. Their lanes get the overflow, Inf or
+// NaN results of the format's policy and overflow mode.
+template <bool kWantCode, bool kWantFloat, bool kCount>
+HWY_INLINE void PatchSpecials(D32 d, const Params& p, V32 a, V32 sign, hn::Mask<D32> ovf, Lanes& out,
+                              QuantCounts* counts) {
+  const V32 one = hn::Set(d, 1u);
   const auto no = hn::Lt(one, one);  // all-false mask
   const auto is_nan = hn::Gt(a, hn::Set(d, 0x7f800000u));
   const auto is_inf = hn::Eq(a, hn::Set(d, 0x7f800000u));
@@ -271,6 +269,32 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
     counts->overflow += hn::CountTrue(d, hn::AndNot(is_nan, ovf));
     counts->nan += hn::CountTrue(d, nan_res);
   }
+}
+
+// The codec on one vector of float32 bits. idx_lo: low 32 bits of each element's index.
+// The common case (finite results in range, not far below the smallest subnormal) runs
+// straight through; overflow, NaN/Inf inputs and tiny results take branches that are
+// rare in real tensors (each tested per vector with one mask test).
+template <Rounding kMode, bool kWantCode, bool kWantFloat, bool kCount>
+HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::StreamKey key,
+                         QuantCounts* counts) {
+  const V32 zero = hn::Zero(d);
+  const V32 a = hn::And(xb, hn::Set(d, 0x7fffffffu));
+  const V32 sign = hn::Xor(xb, a);
+  V32 r = zero;  // random bits (stochastic only)
+  if constexpr (kMode == Rounding::stochastic)
+    r = Hash32(d, hn::Xor(Hash32(d, hn::Xor(idx_lo, hn::Set(d, key.k0))), hn::Set(d, key.k1)));
+  // Zeros (half of every ReLU output and of the gradients flowing back through it) do not
+  // leave the fast path: they are the one sub-normal-range value whose result is known.
+  const auto is_zero = hn::Eq(a, zero);
+  const Rounded q = HWY_LIKELY(hn::AllFalse(d, hn::AndNot(is_zero, hn::Lt(a, hn::Set(d, p.min_normal_bits)))))
+                        ? RoundNormal<kMode, kWantCode>(d, p, a, r, is_zero)
+                        : RoundAny<kMode, kCount>(d, p, a, r, is_zero, counts);
+  const V32 sign_kept = (p.unsigned_zero && q.any_zero) ? hn::IfThenZeroElse(q.zero_res, sign) : sign;
+  Lanes out{zero, zero};
+  if constexpr (kWantCode) out.code = hn::Or(q.mag, hn::ShiftRightSame(sign_kept, static_cast<int>(p.code_sign_shift)));
+  if constexpr (kWantFloat) out.fbits = hn::Or(q.v, sign_kept);
+  if (HWY_UNLIKELY(!hn::AllFalse(d, q.ovf))) PatchSpecials<kWantCode, kWantFloat, kCount>(d, p, a, sign, q.ovf, out, counts);
   return out;
 }
 
