@@ -1,6 +1,8 @@
 // Tables for the terminal (aligned columns) or CSV, from the same rows.
 #pragma once
 
+#include "fp8lab/core/text.hpp"
+
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -63,11 +65,7 @@ inline std::string fmt_g(double v, int digits = 6) {
   std::snprintf(buf, sizeof buf, "%.*g", digits, v);
   return buf;
 }
-inline std::string fmt_f(double v, int decimals = 1) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
+inline std::string fmt_f(double v, int decimals = 1) { return fixed(v, decimals); }
 // part / total as a percentage with 3 decimals; "-" when total is 0.
 inline std::string pct(std::uint64_t part, std::uint64_t total) {
   if (total == 0) return "-";

@@ -84,17 +84,25 @@ Overflow parse_overflow(std::string_view s) {
 
 int natural_bias(int exp_bits) { return exp_bits <= 0 ? 0 : (1 << (exp_bits - 1)) - 1; }
 
-void validate(const Format& f) {
-  const int E = f.exp_bits, M = f.man_bits;
+namespace {
+// The field ranges, checked before the fields are narrowed into a Format and again by
+// validate().
+void check_field_ranges(int E, int M, int bias) {
   if (E < 0 || E > kMaxExpBits)
     throw Error("exponent bits E must be in 0.." + std::to_string(kMaxExpBits) + " (got " +
                 std::to_string(E) + ")");
   if (M < 0 || M > kMaxManBits)
     throw Error("mantissa bits M must be in 0.." + std::to_string(kMaxManBits) + " (got " +
                 std::to_string(M) + ")");
-  if (f.bias < -kMaxAbsBias || f.bias > kMaxAbsBias)
+  if (bias < -kMaxAbsBias || bias > kMaxAbsBias)
     throw Error("bias must be in -" + std::to_string(kMaxAbsBias) + ".." +
-                std::to_string(kMaxAbsBias) + " (got " + std::to_string(f.bias) + ")");
+                std::to_string(kMaxAbsBias) + " (got " + std::to_string(bias) + ")");
+}
+}  // namespace
+
+void validate(const Format& f) {
+  const int E = f.exp_bits, M = f.man_bits;
+  check_field_ranges(E, M, f.bias);
   if ((f.policy == Policy::ieee || f.policy == Policy::fn) && E < 1)
     throw Error("policy " + std::string(to_string(f.policy)) +
                 " needs at least one exponent bit (E >= 1)");
@@ -108,13 +116,7 @@ void validate(const Format& f) {
 }
 
 Format make_format(int exp_bits, int man_bits, int bias, Policy policy, bool subnormals) {
-  // Range-check before narrowing into the compact fields.
-  if (exp_bits < 0 || exp_bits > kMaxExpBits)
-    throw Error("exponent bits E must be in 0..8 (got " + std::to_string(exp_bits) + ")");
-  if (man_bits < 0 || man_bits > kMaxManBits)
-    throw Error("mantissa bits M must be in 0..23 (got " + std::to_string(man_bits) + ")");
-  if (bias < -kMaxAbsBias || bias > kMaxAbsBias)
-    throw Error("bias must be in -512..512 (got " + std::to_string(bias) + ")");
+  check_field_ranges(exp_bits, man_bits, bias);  // before narrowing into the compact fields
   Format f;
   f.exp_bits = static_cast<std::int8_t>(exp_bits);
   f.man_bits = static_cast<std::int8_t>(man_bits);

@@ -302,17 +302,6 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   return parse_train_config(read_file(path), path, overrides);
 }
 
-namespace {
-// Shortest round-trip text of a double, always a TOML float ("0.0", "5e-04", "0.1").
-std::string toml_double(double d) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, d);
-  std::string t(buf, r.ptr);
-  if (t.find_first_of(".eni") == std::string::npos) t += ".0";
-  return t;
-}
-}  // namespace
-
 std::string to_toml(const TrainConfig& cin) {
   TrainConfig c = cin;
   std::string out = "schema = " + std::to_string(kConfigSchema) + "\n", section;
@@ -334,10 +323,10 @@ std::string to_toml(const TrainConfig& cin) {
           } else if constexpr (std::is_same_v<T, bool>) {
             value = *p ? "true" : "false";
           } else if constexpr (std::is_same_v<T, double>) {
-            value = toml_double(*p);
+            value = shortest_float(*p);
           } else if constexpr (std::is_same_v<T, std::vector<double>>) {
             value = "[";
-            for (std::size_t i = 0; i < p->size(); ++i) value += (i ? ", " : "") + toml_double((*p)[i]);
+            for (std::size_t i = 0; i < p->size(); ++i) value += (i ? ", " : "") + shortest_float((*p)[i]);
             value += "]";
           } else {
             value = std::to_string(*p);

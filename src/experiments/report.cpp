@@ -34,7 +34,6 @@ std::string pvalue(double p) {
   return b;
 }
 
-const char* kKindNames[4] = {"activations", "weights", "grad_x", "grad_w"};
 
 // Decimals for a metric: accuracies and BLEU 2, losses 4.
 int decimals_for(const std::string& metric) { return metric.find("loss") != std::string::npos ? 4 : 2; }
@@ -206,10 +205,12 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
   std::vector<std::string> layer_order;  // forward order: as the activations were recorded
   for (const auto& r : stats) {
     first_step = std::min(first_step, r.step), last_step = std::max(last_step, r.step);
-    if (r.kind == "a" && std::find(layer_order.begin(), layer_order.end(), r.layer) == layer_order.end())
+    if (r.kind == nn::to_string(nn::TensorKind::a) && std::find(layer_order.begin(), layer_order.end(), r.layer) == layer_order.end())
       layer_order.push_back(r.layer);
   }
-  const std::vector<std::string> kinds = spec.kinds.empty() ? std::vector<std::string>{"a", "w", "gx", "gw"} : spec.kinds;
+  std::vector<std::string> kinds = spec.kinds;
+  for (int k = 0; k < nn::kKinds && spec.kinds.empty(); ++k)
+    kinds.emplace_back(nn::to_string(static_cast<nn::TensorKind>(k)));
   plt::Figure fig;
   fig.title = spec.title.empty() ? s.name + ": exponent histograms (" + which + ", seed " + std::to_string(row->seed) + ")"
                                  : spec.title;
@@ -235,7 +236,7 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
       }
       if (groups.empty()) continue;
       plt::Panel p;
-      p.title = std::string(kKindNames[static_cast<int>(nn::parse_kind(kind))]) + ", step " + std::to_string(step);
+      p.title = std::string(nn::kind_title(nn::parse_kind(kind))) + ", step " + std::to_string(step);
       p.xlabel = "exponent e = floor(log2 |x|)";
       p.ylabel = "% of values";
       p.ymin = 0;

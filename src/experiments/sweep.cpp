@@ -52,23 +52,12 @@ std::string quote(const std::string& s) {
   return o.str();
 }
 
-// The shortest text that reads back to the same double, always with a '.' or exponent
-// (so that TOML reads it as a float): 0.1, 2.0, 1e-05.
-std::string shortest(double v) {
-  if (!std::isfinite(v)) return v > 0 ? "inf" : v < 0 ? "-inf" : "nan";
-  char b[64];
-  auto r = std::to_chars(b, b + sizeof b, v);
-  std::string t(b, r.ptr);
-  if (t.find_first_of(".eE") == std::string::npos) t += ".0";
-  return t;
-}
-
 Value scalar(const toml::node& n, const std::string& what, const std::string& source) {
   if (auto s = n.value_exact<std::string>()) return {*s, quote(*s)};
   if (auto i = n.value_exact<std::int64_t>()) return {std::to_string(*i), std::to_string(*i)};
   if (auto b = n.value_exact<bool>()) return {*b ? "true" : "false", *b ? "true" : "false"};
   if (auto d = n.value_exact<double>()) {
-    const std::string t = shortest(*d);
+    const std::string t = shortest_float(*d);
     return {t, t};
   }
   throw Error(where(source, n) + what + ": expected a string, number or boolean");
@@ -109,7 +98,7 @@ std::vector<Value> values_of(const toml::node& n, const std::string& name, const
         const auto iv = static_cast<std::int64_t>(std::llround(v));
         out.push_back({std::to_string(iv), std::to_string(iv)});
       } else {
-        out.push_back({shortest(v), shortest(v)});
+        out.push_back({shortest_float(v), shortest_float(v)});
       }
     }
     return out;
@@ -149,12 +138,6 @@ bool is_number(const std::string& s) {
   } catch (const toml::parse_error&) {
     return false;
   }
-}
-
-std::string fmt2(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f", v);
-  return b;
 }
 
 std::string hex16(std::uint64_t h) {
@@ -683,7 +666,7 @@ class SweepRunner {
     if (status == RunStatus::finished) ++sum_.finished;
     else if (status == RunStatus::diverged) ++sum_.diverged;
     else if (status != RunStatus::stopped) ++sum_.failed;
-    const std::string metric = row && row->final_metric ? " " + row->metric_name + " " + fmt2(*row->final_metric) : "";
+    const std::string metric = row && row->final_metric ? " " + row->metric_name + " " + fixed(*row->final_metric, 2) : "";
     const std::string exit = rc != 0 && status != RunStatus::stopped ? ", exit " + std::to_string(rc) + ", see " + j.log : "";
     char line[512];
     std::snprintf(line, sizeof line, "[%d/%zu] %s seed %llu: %s%s (%.0f s%s)", ended_, jobs_.size(),

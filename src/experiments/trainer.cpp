@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "fp8lab/core/random.hpp"
+#include "fp8lab/core/text.hpp"
 #include "fp8lab/experiments/progress.hpp"
 #include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
@@ -104,12 +105,6 @@ std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> reco
     rows.push_back(std::move(r));
   }
   return rows;
-}
-
-std::string short_num(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.3f", v);
-  return b;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -302,8 +297,8 @@ void Trainer::after_step(double lr) {
   if (step % plan_.checkpoint_every == 0 || step == plan_.total) checkpoint_now();
   if (opt_.progress) {
     const std::int64_t epoch = step / plan_.steps_per_epoch + (step % plan_.steps_per_epoch ? 1 : 0);
-    bar_->update(step, "epoch " + std::to_string(epoch) + " loss " + short_num(state_.loss_ema) + " scale 2^" +
-                           std::to_string(scaler_->log2_scale()) + " lr " + short_num(lr));
+    bar_->update(step, "epoch " + std::to_string(epoch) + " loss " + fixed(state_.loss_ema, 3) + " scale 2^" +
+                           std::to_string(scaler_->log2_scale()) + " lr " + fixed(lr, 3));
   }
 }
 
@@ -402,7 +397,7 @@ TrainResult Trainer::finish() {
   if (status_ == RunStatus::finished) res.final_metric = final_metric();
   record_.flush_trace(state_.trace);
   if (opt_.progress)
-    bar_->finish(status_ == RunStatus::finished ? res.metric_name + " " + short_num(res.final_metric)
+    bar_->finish(status_ == RunStatus::finished ? res.metric_name + " " + fixed(res.final_metric, 3)
                                                 : std::string(to_string(status_)));
   res.evals = state_.evals;
   res.final_train_loss = state_.loss_ema;

@@ -21,24 +21,45 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
 }
 }  // namespace
 
-std::string_view to_string(TensorKind k) {
-  switch (k) {
-    case TensorKind::a: return "a";
-    case TensorKind::w: return "w";
-    case TensorKind::gx: return "gx";
-    case TensorKind::gw: return "gw";
-  }
-  return "?";
+namespace {
+// The tensor kinds' names: the short one recipes and statistics use, the title plots use,
+// and the other spellings a recipe accepts.
+struct KindName {
+  TensorKind kind;
+  std::string_view name, title, alias1, alias2;
+};
+constexpr KindName kKindNames[] = {
+    {TensorKind::a, "a", "activations", "activations", "act"},
+    {TensorKind::w, "w", "weights", "weights", "weights"},
+    {TensorKind::gx, "gx", "grad_x", "grad_x", "grad_a"},
+    {TensorKind::gw, "gw", "grad_w", "grad_w", "grad_w"},
+};
+const KindName& names_of(TensorKind k) {
+  for (const auto& n : kKindNames)
+    if (n.kind == k) return n;
+  return kKindNames[0];
 }
+}  // namespace
+
+std::string_view to_string(TensorKind k) { return names_of(k).name; }
+std::string_view kind_title(TensorKind k) { return names_of(k).title; }
 
 TensorKind parse_kind(std::string_view s) {
   s = trim(s);
-  if (s == "a" || s == "activations" || s == "act") return TensorKind::a;
-  if (s == "w" || s == "weights") return TensorKind::w;
-  if (s == "gx" || s == "grad_x" || s == "grad_a") return TensorKind::gx;
-  if (s == "gw" || s == "grad_w") return TensorKind::gw;
+  for (const auto& n : kKindNames)
+    if (s == n.name || s == n.alias1 || s == n.alias2) return n.kind;
   throw Error("unknown tensor kind '" + std::string(s) + "': expected a, w, gx or gw");
 }
+
+namespace {
+std::optional<Rounding> rounding_named(std::string_view s) {
+  try {
+    return parse_rounding(s);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+}  // namespace
 
 KindQuant parse_kind_quant(std::string_view text) {
   const std::string_view t = trim(text);
@@ -49,13 +70,11 @@ KindQuant parse_kind_quant(std::string_view text) {
   bool seen_r = false, seen_o = false;
   for (std::size_t i = 1; i < parts.size(); ++i) {
     const std::string_view p = trim(parts[i]);
-    try {
-      q.rounding = parse_rounding(p);
+    if (const auto r = rounding_named(p)) {
       if (seen_r) throw Error("rounding given twice in '" + std::string(t) + "'");
+      q.rounding = *r;
       seen_r = true;
       continue;
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("twice") != std::string::npos) throw;
     }
     try {
       q.overflow = parse_overflow(p);

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 
@@ -18,6 +21,25 @@ inline std::string_view trim(std::string_view s) {
 // The prefix of an error at a line of a file: "<source>:<line>: ".
 inline std::string at_line(const std::string& source, std::int64_t line) {
   return source + ":" + std::to_string(line) + ": ";
+}
+
+// The shortest text that reads back to the same double, always with a '.' or an exponent
+// so that TOML reads it as a float: 0.1, 2.0, 1e-05, inf, -inf, nan.
+inline std::string shortest_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char b[64];
+  const auto r = std::to_chars(b, b + sizeof b, v);
+  std::string t(b, r.ptr);
+  if (t.find_first_of(".eE") == std::string::npos) t += ".0";
+  return t;
+}
+
+// `v` with a fixed number of decimals ("%.*f").
+inline std::string fixed(double v, int decimals) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", decimals, v);
+  return b;
 }
 
 }  // namespace fp8lab

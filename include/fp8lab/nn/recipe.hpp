@@ -18,6 +18,7 @@ inline constexpr int kKinds = 4;
 inline constexpr std::array<TensorKind, 4> kAllKinds = {TensorKind::a, TensorKind::w,
                                                          TensorKind::gx, TensorKind::gw};
 std::string_view to_string(TensorKind k);  // "a", "w", "gx", "gw"
+std::string_view kind_title(TensorKind k);  // "activations", "weights", "grad_x", "grad_w"
 TensorKind parse_kind(std::string_view s);  // also "activations", "weights", "grad_x", "grad_w"
 
 // nullopt: the tensor stays float32.
