@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "../src/kernels/parallel.hpp"
+#include "fp8lab/kernels/parallel.hpp"
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/kernels/kernels.hpp"
 
@@ -46,7 +46,7 @@ Data& data() {
 
 // The reference loops, split over the kernels' own thread pool.
 void stream_f32(const float* x, float* y, std::size_t n, float a) {
-  kernels::detail::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
+  kernels::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
     const float* __restrict in = x;
     float* __restrict out = y;
     for (std::size_t i = b; i < e; ++i) out[i] = a * in[i];
@@ -55,14 +55,14 @@ void stream_f32(const float* x, float* y, std::size_t n, float a) {
 // Reads 4 bytes and writes 1 per element, as encoding does (the top byte of each float).
 void stream_f32_u8(const float* x, std::uint8_t* y, std::size_t n) {
   const auto* u = reinterpret_cast<const std::uint32_t*>(x);
-  kernels::detail::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
+  kernels::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
     const std::uint32_t* __restrict in = u;
     std::uint8_t* __restrict out = y;
     for (std::size_t i = b; i < e; ++i) out[i] = static_cast<std::uint8_t>(in[i] >> 24);
   });
 }
 void stream_u8_f32(const std::uint8_t* x, float* y, std::size_t n, float a) {
-  kernels::detail::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
+  kernels::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
     const std::uint8_t* __restrict in = x;
     float* __restrict out = y;
     for (std::size_t i = b; i < e; ++i) out[i] = a * static_cast<float>(in[i]);
@@ -84,7 +84,7 @@ double seconds_per_call(const F& f, int reps = 5) {
 float stream_read(const float* x, std::size_t n) {
   float total = 0;
   std::mutex m;
-  kernels::detail::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
+  kernels::parallel_for(n, 1024, [&](std::size_t b, std::size_t e) {
     float acc[16] = {};
     for (std::size_t i = b; i + 16 <= e; i += 16)
       for (int k = 0; k < 16; ++k) acc[k] += x[i + k];

@@ -351,10 +351,13 @@ void Trainer::run() {
   first_step_ = state_.step;
   loop_started_ = std::chrono::steady_clock::now();
   if (opt_.progress) {
-    std::fprintf(stderr, "%s: %s, recipe %s, loss scaling %s, %lld steps, seed %llu%s\n", cfg_.name.c_str(),
-                 task_->description().c_str(), cfg_.quant.recipe.c_str(), cfg_.quant.loss_scale.c_str(),
-                 static_cast<long long>(plan_.total), static_cast<unsigned long long>(cfg_.seed),
-                 first_step_ > 0 ? (" (resumed at step " + std::to_string(first_step_) + ")").c_str() : "");
+    const std::string blas = nn::blas_core();
+    std::fprintf(stderr, "%s: %s, recipe %s, loss scaling %s, %lld steps, seed %llu%s; %d threads%s\n",
+                 cfg_.name.c_str(), task_->description().c_str(), cfg_.quant.recipe.c_str(),
+                 cfg_.quant.loss_scale.c_str(), static_cast<long long>(plan_.total),
+                 static_cast<unsigned long long>(cfg_.seed),
+                 first_step_ > 0 ? (" (resumed at step " + std::to_string(first_step_) + ")").c_str() : "",
+                 nn::current_torch_settings().threads, blas.empty() ? "" : (", OpenBLAS " + blas).c_str());
     bar_.emplace(cfg_.name.size() > 24 ? cfg_.name.substr(0, 24) : cfg_.name, plan_.total, "steps", first_step_);
   }
   while (state_.step < plan_.total) {

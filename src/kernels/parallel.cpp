@@ -1,4 +1,4 @@
-#include "parallel.hpp"
+#include "fp8lab/kernels/parallel.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -138,7 +138,6 @@ SerialScope::~SerialScope() { tls_serial = previous_; }
 void set_num_threads(int n) { Pool::get().set_threads(n); }
 int num_threads() { return Pool::get().threads(); }
 
-namespace detail {
 void parallel_for(std::size_t n, std::size_t align,
                   const std::function<void(std::size_t, std::size_t)>& fn) {
   if (n == 0) return;
@@ -148,6 +147,5 @@ void parallel_for(std::size_t n, std::size_t align,
   }
   Pool::get().run(n, align, fn);
 }
-}  // namespace detail
 
 }  // namespace fp8lab::kernels

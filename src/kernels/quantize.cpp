@@ -452,7 +452,7 @@ HWY_AFTER_NAMESPACE();
 #include <mutex>
 #include <vector>
 
-#include "parallel.hpp"
+#include "fp8lab/kernels/parallel.hpp"
 
 namespace fp8lab::kernels {
 
@@ -471,7 +471,7 @@ constexpr std::size_t kAlign = 1024;  // range boundaries for threads: whole cac
 template <class Body>
 void run_ranges(std::size_t n, QuantCounts* counts, const Body& body) {
   std::mutex m;
-  detail::parallel_for(n, kAlign, [&](std::size_t b, std::size_t e) {
+  parallel_for(n, kAlign, [&](std::size_t b, std::size_t e) {
     QuantCounts local;
     body(b, e, counts ? &local : nullptr);
     if (counts) {
@@ -578,7 +578,7 @@ static void decode_impl(const T* codes, float* y, std::size_t n, const Format& f
   require_codable(f);
   const auto table = decode_table(f);
   const std::uint32_t mask = static_cast<std::uint32_t>(table->size() - 1);
-  detail::parallel_for(n, kAlign, [&](std::size_t b, std::size_t e) {
+  parallel_for(n, kAlign, [&](std::size_t b, std::size_t e) {
     if constexpr (sizeof(T) == 1)
       HWY_DYNAMIC_DISPATCH(DecodeRange8)(table->data(), mask & 0xffu, codes + b, y + b, e - b);
     else
@@ -610,7 +610,7 @@ ExpHistogram& ExpHistogram::operator+=(const ExpHistogram& o) {
 ExpHistogram exponent_histogram(const float* x, std::size_t n) {
   ExpHistogram total;
   std::mutex m;
-  detail::parallel_for(n, kAlign, [&](std::size_t b, std::size_t e) {
+  parallel_for(n, kAlign, [&](std::size_t b, std::size_t e) {
     // Four interleaved tables over the 8-bit exponent field break the dependency chain
     // of repeated increments; the rare subnormals and non-finite values branch off.
     std::uint64_t t[4][256] = {};
