@@ -1,6 +1,6 @@
-// fp8lab train CONFIG.toml [--set key=value ...] [--resume]: one training run from a config
-// file, recorded in the results store, checkpointed, resumable. Ctrl-C stops at the next
-// step with a checkpoint.
+// fp8lab train [CONFIG.toml] [--set key=value ...] [--resume]: one training run from a config
+// file (or from the built-in defaults when none is given), recorded in the results store,
+// checkpointed, resumable. Ctrl-C stops at the next step with a checkpoint.
 #include <csignal>
 #include <cstdio>
 #include <memory>
@@ -29,7 +29,8 @@ extern "C" void on_sigint(int) {
 }
 
 int run_train(const TrainArgs& a) {
-  const experiments::TrainConfig cfg = experiments::load_train_config(a.config, a.set);
+  const experiments::TrainConfig cfg = a.config.empty() ? experiments::parse_train_config("", "(defaults)", a.set)
+                                                        : experiments::load_train_config(a.config, a.set);
   if (a.print_config) {
     std::fputs(experiments::to_toml(cfg).c_str(), stdout);
     return 0;
@@ -73,7 +74,8 @@ int run_train(const TrainArgs& a) {
 void register_train(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   auto* cmd = app.add_subcommand("train", "Train a model from a config file (see configs/)");
-  cmd->add_option("config", args->config, "Config file (TOML)")->required();
+  cmd->add_option("config", args->config,
+                  "Config file (TOML, starting with its schema line); none: the built-in defaults");
   cmd->add_option("--set", args->set, "Override a config key: --set optimizer.lr=0.05 (repeatable)");
   cmd->add_flag("--resume", args->resume, "Continue the run from its checkpoint");
   cmd->add_option("--stop-after", args->stop_after, "Stop after N steps with a checkpoint (resume later)");

@@ -40,10 +40,16 @@ void write_file_atomic(const std::string& path, const void* bytes, std::size_t n
   }
 }
 
-std::string read_file(const std::string& path) {
+std::uint64_t regular_file_size(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder, not a file");
+  if (!S_ISREG(st.st_mode)) throw Error(path + ": is not a regular file (a device, pipe or socket)");
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+std::string read_file(const std::string& path) {
+  regular_file_size(path);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
   if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   std::string out;

@@ -68,11 +68,9 @@ std::string dict_value(const std::string& path, std::size_t base, const std::str
 }  // namespace
 
 NpyArray read_npy(const std::string& path) {
+  const std::size_t file_size = regular_file_size(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open for reading (" + std::strerror(errno) + ")");
-  in.seekg(0, std::ios::end);
-  const std::size_t file_size = static_cast<std::size_t>(in.tellg());
-  in.seekg(0);
   unsigned char pre[10];
   if (file_size < 10 || !in.read(reinterpret_cast<char*>(pre), 10))
     fail(path, 0, "file is " + std::to_string(file_size) + " bytes, too short for a .npy header");
@@ -131,8 +129,17 @@ NpyArray read_npy(const std::string& path) {
     i = j;
   }
   const std::size_t data_start = header_start + header_len;
-  const std::size_t need = a.size() * itemsize(a.dtype);
   const std::size_t have = file_size - data_start;
+  // The element count and byte size are multiplied out with overflow checks; the size is
+  // then checked against the bytes present before anything is allocated.
+  const std::size_t item = itemsize(a.dtype);
+  std::size_t count = 1;
+  for (std::size_t d : a.shape)
+    if (__builtin_mul_overflow(count, d, &count))
+      fail(path, header_start + h.find("shape"), "shape " + shape + " has more elements than fit in 64 bits");
+  std::size_t need = 0;
+  if (__builtin_mul_overflow(count, item, &need))
+    fail(path, header_start + h.find("shape"), "shape " + shape + " needs more bytes than fit in 64 bits");
   if (have < need)
     fail(path, data_start, "data holds " + std::to_string(have) + " bytes but the shape needs " +
                                std::to_string(need) + " (file truncated?)");

@@ -14,6 +14,8 @@
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/nn/loss_scale.hpp"
+#include "fp8lab/nn/recipe.hpp"
 #include "fp8lab/data/images.hpp"
 
 namespace fp8lab::experiments {
@@ -193,10 +195,37 @@ void validate_task(const TrainConfig& c) {
   if (c.task == "bert") check(c.data.max_tokens >= 8, "data.max_tokens must be in 8..4096 for BERT");
 }
 
+// Every floating-point field is a finite number (inf and nan parse as TOML floats).
+void check_finite(const TrainConfig& c) {
+  TrainConfig copy = c;
+  for (const auto& f : fields(copy)) {
+    if (const auto* d = std::get_if<double*>(&f.ptr)) check(std::isfinite(**d), f.key + " must be a finite number");
+    if (const auto* v = std::get_if<std::vector<double>*>(&f.ptr))
+      for (double x : **v) check(std::isfinite(x), f.key + " must hold finite numbers");
+  }
+}
+
+// The recipe and loss scaling parse (a recipe file is read): a run that could not start is
+// refused before anything is recorded.
+void validate_quant(const QuantConfig& q) {
+  try {
+    (void)nn::load_recipe(q.recipe);
+  } catch (const Error& e) {
+    throw Error(std::string("config: quant.recipe: ") + e.what());
+  }
+  try {
+    (void)nn::parse_loss_scale(q.loss_scale);
+  } catch (const Error& e) {
+    throw Error(std::string("config: quant.loss_scale: ") + e.what());
+  }
+}
+
 }  // namespace
 
 void validate(const TrainConfig& c) {
+  check_finite(c);
   validate_task(c);
+  validate_quant(c.quant);
   check(c.threads >= 0, "threads must be >= 0");
   check(c.model.width >= 0 && c.model.width <= 4096, "model.width must be in 0..4096");
   check(c.model.width_mult >= 0 && c.model.depth_mult >= 0, "model multipliers must be >= 0");
@@ -235,8 +264,19 @@ void validate(const TrainConfig& c) {
   check(t.eval_interval >= 0 && t.stats_interval >= 0 && t.checkpoint_interval >= 0, "intervals must be >= 0");
 }
 
+namespace {
+TrainConfig parse_config(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
+                         bool require_schema);
+}  // namespace
+
 TrainConfig parse_train_config(const std::string& text, const std::string& source,
                                const std::vector<std::string>& overrides) {
+  return parse_config(text, source, overrides, false);
+}
+
+namespace {
+TrainConfig parse_config(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
+                         bool require_schema) {
   toml::table root;
   try {
     root = toml::parse(text, source);
@@ -261,6 +301,9 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
       throw Error(where + "'" + key + "' " + e.what());
     }
   };
+  if (require_schema && !root.contains("schema"))
+    throw Error(source + ": not an fp8lab config: it has no 'schema = " + std::to_string(kConfigSchema) +
+                "' line (`fp8lab train --print-config` prints a complete config)");
   for (auto&& [k, v] : root) {
     const std::string key(k.str());
     if (key == "schema") {
@@ -298,8 +341,10 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   return c;
 }
 
+}  // namespace
+
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
-  return parse_train_config(read_file(path), path, overrides);
+  return parse_config(read_file(path), path, overrides, true);
 }
 
 std::string to_toml(const TrainConfig& cin) {

@@ -411,10 +411,10 @@ void check_plot_variables(const Sweep& s, const std::string& source) {
         throw Error(source + ": plot '" + p.file + "' uses variable '" + *v + "', which no grid defines");
 }
 
-// The run of point `pi` and `seed`, its config built and checked now: a bad value is an
-// error before anything runs. `checked` remembers the recipes and loss scalings seen.
+// The run of point `pi` and `seed`, its config built and checked now (recipe and loss
+// scaling included): a bad value is an error before anything runs.
 SweepRun run_of(const Sweep& s, const std::string& base_text, std::size_t pi, std::uint64_t seed,
-                std::set<std::string>& checked, const std::string& source) {
+                const std::string& source) {
   std::vector<std::string> ov = s.set;
   ov.insert(ov.end(), s.points[pi].sets.begin(), s.points[pi].sets.end());
   ov.push_back("name=" + quote(s.name));
@@ -424,11 +424,6 @@ SweepRun run_of(const Sweep& s, const std::string& base_text, std::size_t pi, st
   r.seed = seed;
   try {
     r.cfg = parse_train_config(base_text, s.base.empty() ? "(defaults)" : s.base, ov);
-    // What the trainer would reject only when the run starts: the recipe and loss scaling.
-    if (checked.insert(r.cfg.quant.recipe + "\n" + r.cfg.quant.loss_scale).second) {
-      (void)nn::load_recipe(r.cfg.quant.recipe);
-      (void)nn::parse_loss_scale(r.cfg.quant.loss_scale);
-    }
   } catch (const Error& e) {
     throw Error(source + ": point " + s.points[pi].label() + ": " + e.what());
   }
@@ -457,9 +452,8 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
   if (!f.baseline.empty()) s.baseline = baseline_point(s, f.baseline, source);
   check_plot_variables(s, source);
   const std::string base_text = s.base.empty() ? std::string() : read_file(s.base);
-  std::set<std::string> checked;
   for (std::size_t pi = 0; pi < s.points.size(); ++pi)
-    for (std::uint64_t seed : s.seeds) s.runs.push_back(run_of(s, base_text, pi, seed, checked, source));
+    for (std::uint64_t seed : s.seeds) s.runs.push_back(run_of(s, base_text, pi, seed, source));
   return s;
 }
 

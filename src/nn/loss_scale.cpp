@@ -40,6 +40,16 @@ LossScaleConfig parse_loss_scale(std::string_view text) {
     if (v.empty() || *end != '\0' || !std::isfinite(d)) throw bad("'" + key + "' needs a number, got '" + v + "'");
     return d;
   };
+  // An integer in [lo, hi]: a log2 scale outside float32's exponent range, or a fraction,
+  // is an error rather than a silently converted value.
+  auto integer = [&](const std::string& key, const std::string& v, int lo, int hi) {
+    const double d = num(key, v);
+    if (d != std::floor(d) || d < lo || d > hi)
+      throw bad("'" + key + "' must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" +
+                v + "'");
+    return static_cast<int>(d);
+  };
+  constexpr int kLog2Lo = -126, kLog2Hi = 127;  // scales that are normal float32 numbers
   std::size_t pos = 0;
   while (pos < rest.size()) {
     std::size_t comma = rest.find(',', pos);
@@ -51,30 +61,34 @@ LossScaleConfig parse_loss_scale(std::string_view text) {
     if (eq == std::string::npos) {
       // "static:22" is the log2 of the scale.
       if (c.method == LossScaleMethod::fixed) {
-        c.init_log2 = static_cast<int>(num("log2 scale", item));
+        c.init_log2 = integer("log2 scale", item, kLog2Lo, kLog2Hi);
         continue;
       }
       throw bad("'" + item + "' is not key=value");
     }
     const std::string key = item.substr(0, eq), v = item.substr(eq + 1);
-    if (key == "init") c.init_log2 = static_cast<int>(num(key, v));
-    else if (key == "interval" && c.method == LossScaleMethod::backoff) c.interval = static_cast<int>(num(key, v));
+    if (key == "init") c.init_log2 = integer(key, v, kLog2Lo, kLog2Hi);
+    else if (key == "interval" && c.method == LossScaleMethod::backoff) c.interval = integer(key, v, 1, 1000000000);
     else if (key == "factor" && c.method == LossScaleMethod::backoff) {
       const double f = num(key, v);
       const double l = std::log2(f);
-      if (f < 2 || l != std::floor(l)) throw bad("factor must be a power of two >= 2");
+      if (f < 2 || l != std::floor(l) || l > 64) throw bad("factor must be a power of two in 2..2^64");
       c.backoff_log2_factor = static_cast<int>(l);
     } else if (key == "c" && c.method == LossScaleMethod::logmax) c.c = num(key, v);
     else if (key == "beta1" && c.method == LossScaleMethod::logmax) c.beta1 = num(key, v);
     else if (key == "beta2" && c.method == LossScaleMethod::logmax) c.beta2 = num(key, v);
     else if (key == "max" && c.method == LossScaleMethod::logmax) c.grad_format_max = num(key, v);
-    else if (key == "min_log2") c.min_log2 = static_cast<int>(num(key, v));
-    else if (key == "max_log2") c.max_log2 = static_cast<int>(num(key, v));
+    else if (key == "min_log2") c.min_log2 = integer(key, v, kLog2Lo, kLog2Hi);
+    else if (key == "max_log2") c.max_log2 = integer(key, v, kLog2Lo, kLog2Hi);
     else throw bad("unknown key '" + key + "' for " + method);
   }
   if (c.interval < 1) throw bad("interval must be >= 1");
   if (c.beta1 <= 0 || c.beta1 >= 1 || c.beta2 <= 0 || c.beta2 >= 1) throw bad("betas must be in (0, 1)");
   if (c.min_log2 > c.max_log2) throw bad("min_log2 > max_log2");
+  if (c.init_log2 < c.min_log2 || c.init_log2 > c.max_log2)
+    throw bad("the initial log2 scale " + std::to_string(c.init_log2) + " is outside min_log2..max_log2 (" +
+              std::to_string(c.min_log2) + ".." + std::to_string(c.max_log2) + ")");
+  if (c.method == LossScaleMethod::logmax && !(c.grad_format_max > 0)) throw bad("'max' must be > 0");
   return c;
 }
 

@@ -122,6 +122,7 @@ fi
 # --- train: config files, --set, stop/resume, Ctrl-C, errors --------------------------------
 if "$FP8LAB" --help | grep -q ' train'; then
   cat >"$T/syn.toml" <<'TOML'
+schema = 1
 name = "syn"
 [model]
 name = "resnet8"
@@ -167,8 +168,14 @@ TOML
   check "no checkpoint temporaries" [ -z "$(ls "$T" | grep 'ckpt.tmp')" ]
   out=$("$FP8LAB" train "$T/syn.toml" --set train.epochs=9 --print-config); rc=$?
   check "print-config" grep -q '^epochs = 9$' <<<"$out"
-  printf '[train]\nepochs = 2\nbach = 3\n' >"$T/bad.toml"
-  expect_fail "train unknown key" "bad.toml:3: unknown key 'train.bach'" "$FP8LAB" train "$T/bad.toml"
+  printf 'schema = 1\n[train]\nepochs = 2\nbach = 3\n' >"$T/bad.toml"
+  expect_fail "train unknown key" "bad.toml:4: unknown key 'train.bach'" "$FP8LAB" train "$T/bad.toml"
+  : >"$T/empty.toml"
+  expect_fail "train empty config" "empty.toml: not an fp8lab config" "$FP8LAB" train "$T/empty.toml"
+  expect_fail "train folder as config" "is a folder" "$FP8LAB" train "$T"
+  expect_fail "train device as config" "/dev/null: is not a regular file" "$FP8LAB" train /dev/null
+  expect_fail "train infinite weight decay" "optimizer.weight_decay must be a finite number" "$FP8LAB" train "$T/syn.toml" --set optimizer.weight_decay=inf
+  expect_fail "train huge loss scale" "'log2 scale' must be an integer in -126..127" "$FP8LAB" train "$T/syn.toml" --set quant.loss_scale=static:1e300
   expect_fail "train bad --set" "--set optimizer.lr=fast: 'optimizer.lr' must be a number" "$FP8LAB" train "$T/syn.toml" --set optimizer.lr=fast
   expect_fail "train missing config" "none.toml: cannot open" "$FP8LAB" train "$T/none.toml"
   expect_fail "resume without checkpoint" "no checkpoint to resume from" "$FP8LAB" train "$T/syn.toml" --set "train.checkpoint=$T/none.ckpt" --resume --db "$T/t.db"

@@ -108,6 +108,44 @@ TEST(Npy, BadFilesGiveErrorsWithPlace) {
   fs::remove_all(d);
 }
 
+TEST(Npy, ShapesAreCheckedAgainstTheBytesPresentBeforeTheyAreMultiplied) {
+  const fs::path d = tmpdir();
+  NpyArray a;
+  a.shape = {4};
+  a.data.resize(16);
+  write_npy((d / "good.npy").string(), a);
+  const std::string good = slurp(d / "good.npy");
+  // Shapes whose product overflows 64 bits, or is merely larger than the file, are errors
+  // naming the problem; nothing is allocated for them.
+  for (const auto& [shape, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"(4294967296, 4294967296)", "shape (4294967296, 4294967296) has more elements than fit in 64 bits"},
+           {"(1099511627776, 1099511627776, 1099511627776)", "has more elements than fit in 64 bits"},
+           {"(2147483648, 2147483648)", "needs more bytes than fit in 64 bits"},
+           {"(1099511627776,)", "data holds 16 bytes but the shape needs 4398046511104 (file truncated?)"},
+           {"(2, 3)", "data holds 16 bytes but the shape needs 24"}}) {
+    std::string h = good;
+    h.replace(h.find("(4,)"), 4, shape);
+    // Keep the header length: the data still starts where it did (pad or trim the spaces).
+    const std::size_t nl = h.find('\n');
+    const long delta = static_cast<long>(shape.size()) - 4;
+    if (delta > 0) h.erase(nl - static_cast<std::size_t>(delta), static_cast<std::size_t>(delta));
+    else h.insert(nl, static_cast<std::size_t>(-delta), ' ');
+    spit(d / "shape.npy", h);
+    const std::string e = error_of(d / "shape.npy");
+    EXPECT_NE(e.find(expected), std::string::npos) << shape << ": " << e;
+  }
+  // A zero dimension is an empty array, whatever the others.
+  std::string h = good;
+  h.replace(h.find("(4,)"), 4, "(0,9)");
+  h.erase(h.find('\n') - 1, 1);
+  spit(d / "zero.npy", h.substr(0, good.size() - 16));
+  EXPECT_EQ(read_npy((d / "zero.npy").string()).size(), 0u);
+  // Folders and devices are not files.
+  EXPECT_NE(error_of(d).find("is a folder"), std::string::npos);
+  EXPECT_NE(error_of("/dev/null").find("is not a regular file"), std::string::npos);
+  fs::remove_all(d);
+}
+
 TEST(Npy, FailedWriteLeavesNothingBehind) {
   const fs::path d = tmpdir();
   NpyArray a;

@@ -245,12 +245,23 @@ TEST(Trainer, DivergenceIsRecordedNotACrash) {
   EXPECT_EQ(store.runs({.name = "boom"})[0].status, results::RunStatus::diverged);
 }
 
-TEST(Trainer, BadRecipeFailsTheRunCleanly) {
+TEST(Trainer, BadRecipeIsRefusedBeforeAnythingIsRecorded) {
   results::Store store((dir() / "r3.db").string());
   auto c = small("bad");
   c.quant.recipe = "a=1.4.3,q=1";
+  const std::string e = error_of([&] { experiments::train(c, &store, quiet()); });
+  EXPECT_NE(e.find("quant.recipe"), std::string::npos) << e;
+  EXPECT_TRUE(store.runs({.name = "bad"}).empty());
+}
+
+TEST(Trainer, AFailureDuringTheRunIsRecordedAsFailed) {
+  results::Store store((dir() / "r4.db").string());
+  auto c = small("nodata");
+  c.data.name = "mnist";
+  c.data.dir = (dir() / "no-such-folder").string();  // valid config, fails when the data loads
   EXPECT_THROW(experiments::train(c, &store, quiet()), Error);
-  EXPECT_EQ(store.runs({.name = "bad"})[0].status, results::RunStatus::failed);
+  ASSERT_EQ(store.runs({.name = "nodata"}).size(), 1u);
+  EXPECT_EQ(store.runs({.name = "nodata"})[0].status, results::RunStatus::failed);
 }
 
 namespace {

@@ -26,6 +26,24 @@ TEST(LossScale, ParsesConfigs) {
   EXPECT_THROW(parse_loss_scale("logmax:c=x"), Error);
 }
 
+TEST(LossScale, OutOfRangeValuesAreErrorsNotConversions) {
+  // A scale that is no float32 (2^1e300, 2^-1e300) or a fraction of an exponent is refused
+  // with the value named, instead of becoming some other scale.
+  for (const char* bad : {"static:1e300", "static:-1e300", "static:22.5", "static:128", "backoff:init=-127",
+                          "backoff:interval=0", "backoff:interval=1e12", "backoff:factor=1e300",
+                          "logmax:min_log2=1e300", "logmax:max=0", "logmax:max=-1",
+                          "backoff:init=70"}) {  // above the default max_log2 = 64
+    try {
+      parse_loss_scale(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const fp8lab::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(parse_loss_scale("static:127,max_log2=127").init_log2, 127);
+  EXPECT_EQ(parse_loss_scale("static:-126,min_log2=-126").init_log2, -126);
+}
+
 TEST(LossScale, BackoffSkipsAndHalvesThenDoubles) {
   LossScaler s(parse_loss_scale("backoff:init=8,interval=3"));
   EXPECT_EQ(s.scale(), 256.0);

@@ -16,9 +16,13 @@ inline void write_file_atomic(const std::string& path, const std::string& text) 
   write_file_atomic(path, text.data(), text.size());
 }
 
-// The whole file as bytes; throws Error naming the file when it cannot be read (a folder
-// is an error too).
+// The whole file as bytes; throws Error naming the file when it cannot be read or is not a
+// regular file (a folder, a device, a pipe).
 std::string read_file(const std::string& path);
+
+// The size of a regular file; throws Error naming it when it is missing or is not a
+// regular file (a folder, a device, a pipe).
+std::uint64_t regular_file_size(const std::string& path);
 
 // FNV-1a over `n` bytes, continued from `h` (start with kFnvBasis).
 inline constexpr std::uint64_t kFnvBasis = 0xcbf29ce484222325ULL;

@@ -114,9 +114,11 @@ struct TrainConfig {
 };
 
 // Parses a TOML config (`source` names it in errors), then applies `overrides`
-// ("key=value" each). The result is checked (ranges, names).
+// ("key=value" each). The result is checked (ranges, finiteness, names).
 TrainConfig parse_train_config(const std::string& toml_text, const std::string& source,
                                const std::vector<std::string>& overrides = {});
+// A config file: a regular file whose TOML has a `schema` line (an empty file, a folder or a
+// device is an error, never the defaults).
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
 void validate(const TrainConfig& c);
 
