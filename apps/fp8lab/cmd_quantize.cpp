@@ -8,6 +8,7 @@
 #include "commands.hpp"
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/core/npy.hpp"
 #include "fp8lab/kernels/kernels.hpp"
 
@@ -39,7 +40,8 @@ void run_quantize(const QuantizeArgs& a) {
   if (a.codes || a.decode) require_codable(q.format);
   if (a.threads < 0) throw Error("--threads must be >= 0 (0: all cores)");
   if (a.threads > 0) kernels::set_num_threads(a.threads);
-  if (a.input == a.output) throw Error("output must differ from input: '" + a.output + "'");
+  if (a.input == a.output || same_file(a.input, a.output))
+    throw Error("output must differ from input: '" + a.output + "' is the file '" + a.input + "'");
 
   const NpyArray in = read_npy(a.input);
   NpyArray out;

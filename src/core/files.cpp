@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -25,7 +26,18 @@ std::string temporary_name(const std::string& path) {
 }
 }  // namespace
 
-void write_file_atomic(const std::string& path, const void* bytes, std::size_t n) {
+namespace {
+
+// Writes the bytes to an existing file that is not a regular one (a device such as
+// /dev/null, a FIFO) in place: renaming over it would replace the device or pipe.
+void write_in_place(const std::string& path, const void* bytes, std::size_t n) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "wb"), std::fclose);
+  if (!f) throw Error(path + ": cannot open for writing (" + std::strerror(errno) + ")");
+  if ((n != 0 && std::fwrite(bytes, 1, n, f.get()) != n) || std::fflush(f.get()) != 0)
+    throw Error(path + ": write failed (" + std::strerror(errno) + ")");
+}
+
+void write_via_rename(const std::string& path, const void* bytes, std::size_t n) {
   const std::string tmp = temporary_name(path);
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw Error(path + ": cannot create temporary file (" + std::strerror(errno) + ")");
@@ -38,6 +50,30 @@ void write_file_atomic(const std::string& path, const void* bytes, std::size_t n
     std::remove(tmp.c_str());
     throw Error(path + ": write failed (" + why + ")");
   }
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const void* bytes, std::size_t n) {
+  // A symbolic link is followed: its target is replaced, the link stays.
+  std::string target = path;
+  std::error_code ec;
+  if (std::filesystem::is_symlink(path, ec)) {
+    target = std::filesystem::weakly_canonical(path, ec).string();
+    if (ec) throw Error(path + ": cannot resolve the symbolic link (" + ec.message() + ")");
+  }
+  struct stat st {};
+  if (::stat(target.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder");
+    if (!S_ISREG(st.st_mode)) return write_in_place(target, bytes, n);
+  }
+  write_via_rename(target, bytes, n);
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  struct stat sa {}, sb {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
 }
 
 std::uint64_t regular_file_size(const std::string& path) {

@@ -89,6 +89,9 @@ expect_fail "bad format E" "E must be in 0..8" "$FP8LAB" values 1.9.3
 expect_fail "unknown option" "--bogus" "$FP8LAB" formats --bogus
 expect_fail "no subcommand" "subcommand" "$FP8LAB"
 expect_fail "inf on fn" "overflow mode 'inf'" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn -o inf
+ln -f "$T/x.npy" "$T/x-hardlink.npy"
+expect_fail "quantize onto its input" "output must differ from input" "$FP8LAB" quantize "$T/x.npy" "$T/x-hardlink.npy" -f e4m3fn
+expect_fail "quantize a folder" "is a folder" "$FP8LAB" quantize "$T" "$T/o.npy" -f e4m3fn
 expect_fail "bad rounding" "unknown rounding 'up'" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn -r up
 expect_fail "bad dist" "unknown distribution" "$FP8LAB" snr 1.4.3 --dist cauchy
 expect_fail "codes of fp32" "at most 16 bits" "$FP8LAB" values fp32

@@ -2,7 +2,11 @@
 // file on error, and the content hash matches FNV-1a's published test vectors.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
+#include <fstream>
+#include <thread>
 
 #include "../common/testutil.hpp"
 #include "fp8lab/core/files.hpp"
@@ -44,4 +48,51 @@ TEST(Files, Fnv1aMatchesPublishedVectors) {
   EXPECT_EQ(fnv1a(kFnvBasis, "foobar", 6), 0x85944171f73967e8ULL);
   // Continuing from a prefix's hash is hashing the whole.
   EXPECT_EQ(fnv1a(fnv1a(kFnvBasis, "foo", 3), "bar", 3), 0x85944171f73967e8ULL);
+}
+
+TEST(Files, WritesFollowLinksAndNeverReplaceDevicesOrPipes) {
+  const fs::path d = test::temp_dir("fp8lab_files") / "special";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  // A symbolic link: the target gets the bytes, the link stays a link.
+  const fs::path target = d / "target.txt", link = d / "link.txt";
+  write_file_atomic(target.string(), std::string("old"));
+  fs::create_symlink(target, link);
+  write_file_atomic(link.string(), std::string("new"));
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(read_file(target.string()), "new");
+  // A device is written in place, not replaced by a regular file.
+  write_file_atomic("/dev/null", std::string("discarded"));
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  // A FIFO is written in place: a reader on the other end gets the bytes.
+  const fs::path fifo = d / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string got;
+  std::thread reader([&] {
+    std::ifstream in(fifo);
+    got.assign(std::istreambuf_iterator<char>(in), {});
+  });
+  write_file_atomic(fifo.string(), std::string("through the pipe"));
+  reader.join();
+  EXPECT_EQ(got, "through the pipe");
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  // A folder is an error.
+  EXPECT_NE(test::error_of([&] { write_file_atomic(d.string(), std::string("x")); }).find("is a folder"),
+            std::string::npos);
+}
+
+TEST(Files, SameFileIsDecidedByIdentityNotName) {
+  const fs::path d = test::temp_dir("fp8lab_files") / "same";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const fs::path a = d / "a.npy";
+  write_file_atomic(a.string(), std::string("x"));
+  fs::create_hard_link(a, d / "hard.npy");
+  fs::create_symlink(a, d / "soft.npy");
+  EXPECT_TRUE(same_file(a.string(), (d / "hard.npy").string()));
+  EXPECT_TRUE(same_file(a.string(), (d / "soft.npy").string()));
+  EXPECT_TRUE(same_file(a.string(), (d / "." / "a.npy").string()));
+  write_file_atomic((d / "b.npy").string(), std::string("x"));
+  EXPECT_FALSE(same_file(a.string(), (d / "b.npy").string()));
+  EXPECT_FALSE(same_file(a.string(), (d / "missing.npy").string()));
 }

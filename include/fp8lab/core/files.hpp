@@ -10,11 +10,17 @@ namespace fp8lab {
 
 // Writes `bytes` to `path` atomically: a temporary file with a unique name in the same
 // folder, flushed to disk, then renamed over `path`. On failure the temporary is removed,
-// `path` is untouched and Error is thrown naming it.
+// `path` is untouched and Error is thrown naming it. A symbolic link is followed (its
+// target is replaced, the link kept); an existing file that is not a regular one (a device
+// such as /dev/null, a FIFO) is written in place, never replaced; a folder is an error.
 void write_file_atomic(const std::string& path, const void* bytes, std::size_t n);
 inline void write_file_atomic(const std::string& path, const std::string& text) {
   write_file_atomic(path, text.data(), text.size());
 }
+
+// Whether two paths name the same existing file (same device and inode), whatever their
+// names.
+bool same_file(const std::string& a, const std::string& b);
 
 // The whole file as bytes; throws Error naming the file when it cannot be read or is not a
 // regular file (a folder, a device, a pipe).
