@@ -18,7 +18,7 @@ namespace {
 struct TrainArgs {
   std::string config;
   std::vector<std::string> set;
-  bool resume = false, print_config = false, no_progress = false;
+  bool resume = false, restart = false, print_config = false, no_progress = false;
   std::int64_t stop_after = 0;
   std::string db = "results.db";
 };
@@ -38,6 +38,7 @@ int run_train(const TrainArgs& a) {
   results::Store store(a.db);
   experiments::TrainOptions opt;
   opt.resume = a.resume;
+  opt.restart = a.restart;
   opt.stop_after = a.stop_after;
   opt.progress = !a.no_progress;
   experiments::clear_stop_request();
@@ -77,7 +78,8 @@ void register_train(CLI::App& app) {
   cmd->add_option("config", args->config,
                   "Config file (TOML, starting with its schema line); none: the built-in defaults");
   cmd->add_option("--set", args->set, "Override a config key: --set optimizer.lr=0.05 (repeatable)");
-  cmd->add_flag("--resume", args->resume, "Continue the run from its checkpoint");
+  auto* resume = cmd->add_flag("--resume", args->resume, "Continue the run from its checkpoint");
+  cmd->add_flag("--restart", args->restart, "Start afresh, discarding an unfinished run's checkpoint")->excludes(resume);
   cmd->add_option("--stop-after", args->stop_after, "Stop after N steps with a checkpoint (resume later)");
   cmd->add_option("--db", args->db, "Results store (SQLite)")->capture_default_str();
   cmd->add_flag("--print-config", args->print_config, "Print the full config (all defaults filled in) and exit");

@@ -1,5 +1,11 @@
 #include "train_state.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -164,6 +170,50 @@ void Checkpoint::restore(torch::nn::Module& model, torch::optim::Optimizer& opti
   } catch (const std::exception& e) {
     throw Error(path_ + ": checkpoint does not fit the model (" + std::string(e.what()).substr(0, 200) + ")");
   }
+}
+
+void refuse_unfinished_checkpoint(const std::string& path) {
+  if (!fs::exists(path)) return;
+  const std::string choices = "; continue it with --resume, or discard it and start afresh with --restart";
+  json meta;
+  try {
+    torch::serialize::InputArchive a;
+    a.load_from(path);
+    c10::IValue m;
+    a.read("meta", m);
+    meta = json::parse(m.toStringRef());
+  } catch (const std::exception&) {
+    throw Error(path + ": a file that is not a readable checkpoint is in the way; remove it, or start with "
+                       "--restart to replace it");
+  }
+  const json state = meta.value("state", json::object());
+  if (state.value("finished", false)) return;
+  throw Error(path + ": holds the checkpoint of an unfinished run (step " +
+              std::to_string(state.value("step", meta.value("step", 0))) + ")" + choices);
+}
+
+CheckpointLock::CheckpointLock(const std::string& checkpoint) {
+  const fs::path lock = fs::absolute(checkpoint).string() + ".lock";
+  if (lock.has_parent_path()) fs::create_directories(lock.parent_path());
+  fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(lock.string() + ": cannot create the checkpoint lock (" + std::strerror(errno) + ")");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char owner[32] = {};
+    const ssize_t n = ::pread(fd_, owner, sizeof owner - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    throw Error(checkpoint + ": another run is using this checkpoint (process " +
+                std::string(owner, n > 0 ? static_cast<std::size_t>(n) : 0) +
+                "); give this run its own name or train.checkpoint");
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+    // The lock holds without the note; only the message naming the owner loses it.
+  }
+}
+
+CheckpointLock::~CheckpointLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
 }
 
 }  // namespace fp8lab::experiments

@@ -61,4 +61,23 @@ class Checkpoint {
   TrainState state_;
 };
 
+// Refuses to start a run afresh over the checkpoint of a run that has not finished
+// (stopped, killed, or still running): the error names `path`, its step, and the two
+// choices, --resume or --restart. No file, or a finished run's checkpoint: nothing to say.
+void refuse_unfinished_checkpoint(const std::string& path);
+
+// An exclusive claim on a checkpoint path for one run: `<path>.lock`, locked with flock and
+// holding the owner's pid. A second run on the same path, in this process or another, is
+// refused with the owner named. Released when the object goes; the lock file stays.
+class CheckpointLock {
+ public:
+  explicit CheckpointLock(const std::string& checkpoint);
+  ~CheckpointLock();
+  CheckpointLock(const CheckpointLock&) = delete;
+  CheckpointLock& operator=(const CheckpointLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace fp8lab::experiments

@@ -429,10 +429,16 @@ TrainResult Trainer::finish() {
 TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOptions& opt) {
   validate(cfg);
   if (opt.resume && !opt.checkpoints) throw Error("--resume needs checkpoints");
+  if (opt.resume && opt.restart) throw Error("--resume and --restart exclude each other");
   const nn::ScopedTorchSettings settings({cfg.threads, cfg.train.flush_denormals});
   const std::string config_json = to_json(cfg);
+  std::optional<CheckpointLock> lock;
   std::optional<Checkpoint> checkpoint;
-  if (opt.resume) checkpoint.emplace(checkpoint_path(cfg), config_json);
+  if (opt.checkpoints) {
+    lock.emplace(checkpoint_path(cfg));
+    if (opt.resume) checkpoint.emplace(checkpoint_path(cfg), config_json);
+    else if (!opt.restart) refuse_unfinished_checkpoint(checkpoint_path(cfg));
+  }
   RunRecord record(store, cfg, config_json, checkpoint ? &checkpoint->state() : nullptr);
   try {
     Trainer trainer(cfg, opt, config_json, record);

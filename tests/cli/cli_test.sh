@@ -156,6 +156,7 @@ TOML
   check "stop-after exits 0 (got $rc)" [ $rc -eq 0 ]
   check "stop-after says how to resume" grep -q -- "--resume" "$T/err"
   check "stopped run in the store" grep -q ',syn2,.*,stopped,' <<<"$("$FP8LAB" runs --db "$T/t.db" --csv)"
+  expect_fail "train over a stopped run" "s2.ckpt: holds the checkpoint of an unfinished run" "$FP8LAB" train "$T/syn.toml" "${S[@]}" --set name=syn2 --set "train.checkpoint=$T/s2.ckpt"
   out=$("$FP8LAB" train "$T/syn.toml" "${S[@]}" --set name=syn2 --set "train.checkpoint=$T/s2.ckpt" --resume 2>/dev/null); rc=$?
   check "resume exits 0 (got $rc)" [ $rc -eq 0 ]
   check "resumed run ends with the uninterrupted accuracy ($full)" [ "$(metric_of syn2)" = "$full" ]

@@ -1,11 +1,13 @@
 // The trainer on synthetic data: finished, diverged and failed runs in the store; resume
 // gives exactly the uninterrupted run; checkpoints refuse a changed config.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 
 #include "../common/testutil.hpp"
+#include "../../src/experiments/train_state.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/results/store.hpp"
 
@@ -233,6 +235,34 @@ TEST(Trainer, ResumeRefusesAChangedConfigOrNoCheckpoint) {
   // A corrupt checkpoint is an error naming the file, not a crash.
   std::ofstream(c2.train.checkpoint) << "not a checkpoint";
   EXPECT_NE(error_of([&] { experiments::train(c2, nullptr, o); }).find(c2.train.checkpoint), std::string::npos);
+}
+
+TEST(Trainer, AnUnfinishedRunsCheckpointIsNeverOverwrittenSilently) {
+  auto c = small("unfinished");
+  experiments::TrainOptions o = quiet();
+  o.stop_after = 3;
+  experiments::train(c, nullptr, o);
+  const auto stopped_bytes = std::filesystem::file_size(c.train.checkpoint);
+  o.stop_after = 0;
+  const std::string e = error_of([&] { experiments::train(c, nullptr, o); });
+  EXPECT_NE(e.find(c.train.checkpoint + ": holds the checkpoint of an unfinished run (step 3)"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--resume"), std::string::npos) << e;
+  EXPECT_NE(e.find("--restart"), std::string::npos) << e;
+  EXPECT_EQ(std::filesystem::file_size(c.train.checkpoint), stopped_bytes);
+  o.restart = true;  // on purpose: the stopped run is discarded
+  EXPECT_EQ(experiments::train(c, nullptr, o).status, results::RunStatus::finished);
+  o.restart = false;  // a finished run's checkpoint may be replaced
+  EXPECT_EQ(experiments::train(c, nullptr, o).status, results::RunStatus::finished);
+}
+
+TEST(Trainer, TwoRunsNeverShareACheckpoint) {
+  auto c = small("locked");
+  experiments::CheckpointLock held(c.train.checkpoint);  // as a running run holds it
+  const std::string e = error_of([&] { experiments::train(c, nullptr, quiet()); });
+  EXPECT_NE(e.find("another run is using this checkpoint (process " + std::to_string(::getpid()) + ")"),
+            std::string::npos)
+      << e;
 }
 
 TEST(Trainer, DivergenceIsRecordedNotACrash) {

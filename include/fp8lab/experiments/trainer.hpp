@@ -27,6 +27,8 @@ namespace fp8lab::experiments {
 
 struct TrainOptions {
   bool resume = false;          // continue from the checkpoint (an error if there is none)
+  bool restart = false;         // start afresh even over an unfinished run's checkpoint
+                                // (without it, such a checkpoint is an error naming both choices)
   std::int64_t stop_after = 0;  // > 0: stop after this many steps of this process, with a
                                 // checkpoint and status stopped (resume later)
   bool progress = true;         // the progress bar on stderr
