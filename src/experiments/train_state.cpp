@@ -88,6 +88,50 @@ void read_weights(torch::serialize::InputArchive& a, const std::string& key, Wei
 
 std::string recent_key(std::size_t k) { return "recent" + std::to_string(k); }
 
+// --- the file: one header line with the archive's length and checksum, then the archive --
+
+constexpr std::string_view kMagic = "fp8lab-checkpoint ";
+
+std::string hex64(std::uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+std::string framed(const std::string& archive) {
+  return std::string(kMagic) + "bytes=" + std::to_string(archive.size()) +
+         " fnv1a64=" + hex64(fnv1a(kFnvBasis, archive.data(), archive.size())) + "\n" + archive;
+}
+
+// The archive bytes of a checkpoint file, its length and checksum verified. A file without
+// the header line (what schema 1 wrote) is returned whole, for its schema to be read.
+std::string unframed(const std::string& path) {
+  std::string bytes = read_file(path);
+  if (bytes.compare(0, kMagic.size(), kMagic) != 0) return bytes;
+  const std::size_t nl = bytes.find('\n');
+  const std::string header = bytes.substr(0, nl == std::string::npos ? 0 : nl);
+  unsigned long long size = 0, sum = 0;
+  if (nl == std::string::npos ||
+      std::sscanf(header.c_str() + kMagic.size(), "bytes=%llu fnv1a64=%llx", &size, &sum) != 2)
+    throw Error(path + ": damaged checkpoint: unreadable header line");
+  const std::size_t have = bytes.size() - nl - 1;
+  if (have != size)
+    throw Error(path + ": damaged checkpoint: " + std::to_string(have) + " bytes after the header, " +
+                std::to_string(size) + " written (truncated or appended to)");
+  const std::uint64_t computed = fnv1a(kFnvBasis, bytes.data() + nl + 1, have);
+  if (computed != sum)
+    throw Error(path + ": damaged checkpoint: checksum " + hex64(computed) + " where " + hex64(sum) +
+                " was written (the file changed after it was saved)");
+  return bytes.substr(nl + 1);
+}
+
+// The JSON header of a checkpoint archive.
+json read_meta(torch::serialize::InputArchive& a) {
+  c10::IValue m;
+  a.read("meta", m);
+  return json::parse(m.toStringRef());
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const std::string& config_json, const TrainState& state,
@@ -112,7 +156,7 @@ void save_checkpoint(const std::string& path, const std::string& config_json, co
   });
   const fs::path target = fs::absolute(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
-  write_file_atomic(target.string(), bytes);
+  write_file_atomic(target.string(), framed(bytes));
 }
 
 namespace {
@@ -129,12 +173,11 @@ std::string config_difference(const std::string& a, const std::string& b) {
 
 Checkpoint::Checkpoint(const std::string& path, const std::string& config_json) : path_(path) {
   if (!fs::exists(path)) throw Error(path + ": no checkpoint to resume from");
+  bytes_ = unframed(path);
   json meta;
   try {
-    archive_.load_from(path);
-    c10::IValue m;
-    archive_.read("meta", m);
-    meta = json::parse(m.toStringRef());
+    archive_.load_from(bytes_.data(), bytes_.size());
+    meta = read_meta(archive_);
   } catch (const std::exception& e) {
     throw Error(path + ": not a readable fp8lab checkpoint (" + std::string(e.what()).substr(0, 200) + ")");
   }
@@ -177,11 +220,10 @@ void refuse_unfinished_checkpoint(const std::string& path) {
   const std::string choices = "; continue it with --resume, or discard it and start afresh with --restart";
   json meta;
   try {
+    const std::string bytes = unframed(path);
     torch::serialize::InputArchive a;
-    a.load_from(path);
-    c10::IValue m;
-    a.read("meta", m);
-    meta = json::parse(m.toStringRef());
+    a.load_from(bytes.data(), bytes.size());
+    meta = read_meta(a);
   } catch (const std::exception&) {
     throw Error(path + ": a file that is not a readable checkpoint is in the way; remove it, or start with "
                        "--restart to replace it");

@@ -18,7 +18,9 @@
 
 namespace fp8lab::experiments {
 
-// 2: TrainState as one JSON value beside the model, optimizer, EMA and recent weights.
+// 2: TrainState as one JSON value beside the model, optimizer, EMA and recent weights; the
+// file is one header line (`fp8lab-checkpoint bytes=N fnv1a64=H`) and the archive, whose
+// length and checksum are verified before anything is read from it.
 inline constexpr int kCheckpointSchema = 2;
 
 using LossScaleTrace = std::vector<std::tuple<std::int64_t, int, bool>>;  // (step, log2 scale, skipped)
@@ -46,9 +48,9 @@ void save_checkpoint(const std::string& path, const std::string& config_json, co
 // A checkpoint read back: its TrainState now, the model and optimizer once they are built.
 class Checkpoint {
  public:
-  // Throws Error naming `path` when it is missing, unreadable, of another schema (naming
-  // both versions), finished, or written with a config other than `config_json` (naming
-  // the keys that differ).
+  // Throws Error naming `path` when it is missing, unreadable, damaged (length or checksum),
+  // of another schema (naming both versions), finished, or written with a config other
+  // than `config_json` (naming the keys that differ).
   Checkpoint(const std::string& path, const std::string& config_json);
 
   const TrainState& state() const { return state_; }
@@ -57,6 +59,7 @@ class Checkpoint {
 
  private:
   std::string path_;
+  std::string bytes_;  // the archive's bytes, which archive_ reads from
   torch::serialize::InputArchive archive_;
   TrainState state_;
 };

@@ -5,9 +5,11 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <random>
 
 #include "../../src/experiments/train_state.hpp"
 #include "../common/testutil.hpp"
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 
 using namespace fp8lab;
@@ -96,6 +98,33 @@ TEST(RunState, CheckpointRoundTripsEveryField) {
   done.finished = true;
   experiments::save_checkpoint(path, "{\"a\":1}", done, *model, opt);
   EXPECT_NE(error_of([&] { experiments::Checkpoint(path, "{\"a\":1}"); }).find("has finished"), std::string::npos);
+}
+
+TEST(RunState, ADamagedCheckpointIsRefusedWithTheFileNamed) {
+  const std::string path = (dir() / "damaged.ckpt").string();
+  torch::manual_seed(1);
+  torch::nn::Linear model(64, 64);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  experiments::save_checkpoint(path, "{}", full_state(), *model, opt);
+  const std::string good = read_file(path);
+  auto expect_refused = [&](const std::string& bytes, const std::string& what) {
+    write_file_atomic(path, bytes);
+    const std::string e = error_of([&] { experiments::Checkpoint(path, "{}"); });
+    EXPECT_NE(e.find(path + ": damaged checkpoint: "), std::string::npos) << e;
+    EXPECT_NE(e.find(what), std::string::npos) << e;
+  };
+  // 256 random bytes in the middle of a tensor, one flipped bit, a truncated or extended file.
+  std::string noisy = good;
+  std::mt19937 rng(7);
+  for (std::size_t i = 0; i < 256; ++i) noisy[good.size() / 2 + i] = static_cast<char>(rng());
+  expect_refused(noisy, "checksum");
+  std::string flipped = good;
+  flipped[good.size() - 100] ^= 0x10;
+  expect_refused(flipped, "checksum");
+  expect_refused(good.substr(0, good.size() - 1), "truncated or appended to");
+  expect_refused(good + "x", "truncated or appended to");
+  write_file_atomic(path, good);
+  EXPECT_NO_THROW(experiments::Checkpoint(path, "{}"));
 }
 
 TEST(RunState, CheckpointOfThePreviousSchemaIsRefusedNamingBothVersions) {
