@@ -16,7 +16,7 @@ struct RunsArgs {
   std::string db = "results.db";
   results::RunFilter filter;
   std::string status;
-  bool csv = false, json = false;
+  bool csv = false, json = false, check = false;
 };
 
 void run_runs(const RunsArgs& a) {
@@ -24,6 +24,12 @@ void run_runs(const RunsArgs& a) {
   results::RunFilter filter = a.filter;
   if (!a.status.empty()) filter.status = results::parse_run_status(a.status);
   const results::Store store(a.db);
+  if (a.check) {
+    const std::string problems = store.check();
+    if (!problems.empty()) throw Error(a.db + ": integrity check failed: " + problems);
+    std::printf("%s: ok\n", a.db.c_str());
+    return;
+  }
   const auto rows = store.runs(filter);
   if (a.json) {
     std::fputs(results::to_json(rows).c_str(), stdout);
@@ -49,6 +55,7 @@ void register_runs(CLI::App& app) {
                   "Only runs with this status (running, finished, diverged, stopped, failed, incomplete)");
   cmd->add_option("--recipe", args->filter.recipe, "Only runs with this recipe");
   cmd->add_option("--name", args->filter.name, "Only runs with this name (e.g. quickstart)");
+  cmd->add_flag("--check", args->check, "Run SQLite's full integrity check on the store and say what is wrong");
   auto* csv = cmd->add_flag("--csv", args->csv, "Print CSV");
   cmd->add_flag("--json", args->json, "Print JSON (with each run's full config)")->excludes(csv);
   cmd->callback([args] { run_runs(*args); });

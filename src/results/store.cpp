@@ -133,6 +133,58 @@ CREATE INDEX IF NOT EXISTS tensor_stats_run ON tensor_stats(run_id, step);
 
 std::string Store::code_version() { return FP8LAB_CODE_VERSION; }
 
+namespace {
+// The first rows of an integrity check, or "" when SQLite says "ok".
+std::string integrity_problems(sqlite3* db, const std::string& path, const char* pragma) {
+  std::string out;
+  try {
+    Stmt s(db, path, pragma);
+    int n = 0;
+    while (s.step()) {
+      const std::string row = s.text(0);
+      if (row == "ok") return "";
+      if (n++ < 3) out += (out.empty() ? "" : "; ") + row;
+    }
+  } catch (const Error&) {
+    out += (out.empty() ? "" : "; ") + std::string(sqlite3_errmsg(db));  // too damaged to check
+  }
+  return out;
+}
+
+std::string damaged(const std::string& path, const std::string& problems) {
+  return path + ": the results store is damaged (" + problems +
+         "); nothing was written. Restore it from a copy, or recover what is readable with `sqlite3 " + path +
+         " .recover`";
+}
+}  // namespace
+
+void Store::check_before_writing() {
+  int version = 0, app = 0, tables = 0;
+  bool has_runs = false;
+  try {
+    Stmt v(db_, path_, "PRAGMA user_version");
+    if (v.step()) version = static_cast<int>(v.i64(0));
+    Stmt a(db_, path_, "PRAGMA application_id");
+    if (a.step()) app = static_cast<int>(a.i64(0));
+    Stmt t(db_, path_, "SELECT name FROM sqlite_master WHERE type = 'table'");
+    while (t.step()) ++tables, has_runs = has_runs || t.text(0) == "runs";
+  } catch (const Error&) {
+    if (sqlite3_errcode(db_) == SQLITE_CORRUPT) throw Error(damaged(path_, sqlite3_errmsg(db_)));
+    throw Error(path_ + ": not a results store (" + std::string(sqlite3_errmsg(db_)) + "); nothing was changed");
+  }
+  const bool ours = app == kApplicationId || (app == 0 && version >= 1 && has_runs);
+  if (tables > 0 && !ours)
+    throw Error(path_ + ": an SQLite database that is not an fp8lab results store; nothing was changed");
+  if (version > kSchemaVersion)
+    throw Error(path_ + ": results store has schema version " + std::to_string(version) +
+                ", newer than this fp8lab's " + std::to_string(kSchemaVersion) + ": update fp8lab");
+  if (tables == 0) return;
+  const std::string problems = integrity_problems(db_, path_, "PRAGMA quick_check(3)");
+  if (!problems.empty()) throw Error(damaged(path_, problems));
+}
+
+std::string Store::check() const { return integrity_problems(db_, path_, "PRAGMA integrity_check(20)"); }
+
 Store::Store(const std::string& path) : path_(path) {
   if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) != SQLITE_OK) {
     const std::string msg = db_ ? sqlite3_errmsg(db_) : "out of memory";
@@ -142,19 +194,13 @@ Store::Store(const std::string& path) : path_(path) {
   }
   sqlite3_busy_timeout(db_, 30000);  // several training processes may write at once
   try {
-    int version = 0;
-    {
-      Stmt s(db_, path_, "PRAGMA user_version");
-      if (s.step()) version = static_cast<int>(s.i64(0));
-    }
-    if (version > kSchemaVersion)
-      throw Error(path + ": results store has schema version " + std::to_string(version) +
-                  ", newer than this fp8lab's " + std::to_string(kSchemaVersion) + ": update fp8lab");
+    check_before_writing();
     exec("PRAGMA journal_mode=WAL");
     exec("PRAGMA synchronous=NORMAL");
     exec("BEGIN IMMEDIATE");
     exec(kSchema);
     exec(("PRAGMA user_version=" + std::to_string(kSchemaVersion)).c_str());
+    exec(("PRAGMA application_id=" + std::to_string(kApplicationId)).c_str());
     exec("COMMIT");
     mark_dead_runs();
   } catch (...) {

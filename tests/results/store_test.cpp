@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <sqlite3.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "../common/testutil.hpp"
 #include "fp8lab/core/format.hpp"
@@ -127,4 +129,64 @@ TEST(Store, RefusesFilesThatAreNotStores) {
     EXPECT_NE(std::string(e.what()).find("junk.db"), std::string::npos) << e.what();
   }
   EXPECT_THROW(Store("/nonexistent/dir/x.db"), Error);
+}
+
+TEST(Store, ChecksTheFileBeforeChangingAnything) {
+  // Another program's SQLite database: refused, and byte for byte unchanged.
+  const fs::path other = fresh("other.db");
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(other.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE notes (t TEXT); INSERT INTO notes VALUES ('mine');", nullptr,
+                           nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  const auto slurp = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string before = slurp(other);
+  const std::string e = test::error_of([&] { Store s(other.string()); });
+  EXPECT_NE(e.find("not an fp8lab results store; nothing was changed"), std::string::npos) << e;
+  EXPECT_EQ(slurp(other), before);
+  EXPECT_FALSE(fs::exists(other.string() + "-wal"));
+  // Not SQLite at all.
+  const fs::path text = fresh("text.db");
+  std::ofstream(text) << "hello, this is not a database, but it is long enough to look like a header\n";
+  EXPECT_NE(test::error_of([&] { Store s(text.string()); }).find("not a results store"), std::string::npos);
+  // An empty file becomes a store.
+  const fs::path empty = fresh("empty.db");
+  std::ofstream(empty).close();
+  EXPECT_NO_THROW(Store s(empty.string()));
+}
+
+TEST(Store, ADamagedStoreIsRefusedBeforeItIsWritten) {
+  const fs::path p = fresh("damaged.db");
+  {
+    Store s(p.string());
+    for (int r = 0; r < 20; ++r) {
+      const auto id = s.begin_run(info("fp32", static_cast<std::uint64_t>(r)));
+      for (int k = 0; k < 200; ++k) s.log_metric(id, k, "test_accuracy", 0.5 * k);
+      s.finish_run(id, RunStatus::finished, 1.0, "test_accuracy", 1.0);
+    }
+    EXPECT_EQ(s.check(), "");
+  }
+  {
+    sqlite3* db = nullptr;  // fold the WAL into the file, as a closed store would be copied
+    ASSERT_EQ(sqlite3_open(p.c_str(), &db), SQLITE_OK);
+    sqlite3_exec(db, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;", nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+  }
+  const auto size = fs::file_size(p);
+  ASSERT_GT(size, 64u * 1024);
+  {
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size / 2 / 4096 * 4096));
+    std::mt19937 rng(3);
+    for (int i = 0; i < 4096; ++i) f.put(static_cast<char>(rng()));
+  }
+  const std::string e = test::error_of([&] { Store s(p.string()); });
+  EXPECT_NE(e.find("the results store is damaged"), std::string::npos) << e;
+  EXPECT_NE(e.find("nothing was written"), std::string::npos) << e;
 }

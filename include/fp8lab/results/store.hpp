@@ -16,6 +16,7 @@ struct sqlite3;
 namespace fp8lab::results {
 
 inline constexpr int kSchemaVersion = 2;  // 2: tensor_stats table
+inline constexpr int kApplicationId = 0x38666c62;  // "8flb": SQLite's application_id of a store
 
 // Where a run stands. `running` while its process trains; `incomplete` when that process
 // died without saying (found when a store is opened); `stopped` when it ended on request
@@ -55,8 +56,10 @@ struct RunFilter {
 
 class Store {
  public:
-  // Opens or creates the database. Throws Error naming the file if it is not an fp8lab
-  // store or was written by a newer schema.
+  // Opens or creates the database. Before it changes anything it checks that the file is an
+  // fp8lab store (an empty file or a new one becomes one), not of a newer schema, and
+  // passes SQLite's quick integrity check; otherwise it throws Error naming the file and
+  // the problem, the file untouched.
   explicit Store(const std::string& path);
   ~Store();
   Store(const Store&) = delete;
@@ -90,12 +93,15 @@ class Store {
   std::vector<std::tuple<std::int64_t, int, bool>> loss_scale_trace(std::int64_t run) const;
 
   const std::string& path() const { return path_; }
+  // SQLite's full integrity check: "" when the store is sound, else its first findings.
+  std::string check() const;
   static std::string code_version();
 
  private:
   void exec(const char* sql) const;
   void transaction(const std::function<void()>& body);  // BEGIN IMMEDIATE .. COMMIT, ROLLBACK on throw
   void mark_dead_runs();
+  void check_before_writing();
   std::string path_;
   sqlite3* db_ = nullptr;
 };
