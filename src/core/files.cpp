@@ -3,7 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <filesystem>
 #include <cerrno>
 #include <cstdio>
@@ -68,6 +70,15 @@ void write_file_atomic(const std::string& path, const void* bytes, std::size_t n
     if (!S_ISREG(st.st_mode)) return write_in_place(target, bytes, n);
   }
   write_via_rename(target, bytes, n);
+}
+
+void check_file_name(const std::string& name, const std::string& what) {
+  const auto allowed = [](unsigned char c) { return std::isalnum(c) || c == '.' || c == '_' || c == '-' || c == '+'; };
+  const bool ok = !name.empty() && name.size() <= 128 && name.front() != '.' && name.front() != '-' &&
+                  std::all_of(name.begin(), name.end(), [&](char c) { return allowed(static_cast<unsigned char>(c)); });
+  if (!ok)
+    throw Error(what + " '" + name + "' cannot name a file: use 1-128 letters, digits, '.', '_', '-' or '+', "
+                "not starting with '.' or '-'");
 }
 
 bool same_file(const std::string& a, const std::string& b) {

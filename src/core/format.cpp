@@ -301,13 +301,15 @@ Format parse_format(std::string_view text_in) {
       subnormals = (l == "sub");
       seen_sub = true;
     } else {
-      if (seen_policy) throw Error(where + "policy given twice");
+      Policy named;
       try {
-        policy = parse_policy(tok);
+        named = parse_policy(tok);
       } catch (const Error&) {
         throw Error(where + "unknown field '" + std::string(tok) +
                     "': expected a bias (integer), a policy (fnuz, fn, ieee, finite) or nosub");
       }
+      if (seen_policy) throw Error(where + "policy given twice");
+      policy = named;
       seen_policy = true;
     }
   }

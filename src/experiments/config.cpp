@@ -223,6 +223,11 @@ void validate_quant(const QuantConfig& q) {
 }  // namespace
 
 void validate(const TrainConfig& c) {
+  try {
+    check_file_name(c.name, "name");  // the default checkpoint is <name>.ckpt
+  } catch (const Error& e) {
+    throw Error(std::string("config: ") + e.what());
+  }
   check_finite(c);
   validate_task(c);
   validate_quant(c.quant);

@@ -192,8 +192,11 @@ std::vector<std::uint64_t> seeds_of(const toml::node& v, const std::string& sour
   for (const auto& e : *a) {
     auto x = e.value_exact<std::int64_t>();
     if (!x || *x < 0) throw Error(where(source, e) + "'seeds' must hold non-negative integers");
+    if (std::find(seeds.begin(), seeds.end(), static_cast<std::uint64_t>(*x)) != seeds.end())
+      throw Error(where(source, e) + "seed " + std::to_string(*x) + " is given twice");
     seeds.push_back(static_cast<std::uint64_t>(*x));
   }
+  if (seeds.empty()) throw Error(where(source, v) + "'seeds' is empty: a sweep needs at least one seed");
   return seeds;
 }
 
@@ -269,8 +272,10 @@ std::vector<const toml::table*> grids_of(const toml::node& v, const std::string&
   std::vector<const toml::table*> grids;
   for (const auto& g : *a) {
     if (!g.is_table()) throw Error(where(source, g) + "each [[grid]] must be a table");
+    if (g.as_table()->empty()) throw Error(where(source, g) + "a [[grid]] with nothing in it");
     grids.push_back(g.as_table());
   }
+  if (grids.empty()) throw Error(where(source, v) + "'grid' is empty (leave it out for one point)");
   return grids;
 }
 
@@ -433,6 +438,19 @@ SweepRun run_of(const Sweep& s, const std::string& base_text, std::size_t pi, st
   return r;
 }
 
+// Two points that train the same config (the same values given twice, or two grids that
+// overlap) would be one run counted twice: refused, naming both points.
+void refuse_duplicate_runs(const Sweep& s, const std::string& source) {
+  std::map<std::string, int> first;  // config identity -> point
+  for (const auto& r : s.runs) {
+    if (r.seed != s.seeds.front()) continue;
+    const auto [it, fresh] = first.emplace(r.identity, r.point);
+    if (!fresh)
+      throw Error(source + ": points " + s.points[static_cast<std::size_t>(it->second)].label() + " and " +
+                  s.points[static_cast<std::size_t>(r.point)].label() + " train the same config");
+  }
+}
+
 }  // namespace
 
 Sweep parse_sweep(const std::string& text, const std::string& source, const std::string& base_dir) {
@@ -447,6 +465,11 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
   SweepFile f;
   for (const auto& [k, v] : root) read_top_key(s, f, std::string(k.str()), v, source, base_dir);
   if (s.name.empty()) throw Error(source + ": the sweep needs a 'name'");
+  try {
+    check_file_name(s.name, "sweep name");  // runs/<name>, the report's folder
+  } catch (const Error& e) {
+    throw Error(source + ": " + e.what());
+  }
   if (s.seeds.empty()) s.seeds.push_back(1);
   expand_grids(s, f.grids, source);
   if (!f.baseline.empty()) s.baseline = baseline_point(s, f.baseline, source);
@@ -454,6 +477,7 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
   const std::string base_text = s.base.empty() ? std::string() : read_file(s.base);
   for (std::size_t pi = 0; pi < s.points.size(); ++pi)
     for (std::uint64_t seed : s.seeds) s.runs.push_back(run_of(s, base_text, pi, seed, source));
+  refuse_duplicate_runs(s, source);
   return s;
 }
 

@@ -125,6 +125,8 @@ TEST(Format, BadTextGivesActionableErrors) {
   expect_error("1.0.7:nosub", "subnormals off needs E >= 1");
   expect_error("1.4.3:7:7", "bias given twice");
   expect_error("1.4.3:x7", "unknown field 'x7'");
+  expect_error("1.4.3:10:fn:bogus", "unknown field 'bogus'");  // not "policy given twice"
+  expect_error("1.4.3:fn:fnuz", "policy given twice");
   expect_error("1.4.3:1x", "not an integer");
   expect_error("e9m9", "unknown preset");
   expect_error("1.0.0", "no positive finite value");

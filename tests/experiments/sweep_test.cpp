@@ -108,6 +108,27 @@ TEST(Sweep, ErrorsNameTheProblemAndLine) {
   EXPECT_NE(error_of([] { experiments::parse_sweep("seeds = 2\n", "s.toml", "."); }).find("'name'"), std::string::npos);
 }
 
+TEST(Sweep, EveryRunOnceAndAtLeastOne) {
+  const auto fails = [](const std::string& body, const std::string& expected) {
+    const std::string e = error_of([&] { parse(body); });
+    EXPECT_NE(e.find(expected), std::string::npos) << body << "\n-> " << e;
+  };
+  fails("seeds = [1, 2, 1]\n", "seed 1 is given twice");
+  fails("seeds = []\n", "'seeds' is empty");
+  fails("grid = []\n", "'grid' is empty");
+  fails("[[grid]]\n[[grid]]\n\"quant.recipe\" = [\"fp32\"]\n", "a [[grid]] with nothing in it");
+  fails("[[grid]]\n\"quant.recipe\" = [\"fp32\", \"resnet32-mixed\", \"fp32\"]\n",
+        "points quant.recipe=fp32 and quant.recipe=fp32 train the same config");
+  fails("[[grid]]\nx = [1, 2]\n", "points x=1 and x=2 train the same config");  // x sets nothing
+  fails("[[grid]]\nrecipe = [\"fp32\", \"resnet32-mixed\"]\n\"quant.recipe\" = \"{recipe}\"\n"
+        "[[grid]]\nrecipe = [\"fp32\"]\n\"quant.recipe\" = \"{recipe}\"\n",
+        "train the same config");  // two grids overlap
+  const std::string escape = error_of([] { parse("", "../outside"); });
+  EXPECT_NE(escape.find("sweep name '../outside' cannot name a file"), std::string::npos) << escape;
+  const std::string run_name = error_of([] { experiments::parse_train_config("", "t.toml", {"name=\"a/b\""}); });
+  EXPECT_NE(run_name.find("name 'a/b' cannot name a file"), std::string::npos) << run_name;
+}
+
 TEST(Sweep, RunAgainSkipsFinishedAndResumesStopped) {
   const fs::path d = dir() / "resume";
   fs::remove_all(d);
@@ -187,4 +208,15 @@ TEST(Sweep, LeavesRunsOfAnotherLiveProcessAlone) {
   EXPECT_EQ(sum.busy, 1);
   EXPECT_EQ(launcher.calls, 1);  // seed 2 only
   EXPECT_EQ(sum.finished, 1);
+}
+
+TEST(Sweep, ShippedSweepsParse) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(FP8LAB_SOURCE_DIR) / "configs" / "sweeps")) {
+    if (e.path().extension() != ".toml") continue;
+    const auto s = experiments::load_sweep(e.path().string());
+    EXPECT_FALSE(s.runs.empty()) << e.path();
+    ++n;
+  }
+  EXPECT_GE(n, 5);
 }

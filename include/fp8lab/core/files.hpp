@@ -30,6 +30,11 @@ std::string read_file(const std::string& path);
 // regular file (a folder, a device, a pipe).
 std::uint64_t regular_file_size(const std::string& path);
 
+// Throws Error unless `name` can be used as one file name inside the working folder: 1-128
+// characters from letters, digits, '.', '_', '-' and '+', not starting with '.' or '-' (so
+// no "..", no '/', no hidden or option-like names). `what` names it in the error.
+void check_file_name(const std::string& name, const std::string& what);
+
 // FNV-1a over `n` bytes, continued from `h` (start with kFnvBasis).
 inline constexpr std::uint64_t kFnvBasis = 0xcbf29ce484222325ULL;
 inline std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t n) {
