@@ -4,7 +4,7 @@
 set -euo pipefail
 [ "${FP8LAB_SKIP_APT:-0}" = 1 ] && exit 0
 pkgs=(
-  build-essential cmake ninja-build ccache pkg-config
+  build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
   libhwy-dev libcli11-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libsqlite3-dev libstb-dev fonts-dejavu-core
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev libopenblas0-pthread zlib1g-dev

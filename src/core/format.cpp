@@ -82,7 +82,10 @@ Overflow parse_overflow(std::string_view s) {
   throw Error("unknown overflow mode '" + std::string(s) + "': expected saturate, nan or inf");
 }
 
-int natural_bias(int exp_bits) { return exp_bits <= 0 ? 0 : (1 << (exp_bits - 1)) - 1; }
+int natural_bias(int exp_bits) {
+  // Outside 1..30 there is no natural bias to compute (make_format rejects E > 8 anyway).
+  return exp_bits <= 0 || exp_bits > 30 ? 0 : (1 << (exp_bits - 1)) - 1;
+}
 
 namespace {
 // The field ranges, checked before the fields are narrowed into a Format and again by

@@ -67,13 +67,11 @@ std::string dict_value(const std::string& path, std::size_t base, const std::str
 
 }  // namespace
 
-NpyArray read_npy(const std::string& path) {
-  const std::size_t file_size = regular_file_size(path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open for reading (" + std::strerror(errno) + ")");
-  unsigned char pre[10];
-  if (file_size < 10 || !in.read(reinterpret_cast<char*>(pre), 10))
-    fail(path, 0, "file is " + std::to_string(file_size) + " bytes, too short for a .npy header");
+NpyArray parse_npy(std::string_view bytes, const std::string& path) {
+  const std::size_t file_size = bytes.size();
+  const auto* p8 = reinterpret_cast<const unsigned char*>(bytes.data());
+  if (file_size < 10) fail(path, 0, "file is " + std::to_string(file_size) + " bytes, too short for a .npy header");
+  const unsigned char* pre = p8;
   if (std::memcmp(pre, "\x93NUMPY", 6) != 0) fail(path, 0, "not a .npy file (bad magic)");
   const int major = pre[6];
   std::size_t header_len, header_start;
@@ -81,9 +79,8 @@ NpyArray read_npy(const std::string& path) {
     header_len = pre[8] | (pre[9] << 8);
     header_start = 10;
   } else if (major == 2 || major == 3) {
-    unsigned char b[2];
-    if (file_size < 12 || !in.read(reinterpret_cast<char*>(b), 2))
-      fail(path, 10, "truncated header length");
+    if (file_size < 12) fail(path, 10, "truncated header length");
+    const unsigned char* b = p8 + 10;
     header_len = pre[8] | (pre[9] << 8) | (static_cast<std::size_t>(b[0]) << 16) |
                  (static_cast<std::size_t>(b[1]) << 24);
     header_start = 12;
@@ -93,8 +90,7 @@ NpyArray read_npy(const std::string& path) {
   if (header_start + header_len > file_size)
     fail(path, header_start, "header of " + std::to_string(header_len) +
                                  " bytes runs past the end of the file (truncated?)");
-  std::string h(header_len, '\0');
-  in.read(h.data(), static_cast<std::streamsize>(header_len));
+  const std::string h(bytes.substr(header_start, header_len));
 
   NpyArray a;
   std::string descr = dict_value(path, header_start, h, "descr");
@@ -145,11 +141,11 @@ NpyArray read_npy(const std::string& path) {
                                std::to_string(need) + " (file truncated?)");
   if (have > need)
     fail(path, data_start + need, std::to_string(have - need) + " unexpected bytes after the data");
-  a.data.resize(need);
-  if (need && !in.read(reinterpret_cast<char*>(a.data.data()), static_cast<std::streamsize>(need)))
-    fail(path, data_start, "read failed");
+  a.data.assign(p8 + data_start, p8 + data_start + need);
   return a;
 }
+
+NpyArray read_npy(const std::string& path) { return parse_npy(read_file(path), path); }
 
 void write_npy(const std::string& path, const NpyArray& a) {
   if (a.data.size() != a.size() * itemsize(a.dtype))

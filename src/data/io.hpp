@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "fp8lab/data/idx_array.hpp"
+
 namespace fp8lab::data::io {
 
 // Throws Error("<path>: offset <offset>: <what>").
@@ -14,5 +16,9 @@ namespace fp8lab::data::io {
 
 // The whole file, gzip-decompressed when it is compressed (plain files pass through).
 std::vector<std::uint8_t> slurp(const std::string& path);
+
+// An IDX array of unsigned bytes from a file's bytes; `path` names it in errors;
+// `expected_rank` (if > 0) is checked.
+IdxArray parse_idx(const std::vector<std::uint8_t>& bytes, const std::string& path, int expected_rank);
 
 }  // namespace fp8lab::data::io

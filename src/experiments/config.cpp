@@ -283,6 +283,7 @@ namespace {
 TrainConfig parse_config(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
                          bool require_schema) {
   toml::table root;
+  check_toml_text(text, source);
   try {
     root = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
@@ -334,9 +335,12 @@ TrainConfig parse_config(const std::string& text, const std::string& source, con
     const std::string key = o.substr(0, eq), value = o.substr(eq + 1);
     toml::table vt;
     try {
+      check_toml_text("v = " + value, where);
       vt = toml::parse("v = " + value);
     } catch (const toml::parse_error&) {
       vt = toml::table{{"v", value}};  // not TOML: a bare string
+    } catch (const Error&) {
+      vt = toml::table{{"v", value}};
     }
     if (find_field(fs, key) && std::holds_alternative<std::string*>(find_field(fs, key)->ptr) && !vt["v"].is_string())
       vt = toml::table{{"v", value}};  // e.g. --set quant.recipe=fp32 parses as a key, or 1.4.3 as a number

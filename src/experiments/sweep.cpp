@@ -133,9 +133,12 @@ std::string substitute(const std::string& tmpl, const std::map<std::string, std:
 bool is_number(const std::string& s) {
   if (s.empty()) return false;
   try {
+    check_toml_text("v = " + s, "value");
     auto t = toml::parse("v = " + s);
     return t.get("v")->is_number();
   } catch (const toml::parse_error&) {
+    return false;
+  } catch (const Error&) {
     return false;
   }
 }
@@ -455,6 +458,7 @@ void refuse_duplicate_runs(const Sweep& s, const std::string& source) {
 
 Sweep parse_sweep(const std::string& text, const std::string& source, const std::string& base_dir) {
   toml::table root;
+  check_toml_text(text, source);
   try {
     root = toml::parse(text, source);
   } catch (const toml::parse_error& e) {

@@ -263,6 +263,7 @@ KindQuant kind_from_toml(const toml::node& n, const std::string& source, std::st
 
 Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
   toml::table root;
+  check_toml_text(text, source);
   try {
     root = toml::parse(text, source);
   } catch (const toml::parse_error& e) {

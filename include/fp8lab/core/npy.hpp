@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fp8lab {
@@ -23,6 +24,8 @@ struct NpyArray {
 
 // Throws Error naming the file, the problem and the byte offset where it was found.
 NpyArray read_npy(const std::string& path);
+// The same from the file's bytes; `name` names them in errors.
+NpyArray parse_npy(std::string_view bytes, const std::string& name);
 // Throws Error on failure; a partially written file never replaces `path`.
 void write_npy(const std::string& path, const NpyArray& a);
 

@@ -42,4 +42,11 @@ inline std::string fixed(double v, int decimals) {
   return b;
 }
 
+// TOML text may hold non-ASCII characters only inside strings and comments (bare keys are
+// ASCII). Throws Error "<source>:<line>: ..." at the first one outside them. Every TOML
+// parse of outside text runs this first: the toml++ of Debian 12 reaches
+// __builtin_unreachable() (undefined behaviour) on some such characters, e.g. U+00E9 or
+// U+FDFF, where it expects white space.
+void check_toml_text(std::string_view text, const std::string& source);
+
 }  // namespace fp8lab

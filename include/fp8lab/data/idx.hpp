@@ -9,12 +9,9 @@
 
 #include <torch/types.h>
 
-namespace fp8lab::data {
+#include "fp8lab/data/idx_array.hpp"
 
-struct IdxArray {
-  std::vector<std::uint32_t> dims;
-  std::vector<std::uint8_t> data;  // unsigned bytes (type code 0x08), row-major
-};
+namespace fp8lab::data {
 
 // Reads an IDX file of unsigned bytes (gzip or not). `expected_rank` (if > 0) is checked.
 IdxArray read_idx(const std::string& path, int expected_rank = 0);

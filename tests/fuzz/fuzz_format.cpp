@@ -1,0 +1,30 @@
+// Format strings and one-line recipes (docs/spec.md §1, §4.2): any text either parses or
+// throws fp8lab::Error; a parsed format prints and parses back to itself.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "fp8lab/core/format.hpp"
+#include "fp8lab/nn/recipe.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  try {
+    const fp8lab::Format f = fp8lab::parse_format(text);
+    if (!(fp8lab::parse_format(fp8lab::to_string(f)) == f)) __builtin_trap();
+  } catch (const fp8lab::Error&) {
+  }
+  try {
+    (void)fp8lab::parse_rounding(text);
+  } catch (const fp8lab::Error&) {
+  }
+  try {
+    (void)fp8lab::nn::parse_kind_quant(text);
+  } catch (const fp8lab::Error&) {
+  }
+  try {
+    (void)fp8lab::nn::parse_recipe(text);
+  } catch (const fp8lab::Error&) {
+  }
+  return 0;
+}
