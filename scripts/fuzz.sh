@@ -7,6 +7,7 @@
 #   scripts/fuzz.sh            20 seconds per target (what CI runs)
 #   scripts/fuzz.sh 600        ten minutes per target; new corpus entries go to build-fuzz/corpus
 #   scripts/fuzz.sh 60 npy     one target
+#   FUZZ_SEED=0 scripts/fuzz.sh 600   a different random seed each run (default 1: CI repeats itself)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
@@ -25,7 +26,7 @@ for t in "${targets[@]}"; do
   if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ]; then
     build-fuzz/fuzz_$t "$regressions"/* >/dev/null 2>&1 || { echo "fuzz $t: a regression input fails"; failed=1; }
   fi
-  if build-fuzz/fuzz_$t "$work" "tests/fuzz/corpus/$t" -max_total_time="$seconds" -max_len=65536 \
+  if build-fuzz/fuzz_$t "$work" "tests/fuzz/corpus/$t" -max_total_time="$seconds" -max_len=65536 -seed="${FUZZ_SEED:-1}" \
        -rss_limit_mb=2048 -artifact_prefix=build-fuzz/crashes/$t- -print_final_stats=1 >build-fuzz/$t.log 2>&1; then
     echo "fuzz $t: $(grep -o 'stat::number_of_executed_units: *[0-9]*' build-fuzz/$t.log | grep -o '[0-9]*$') inputs, no failure"
   else
