@@ -3,6 +3,7 @@
 // rest of the process (process.hpp), then runs one subcommand.
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "commands.hpp"
 #include "fp8lab/core/format.hpp"
@@ -39,6 +40,9 @@ extern "C" int fp8lab_cli_main(int argc, char** argv) {
     return 2;
   } catch (const fp8lab::Error& e) {
     std::fprintf(stderr, "fp8lab: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "fp8lab: error: not enough memory for this input (see docs/reliability.md)\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fp8lab: internal error: %s\n", e.what());

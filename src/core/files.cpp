@@ -95,8 +95,17 @@ std::uint64_t regular_file_size(const std::string& path) {
   return static_cast<std::uint64_t>(st.st_size);
 }
 
+std::uint64_t memory_budget() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return std::uint64_t{1} << 32;
+  return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 2;
+}
+
 std::string read_file(const std::string& path) {
-  regular_file_size(path);
+  const std::uint64_t size = regular_file_size(path);
+  if (size > memory_budget())
+    throw Error(path + ": " + std::to_string(size) + " bytes, more than the " + std::to_string(memory_budget()) +
+                " bytes (half the memory) one input may take");
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
   if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   std::string out;

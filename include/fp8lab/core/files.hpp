@@ -22,6 +22,10 @@ inline void write_file_atomic(const std::string& path, const std::string& text) 
 // names.
 bool same_file(const std::string& a, const std::string& b);
 
+// How many bytes one input file may bring into memory: half of the machine's physical
+// memory. Files read whole (.npy arrays, configs, checkpoints) above it are refused.
+std::uint64_t memory_budget();
+
 // The whole file as bytes; throws Error naming the file when it cannot be read or is not a
 // regular file (a folder, a device, a pipe).
 std::string read_file(const std::string& path);
