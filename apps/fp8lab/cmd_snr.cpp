@@ -17,7 +17,7 @@ struct SnrArgs {
   std::string dist = "normal";
   double scale = 1.0;
   double span = 16;
-  std::size_t samples = 1000000;
+  std::int64_t samples = 1000000;
   std::uint64_t seed = 1;
   bool csv = false;
 };
@@ -27,12 +27,14 @@ void run_snr(const SnrArgs& a) {
   d.dist = parse_distribution(a.dist);
   if (!(a.scale > 0) || !std::isfinite(a.scale)) throw Error("--scale must be a positive number");
   if (!(a.span > 0)) throw Error("--span must be a positive number of octaves");
-  if (a.samples < 1) throw Error("--samples must be at least 1");
+  constexpr std::int64_t kMaxSamples = std::int64_t{1} << 30;  // 4 GiB of float32 samples
+  if (a.samples < 1 || a.samples > kMaxSamples)
+    throw Error("--samples must be in 1.." + std::to_string(kMaxSamples) + " (got " + std::to_string(a.samples) + ")");
   d.scale = a.scale;
   d.log2_span = a.span;
   std::vector<Format> fs;
   for (const auto& n : a.formats) fs.push_back(parse_format(n));  // all errors before work
-  const std::vector<float> x = sample(d, a.samples, a.seed);
+  const std::vector<float> x = sample(d, static_cast<std::size_t>(a.samples), a.seed);
   Table t({"name", "format", "dist", "scale", "samples", "measured_snr_db", "model_snr_db",
            "model", "dynamic_range_db"});
   for (std::size_t i = 0; i < fs.size(); ++i) {

@@ -93,6 +93,7 @@ ln -f "$T/x.npy" "$T/x-hardlink.npy"
 expect_fail "quantize onto its input" "output must differ from input" "$FP8LAB" quantize "$T/x.npy" "$T/x-hardlink.npy" -f e4m3fn
 expect_fail "quantize a folder" "is a folder" "$FP8LAB" quantize "$T" "$T/o.npy" -f e4m3fn
 expect_fail "bad rounding" "unknown rounding 'up'" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn -r up
+expect_fail "negative samples" "--samples must be in 1.." "$FP8LAB" snr 1.4.3 --samples -5
 expect_fail "bad dist" "unknown distribution" "$FP8LAB" snr 1.4.3 --dist cauchy
 expect_fail "codes of fp32" "at most 16 bits" "$FP8LAB" values fp32
 head -c 100 "$T/x.npy" >"$T/trunc.npy"
