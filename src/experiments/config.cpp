@@ -1,8 +1,7 @@
+#include "fp8lab/nn/toml_parse.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/experiments/config.hpp"
 
-#define TOML_HEADER_ONLY 1
-#include <toml++/toml.h>
 
 #include <charconv>
 #include <cmath>
@@ -282,13 +281,7 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
 namespace {
 TrainConfig parse_config(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
                          bool require_schema) {
-  toml::table root;
-  check_toml_text(text, source);
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& e) {
-    throw Error(at_line(source, e.source().begin.line) + std::string(e.description()));
-  }
+  const toml::table root = parse_toml(text, source);
   TrainConfig c;
   std::vector<Field> fs = fields(c);
   auto set_from = [&](const std::string& key, const toml::node& v, const std::string& where) {
@@ -335,12 +328,9 @@ TrainConfig parse_config(const std::string& text, const std::string& source, con
     const std::string key = o.substr(0, eq), value = o.substr(eq + 1);
     toml::table vt;
     try {
-      check_toml_text("v = " + value, where);
-      vt = toml::parse("v = " + value);
-    } catch (const toml::parse_error&) {
-      vt = toml::table{{"v", value}};  // not TOML: a bare string
+      vt = parse_toml("v = " + value, where);
     } catch (const Error&) {
-      vt = toml::table{{"v", value}};
+      vt = toml::table{{"v", value}};  // not TOML: a bare string
     }
     if (find_field(fs, key) && std::holds_alternative<std::string*>(find_field(fs, key)->ptr) && !vt["v"].is_string())
       vt = toml::table{{"v", value}};  // e.g. --set quant.recipe=fp32 parses as a key, or 1.4.3 as a number

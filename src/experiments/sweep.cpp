@@ -1,3 +1,4 @@
+#include "fp8lab/nn/toml_parse.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/experiments/sweep.hpp"
 
@@ -7,7 +8,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <toml++/toml.h>
 
 #include <algorithm>
 #include <atomic>
@@ -133,11 +133,7 @@ std::string substitute(const std::string& tmpl, const std::map<std::string, std:
 bool is_number(const std::string& s) {
   if (s.empty()) return false;
   try {
-    check_toml_text("v = " + s, "value");
-    auto t = toml::parse("v = " + s);
-    return t.get("v")->is_number();
-  } catch (const toml::parse_error&) {
-    return false;
+    return parse_toml("v = " + s, "value").get("v")->is_number();
   } catch (const Error&) {
     return false;
   }
@@ -457,13 +453,7 @@ void refuse_duplicate_runs(const Sweep& s, const std::string& source) {
 }  // namespace
 
 Sweep parse_sweep(const std::string& text, const std::string& source, const std::string& base_dir) {
-  toml::table root;
-  check_toml_text(text, source);
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& e) {
-    throw Error(at_line(source, e.source().begin.line) + std::string(e.description()));
-  }
+  const toml::table root = parse_toml(text, source);
   Sweep s;
   s.source = source;
   SweepFile f;

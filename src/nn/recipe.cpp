@@ -1,10 +1,9 @@
+#include "fp8lab/nn/toml_parse.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/nn/recipe.hpp"
 
 #include <fstream>
 #include <sstream>
-#define TOML_HEADER_ONLY 1
-#include <toml++/toml.h>
 
 namespace fp8lab::nn {
 
@@ -262,14 +261,7 @@ KindQuant kind_from_toml(const toml::node& n, const std::string& source, std::st
 }  // namespace
 
 Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
-  toml::table root;
-  check_toml_text(text, source);
-  try {
-    root = toml::parse(text, source);
-  } catch (const toml::parse_error& e) {
-    throw Error(at_line(source, e.source().begin.line) +
-                std::string(e.description()));
-  }
+  const toml::table root = parse_toml(text, source);
   const toml::table* t = &root;
   if (auto* sub = root["recipe"].as_table()) t = sub;
   Recipe r;
