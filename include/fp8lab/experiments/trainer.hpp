@@ -45,8 +45,8 @@ struct TrainResult {
   std::uint64_t skipped_steps = 0;
   std::int64_t steps = 0, total_steps = 0;
   std::array<QuantCounts, nn::kKinds> counts{};  // summed over quantized layers and steps
-  double seconds = 0;            // wall time, over all sessions of a resumed run
-  double samples_per_second = 0; // training throughput of this session: the steps after its
+  double seconds = 0;            // wall time, over every process a resumed run ran in
+  double samples_per_second = 0; // training throughput of this call: the steps after its
                                  // first, without evaluation and checkpoint time
   std::int64_t run_id = 0;       // in the store, when one was given
   std::string model_description;
