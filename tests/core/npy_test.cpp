@@ -22,6 +22,14 @@ void spit(const fs::path& p, const std::string& s) {
   std::ofstream out(p, std::ios::binary);
   out << s;
 }
+// The bytes of a valid float32 .npy of shape (4,), written with write_npy into `d`.
+std::string good_npy(const fs::path& d) {
+  NpyArray a;
+  a.shape = {4};
+  a.data.resize(16);
+  write_npy((d / "good.npy").string(), a);
+  return slurp(d / "good.npy");
+}
 std::string error_of(const fs::path& p) {
   try {
     read_npy(p.string());
@@ -78,11 +86,7 @@ TEST(Npy, ReadsWhatNumpyWrites) {
 
 TEST(Npy, BadFilesGiveErrorsWithPlace) {
   const fs::path d = tmpdir();
-  NpyArray a;
-  a.shape = {4};
-  a.data.resize(16);
-  write_npy((d / "good.npy").string(), a);
-  const std::string good = slurp(d / "good.npy");
+  const std::string good = good_npy(d);
 
   spit(d / "trunc.npy", good.substr(0, good.size() - 3));
   std::string e = error_of(d / "trunc.npy");
@@ -110,11 +114,7 @@ TEST(Npy, BadFilesGiveErrorsWithPlace) {
 
 TEST(Npy, ShapesAreCheckedAgainstTheBytesPresentBeforeTheyAreMultiplied) {
   const fs::path d = tmpdir();
-  NpyArray a;
-  a.shape = {4};
-  a.data.resize(16);
-  write_npy((d / "good.npy").string(), a);
-  const std::string good = slurp(d / "good.npy");
+  const std::string good = good_npy(d);
   // Shapes whose product overflows 64 bits, or is merely larger than the file, are errors
   // naming the problem; nothing is allocated for them.
   for (const auto& [shape, expected] : std::vector<std::pair<std::string, std::string>>{
