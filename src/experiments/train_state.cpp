@@ -122,7 +122,8 @@ std::string unframed(const std::string& path) {
   if (computed != sum)
     throw Error(path + ": damaged checkpoint: checksum " + hex64(computed) + " where " + hex64(sum) +
                 " was written (the file changed after it was saved)");
-  return bytes.substr(nl + 1);
+  bytes.erase(0, nl + 1);  // in place: no second copy of the archive
+  return bytes;
 }
 
 // The JSON header of a checkpoint archive.
