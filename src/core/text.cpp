@@ -4,58 +4,106 @@
 
 namespace fp8lab {
 
+std::optional<Utf8Char> utf8_at(std::string_view text, std::size_t i) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[i + k]); };
+  const unsigned char c = byte(0);
+  if (c < 0x80) return Utf8Char{c, 1};
+  // The length, the first byte's payload, and the range of the second byte (Table 3-7).
+  std::size_t n = 0;
+  char32_t cp = 0;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2, cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3, cp = c & 0x0F;
+    if (c == 0xE0) lo = 0xA0;  // no overlong forms
+    if (c == 0xED) hi = 0x9F;  // no surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4, cp = c & 0x07;
+    if (c == 0xF0) lo = 0x90;  // no overlong forms
+    if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+  } else {
+    return std::nullopt;
+  }
+  if (text.size() - i < n) return std::nullopt;
+  for (std::size_t k = 1; k < n; ++k) {
+    const unsigned char b = byte(k);
+    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return std::nullopt;
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  return Utf8Char{cp, n};
+}
+
+bool valid_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto ch = utf8_at(text, i);
+    if (!ch) return false;
+    i += ch->size;
+  }
+  return true;
+}
+
+std::string utf8_encode(char32_t cp) {
+  const auto b = [](char32_t v) { return static_cast<char>(v); };
+  if (cp < 0x80) return std::string(1, b(cp));
+  if (cp < 0x800) return {b(0xC0 | (cp >> 6)), b(0x80 | (cp & 0x3F))};
+  if (cp < 0x10000) return {b(0xE0 | (cp >> 12)), b(0x80 | ((cp >> 6) & 0x3F)), b(0x80 | (cp & 0x3F))};
+  return {b(0xF0 | (cp >> 18)), b(0x80 | ((cp >> 12) & 0x3F)), b(0x80 | ((cp >> 6) & 0x3F)), b(0x80 | (cp & 0x3F))};
+}
+
 namespace {
 
-// The end of a string starting at `i` (just after its opening quote(s)); `quote` and
-// `multi` say which kind; basic strings have backslash escapes. Returns text.size() when it
-// does not end (the TOML parser reports that).
-std::size_t skip_string(std::string_view text, std::size_t i, char quote, bool multi) {
-  const bool escapes = quote == '"';
-  while (i < text.size()) {
-    const char c = text[i];
-    if (escapes && c == '\\') {
-      i += 2;
-      continue;
-    }
-    if (!multi && c == '\n') return i;  // unterminated: left to the parser
-    if (c == quote) {
-      if (!multi) return i + 1;
-      if (text.substr(i, 3) == std::string_view(std::string(3, quote))) return i + 3;
-    }
-    ++i;
-  }
-  return text.size();
+constexpr char32_t kShieldOffset = 0xF0000;  // plane 15, private use
+
+bool in_plane_15(char32_t cp) { return cp >= kShieldOffset && cp < kShieldOffset + 0x10000; }
+
+std::int64_t line_of(std::string_view text, std::size_t i) {
+  std::int64_t line = 1;
+  for (std::size_t k = 0; k < i; ++k) line += text[k] == '\n';
+  return line;
 }
 
 }  // namespace
 
-void check_toml_text(std::string_view text, const std::string& source) {
-  std::size_t line = 1;
-  char last = '\n';  // the last character outside strings and comments that is not a blank
+std::string shield_toml_text(std::string_view text, const std::string& source) {
+  for (const std::string_view escape : {"\\U000F", "\\U000f"})
+    if (const auto at = text.find(escape); at != std::string_view::npos)
+      throw Error(at_line(source, line_of(text, at)) +
+                  "an escape of a plane-15 private-use character (U+F0000-U+FFFFF); fp8lab reserves them while parsing");
+  std::string out;
+  out.reserve(text.size() + text.size() / 2);
   for (std::size_t i = 0; i < text.size();) {
-    const char c = text[i];
-    // A quote opens a string only where a key or a value starts: at the start of a line,
-    // after '=', '[', '{', ',' or the '.' of a dotted key. Elsewhere (inside a bare word or
-    // a number) it is part of that token for the parser, and so is what follows it.
-    const bool string_may_start = last == '\n' || last == '=' || last == '[' || last == '{' || last == ',' ||
-                                  last == '.';
-    if (c == '#') {
-      while (i < text.size() && text[i] != '\n') ++i;
-    } else if ((c == '"' || c == '\'') && string_may_start) {
-      const bool multi = text.substr(i, 3) == std::string_view(std::string(3, c));
-      const std::size_t end = skip_string(text, i + (multi ? 3 : 1), c, multi);
-      for (std::size_t k = i; k < end; ++k) line += text[k] == '\n';
-      i = end;
-      last = c;
-    } else {
-      if (static_cast<unsigned char>(c) >= 0x80)
-        throw Error(at_line(source, static_cast<std::int64_t>(line)) +
-                    "a non-ASCII character outside a string or comment (TOML keys and values are ASCII there)");
-      line += c == '\n';
-      if (c != ' ' && c != '\t' && c != '\r') last = c;
-      ++i;
+    const auto ch = utf8_at(text, i);
+    if (!ch) {
+      char b[8];
+      std::snprintf(b, sizeof b, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(text[i])));
+      throw Error(at_line(source, line_of(text, i)) + "not UTF-8 (byte " + b + " at offset " + std::to_string(i) + ")");
     }
+    if (in_plane_15(ch->code_point))
+      throw Error(at_line(source, line_of(text, i)) +
+                  "a plane-15 private-use character (U+F0000-U+FFFFF); fp8lab reserves them while parsing");
+    if (ch->code_point >= 0x80 && ch->code_point < 0x10000)
+      out += utf8_encode(kShieldOffset + ch->code_point);
+    else
+      out.append(text.substr(i, ch->size));
+    i += ch->size;
   }
+  return out;
+}
+
+std::string unshield_toml_text(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    const auto ch = utf8_at(text, i);
+    const std::size_t n = ch ? ch->size : 1;  // bytes that are not UTF-8 pass unchanged
+    if (ch && in_plane_15(ch->code_point))
+      out += utf8_encode(ch->code_point - kShieldOffset);
+    else
+      out.append(text.substr(i, n));
+    i += n;
+  }
+  return out;
 }
 
 }  // namespace fp8lab

@@ -13,6 +13,7 @@
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/random.hpp"
+#include "fp8lab/core/text.hpp"
 #include "io.hpp"
 
 namespace fp8lab::data {
@@ -348,17 +349,6 @@ CorpusFiles prepare_bible_corpus(const std::string& dir, const std::string& en_m
 }
 
 namespace {
-bool valid_utf8(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (int k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
-    i += n;
-  }
-  return true;
-}
 std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open");

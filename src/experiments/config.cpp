@@ -1,4 +1,4 @@
-#include "fp8lab/nn/toml_parse.hpp"
+#include "fp8lab/core/toml_parse.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/experiments/config.hpp"
 

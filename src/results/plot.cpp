@@ -13,6 +13,7 @@
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/files.hpp"
+#include "fp8lab/core/text.hpp"
 
 #define STB_TRUETYPE_IMPLEMENTATION
 #define STBTT_STATIC
@@ -415,18 +416,13 @@ const Font& font(bool bold) {
   return fonts[bold];
 }
 
+// The code points of `s`; a byte that is not UTF-8 is drawn as U+FFFD.
 std::vector<int> codepoints(const std::string& s) {
   std::vector<int> out;
   for (std::size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int cp = c, n = 1;
-    if (c >= 0xF0) cp = c & 0x07, n = 4;
-    else if (c >= 0xE0) cp = c & 0x0F, n = 3;
-    else if (c >= 0xC0) cp = c & 0x1F, n = 2;
-    for (int k = 1; k < n && i + static_cast<std::size_t>(k) < s.size(); ++k)
-      cp = (cp << 6) | (static_cast<unsigned char>(s[i + static_cast<std::size_t>(k)]) & 0x3F);
-    out.push_back(cp);
-    i += static_cast<std::size_t>(n);
+    const auto ch = utf8_at(s, i);
+    out.push_back(ch ? static_cast<int>(ch->code_point) : 0xFFFD);
+    i += ch ? ch->size : 1;
   }
   return out;
 }

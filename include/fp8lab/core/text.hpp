@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -42,11 +43,33 @@ inline std::string fixed(double v, int decimals) {
   return b;
 }
 
-// TOML text may hold non-ASCII characters only inside strings and comments (bare keys are
-// ASCII). Throws Error "<source>:<line>: ..." at the first one outside them. Every TOML
-// parse of outside text runs this first: the toml++ of Debian 12 reaches
-// __builtin_unreachable() (undefined behaviour) on some such characters, e.g. U+00E9 or
-// U+FDFF, where it expects white space.
-void check_toml_text(std::string_view text, const std::string& source);
+// One character of UTF-8 text: its code point and its length in bytes.
+struct Utf8Char {
+  char32_t code_point;
+  std::size_t size;
+};
+
+// The character at byte `i` of `text`, or nullopt where the bytes there are not well-formed
+// UTF-8 (the Unicode standard's Table 3-7: no overlong forms, no surrogates, nothing above
+// U+10FFFF, no stray continuation bytes, no sequence cut short).
+std::optional<Utf8Char> utf8_at(std::string_view text, std::size_t i);
+
+// Whether all of `text` is well-formed UTF-8.
+bool valid_utf8(std::string_view text);
+
+// The UTF-8 bytes of a code point (at most U+10FFFF, not a surrogate).
+std::string utf8_encode(char32_t code_point);
+
+// The toml++ of Debian 12 reaches __builtin_unreachable() (undefined behaviour) on many
+// non-ASCII characters, U+00A1-U+0499 and U+FB26-U+FEFE among them, wherever it tests for
+// white space: everywhere outside strings and comments, including inside the token it is
+// reading. Every parse of outside TOML text therefore runs on shielded text.
+// shield_toml_text checks that `text` is UTF-8 and moves each non-ASCII character c of the
+// Basic Multilingual Plane to U+F0000 + c (plane 15, private use), which toml++ classifies
+// as nothing; unshield_toml_text moves them back in the keys, strings and error messages the
+// parser returns. Plane-15 characters, and \U000F escapes that would make one, are refused
+// in `text`, so that the two are exact inverses. Errors: "<source>:<line>: ...".
+std::string shield_toml_text(std::string_view text, const std::string& source);
+std::string unshield_toml_text(std::string_view text);
 
 }  // namespace fp8lab
