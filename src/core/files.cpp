@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <charconv>
 #include <filesystem>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 
 #include "fp8lab/core/format.hpp"
@@ -114,6 +116,59 @@ std::string read_file(const std::string& path) {
   while ((got = std::fread(buf, 1, sizeof buf, f.get())) > 0) out.append(buf, got);
   if (std::ferror(f.get())) throw Error(path + ": read failed at offset " + std::to_string(out.size()));
   return out;
+}
+
+namespace {
+
+std::string hex64(std::uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+// The unsigned number in `field` after `key` ("bytes=" in decimal, "fnv1a64=" in 16
+// lower-case hex digits), written exactly as checksum_frame writes it.
+std::optional<std::uint64_t> frame_number(std::string_view field, std::string_view key, int base) {
+  if (field.substr(0, key.size()) != key) return std::nullopt;
+  field.remove_prefix(key.size());
+  if (field.empty() || (base == 16 && field.size() != 16)) return std::nullopt;
+  std::uint64_t v = 0;
+  const auto r = std::from_chars(field.data(), field.data() + field.size(), v, base);
+  if (r.ec != std::errc() || r.ptr != field.data() + field.size()) return std::nullopt;
+  if (field != (base == 16 ? hex64(v) : std::to_string(v))) return std::nullopt;  // as written: no '+', 'A', 007
+  return v;
+}
+
+}  // namespace
+
+std::string checksum_frame(std::string_view magic, std::string_view payload) {
+  std::string out(magic);
+  out += "bytes=" + std::to_string(payload.size()) + " fnv1a64=" +
+         hex64(fnv1a(kFnvBasis, payload.data(), payload.size())) + "\n";
+  out += payload;
+  return out;
+}
+
+bool checksum_unframe(std::string& bytes, std::string_view magic, const std::string& path, const std::string& what) {
+  if (bytes.compare(0, magic.size(), magic) != 0) return false;
+  const std::string damaged = path + ": damaged " + what + ": ";
+  const std::size_t nl = bytes.find('\n');
+  if (nl == std::string::npos) throw Error(damaged + "unreadable header line");
+  const std::string_view header = std::string_view(bytes).substr(magic.size(), nl - magic.size());
+  const std::size_t space = header.find(' ');
+  const auto size = frame_number(header.substr(0, space), "bytes=", 10);
+  const auto sum = space == std::string_view::npos ? std::nullopt : frame_number(header.substr(space + 1), "fnv1a64=", 16);
+  if (!size || !sum) throw Error(damaged + "unreadable header line");
+  const std::size_t have = bytes.size() - nl - 1;
+  if (have != *size)
+    throw Error(damaged + std::to_string(have) + " bytes after the header, " + std::to_string(*size) +
+                " written (truncated or appended to)");
+  const std::uint64_t computed = fnv1a(kFnvBasis, bytes.data() + nl + 1, have);
+  if (computed != *sum)
+    throw Error(damaged + "checksum " + hex64(computed) + " where " + hex64(*sum) +
+                " was written (the file changed after it was saved)");
+  bytes.erase(0, nl + 1);  // in place: no second copy of the payload
+  return true;
 }
 
 }  // namespace fp8lab

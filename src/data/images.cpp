@@ -16,15 +16,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using io::fail;
-
-constexpr std::int64_t kCifarPixels = 3 * 32 * 32;
 
 }  // namespace
 
 ImageSet load_cifar(const std::string& dir_in, bool train, int classes) {
   if (classes != 10 && classes != 100) throw Error("CIFAR has 10 or 100 classes, not " + std::to_string(classes));
-  const int label_bytes = classes == 10 ? 1 : 2;
   std::vector<std::string> names;
   if (classes == 10) {
     if (train)
@@ -37,29 +33,13 @@ ImageSet load_cifar(const std::string& dir_in, bool train, int classes) {
   fs::path dir = dir_in;
   const char* sub = classes == 10 ? "cifar-10-batches-bin" : "cifar-100-binary";
   if (!fs::exists(dir / names[0]) && fs::exists(dir / sub / names[0])) dir /= sub;
-  const std::int64_t record = label_bytes + kCifarPixels;
   std::vector<std::uint8_t> pixels, labels;
   for (const auto& n : names) {
     const std::string path = (dir / n).string();
     if (!fs::exists(path))
       throw Error(dir.string() + ": no " + n + " (expected the CIFAR-" + std::to_string(classes) +
                   " binary version, e.g. " + sub + "/)");
-    const std::vector<std::uint8_t> b = io::slurp(path);
-    if (b.empty()) fail(path, 0, "file is empty");
-    if (static_cast<std::int64_t>(b.size()) % record != 0)
-      fail(path, b.size() - b.size() % record,
-           "file size " + std::to_string(b.size()) + " is not a multiple of the record size " +
-               std::to_string(record) + " (truncated?)");
-    for (std::size_t off = 0; off < b.size(); off += record) {
-      const std::uint8_t lab = b[off + label_bytes - 1];
-      if (lab >= classes)
-        fail(path, off + label_bytes - 1,
-             "label " + std::to_string(lab) + " is not below " + std::to_string(classes));
-      if (classes == 100 && b[off] >= 20) fail(path, off, "coarse label " + std::to_string(b[off]) + " is not below 20");
-      labels.push_back(lab);
-      pixels.insert(pixels.end(), b.begin() + static_cast<std::ptrdiff_t>(off + label_bytes),
-                    b.begin() + static_cast<std::ptrdiff_t>(off + record));
-    }
+    io::parse_cifar(io::slurp(path), path, classes, labels, pixels);
   }
   const auto n = static_cast<std::int64_t>(labels.size());
   ImageSet s;

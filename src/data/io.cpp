@@ -70,4 +70,25 @@ IdxArray parse_idx(const std::vector<std::uint8_t>& bytes, const std::string& pa
   return a;
 }
 
+void parse_cifar(const std::vector<std::uint8_t>& b, const std::string& path, int classes,
+                 std::vector<std::uint8_t>& labels, std::vector<std::uint8_t>& pixels) {
+  if (classes != 10 && classes != 100) throw Error("CIFAR has 10 or 100 classes, not " + std::to_string(classes));
+  const std::size_t label_bytes = classes == 10 ? 1 : 2;
+  const std::size_t record = label_bytes + kCifarPixels;
+  if (b.empty()) fail(path, 0, "file is empty");
+  if (b.size() % record != 0)
+    fail(path, b.size() - b.size() % record,
+         "file size " + std::to_string(b.size()) + " is not a multiple of the record size " + std::to_string(record) +
+             " (truncated?)");
+  for (std::size_t off = 0; off < b.size(); off += record) {
+    const std::uint8_t lab = b[off + label_bytes - 1];
+    if (lab >= classes)
+      fail(path, off + label_bytes - 1, "label " + std::to_string(lab) + " is not below " + std::to_string(classes));
+    if (classes == 100 && b[off] >= 20) fail(path, off, "coarse label " + std::to_string(b[off]) + " is not below 20");
+    labels.push_back(lab);
+    pixels.insert(pixels.end(), b.begin() + static_cast<std::ptrdiff_t>(off + label_bytes),
+                  b.begin() + static_cast<std::ptrdiff_t>(off + record));
+  }
+}
+
 }  // namespace fp8lab::data::io

@@ -348,29 +348,26 @@ CorpusFiles prepare_bible_corpus(const std::string& dir, const std::string& en_m
   return files;
 }
 
-namespace {
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open");
+std::vector<std::string> parse_lines(std::string_view text, const std::string& path) {
   std::vector<std::string> lines;
-  std::string l;
-  std::uint64_t offset = 0;
-  while (std::getline(in, l)) {
-    if (!l.empty() && l.back() == '\r') l.pop_back();
-    if (l.empty()) throw Error(path + ":" + std::to_string(lines.size() + 1) + ": empty line (offset " + std::to_string(offset) + ")");
-    if (!valid_utf8(l)) throw Error(path + ":" + std::to_string(lines.size() + 1) + ": invalid UTF-8 (offset " + std::to_string(offset) + ")");
-    offset += l.size() + 1;
-    lines.push_back(std::move(l));
+  for (std::size_t offset = 0; offset < text.size();) {
+    const std::size_t nl = std::min(text.find('\n', offset), text.size());
+    std::string_view l = text.substr(offset, nl - offset);
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    const std::string at = path + ":" + std::to_string(lines.size() + 1) + ": ";
+    if (l.empty()) throw Error(at + "empty line (offset " + std::to_string(offset) + ")");
+    if (!valid_utf8(l)) throw Error(at + "invalid UTF-8 (offset " + std::to_string(offset) + ")");
+    lines.emplace_back(l);
+    offset = nl + 1;
   }
   return lines;
 }
-}  // namespace
 
 std::pair<std::vector<std::string>, std::vector<std::string>> read_parallel(const std::string& prefix,
                                                                             const std::string& src,
                                                                             const std::string& tgt) {
   const std::string a = prefix + "." + src, b = prefix + "." + tgt;
-  auto x = read_lines(a), y = read_lines(b);
+  auto x = parse_lines(read_file(a), a), y = parse_lines(read_file(b), b);
   if (x.size() != y.size())
     throw Error(a + " has " + std::to_string(x.size()) + " lines but " + b + " has " + std::to_string(y.size()));
   return {std::move(x), std::move(y)};

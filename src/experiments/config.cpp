@@ -3,6 +3,7 @@
 #include "fp8lab/experiments/config.hpp"
 
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <fstream>
@@ -12,10 +13,6 @@
 
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/format.hpp"
-#include "fp8lab/experiments/registry.hpp"
-#include "fp8lab/nn/loss_scale.hpp"
-#include "fp8lab/nn/recipe.hpp"
-#include "fp8lab/data/images.hpp"
 
 namespace fp8lab::experiments {
 
@@ -104,14 +101,25 @@ std::string known_keys(const std::string& section) {
   return s;
 }
 
+// Names, paths, recipes and schedules: UTF-8 without control characters (a NUL would cut a
+// path short; a DEL cannot be written back into TOML unescaped).
+bool plain_text(const std::string& s) {
+  return valid_utf8(s) && std::none_of(s.begin(), s.end(), [](char c) {
+           const auto u = static_cast<unsigned char>(c);
+           return u < 0x20 || u == 0x7F;
+         });
+}
+
 // Assigns a TOML value to a field; throws Error (without location) on a type mismatch.
 void assign(const Field& f, const toml::node& v) {
   std::visit(
       [&](auto* p) {
         using T = std::remove_pointer_t<decltype(p)>;
         if constexpr (std::is_same_v<T, std::string>) {
-          if (auto s = v.value_exact<std::string>()) *p = *s;
-          else throw Error("must be a string");
+          const auto s = v.value_exact<std::string>();
+          if (!s) throw Error("must be a string");
+          if (!plain_text(*s)) throw Error("must be UTF-8 text without control characters");
+          *p = *s;
         } else if constexpr (std::is_same_v<T, bool>) {
           if (auto b = v.value_exact<bool>()) *p = *b;
           else throw Error("must be true or false");
@@ -156,44 +164,6 @@ void check(bool ok, const std::string& what) {
   if (!ok) throw Error("config: " + what);
 }
 
-}  // namespace
-
-namespace {
-
-// `what` looked up in `r`: the registry's error, prefixed with the config key.
-template <class T>
-const T& lookup(const Registry<T>& r, const std::string& key, const std::string& name) {
-  try {
-    return r.at(name);
-  } catch (const Error& e) {
-    throw Error("config: " + key + ": " + e.what());
-  }
-}
-
-void validate_task(const TrainConfig& c) {
-  const TaskInfo& task = lookup(tasks(), "task", c.task);
-  const auto models = task.models();
-  if (std::find(models.begin(), models.end(), c.model.name) == models.end()) {
-    std::string list;
-    for (const auto& m : models) list += (list.empty() ? "" : ", ") + m;
-    check(false, "model.name: '" + c.model.name + "' is not a model of task " + c.task + " (known: " + list + ")");
-  }
-  const DataSetInfo& set = lookup(task.data_sets(), "data.name", c.data.name);
-  check(!set.needs_dir || !c.data.dir.empty(), "data.dir must name the folder holding " + c.data.name);
-  if (!task.images) {
-    check(c.data.vocab_size >= 16 && c.data.vocab_size <= 1000000, "data.vocab_size must be in 16..1000000");
-    check(c.data.max_tokens >= 4 && c.data.max_tokens <= 4096, "data.max_tokens must be in 4..4096");
-    check(c.train.mixup == 0 && c.train.cutmix == 0, "mixup and cutmix are for images");
-    check(c.data.augment == "none" || c.data.augment.empty(), "data.augment is for images");
-  }
-  if (c.task == "translation") {
-    check(!c.data.src_lang.empty() && !c.data.tgt_lang.empty() && c.data.src_lang != c.data.tgt_lang,
-          "data.src_lang and data.tgt_lang must be two different suffixes");
-    check(c.train.beam >= 1 && c.train.beam <= 64, "train.beam must be in 1..64");
-  }
-  if (c.task == "bert") check(c.data.max_tokens >= 8, "data.max_tokens must be in 8..4096 for BERT");
-}
-
 // Every floating-point field is a finite number (inf and nan parse as TOML floats).
 void check_finite(const TrainConfig& c) {
   TrainConfig copy = c;
@@ -204,59 +174,34 @@ void check_finite(const TrainConfig& c) {
   }
 }
 
-// The recipe and loss scaling parse (a recipe file is read): a run that could not start is
-// refused before anything is recorded.
-void validate_quant(const QuantConfig& q) {
-  try {
-    (void)nn::load_recipe(q.recipe);
-  } catch (const Error& e) {
-    throw Error(std::string("config: quant.recipe: ") + e.what());
-  }
-  try {
-    (void)nn::parse_loss_scale(q.loss_scale);
-  } catch (const Error& e) {
-    throw Error(std::string("config: quant.loss_scale: ") + e.what());
-  }
-}
-
 }  // namespace
 
-void validate(const TrainConfig& c) {
+void check_ranges(const TrainConfig& c) {
   try {
     check_file_name(c.name, "name");  // the default checkpoint is <name>.ckpt
   } catch (const Error& e) {
     throw Error(std::string("config: ") + e.what());
   }
   check_finite(c);
-  validate_task(c);
-  validate_quant(c.quant);
   check(c.threads >= 0, "threads must be >= 0");
   check(c.model.width >= 0 && c.model.width <= 4096, "model.width must be in 0..4096");
   check(c.model.width_mult >= 0 && c.model.depth_mult >= 0, "model multipliers must be >= 0");
   check(c.model.dropout < 1, "model.dropout must be < 1");
   check(c.data.train_limit >= 0 && c.data.test_limit >= 0, "data limits must be >= 0");
-  try {
-    data::parse_augment(c.data.augment);
-  } catch (const Error& e) {
-    check(false, std::string("data.augment: ") + e.what());
-  }
   check(c.data.image_size >= 0 && c.data.image_size <= 1024, "data.image_size must be in 0..1024");
   check(c.data.synthetic_train > 0 && c.data.synthetic_test > 0 && c.data.synthetic_classes >= 2 &&
             c.data.synthetic_channels >= 1,
         "synthetic data needs train, test > 0, classes >= 2, channels >= 1");
   const auto& o = c.optimizer;
-  lookup(optimizers(), "optimizer.name", o.name);
   check(o.lr > 0 && std::isfinite(o.lr), "optimizer.lr must be > 0");
   check(o.momentum >= 0 && o.momentum < 1, "optimizer.momentum must be in [0, 1)");
   check(o.weight_decay >= 0, "optimizer.weight_decay must be >= 0");
   check(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "optimizer betas must be in [0, 1)");
   check(o.eps > 0 && o.alpha > 0 && o.alpha < 1, "optimizer.eps must be > 0, alpha in (0, 1)");
   const auto& s = c.schedule;
-  const ScheduleInfo& schedule = lookup(schedules(), "schedule.name", s.name);
   for (double f : s.decay_at) check(f > 0 && f < 1, "schedule.decay_at fractions must be in (0, 1)");
   check(s.factor > 0 && s.gamma > 0 && s.every_epochs > 0, "schedule factor, gamma, every_epochs must be > 0");
   check(s.warmup_steps >= 0, "schedule.warmup_steps must be >= 0");
-  check(!schedule.needs_warmup || s.warmup_steps > 0, "schedule " + s.name + " needs warmup_steps > 0");
   const auto& t = c.train;
   check(t.epochs >= 1 || t.steps > 0, "train.epochs must be >= 1 (or train.steps > 0)");
   check(t.steps >= 0, "train.steps must be >= 0");
@@ -268,19 +213,8 @@ void validate(const TrainConfig& c) {
   check(t.eval_interval >= 0 && t.stats_interval >= 0 && t.checkpoint_interval >= 0, "intervals must be >= 0");
 }
 
-namespace {
-TrainConfig parse_config(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
-                         bool require_schema);
-}  // namespace
-
-TrainConfig parse_train_config(const std::string& text, const std::string& source,
-                               const std::vector<std::string>& overrides) {
-  return parse_config(text, source, overrides, false);
-}
-
-namespace {
-TrainConfig parse_config(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
-                         bool require_schema) {
+TrainConfig read_train_config(const std::string& text, const std::string& source,
+                              const std::vector<std::string>& overrides, bool require_schema) {
   const toml::table root = parse_toml(text, source);
   TrainConfig c;
   std::vector<Field> fs = fields(c);
@@ -336,14 +270,8 @@ TrainConfig parse_config(const std::string& text, const std::string& source, con
       vt = toml::table{{"v", value}};  // e.g. --set quant.recipe=fp32 parses as a key, or 1.4.3 as a number
     set_from(key, *vt.get("v"), where);
   }
-  validate(c);
+  check_ranges(c);
   return c;
-}
-
-}  // namespace
-
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
-  return parse_config(read_file(path), path, overrides, true);
 }
 
 std::string to_toml(const TrainConfig& cin) {

@@ -67,8 +67,16 @@ TrainState state_from(const json& j) {
   s.run_id = j.at("run_id").get<std::int64_t>();
   s.store = j.at("store").get<std::string>();
   s.finished = j.at("finished").get<bool>();
-  s.ema.resize(j.at("ema").get<std::size_t>());
-  for (std::size_t n : j.at("recent").get<std::vector<std::size_t>>()) s.recent.emplace_back(n);
+  // Tensor counts: a model's parameters and buffers; at most train.average_last (<= 100) lists.
+  constexpr std::size_t kMaxTensors = 1 << 20, kMaxRecent = 100;
+  const auto tensors = [&](std::size_t n) {
+    if (n > kMaxTensors) throw std::runtime_error("metadata: " + std::to_string(n) + " weight tensors");
+    return n;
+  };
+  s.ema.resize(tensors(j.at("ema").get<std::size_t>()));
+  const auto recent = j.at("recent").get<std::vector<std::size_t>>();
+  if (recent.size() > kMaxRecent) throw std::runtime_error("metadata: " + std::to_string(recent.size()) + " recent weight sets");
+  for (std::size_t n : recent) s.recent.emplace_back(tensors(n));
   return s;
 }
 
@@ -92,37 +100,11 @@ std::string recent_key(std::size_t k) { return "recent" + std::to_string(k); }
 
 constexpr std::string_view kMagic = "fp8lab-checkpoint ";
 
-std::string hex64(std::uint64_t v) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
-std::string framed(const std::string& archive) {
-  return std::string(kMagic) + "bytes=" + std::to_string(archive.size()) +
-         " fnv1a64=" + hex64(fnv1a(kFnvBasis, archive.data(), archive.size())) + "\n" + archive;
-}
-
 // The archive bytes of a checkpoint file, its length and checksum verified. A file without
 // the header line (what schema 1 wrote) is returned whole, for its schema to be read.
 std::string unframed(const std::string& path) {
   std::string bytes = read_file(path);
-  if (bytes.compare(0, kMagic.size(), kMagic) != 0) return bytes;
-  const std::size_t nl = bytes.find('\n');
-  const std::string header = bytes.substr(0, nl == std::string::npos ? 0 : nl);
-  unsigned long long size = 0, sum = 0;
-  if (nl == std::string::npos ||
-      std::sscanf(header.c_str() + kMagic.size(), "bytes=%llu fnv1a64=%llx", &size, &sum) != 2)
-    throw Error(path + ": damaged checkpoint: unreadable header line");
-  const std::size_t have = bytes.size() - nl - 1;
-  if (have != size)
-    throw Error(path + ": damaged checkpoint: " + std::to_string(have) + " bytes after the header, " +
-                std::to_string(size) + " written (truncated or appended to)");
-  const std::uint64_t computed = fnv1a(kFnvBasis, bytes.data() + nl + 1, have);
-  if (computed != sum)
-    throw Error(path + ": damaged checkpoint: checksum " + hex64(computed) + " where " + hex64(sum) +
-                " was written (the file changed after it was saved)");
-  bytes.erase(0, nl + 1);  // in place: no second copy of the archive
+  (void)checksum_unframe(bytes, kMagic, path, "checkpoint");
   return bytes;
 }
 
@@ -130,7 +112,9 @@ std::string unframed(const std::string& path) {
 json read_meta(torch::serialize::InputArchive& a) {
   c10::IValue m;
   a.read("meta", m);
-  return json::parse(m.toStringRef());
+  json j = json::parse(m.toStringRef());
+  if (!j.is_object()) throw Error("its metadata is not a JSON object");
+  return j;
 }
 
 }  // namespace
@@ -157,7 +141,7 @@ void save_checkpoint(const std::string& path, const std::string& config_json, co
   });
   const fs::path target = fs::absolute(path);
   if (target.has_parent_path()) fs::create_directories(target.parent_path());
-  write_file_atomic(target.string(), framed(bytes));
+  write_file_atomic(target.string(), checksum_frame(kMagic, bytes));
 }
 
 namespace {

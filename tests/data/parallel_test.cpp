@@ -129,6 +129,19 @@ TEST(Parallel, ReadValidates) {
             std::string::npos);
 }
 
+TEST(Parallel, LinesEndWithLfOrCrlfAndTheLastNeedsNone) {
+  EXPECT_EQ(data::parse_lines("a\r\nb\nc", "t.en"), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(data::parse_lines("a\rb\n", "t.en"), (std::vector<std::string>{"a\rb"}));
+  EXPECT_TRUE(data::parse_lines("", "t.en").empty());
+  EXPECT_NE(error_of([] { data::parse_lines("a\n\r\n", "t.en"); }).find("t.en:2: empty line (offset 2)"),
+            std::string::npos);
+  // Overlong forms and surrogates are not UTF-8 either.
+  EXPECT_NE(error_of([] { data::parse_lines("a\n\xc0\xaf\n", "t.en"); }).find("t.en:2: invalid UTF-8"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { data::parse_lines("\xed\xa0\x80\n", "t.en"); }).find("t.en:1: invalid UTF-8"),
+            std::string::npos);
+}
+
 TEST(BibleCorpus, FromDebianModules) {
   if (std::system("mod2imp engKJV2006eb 2>/dev/null | head -c 3 | grep -q '\\$\\$\\$'") != 0 ||
       std::system("mod2imp spaRV1909eb 2>/dev/null | head -c 3 | grep -q '\\$\\$\\$'") != 0)

@@ -54,6 +54,21 @@ TEST(Config, TomlAndJsonRoundTrip) {
   EXPECT_NE(t.find("lr = 0.1234567890123\n"), std::string::npos) << t;
 }
 
+TEST(Config, StringsAreUtf8TextAndRoundTripExactly) {
+  // Non-ASCII text round-trips through TOML; control characters and bytes that are not
+  // UTF-8 are refused (a NUL would cut a path short, a DEL cannot be written back).
+  const auto c = parse_train_config("[data]\ndir = \"/donn\u00e9es/\u03b1\u03b2\"\n", "c.toml");
+  EXPECT_EQ(c.data.dir, "/donn\xc3\xa9" "es/\xce\xb1\xce\xb2");
+  EXPECT_EQ(parse_train_config(experiments::to_toml(c), "back").data.dir, c.data.dir);
+  for (const std::string& bad : {"[data]\ndir = \"a\\u0000b\"\n", "[data]\ndir = \"a\\u007fb\"\n",
+                                 "[data]\ndir = \"a\\tb\"\n"}) {
+    const std::string e = error_of([&] { parse_train_config(bad, "c.toml"); });
+    EXPECT_NE(e.find("c.toml:2: 'data.dir' must be UTF-8 text without control characters"), std::string::npos) << e;
+  }
+  const std::string e = error_of([] { parse_train_config("", "c.toml", {"data.dir=/x/\xff"}); });
+  EXPECT_NE(e.find("'data.dir' must be UTF-8 text without control characters"), std::string::npos) << e;
+}
+
 TEST(Config, ErrorsNameKeyAndLine) {
   std::string e = error_of([] { parse_train_config("name = \"a\"\n[train]\nepoch = 3\n", "c.toml"); });
   EXPECT_NE(e.find("c.toml:3:"), std::string::npos) << e;

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace fp8lab {
 
@@ -46,5 +47,14 @@ inline std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
   return h;
 }
+
+// A payload behind one header line that records its length and checksum:
+// "<magic>bytes=<N> fnv1a64=<16 hex digits>\n" then the N bytes (checkpoints use it).
+std::string checksum_frame(std::string_view magic, std::string_view payload);
+// Undoes checksum_frame in place: `bytes` becomes the payload once the header line has been
+// read and the length and checksum agree. Bytes that do not start with `magic` are left as
+// they are and false is returned (an older file without the frame); any other header, a
+// length or a checksum that differs, is an Error "<path>: damaged <what>: ...".
+bool checksum_unframe(std::string& bytes, std::string_view magic, const std::string& path, const std::string& what);
 
 }  // namespace fp8lab

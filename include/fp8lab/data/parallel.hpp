@@ -75,6 +75,10 @@ struct CorpusFiles {
 CorpusFiles prepare_bible_corpus(const std::string& dir, const std::string& en_module = "engKJV2006eb",
                                  const std::string& es_module = "spaRV1909eb");
 
+// The lines of one side of a parallel text (LF or CRLF; a last line without a newline
+// counts); throws Error "<path>:<line>: ..." at an empty line or one that is not UTF-8.
+std::vector<std::string> parse_lines(std::string_view text, const std::string& path);
+
 // Reads line-aligned parallel files (`prefix`.`src` and `prefix`.`tgt`); checks that the
 // line counts agree (naming both files) and that no line is empty or invalid UTF-8.
 std::pair<std::vector<std::string>, std::vector<std::string>> read_parallel(const std::string& prefix,

@@ -113,14 +113,24 @@ struct TrainConfig {
   QuantConfig quant;
 };
 
-// Parses a TOML config (`source` names it in errors), then applies `overrides`
-// ("key=value" each). The result is checked (ranges, finiteness, names).
+// The fields of a TOML config (`source` names it in errors), then `overrides` ("key=value"
+// each), every value checked for type, range and finiteness (check_ranges). With
+// `require_schema` the text must have a `schema` line (a config file). Names (task, model,
+// data set, optimizer, schedule), the recipe and loss scaling are validate()'s: this part
+// needs no other layer (src/experiments/config.cpp).
+TrainConfig read_train_config(const std::string& toml_text, const std::string& source,
+                              const std::vector<std::string>& overrides = {}, bool require_schema = false);
+// The name as a file name, finiteness, and each numeric field's range.
+void check_ranges(const TrainConfig& c);
+// check_ranges, then what needs the registries and the other layers (src/experiments/validate.cpp).
+void validate(const TrainConfig& c);
+
+// read_train_config, then validate.
 TrainConfig parse_train_config(const std::string& toml_text, const std::string& source,
                                const std::vector<std::string>& overrides = {});
 // A config file: a regular file whose TOML has a `schema` line (an empty file, a folder or a
-// device is an error, never the defaults).
+// device is an error, never the defaults), read and validated.
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
-void validate(const TrainConfig& c);
 
 // The full configuration as TOML (every field; reads back to the same config) and JSON
 // (what the results store records).

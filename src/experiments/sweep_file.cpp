@@ -1,0 +1,466 @@
+// Sweep files: parsing, grid expansion and the runs' configs (everything up to running
+// them, which is sweep.cpp). Needs no layer below experiments but config.cpp: each run's
+// config is checked by the ConfigCheck the caller gives (validate by default).
+#include "fp8lab/core/toml_parse.hpp"
+#include "fp8lab/core/text.hpp"
+#include "fp8lab/experiments/sweep.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "fp8lab/core/files.hpp"
+#include "fp8lab/core/format.hpp"
+
+namespace fp8lab::experiments {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string where(const std::string& source, const toml::node& n) { return at_line(source, n.source().begin.line); }
+
+// The text of a TOML scalar as a label and as a value for `--set`.
+struct Value {
+  std::string text;  // label form: strings raw, numbers as written
+  std::string toml;  // TOML form: strings quoted
+};
+
+std::string quote(const std::string& s) {
+  std::ostringstream o;
+  o << toml::value<std::string>(s);
+  return o.str();
+}
+
+Value scalar(const toml::node& n, const std::string& what, const std::string& source) {
+  if (auto s = n.value_exact<std::string>()) return {*s, quote(*s)};
+  if (auto i = n.value_exact<std::int64_t>()) return {std::to_string(*i), std::to_string(*i)};
+  if (auto b = n.value_exact<bool>()) return {*b ? "true" : "false", *b ? "true" : "false"};
+  if (auto d = n.value_exact<double>()) {
+    const std::string t = shortest_float(*d);
+    return {t, t};
+  }
+  throw Error(where(source, n) + what + ": expected a string, number or boolean");
+}
+
+// A variable's values: an array of scalars, a {from, to, step} range, or one scalar.
+std::vector<Value> values_of(const toml::node& n, const std::string& name, const std::string& source) {
+  std::vector<Value> out;
+  if (const auto* a = n.as_array()) {
+    for (const auto& e : *a) out.push_back(scalar(e, "variable '" + name + "'", source));
+    if (out.empty()) throw Error(where(source, n) + "variable '" + name + "' has no values");
+    return out;
+  }
+  if (const auto* t = n.as_table()) {
+    for (const auto& [k, v] : *t)
+      if (k != "from" && k != "to" && k != "step")
+        throw Error(where(source, v) + "variable '" + name + "': unknown range key '" +
+                    std::string(k.str()) + "' (expected from, to, step)");
+    auto num = [&](const char* k, std::optional<double> dflt) -> double {
+      const toml::node* v = t->get(k);
+      if (!v) {
+        if (dflt) return *dflt;
+        throw Error(where(source, n) + "variable '" + name + "': range needs '" + k + "'");
+      }
+      if (auto d = v->value<double>()) return *d;
+      throw Error(where(source, *v) + "variable '" + name + "': '" + k + "' must be a number");
+    };
+    const double from = num("from", std::nullopt), to = num("to", std::nullopt), step = num("step", 1.0);
+    if (!(step > 0) || to < from)
+      throw Error(where(source, n) + "variable '" + name + "': range needs from <= to and step > 0");
+    const bool integral = t->get("from")->is_integer() && t->get("to")->is_integer() &&
+                          (!t->get("step") || t->get("step")->is_integer());
+    const auto count = static_cast<std::int64_t>(std::floor((to - from) / step + 1e-9)) + 1;
+    if (count > 100000) throw Error(where(source, n) + "variable '" + name + "': range has over 100000 values");
+    for (std::int64_t i = 0; i < count; ++i) {
+      const double v = from + static_cast<double>(i) * step;
+      if (integral) {
+        const auto iv = static_cast<std::int64_t>(std::llround(v));
+        out.push_back({std::to_string(iv), std::to_string(iv)});
+      } else {
+        out.push_back({shortest_float(v), shortest_float(v)});
+      }
+    }
+    return out;
+  }
+  out.push_back(scalar(n, "variable '" + name + "'", source));
+  return out;
+}
+
+// "{var}" replaced by the variable's text; "{{" and "}}" are literal braces.
+std::string substitute(const std::string& tmpl, const std::map<std::string, std::string>& vars,
+                       const std::string& what) {
+  std::string out;
+  for (std::size_t i = 0; i < tmpl.size(); ++i) {
+    const char c = tmpl[i];
+    if (c == '{' && i + 1 < tmpl.size() && tmpl[i + 1] == '{') { out += '{'; ++i; continue; }
+    if (c == '}' && i + 1 < tmpl.size() && tmpl[i + 1] == '}') { out += '}'; ++i; continue; }
+    if (c == '{') {
+      const std::size_t end = tmpl.find('}', i);
+      if (end == std::string::npos) throw Error(what + ": unclosed '{' in \"" + tmpl + "\"");
+      const std::string name = tmpl.substr(i + 1, end - i - 1);
+      auto it = vars.find(name);
+      if (it == vars.end()) throw Error(what + ": \"" + tmpl + "\" uses {" + name + "}, which is not a variable of this grid");
+      out += it->second;
+      i = end;
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+bool is_number(const std::string& s) {
+  if (s.empty()) return false;
+  try {
+    return parse_toml("v = " + s, "value").get("v")->is_number();
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string hex16(std::uint64_t h) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));
+  return b;
+}
+
+}  // namespace
+
+std::string SweepPoint::label() const {
+  std::string s;
+  for (const auto& [k, v] : vars) s += (s.empty() ? "" : ", ") + k + "=" + v;
+  return s.empty() ? "(base)" : s;
+}
+std::string SweepPoint::var(const std::string& name) const {
+  for (const auto& [k, v] : vars)
+    if (k == name) return v;
+  return "";
+}
+
+std::string identity_of(const std::string& config_json) {
+  nlohmann::json j = nlohmann::json::parse(config_json, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return config_json;
+  j.erase("threads");
+  if (j.contains("train") && j["train"].is_object()) j["train"].erase("checkpoint");
+  return j.dump();
+}
+
+namespace {
+
+// What the top level of a sweep file holds besides the Sweep's own fields.
+struct SweepFile {
+  std::string baseline;                  // "variable=value, ..."
+  std::vector<const toml::table*> grids;
+};
+
+std::string string_of(const toml::node& v, const std::string& source, const std::string& what) {
+  if (auto x = v.value_exact<std::string>()) return *x;
+  throw Error(where(source, v) + what);
+}
+
+std::vector<std::uint64_t> seeds_of(const toml::node& v, const std::string& source) {
+  std::vector<std::uint64_t> seeds;
+  if (auto n = v.value_exact<std::int64_t>()) {
+    if (*n < 1 || *n > 1000) throw Error(where(source, v) + "'seeds' must be 1..1000");
+    for (std::int64_t i = 1; i <= *n; ++i) seeds.push_back(static_cast<std::uint64_t>(i));
+    return seeds;
+  }
+  const auto* a = v.as_array();
+  if (!a) throw Error(where(source, v) + "'seeds' must be a count or an array of integers");
+  for (const auto& e : *a) {
+    auto x = e.value_exact<std::int64_t>();
+    if (!x || *x < 0) throw Error(where(source, e) + "'seeds' must hold non-negative integers");
+    if (std::find(seeds.begin(), seeds.end(), static_cast<std::uint64_t>(*x)) != seeds.end())
+      throw Error(where(source, e) + "seed " + std::to_string(*x) + " is given twice");
+    seeds.push_back(static_cast<std::uint64_t>(*x));
+  }
+  if (seeds.empty()) throw Error(where(source, v) + "'seeds' is empty: a sweep needs at least one seed");
+  return seeds;
+}
+
+std::vector<std::string> strings_of(const toml::node& v, const std::string& source, const std::string& what) {
+  std::vector<std::string> out;
+  const auto* arr = v.as_array();
+  if (!arr) throw Error(where(source, v) + what + " must be an array of strings");
+  for (const auto& e : *arr) {
+    auto x = e.value_exact<std::string>();
+    if (!x) throw Error(where(source, e) + what + " must hold strings");
+    out.push_back(*x);
+  }
+  return out;
+}
+
+void set_plot_key(PlotSpec& p, const std::string& key, const toml::node& v, const std::string& source) {
+  const std::string what = "plot '" + key + "'";
+  if (key == "type") p.type = string_of(v, source, what + " must be a string");
+  else if (key == "title") p.title = string_of(v, source, what + " must be a string");
+  else if (key == "x") p.x = string_of(v, source, what + " must be a string");
+  else if (key == "y") p.y = string_of(v, source, what + " must be a string");
+  else if (key == "series") p.series = string_of(v, source, what + " must be a string");
+  else if (key == "file") p.file = string_of(v, source, what + " must be a string");
+  else if (key == "formats") p.formats = strings_of(v, source, what);
+  else if (key == "kinds") p.kinds = strings_of(v, source, what);
+  else if (key == "where") {
+    const auto* wt = v.as_table();
+    if (!wt) throw Error(where(source, v) + "plot 'where' must be a table of variable = value");
+    for (const auto& [wk, wv] : *wt) p.where[std::string(wk.str())] = scalar(wv, "where", source).text;
+  } else {
+    throw Error(where(source, v) + "unknown plot key '" + key +
+                "' (expected type, title, x, y, series, file, where, formats, kinds)");
+  }
+}
+
+void check_plot(const PlotSpec& p, const toml::node& at, const std::string& source) {
+  static const std::set<std::string> kTypes = {"metric", "heatmap", "loss-scale", "histograms", "fixed-point-snr"};
+  if (!kTypes.count(p.type))
+    throw Error(where(source, at) + "plot type '" + p.type +
+                "' (expected metric, heatmap, loss-scale, histograms or fixed-point-snr)");
+  if ((p.type == "metric" || p.type == "heatmap") && p.x.empty())
+    throw Error(where(source, at) + p.type + " plot needs 'x' (a variable)");
+  if (p.type == "heatmap" && p.y.empty()) throw Error(where(source, at) + "heatmap plot needs 'y' (a variable)");
+  for (const auto& f : p.formats) {
+    try {
+      (void)parse_format(f);
+    } catch (const Error& e) {
+      throw Error(where(source, at) + "plot formats: " + e.what());
+    }
+  }
+}
+
+// The [[plot]] tables, in file order; a plot without a file name gets "plotN-<type>".
+std::vector<PlotSpec> plots_of(const toml::node& v, const std::string& source) {
+  const auto* a = v.as_array();
+  if (!a) throw Error(where(source, v) + "'plot' must be an array of tables ([[plot]])");
+  std::vector<PlotSpec> plots;
+  for (const auto& pn : *a) {
+    const auto* t = pn.as_table();
+    if (!t) throw Error(where(source, pn) + "each [[plot]] must be a table");
+    PlotSpec p;
+    for (const auto& [pk, pv] : *t) set_plot_key(p, std::string(pk.str()), pv, source);
+    check_plot(p, pn, source);
+    if (p.file.empty()) p.file = "plot" + std::to_string(plots.size() + 1) + "-" + p.type;
+    plots.push_back(std::move(p));
+  }
+  return plots;
+}
+
+std::vector<const toml::table*> grids_of(const toml::node& v, const std::string& source) {
+  const auto* a = v.as_array();
+  if (!a) throw Error(where(source, v) + "'grid' must be an array of tables ([[grid]])");
+  std::vector<const toml::table*> grids;
+  for (const auto& g : *a) {
+    if (!g.is_table()) throw Error(where(source, g) + "each [[grid]] must be a table");
+    if (g.as_table()->empty()) throw Error(where(source, g) + "a [[grid]] with nothing in it");
+    grids.push_back(g.as_table());
+  }
+  if (grids.empty()) throw Error(where(source, v) + "'grid' is empty (leave it out for one point)");
+  return grids;
+}
+
+// One top-level key of the sweep file into `s` or `f`.
+void read_top_key(Sweep& s, SweepFile& f, const std::string& key, const toml::node& v, const std::string& source,
+                  const std::string& base_dir) {
+  if (key == "name") {
+    s.name = string_of(v, source, "'name' must be a string");
+  } else if (key == "base") {
+    const std::string b = string_of(v, source, "'base' must be a string (a config file)");
+    s.base = (fs::path(base_dir) / b).lexically_normal().string();
+  } else if (key == "seeds") {
+    s.seeds = seeds_of(v, source);
+  } else if (key == "baseline") {
+    f.baseline = string_of(v, source, "'baseline' must be a string like \"recipe=fp32\"");
+  } else if (key == "metric") {
+    s.metric = string_of(v, source, "'metric' must be a string");
+  } else if (key == "better") {
+    auto x = v.value_exact<std::string>();
+    if (!x || (*x != "higher" && *x != "lower")) throw Error(where(source, v) + "'better' must be \"higher\" or \"lower\"");
+    s.better = *x;
+  } else if (key == "set") {
+    const auto* t = v.as_table();
+    if (!t) throw Error(where(source, v) + "'set' must be a table of config keys");
+    for (const auto& [ck, cv] : *t)
+      s.set.push_back(std::string(ck.str()) + "=" + scalar(cv, "[set] " + std::string(ck.str()), source).toml);
+  } else if (key == "grid") {
+    f.grids = grids_of(v, source);
+  } else if (key == "plot") {
+    s.plots = plots_of(v, source);
+  } else {
+    throw Error(where(source, v) + "unknown key '" + key +
+                "' (expected name, base, seeds, baseline, metric, better, set, grid, plot)");
+  }
+}
+
+// A grid's variables (with their values) and its config keys (set from a value or a
+// template; nullptr: an array-valued key, which is also the variable of the same name).
+struct Grid {
+  std::vector<std::pair<std::string, std::vector<Value>>> vars;
+  std::vector<std::pair<std::string, const toml::node*>> keys;
+  std::size_t size() const {
+    std::size_t n = 1;
+    for (const auto& [name, vals] : vars) n *= vals.size();
+    return n;
+  }
+};
+
+Grid grid_of(const toml::table& g, const std::string& source) {
+  // toml++ orders a table's keys by name; the grid's order is the file's.
+  struct Entry {
+    std::string key;
+    const toml::node* node;
+    toml::source_position at;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [k, v] : g) entries.push_back({std::string(k.str()), &v, k.source().begin});
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.at.line != b.at.line ? a.at.line < b.at.line : a.at.column < b.at.column;
+  });
+  Grid grid;
+  for (const auto& [key, node, at] : entries) {
+    const toml::node& v = *node;
+    const bool config_key = key.find('.') != std::string::npos || key == "seed" || key == "name" || key == "task";
+    if (key == "seed" || key == "name") throw Error(where(source, v) + "'" + key + "' is set by the sweep (use 'seeds')");
+    if (config_key && !v.is_array()) grid.keys.emplace_back(key, &v);
+    else grid.vars.emplace_back(key, values_of(v, key, source));
+    if (config_key && v.is_array()) grid.keys.emplace_back(key, nullptr);
+  }
+  if (grid.size() > 100000) throw Error(where(source, g) + "grid has over 100000 points");
+  return grid;
+}
+
+// Point `c` of the grid: the c-th combination of its variables' values, the last variable
+// varying fastest, and the config keys it sets.
+SweepPoint point_of(const Grid& grid, std::size_t c, const std::string& source) {
+  SweepPoint p;
+  std::vector<std::size_t> idx(grid.vars.size());
+  for (std::size_t i = grid.vars.size(); i-- > 0;) {
+    idx[i] = c % grid.vars[i].second.size();
+    c /= grid.vars[i].second.size();
+  }
+  std::map<std::string, std::string> env;
+  for (std::size_t i = 0; i < grid.vars.size(); ++i) {
+    p.vars.emplace_back(grid.vars[i].first, grid.vars[i].second[idx[i]].text);
+    env[grid.vars[i].first] = grid.vars[i].second[idx[i]].text;
+  }
+  for (const auto& [key, node] : grid.keys) {
+    if (!node) {
+      for (std::size_t i = 0; i < grid.vars.size(); ++i)
+        if (grid.vars[i].first == key) p.sets.push_back(key + "=" + grid.vars[i].second[idx[i]].toml);
+      continue;
+    }
+    if (auto str = node->value_exact<std::string>()) {
+      const std::string v = substitute(*str, env, where(source, *node) + "'" + key + "'");
+      p.sets.push_back(key + "=" + (is_number(v) || v == "true" || v == "false" ? v : quote(v)));
+    } else {
+      p.sets.push_back(key + "=" + scalar(*node, key, source).toml);
+    }
+  }
+  return p;
+}
+
+// Every grid expanded into points (the product of its variables); no grid: one point.
+void expand_grids(Sweep& s, const std::vector<const toml::table*>& grids, const std::string& source) {
+  if (grids.empty()) s.points.push_back({});
+  for (const toml::table* g : grids) {
+    const Grid grid = grid_of(*g, source);
+    for (std::size_t c = 0; c < grid.size(); ++c) s.points.push_back(point_of(grid, c, source));
+    for (const auto& [n, vals] : grid.vars)
+      if (std::find(s.variables.begin(), s.variables.end(), n) == s.variables.end()) s.variables.push_back(n);
+  }
+}
+
+// The index of the first point whose variables match "variable=value, ...".
+int baseline_point(const Sweep& s, const std::string& baseline, const std::string& source) {
+  std::map<std::string, std::string> want;
+  std::stringstream ss(baseline);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    const auto eq = part.find('=');
+    if (eq == std::string::npos) throw Error(source + ": baseline \"" + baseline + "\": expected variable=value[, ...]");
+    const std::string_view pv(part);
+    want[std::string(trim(pv.substr(0, eq)))] = std::string(trim(pv.substr(eq + 1)));
+  }
+  for (std::size_t i = 0; i < s.points.size(); ++i) {
+    bool ok = true;
+    for (const auto& [k, v] : want) ok = ok && s.points[i].var(k) == v;
+    if (ok) return static_cast<int>(i);
+  }
+  throw Error(source + ": baseline \"" + baseline + "\" matches no point of the grid");
+}
+
+void check_plot_variables(const Sweep& s, const std::string& source) {
+  for (const auto& p : s.plots)
+    for (const std::string* v : {&p.x, &p.y, &p.series})
+      if (!v->empty() && std::find(s.variables.begin(), s.variables.end(), *v) == s.variables.end())
+        throw Error(source + ": plot '" + p.file + "' uses variable '" + *v + "', which no grid defines");
+}
+
+// The run of point `pi` and `seed`, its config built and checked now (recipe and loss
+// scaling included): a bad value is an error before anything runs.
+SweepRun run_of(const Sweep& s, const std::string& base_text, std::size_t pi, std::uint64_t seed,
+                const std::string& source, ConfigCheck check) {
+  std::vector<std::string> ov = s.set;
+  ov.insert(ov.end(), s.points[pi].sets.begin(), s.points[pi].sets.end());
+  ov.push_back("name=" + quote(s.name));
+  ov.push_back("seed=" + std::to_string(seed));
+  SweepRun r;
+  r.point = static_cast<int>(pi);
+  r.seed = seed;
+  try {
+    r.cfg = read_train_config(base_text, s.base.empty() ? "(defaults)" : s.base, ov);
+    check(r.cfg);
+  } catch (const Error& e) {
+    throw Error(source + ": point " + s.points[pi].label() + ": " + e.what());
+  }
+  r.cfg.train.checkpoint.clear();
+  r.identity = identity_of(to_json(r.cfg));
+  r.key = hex16(fnv1a(kFnvBasis, r.identity.data(), r.identity.size()));
+  return r;
+}
+
+// Two points that train the same config (the same values given twice, or two grids that
+// overlap) would be one run counted twice: refused, naming both points.
+void refuse_duplicate_runs(const Sweep& s, const std::string& source) {
+  std::map<std::string, int> first;  // config identity -> point
+  for (const auto& r : s.runs) {
+    if (r.seed != s.seeds.front()) continue;
+    const auto [it, fresh] = first.emplace(r.identity, r.point);
+    if (!fresh)
+      throw Error(source + ": points " + s.points[static_cast<std::size_t>(it->second)].label() + " and " +
+                  s.points[static_cast<std::size_t>(r.point)].label() + " train the same config");
+  }
+}
+
+}  // namespace
+
+Sweep parse_sweep(const std::string& text, const std::string& source, const std::string& base_dir,
+                  ConfigCheck check) {
+  const toml::table root = parse_toml(text, source);
+  Sweep s;
+  s.source = source;
+  SweepFile f;
+  for (const auto& [k, v] : root) read_top_key(s, f, std::string(k.str()), v, source, base_dir);
+  if (s.name.empty()) throw Error(source + ": the sweep needs a 'name'");
+  try {
+    check_file_name(s.name, "sweep name");  // runs/<name>, the report's folder
+  } catch (const Error& e) {
+    throw Error(source + ": " + e.what());
+  }
+  if (s.seeds.empty()) s.seeds.push_back(1);
+  expand_grids(s, f.grids, source);
+  if (!f.baseline.empty()) s.baseline = baseline_point(s, f.baseline, source);
+  check_plot_variables(s, source);
+  const std::string base_text = s.base.empty() ? std::string() : read_file(s.base);
+  for (std::size_t pi = 0; pi < s.points.size(); ++pi)
+    for (std::uint64_t seed : s.seeds) s.runs.push_back(run_of(s, base_text, pi, seed, source, check));
+  refuse_duplicate_runs(s, source);
+  return s;
+}
+
+
+}  // namespace fp8lab::experiments

@@ -1,0 +1,20 @@
+// Sweep files: any bytes either parse into a sweep, every run's config checked for ranges
+// (the registries of task and model names are not linked here), or throw fp8lab::Error.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "fp8lab/core/format.hpp"
+#include "fp8lab/experiments/sweep.hpp"
+
+using namespace fp8lab::experiments;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  try {
+    const Sweep s = parse_sweep(std::string(reinterpret_cast<const char*>(data), size), "fuzz.toml",
+                                "/nonexistent-fuzz-dir", check_ranges);
+    if (s.runs.size() != s.points.size() * s.seeds.size()) __builtin_trap();
+  } catch (const fp8lab::Error&) {
+  }
+  return 0;
+}
