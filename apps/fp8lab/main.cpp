@@ -3,7 +3,9 @@
 // rest of the process (process.hpp), then runs one subcommand.
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <new>
+#include <string>
 
 #include "commands.hpp"
 #include "fp8lab/core/format.hpp"
@@ -40,6 +42,13 @@ extern "C" int fp8lab_cli_main(int argc, char** argv) {
     return 2;
   } catch (const fp8lab::Error& e) {
     std::fprintf(stderr, "fp8lab: error: %s\n", e.what());
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path given on the command line or in a config that the system refuses (not a
+    // folder, too long, no permission, disk full): the user's to fix, not a bug.
+    std::string what = e.what();  // "filesystem error: <operation>: <reason> [<path>]"
+    if (what.rfind("filesystem error: ", 0) == 0) what.erase(0, 18);
+    std::fprintf(stderr, "fp8lab: error: %s\n", what.c_str());
     return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "fp8lab: error: not enough memory for this input (see docs/reliability.md)\n");

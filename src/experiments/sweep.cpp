@@ -267,14 +267,14 @@ class SweepRunner {
 SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions& opt) {
   if (!opt.launch && !opt.dry_run) throw Error("run_sweep: no launcher");
   const std::string dir = opt.dir.empty() ? "runs/" + s.name : opt.dir;
-  fs::create_directories(dir);
   SweepSummary sum;
   sum.total = static_cast<int>(s.runs.size());
   std::vector<Job> jobs = plan_jobs(s, store.runs({.name = s.name}), dir, sum);
-  if (opt.dry_run) {
+  if (opt.dry_run) {  // changes nothing on disk
     print_plan(s, jobs, sum);
     return sum;
   }
+  fs::create_directories(dir);
   SweepRunner(s, store, opt, jobs, sum).run();
   sum.stopped = stop_requested();
   return sum;

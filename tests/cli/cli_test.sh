@@ -219,6 +219,16 @@ TOML
   check "report table" grep -q '^| fp32 | fp32 | fp32 | fp32 | fp32 | .* | 2 | baseline |$' <<<"$out"
   check "report files" [ -s "$T/rep/table.md" ] && [ -s "$T/rep/table.csv" ] && [ -s "$T/rep/snr.svg" ] && [ -s "$T/rep/snr.png" ]
   check "report: a metric plot of a non-numeric x is skipped" grep -q "plot 'plot1-metric' (metric) has no data" "$T/err"
+  # A path the system refuses (a file where a folder must be, a name too long) is the
+  # user's error: exit 2 with the operation and the path, never an internal error.
+  touch "$T/afile"
+  expect_fail "report --out on a file" "Not a directory [$T/afile]" "$FP8LAB" report "$T/sw.toml" --db "$T/sw.db" --out "$T/afile"
+  e=$("$FP8LAB" sweep "$T/sw.toml" --db "$T/sw.db" --dir "$T/afile" --no-progress 2>&1 >/dev/null); rc=$?
+  check "sweep --dir on a file: exit 2 (got $rc)" [ $rc -eq 2 ]
+  check "sweep --dir on a file: the last line says why (got: $e)" grep -qF "error: cannot create directories: Not a directory [$T/afile]" <<<"$(tail -1 <<<"$e")"
+  expect_fail "runs --db name too long" "File name too long" "$FP8LAB" runs --db "$(printf 'a%.0s' $(seq 300))"
+  "$FP8LAB" sweep "$T/sw.toml" --db "$T/sw.db" --dir "$T/dryrun" --dry-run >/dev/null 2>&1
+  check "sweep --dry-run creates no folder" [ ! -e "$T/dryrun" ]
   # Ctrl-C: each run stops with a checkpoint; the sweep again resumes them.
   cat >"$T/stop.toml" <<'TOML'
 name = "clistop"
