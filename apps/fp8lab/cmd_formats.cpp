@@ -40,7 +40,7 @@ void register_formats(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "formats", "Dynamic range and SNR of formats (the paper's Table 1 by default)");
   cmd->add_option("formats", args->formats,
-                  "Formats: 1.E.M[:bias][:policy][:nosub] or presets (e4m3fn, fp16, ...)");
+                  "Formats: 1.E.M or 0.E.M (unsigned)[:bias][:policy][:nosub][:nozero] or presets (e4m3fn, e8m0, ...)");
   cmd->add_flag("--csv", args->csv, "Print CSV with a header row");
   cmd->add_flag("--presets", args->presets, "Add every named preset");
   cmd->callback([args] { run_formats(*args); });

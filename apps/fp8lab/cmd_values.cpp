@@ -41,14 +41,15 @@ void run_values(const ValuesArgs& a) {
       return s.empty() ? std::string("-") : s;
     };
     const std::uint32_t mag = c & f.mag_mask();
-    t.add({hex, std::to_string(c >> (W - 1)), bits(mag >> M, E), bits(mag & ((1u << M) - 1), M),
+    t.add({hex, f.sign ? std::to_string(c >> (W - 1)) : std::string("-"), bits(mag >> M, E), bits(mag & ((1u << M) - 1), M),
            fmt_g(decode(c, f), 9), std::string(class_name(f.classify(c)))});
   }
   if (!a.csv) {
     const std::string_view preset = preset_name(f);
-    std::printf("%s%s%s: %d bits, bias %d, policy %s, subnormals %s; %llu finite values\n",
+    std::printf("%s%s%s: %d bits%s, bias %d, policy %s, subnormals %s%s; %llu finite values\n",
                 to_string(f).c_str(), preset.empty() ? "" : " = ", std::string(preset).c_str(), W,
-                f.bias, std::string(to_string(f.policy)).c_str(), f.subnormals ? "on" : "off",
+                f.sign ? "" : " (unsigned)", f.bias, std::string(to_string(f.policy)).c_str(),
+                f.subnormals ? "on" : "off", f.zero ? "" : ", no zero (code 0 is 2^-bias)",
                 static_cast<unsigned long long>(f.finite_count()));
   }
   t.print(a.csv);

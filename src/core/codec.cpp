@@ -95,7 +95,7 @@ std::uint64_t round_magnitude(std::uint32_t a, const QuantSpec& q, std::uint64_t
   const Format& f = q.format;
   const int M = f.man_bits;
   const Normalised x = normalise(a);
-  if (!f.subnormals)
+  if (!f.subnormals && f.zero)
     if (const auto code = round_below_minpos(x, q, index)) return *code;
   // The target exponent is floor(log2 |x|), or emin below the normal range; the quantum is
   // 2^(et - M), i.e. `drop` bits of sig lie below the target LSB.
@@ -132,6 +132,14 @@ std::uint32_t encode(float x, const QuantSpec& q, std::uint64_t index, QuantCoun
     ++c.nan;
     return f.has_nan() ? f.nan_code(neg) : 0;
   }
+  if (neg && a != 0 && !f.sign) {  // below an unsigned format's range (docs/spec.md §1.4)
+    ++c.overflow;
+    if (f.has_nan()) {
+      ++c.nan;
+      return f.nan_code(false);
+    }
+    return 0;  // a finite unsigned format saturates at its lowest code
+  }
   if (a == 0x7f800000u) {  // +-Inf: an earlier overflow that must stay visible
     ++c.overflow;
     if (f.has_inf()) return f.inf_code(neg);
@@ -141,7 +149,10 @@ std::uint32_t encode(float x, const QuantSpec& q, std::uint64_t index, QuantCoun
     }
     return sign | f.max_code();
   }
-  if (a == 0) return f.signed_zero() ? sign : 0;
+  if (a == 0 || (!f.zero && normalise(a).xe + 23 < -f.bias)) {  // zero, or below 2^-bias without zero
+    if (!f.zero) ++c.underflow;
+    return f.signed_zero() ? sign : 0;
+  }
 
   const std::uint64_t mag = round_magnitude(a, q, index);
   if (mag > f.max_code()) {
@@ -159,7 +170,7 @@ std::uint32_t encode(float x, const QuantSpec& q, std::uint64_t index, QuantCoun
         return sign | f.max_code();  // a finite format has no NaN: it saturates
     }
   }
-  if (mag == 0) {
+  if (mag == 0 && f.zero) {
     ++c.underflow;
     return f.signed_zero() ? sign : 0;
   }

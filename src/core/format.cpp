@@ -113,12 +113,19 @@ void validate(const Format& f) {
     throw Error("policy ieee needs M >= 1: its NaN codes have a non-zero mantissa");
   if (!f.subnormals && E < 1)
     throw Error("subnormals off needs E >= 1: a scaled integer (E = 0) has no exponent field");
-  if (f.max_code() < 1)
+  if (!f.sign && f.policy == Policy::fnuz)
+    throw Error("policy fnuz puts its NaN at the sign bit, which an unsigned format (0.E.M) lacks: use fn, ieee "
+                "or finite");
+  if (!f.sign && E + M < 1) throw Error("an unsigned format needs E + M >= 1");
+  if (!f.zero && f.sign) throw Error("nozero is for unsigned formats (0.E.M): a signed format keeps its zero");
+  if (!f.zero && f.subnormals)
+    throw Error("nozero (code 0 is 2^-bias) needs subnormals off (nosub): with subnormals code 0 is zero");
+  if (f.max_code() < 1 && f.zero)
     throw Error("format has no positive finite value (1." + std::to_string(E) + "." +
                 std::to_string(M) + " under policy " + std::string(to_string(f.policy)) + ")");
 }
 
-Format make_format(int exp_bits, int man_bits, int bias, Policy policy, bool subnormals) {
+Format make_format(int exp_bits, int man_bits, int bias, Policy policy, bool subnormals, bool sign, bool zero) {
   check_field_ranges(exp_bits, man_bits, bias);  // before narrowing into the compact fields
   Format f;
   f.exp_bits = static_cast<std::int8_t>(exp_bits);
@@ -126,6 +133,8 @@ Format make_format(int exp_bits, int man_bits, int bias, Policy policy, bool sub
   f.bias = static_cast<std::int16_t>(bias);
   f.policy = policy;
   f.subnormals = subnormals;
+  f.sign = sign;
+  f.zero = zero;
   validate(f);
   return f;
 }
@@ -170,18 +179,19 @@ double Format::magnitude(std::uint32_t c) const {
   const std::uint32_t m = c & ((1u << M) - 1);
   if (exp_bits == 0 || (subnormals && e == 0))
     return std::ldexp(static_cast<double>(m), 1 - bias - M);
-  if (c == 0) return 0.0;  // subnormals off: the all-zero magnitude is zero
+  if (c == 0) return zero ? 0.0 : std::ldexp(1.0, -bias);  // subnormals off: zero, or 2^-bias
   return std::ldexp(static_cast<double>((1u << M) + m), static_cast<int>(e) - bias - M);
 }
 
 double Format::min_normal() const {
   if (exp_bits == 0) return 0.0;
   if (subnormals) return std::ldexp(1.0, 1 - bias);
-  return magnitude(1);
+  return magnitude(min_code());
 }
 
 std::uint64_t Format::finite_count() const {
   const std::uint64_t mags = static_cast<std::uint64_t>(max_code()) + 1;  // including zero
+  if (!sign) return mags;
   return signed_zero() ? 2 * mags : 2 * mags - 1;
 }
 
@@ -201,7 +211,7 @@ Format::Class Format::classify(std::uint32_t code) const {
       break;
     case Policy::finite: break;
   }
-  if (mag == 0) return Class::zero;
+  if (mag == 0 && zero) return Class::zero;
   if (exp_bits == 0 || (subnormals && e == 0)) return Class::subnormal;
   return Class::normal;
 }
@@ -210,6 +220,9 @@ const std::vector<Preset>& presets() {
   static const std::vector<Preset> p = [] {
     auto mk = [](int E, int M, int b, Policy pol, bool sub = true) {
       return make_format(E, M, b, pol, sub);
+    };
+    auto scale = [](int E, int M, int b, Policy pol, bool sub, bool zero) {
+      return make_format(E, M, b, pol, sub, false, zero);
     };
     return std::vector<Preset>{
         {"e4m3fnuz", mk(4, 3, 8, Policy::fnuz), "1.4.3 bias 8, one NaN (0x80), no Inf, max 240"},
@@ -226,6 +239,9 @@ const std::vector<Preset>& presets() {
         {"fp32", mk(8, 23, 127, Policy::ieee), "IEEE binary32 (analysis only: 32 bits wide)"},
         {"dlfloat16", mk(6, 9, 31, Policy::fn, false),
          "DLFloat 1.6.9 bias 31, no subnormals, one NaN/Inf code per sign"},
+        {"e8m0", scale(8, 0, 127, Policy::fn, false, false),
+         "OCP MX scale 0.8.0: 2^-127..2^127, NaN 0xff, no zero, no sign"},
+        {"ue4m3", scale(4, 3, 7, Policy::fn, true, true), "NVFP4 block scale: unsigned E4M3, NaN 0x7f, max 448"},
     };
   }();
   return p;
@@ -238,24 +254,25 @@ std::string_view preset_name(const Format& f) {
 }
 
 std::string to_string(const Format& f) {
-  std::string s = "1." + std::to_string(f.exp_bits) + "." + std::to_string(f.man_bits);
+  std::string s = (f.sign ? "1." : "0.") + std::to_string(f.exp_bits) + "." + std::to_string(f.man_bits);
   if (f.bias != natural_bias(f.exp_bits)) s += ":" + std::to_string(f.bias);
   if (f.policy != Policy::fnuz) s += ":" + std::string(to_string(f.policy));
   if (!f.subnormals) s += ":nosub";
+  if (!f.zero) s += ":nozero";
   return s;
 }
 
 Format parse_format(std::string_view text_in) {
   const std::string_view text = trim(text_in);
   const std::string where = "format '" + std::string(text_in) + "': ";
-  if (text.empty()) throw Error("empty format: expected 1.E.M[:bias][:policy][:nosub] or a preset");
+  if (text.empty()) throw Error("empty format: expected 1.E.M or 0.E.M (unsigned), then [:bias][:policy][:nosub][:nozero], or a preset");
   if (!std::isdigit(static_cast<unsigned char>(text.front()))) {
     const std::string l = lower(text);
     for (const auto& p : presets())
       if (p.name == l) return p.format;
     std::string names;
     for (const auto& p : presets()) names += (names.empty() ? "" : ", ") + std::string(p.name);
-    throw Error(where + "unknown preset; expected 1.E.M[:bias][:policy][:nosub] or one of " +
+    throw Error(where + "unknown preset; expected 1.E.M or 0.E.M[:bias][:policy][:nosub][:nozero] or one of " +
                 names);
   }
   // Split on ':'.
@@ -277,15 +294,16 @@ Format parse_format(std::string_view text_in) {
         head.substr(pos, (i < 2 ? dot : head.size()) - pos);
     if ((i < 2 && dot == std::string_view::npos) || !parse_int(piece, fields[i]) ||
         (i == 2 && head.find('.', pos) != std::string_view::npos))
-      throw Error(where + "expected 1.E.M (sign, exponent and mantissa bits), e.g. 1.4.3");
+      throw Error(where + "expected S.E.M (sign bit 1 or 0, exponent and mantissa bits), e.g. 1.4.3");
     pos = dot + 1;
   }
-  if (fields[0] != 1) throw Error(where + "the sign field must be 1 bit (1.E.M)");
+  if (fields[0] != 0 && fields[0] != 1)
+    throw Error(where + "the sign field is 1 bit (1.E.M) or none (0.E.M, unsigned)");
   const int E = fields[1], M = fields[2];
   int bias = natural_bias(E);
   Policy policy = Policy::fnuz;
-  bool subnormals = true;
-  bool seen_bias = false, seen_policy = false, seen_sub = false;
+  bool subnormals = true, zero = true;
+  bool seen_bias = false, seen_policy = false, seen_sub = false, seen_zero = false;
   for (std::size_t i = 1; i < parts.size(); ++i) {
     const std::string_view tok = trim(parts[i]);
     const std::string l = lower(tok);
@@ -303,13 +321,17 @@ Format parse_format(std::string_view text_in) {
       if (seen_sub) throw Error(where + "subnormal flag given twice");
       subnormals = (l == "sub");
       seen_sub = true;
+    } else if (l == "nozero" || l == "zero") {
+      if (seen_zero) throw Error(where + "zero flag given twice");
+      zero = (l == "zero");
+      seen_zero = true;
     } else {
       Policy named;
       try {
         named = parse_policy(tok);
       } catch (const Error&) {
         throw Error(where + "unknown field '" + std::string(tok) +
-                    "': expected a bias (integer), a policy (fnuz, fn, ieee, finite) or nosub");
+                    "': expected a bias (integer), a policy (fnuz, fn, ieee, finite), nosub or nozero");
       }
       if (seen_policy) throw Error(where + "policy given twice");
       policy = named;
@@ -317,7 +339,7 @@ Format parse_format(std::string_view text_in) {
     }
   }
   try {
-    return make_format(E, M, bias, policy, subnormals);
+    return make_format(E, M, bias, policy, subnormals, fields[0] == 1, zero);
   } catch (const Error& e) {
     throw Error(where + e.what());
   }

@@ -4,8 +4,9 @@
 // normalising float32 subnormals: that is exact as long as the format's smallest normal
 // exponent emin is >= -126 (then a float32 subnormal input always lies in the format's
 // subnormal range, where only its distance to 0 matters). Formats outside that window,
-// wider than 16 bits, without subnormals, or reaching past float32's range use the scalar
-// codec (see Params::fast).
+// wider than 16 bits, without subnormals, unsigned or without zero (the scale formats, a
+// small fraction of a block-scaled tensor), or reaching past float32's range use the
+// scalar codec (see Params::fast).
 
 #include <bit>
 #include <cmath>
@@ -63,7 +64,7 @@ inline Params make_params(const QuantSpec& q) {
   p.rounding = q.rounding;
   p.M = static_cast<std::uint32_t>(f.man_bits);
   const int emin = f.emin();
-  p.fast = f.codable() && f.subnormals && emin >= -126 &&
+  p.fast = f.codable() && f.subnormals && f.sign && f.zero && emin >= -126 &&
            f.max_finite() <= static_cast<double>(std::numeric_limits<float>::max());
   p.eminb = static_cast<std::uint32_t>(emin + 127);
   p.max_code = f.max_code();
@@ -487,7 +488,8 @@ std::shared_ptr<const std::vector<float>> decode_table(const Format& f) {
   const std::uint64_t key = (std::uint64_t(std::uint8_t(f.exp_bits)) << 40) |
                             (std::uint64_t(std::uint8_t(f.man_bits)) << 32) |
                             (std::uint64_t(std::uint16_t(f.bias)) << 16) |
-                            (std::uint64_t(f.policy) << 8) | std::uint64_t(f.subnormals);
+                            (std::uint64_t(f.policy) << 8) | (std::uint64_t(f.zero) << 2) |
+                            (std::uint64_t(f.sign) << 1) | std::uint64_t(f.subnormals);
   std::lock_guard<std::mutex> lk(m);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;

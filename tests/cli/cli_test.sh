@@ -58,6 +58,12 @@ check "values lists 256 codes" [ "$(grep -c '^0x' <<<"$out")" -eq 256 ]
 check "values NaN code" grep -q '^0x80,1,0000,000,nan,NaN$' <<<"$out"
 check "values max" grep -q '^0x7f,0,1111,111,240,normal$' <<<"$out"
 check "values subnormal" grep -q '^0x01,0,0000,001,0.0009765625,subnormal$' <<<"$out"
+out=$("$FP8LAB" values e8m0 --csv)
+check "e8m0 lists 256 codes" [ "$(grep -c '^0x' <<<"$out")" -eq 256 ]
+check "e8m0 code 0 is 2^-127" grep -q '^0x00,-,00000000,-,5.87747175e-39,normal$' <<<"$out"
+check "e8m0 code 127 is 1" grep -q '^0x7f,-,01111111,-,1,normal$' <<<"$out"
+check "e8m0 NaN at 0xff" grep -q '^0xff,-,11111111,-,nan,NaN$' <<<"$out"
+check "ue4m3 lists 128 codes" [ "$("$FP8LAB" values ue4m3 --csv | grep -c '^0x')" -eq 128 ]
 
 # --- quantize: codes, fake quantization, decode -------------------------------------------
 "$FP8LAB" quantize "$T/x.npy" "$T/c.npy" --format e4m3fnuz --codes -q

@@ -29,7 +29,7 @@ struct Table {
       double v;
       if (f.exp_bits == 0) v = std::ldexp(static_cast<double>(c), 1 - b - M);
       else if (e == 0 && f.subnormals) v = std::ldexp(m / std::ldexp(1.0, M), 1 - b);
-      else if (c == 0) v = 0.0;
+      else if (c == 0 && f.zero) v = 0.0;  // without zero, code 0 is 2^-b (next line)
       else v = std::ldexp(1.0 + m / std::ldexp(1.0, M), static_cast<int>(e) - b);
       vals[c] = v;
     }
@@ -69,6 +69,7 @@ inline std::uint32_t encode(const Table& t, const QuantSpec& q, float x, std::ui
   };
   auto inf_code = [&] { return S | (((1u << f.exp_bits) - 1) << f.man_bits); };
   if (std::isnan(x)) return nan_code();
+  if (neg && x != 0 && !f.sign) return f.policy == Policy::finite ? 0 : nan_code();  // below an unsigned range
   if (std::isinf(x)) {
     if (f.policy == Policy::ieee) return inf_code();
     if (f.policy == Policy::finite) return S | maxc;
@@ -87,6 +88,7 @@ inline std::uint32_t encode(const Table& t, const QuantSpec& q, float x, std::ui
   const std::vector<double>& v = t.vals;
   std::uint32_t k;  // v[k] <= ax < v[k+1]
   if (ax >= v.back()) return finish(maxc + 1);
+  if (ax < v[0]) return finish(0);  // without zero: nothing lies below code 0
   k = static_cast<std::uint32_t>(std::upper_bound(v.begin(), v.end(), ax) - v.begin()) - 1;
   if (v[k] == ax) return finish(k);
   const double lo = v[k], hi = v[k + 1];
@@ -111,21 +113,26 @@ inline std::uint32_t encode(const Table& t, const QuantSpec& q, float x, std::ui
   return 0;
 }
 
-// The formats of the exhaustive tests: every E + M = 7, every bias in [lo, hi], every
-// policy that applies, subnormals on and off.
+// The formats of the exhaustive tests: every 8-bit shape (E + M = 7 signed, E + M = 8
+// unsigned), every bias in [lo, hi], every policy that applies, subnormals on and off, and
+// the unsigned formats without zero (which have subnormals off).
 inline std::vector<Format> eight_bit_formats(int bias_lo = -8, int bias_hi = 48) {
   std::vector<Format> out;
-  for (int E = 0; E <= 7; ++E) {
-    const int M = 7 - E;
-    for (int b = bias_lo; b <= bias_hi; ++b)
-      for (Policy p : {Policy::fnuz, Policy::fn, Policy::ieee, Policy::finite})
-        for (bool sub : {true, false}) {
-          if ((p == Policy::fn || p == Policy::ieee) && E < 1) continue;
-          if (p == Policy::ieee && M < 1) continue;
-          if (!sub && E < 1) continue;
-          out.push_back(make_format(E, M, b, p, sub));
-        }
-  }
+  for (bool sign : {true, false})
+    for (int E = 0; E <= (sign ? 7 : 8); ++E) {
+      const int M = (sign ? 7 : 8) - E;
+      for (int b = bias_lo; b <= bias_hi; ++b)
+        for (Policy p : {Policy::fnuz, Policy::fn, Policy::ieee, Policy::finite})
+          for (bool sub : {true, false})
+            for (bool zero : {true, false}) {
+              if ((p == Policy::fn || p == Policy::ieee) && E < 1) continue;
+              if (p == Policy::ieee && M < 1) continue;
+              if (!sub && E < 1) continue;
+              if (!sign && p == Policy::fnuz) continue;
+              if (!zero && (sign || sub)) continue;
+              out.push_back(make_format(E, M, b, p, sub, sign, zero));
+            }
+    }
   return out;
 }
 

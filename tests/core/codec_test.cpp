@@ -251,3 +251,59 @@ TEST(Codec, RequireCodable) {
   EXPECT_THROW(require_codable(parse_format("fp32")), Error);
   EXPECT_NO_THROW(require_codable(parse_format("fp16")));
 }
+
+// E8M0 (docs/spec.md §1.4): code c is 2^(c-127) for c < 255, NaN at 255; no zero, no sign.
+TEST(Codec, E8m0IsEveryPowerOfTwoAndNaN) {
+  const QuantSpec q = spec("e8m0");
+  EXPECT_EQ(to_string(q.format), "0.8.0:fn:nosub:nozero");  // bias 127 is natural
+  EXPECT_EQ(parse_format("0.8.0:fn:nosub:nozero"), q.format);
+  EXPECT_EQ(q.format.width(), 8);
+  EXPECT_EQ(q.format.finite_count(), 255u);
+  for (std::uint32_t c = 0; c < 255; ++c) {
+    EXPECT_EQ(decode(c, q.format), std::ldexp(1.0f, static_cast<int>(c) - 127)) << c;
+    EXPECT_EQ(q.format.classify(c), Format::Class::normal) << c;
+    EXPECT_EQ(encode(std::ldexp(1.0f, static_cast<int>(c) - 127), q), c) << c;
+  }
+  EXPECT_TRUE(std::isnan(decode(255, q.format)));
+  QuantCounts n;
+  // Zero and everything below 2^-127 give code 0, counted as underflow.
+  for (float x : {0.0f, -0.0f, std::ldexp(1.0f, -128), std::ldexp(1.0f, -149)}) EXPECT_EQ(encode(x, q, 0, &n), 0u) << x;
+  EXPECT_EQ(n.underflow, 4u);
+  // Negative inputs and NaN give NaN; +Inf overflows to NaN; above 2^127 saturates.
+  for (float x : {-1.0f, -kInf, kNaN, kInf}) EXPECT_EQ(encode(x, q), 255u) << x;
+  EXPECT_EQ(encode(std::numeric_limits<float>::max(), q), 254u);
+  EXPECT_EQ(encode(std::numeric_limits<float>::max(), spec("e8m0", Overflow::nan)), 255u);
+  // Nearest: 1.4 * 2^k goes down, 1.5 * 2^k (the tie between 2^k and 2^(k+1)) goes up, as
+  // IEEE 754 does for one-significand-bit formats; toward zero always goes down.
+  EXPECT_EQ(encode(1.4f, q), 127u);
+  EXPECT_EQ(encode(1.5f, q), 128u);
+  EXPECT_EQ(encode(1.99f, spec("e8m0", Overflow::saturate, Rounding::toward_zero)), 127u);
+}
+
+// UE4M3 (the NVFP4 block scale): the non-negative half of e4m3fn, NaN at 0x7f.
+TEST(Codec, Ue4m3IsThePositiveHalfOfE4m3fn) {
+  const QuantSpec u = spec("ue4m3"), s = spec("e4m3fn");
+  EXPECT_EQ(to_string(u.format), "0.4.3:fn");
+  EXPECT_EQ(u.format.width(), 7);
+  for (std::uint32_t c = 0; c < 128; ++c) {
+    const float a = decode(c, u.format), b = decode(c, s.format);
+    if (std::isnan(b)) {
+      EXPECT_TRUE(std::isnan(a)) << c;
+    } else {
+      EXPECT_EQ(a, b) << c;
+    }
+  }
+  // Every positive float32 with the low 12 bits clear, and the midpoints of e4m3fn: the same
+  // code as e4m3fn gives.
+  for (std::uint32_t bits = 0; bits < 0x7f800000u; bits += 0x1000u) {
+    const float x = std::bit_cast<float>(bits);
+    ASSERT_EQ(encode(x, u), encode(x, s)) << x;
+  }
+  for (std::uint32_t c = 0; c + 1 < 0x7f; ++c) {
+    const float mid = (decode(c, s.format) + decode(c + 1, s.format)) / 2;
+    ASSERT_EQ(encode(mid, u), encode(mid, s)) << mid;
+  }
+  EXPECT_EQ(encode(-0.0f, u), 0u);
+  EXPECT_EQ(encode(-1.0f, u), 0x7fu);
+  EXPECT_EQ(encode(1e6f, u), 0x7eu);  // saturates at 448
+}

@@ -83,13 +83,15 @@ TEST(Format, PrintParseRoundTripsEverywhere) {
     for (int M = 0; M <= 23; ++M)
       for (int b : {-512, -100, -8, -1, 0, 1, 3, 7, 10, 15, 16, 31, 48, 127, 200, 512})
         for (Policy p : {Policy::fnuz, Policy::fn, Policy::ieee, Policy::finite})
-          for (bool sub : {true, false}) {
+          for (int flags = 0; flags < 8; ++flags) {
             Format f;
             f.exp_bits = static_cast<std::int8_t>(E);
             f.man_bits = static_cast<std::int8_t>(M);
             f.bias = static_cast<std::int16_t>(b);
             f.policy = p;
-            f.subnormals = sub;
+            f.subnormals = flags & 1;
+            f.sign = !(flags & 2);
+            f.zero = !(flags & 4);
             bool valid = true;
             try {
               validate(f);
@@ -100,8 +102,9 @@ TEST(Format, PrintParseRoundTripsEverywhere) {
             ASSERT_EQ(parse_format(to_string(f)), f) << to_string(f);
             ++checked;
           }
-  EXPECT_GT(checked, 10000);
+  EXPECT_GT(checked, 20000);
 }
+
 
 void expect_error(const std::string& text, const std::string& needle) {
   try {
@@ -115,7 +118,7 @@ void expect_error(const std::string& text, const std::string& needle) {
 }
 
 TEST(Format, BadTextGivesActionableErrors) {
-  expect_error("1.4", "expected 1.E.M");
+  expect_error("1.4", "expected S.E.M");
   expect_error("2.4.3", "sign field");
   expect_error("1.9.3", "E must be in 0..8");
   expect_error("1.4.30", "M must be in 0..23");
@@ -130,7 +133,7 @@ TEST(Format, BadTextGivesActionableErrors) {
   expect_error("1.4.3:1x", "not an integer");
   expect_error("e9m9", "unknown preset");
   expect_error("1.0.0", "no positive finite value");
-  expect_error("1.4.x", "expected 1.E.M");
+  expect_error("1.4.x", "expected S.E.M");
 }
 
 TEST(QuantSpec, InfOverflowNeedsIeee) {
@@ -152,4 +155,14 @@ TEST(Format, ModeNamesParse) {
   EXPECT_THROW(parse_rounding("up"), Error);
   EXPECT_THROW(parse_overflow("wrap"), Error);
   EXPECT_THROW(parse_policy("ocp"), Error);
+}
+
+TEST(Format, UnsignedAndZerolessNeedTheirConditions) {
+  expect_error("0.4.3", "fnuz");
+  expect_error("0.4.3:fn:nozero", "needs subnormals off");
+  expect_error("1.4.3:fn:nosub:nozero", "unsigned");
+  expect_error("0.0.0:fn", "E >= 1");
+  expect_error("0.8.0:fn:nosub:nozero:zero", "zero flag given twice");
+  EXPECT_EQ(parse_format("0.4.3:fn").width(), 7);
+  EXPECT_FALSE(parse_format("0.4.3:ieee").signed_zero());
 }

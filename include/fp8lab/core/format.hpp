@@ -48,23 +48,25 @@ struct Format {
   std::int16_t bias = 7;      // any integer in [-512, 512]
   Policy policy = Policy::fnuz;
   bool subnormals = true;     // false: exponent field 0 is an ordinary binade (DLFloat)
+  bool sign = true;           // false: no sign bit, "0.E.M" (scale formats, docs/spec.md §1.4)
+  bool zero = true;           // false: code 0 is 2^-bias, not zero (E8M0; needs subnormals off)
 
   // ---- derived figures -------------------------------------------------------------
-  int width() const { return 1 + exp_bits + man_bits; }
+  int width() const { return (sign ? 1 : 0) + exp_bits + man_bits; }
   bool codable() const { return width() <= kMaxCodeWidth; }
-  std::uint32_t sign_bit() const { return 1u << (width() - 1); }
-  std::uint32_t mag_mask() const { return sign_bit() - 1; }
+  std::uint32_t sign_bit() const { return sign ? 1u << (width() - 1) : 0; }  // 0 when unsigned
+  std::uint32_t mag_mask() const { return (1u << (exp_bits + man_bits)) - 1; }
   // Exponent (unbiased) of the smallest normal binade: 1-b with subnormals, -b without.
   // For E = 0 every value lies below 2^emin (the scaled integer is all "subnormal").
   int emin() const { return subnormals ? 1 - bias : -static_cast<int>(bias); }
   // Magnitude code of the largest finite value.
   std::uint32_t max_code() const;
-  // Magnitude code of the smallest positive value (1 in every policy).
-  std::uint32_t min_code() const { return 1; }
+  // Magnitude code of the smallest positive value: 1, or 0 in a format without zero.
+  std::uint32_t min_code() const { return zero ? 1 : 0; }
   bool has_nan() const { return policy != Policy::finite; }
   bool has_inf() const { return policy == Policy::ieee; }
-  bool signed_zero() const { return policy != Policy::fnuz; }
-  bool signed_nan() const { return policy == Policy::fn || policy == Policy::ieee; }
+  bool signed_zero() const { return sign && zero && policy != Policy::fnuz; }
+  bool signed_nan() const { return sign && (policy == Policy::fn || policy == Policy::ieee); }
   // The canonical NaN code (docs/spec.md §2.1, step 1). Only meaningful when has_nan().
   std::uint32_t nan_code(bool negative) const;
   std::uint32_t inf_code(bool negative) const;  // only when has_inf()
@@ -72,7 +74,7 @@ struct Format {
   // value fits a double exactly (M <= 23, exponents within +-800).
   double magnitude(std::uint32_t mag_code) const;
   double max_finite() const { return magnitude(max_code()); }
-  double min_positive() const { return magnitude(1); }
+  double min_positive() const { return magnitude(min_code()); }
   double min_normal() const;  // smallest value with the implicit bit; 0 if E == 0
   // Number of finite values (counting +0 and -0 separately where both exist).
   std::uint64_t finite_count() const;
@@ -85,16 +87,18 @@ struct Format {
 
 // Builds and validates; throws Error naming what is wrong.
 Format make_format(int exp_bits, int man_bits, int bias, Policy policy = Policy::fnuz,
-                   bool subnormals = true);
+                   bool subnormals = true, bool sign = true, bool zero = true);
 // 2^(E-1) - 1, 0 for E = 0.
 int natural_bias(int exp_bits);
 // Throws Error if the format is invalid (as make_format does).
 void validate(const Format& f);
 
-// "1.4.3", "1.4.3:10", "1.0.7:-2", "1.4.3:7:fn", "1.6.9:31:fn:nosub", or a preset name.
+// "1.4.3", "1.4.3:10", "1.0.7:-2", "1.4.3:7:fn", "1.6.9:31:fn:nosub", the unsigned
+// "0.4.3:fn" and "0.8.0:fn:nosub:nozero", or a preset name.
 Format parse_format(std::string_view text);
-// Canonical text: "1.E.M" followed by ":bias" when not natural, ":policy" when not fnuz,
-// ":nosub" when subnormals are off. parse_format(to_string(f)) == f for every valid f.
+// Canonical text: "1.E.M" ("0.E.M" unsigned) followed by ":bias" when not natural,
+// ":policy" when not fnuz, ":nosub" when subnormals are off, ":nozero" without zero.
+// parse_format(to_string(f)) == f for every valid f.
 std::string to_string(const Format& f);
 // The preset name for f, or "" when none matches.
 std::string_view preset_name(const Format& f);
