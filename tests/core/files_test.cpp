@@ -54,29 +54,31 @@ TEST(Files, Fnv1aMatchesPublishedVectors) {
 }
 
 TEST(Files, ChecksumFrameRoundTripsAndRefusesEveryChange) {
-  const std::string magic = "fp8lab-checkpoint ", payload = std::string("PK\x03\x04 payload\nwith \0 bytes", 27);
+  static constexpr char kBytes[] = "PK\x03\x04 payload\nwith \0 bytes";
+  const std::string magic = "fp8lab-checkpoint ", payload(kBytes, sizeof kBytes - 1);  // 25 bytes, a NUL among them
+  ASSERT_EQ(payload.size(), 25u);
   const std::string framed = checksum_frame(magic, payload);
   // The header written by hand from the published FNV-1a definition (fnv1a is tested above).
   char sum[17];
   std::snprintf(sum, sizeof sum, "%016llx", static_cast<unsigned long long>(fnv1a(kFnvBasis, payload.data(), payload.size())));
-  EXPECT_EQ(framed, magic + "bytes=27 fnv1a64=" + sum + "\n" + payload);
+  EXPECT_EQ(framed, magic + "bytes=25 fnv1a64=" + sum + "\n" + payload);
   std::string b = framed;
   EXPECT_TRUE(checksum_unframe(b, magic, "c.ckpt", "checkpoint"));
   EXPECT_EQ(b, payload);
   std::string legacy = "PK\x03\x04 an older file";
   EXPECT_FALSE(checksum_unframe(legacy, magic, "c.ckpt", "checkpoint"));
   EXPECT_EQ(legacy, "PK\x03\x04 an older file");
-  const std::string header = magic + "bytes=27 fnv1a64=" + sum;
+  const std::string header = magic + "bytes=25 fnv1a64=" + sum;
   std::string upper = sum;
   for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   for (const auto& [bad, what] : std::vector<std::pair<std::string, std::string>>{
-           {header + "\n" + payload.substr(1), "26 bytes after the header, 27 written"},
-           {header + "\n" + payload + "x", "28 bytes after the header, 27 written"},
-           {magic + "bytes=27 fnv1a64=" + std::string(16, '0') + "\n" + payload, "checksum " + std::string(sum)},
-           {magic + "bytes=027 fnv1a64=" + sum + "\n" + payload, "unreadable header line"},
-           {magic + "bytes=+27 fnv1a64=" + sum + "\n" + payload, "unreadable header line"},
-           {magic + "bytes=27 fnv1a64=" + upper + "\n" + payload, "unreadable header line"},
-           {magic + "bytes=27  fnv1a64=" + sum + "\n" + payload, "unreadable header line"},
+           {header + "\n" + payload.substr(1), "24 bytes after the header, 25 written"},
+           {header + "\n" + payload + "x", "26 bytes after the header, 25 written"},
+           {magic + "bytes=25 fnv1a64=" + std::string(16, '0') + "\n" + payload, "checksum " + std::string(sum)},
+           {magic + "bytes=025 fnv1a64=" + sum + "\n" + payload, "unreadable header line"},
+           {magic + "bytes=+25 fnv1a64=" + sum + "\n" + payload, "unreadable header line"},
+           {magic + "bytes=25 fnv1a64=" + upper + "\n" + payload, "unreadable header line"},
+           {magic + "bytes=25  fnv1a64=" + sum + "\n" + payload, "unreadable header line"},
            {magic + "bytes=99999999999999999999 fnv1a64=" + sum + "\n" + payload, "unreadable header line"},
            {header, "unreadable header line"}}) {
     std::string x = bad;
