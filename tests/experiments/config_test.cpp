@@ -60,7 +60,7 @@ TEST(Config, StringsAreUtf8TextAndRoundTripExactly) {
   const auto c = parse_train_config("[data]\ndir = \"/donn\u00e9es/\u03b1\u03b2\"\n", "c.toml");
   EXPECT_EQ(c.data.dir, "/donn\xc3\xa9" "es/\xce\xb1\xce\xb2");
   EXPECT_EQ(parse_train_config(experiments::to_toml(c), "back").data.dir, c.data.dir);
-  for (const std::string& bad : {"[data]\ndir = \"a\\u0000b\"\n", "[data]\ndir = \"a\\u007fb\"\n",
+  for (const char* bad : {"[data]\ndir = \"a\\u0000b\"\n", "[data]\ndir = \"a\\u007fb\"\n",
                                  "[data]\ndir = \"a\\tb\"\n"}) {
     const std::string e = error_of([&] { parse_train_config(bad, "c.toml"); });
     EXPECT_NE(e.find("c.toml:2: 'data.dir' must be UTF-8 text without control characters"), std::string::npos) << e;
