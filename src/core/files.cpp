@@ -118,13 +118,13 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
-namespace {
-
 std::string hex64(std::uint64_t v) {
   char b[17];
   std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
   return b;
 }
+
+namespace {
 
 // The unsigned number in `field` after `key` ("bytes=" in decimal, "fnv1a64=" in 16
 // lower-case hex digits), written exactly as checksum_frame writes it.

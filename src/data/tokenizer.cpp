@@ -31,9 +31,7 @@ std::string fingerprint(const std::vector<std::string>& inputs) {
     char buf[1 << 16];
     while (in.read(buf, sizeof buf) || in.gcount() > 0) h = fnv1a(h, buf, static_cast<std::size_t>(in.gcount()));
   }
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
-  return out;
+  return hex64(h);
 }
 
 std::string quote(const std::string& s) {

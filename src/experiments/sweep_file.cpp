@@ -124,11 +124,6 @@ bool is_number(const std::string& s) {
   }
 }
 
-std::string hex16(std::uint64_t h) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));
-  return b;
-}
 
 }  // namespace
 
@@ -419,7 +414,7 @@ SweepRun run_of(const Sweep& s, const std::string& base_text, std::size_t pi, st
   }
   r.cfg.train.checkpoint.clear();
   r.identity = identity_of(to_json(r.cfg));
-  r.key = hex16(fnv1a(kFnvBasis, r.identity.data(), r.identity.size()));
+  r.key = hex64(fnv1a(kFnvBasis, r.identity.data(), r.identity.size()));
   return r;
 }
 

@@ -48,6 +48,9 @@ inline std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t n) {
   return h;
 }
 
+// `v` as 16 lower-case hex digits (checksums, config keys, cache names).
+std::string hex64(std::uint64_t v);
+
 // A payload behind one header line that records its length and checksum:
 // "<magic>bytes=<N> fnv1a64=<16 hex digits>\n" then the N bytes (checkpoints use it).
 std::string checksum_frame(std::string_view magic, std::string_view payload);
