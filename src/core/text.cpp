@@ -63,13 +63,25 @@ std::int64_t line_of(std::string_view text, std::size_t i) {
   return line;
 }
 
+// Offset of the first `\U000F` that is an escape: preceded by an odd run of backslashes
+// (`\\U000F` is an escaped backslash followed by text). Inside a literal string ('...')
+// this also refuses text that is no escape; that errs on the side of a clear error.
+std::optional<std::size_t> plane_15_escape(std::string_view text) {
+  for (std::size_t at = text.find("\\U000"); at != std::string_view::npos; at = text.find("\\U000", at + 1)) {
+    if (at + 5 >= text.size() || (text[at + 5] != 'F' && text[at + 5] != 'f')) continue;
+    std::size_t run = 1;
+    while (run <= at && text[at - run] == '\\') ++run;
+    if (run % 2 == 1) return at;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string shield_toml_text(std::string_view text, const std::string& source) {
-  for (const std::string_view escape : {"\\U000F", "\\U000f"})
-    if (const auto at = text.find(escape); at != std::string_view::npos)
-      throw Error(at_line(source, line_of(text, at)) +
-                  "an escape of a plane-15 private-use character (U+F0000-U+FFFFF); fp8lab reserves them while parsing");
+  if (const auto at = plane_15_escape(text))
+    throw Error(at_line(source, line_of(text, *at)) +
+                "an escape of a plane-15 private-use character (U+F0000-U+FFFFF); fp8lab reserves them while parsing");
   std::string out;
   out.reserve(text.size() + text.size() / 2);
   for (std::size_t i = 0; i < text.size();) {
