@@ -1,0 +1,178 @@
+// Scaled and block-scaled quantization (docs/spec.md §6): an element quantizer plus a scale
+// shared by a group of values (a tensor, a line, a 1xK block, a KxK tile), chosen from the
+// group's largest magnitude. The OCP Microscaling formats, NVFP4, DeepSeek-style tiles and
+// per-tensor current or delayed scaling are presets of one ScaledSpec.
+//
+// This header holds the specification as data and the scalar reference that every fast path
+// (fp8lab/kernels/scaled.hpp) is tested bit-exact against.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fp8lab/core/codec.hpp"
+#include "fp8lab/core/format.hpp"
+
+namespace fp8lab {
+
+// Which values share one scale, in a matrix view [rows, cols] whose blocks run along cols.
+enum class Granularity : std::uint8_t {
+  tensor,  // one scale for everything
+  line,    // one per row (per column when the caller puts the columns last)
+  block,   // 1xK blocks along each row (the last one of a row may be shorter)
+  tile,    // KxK tiles
+};
+// How the scale is stored. `none`: no scale, the element format's fixed bias (the paper's
+// per-tensor quantizer).
+enum class ScaleFormat : std::uint8_t { none, e8m0, ue4m3, fp32 };
+// How the scale is chosen from the group's largest magnitude amax (docs/spec.md §6.2):
+// floor: 2^(floor(log2 amax) - emax), the OCP MX rule as written (emax: the exponent of the
+//        element format's largest value); the largest value may then saturate;
+// ceil: the smallest scale with amax / scale <= the element format's max (nothing saturates);
+// nearest: the scale nearest amax / max.
+enum class ScaleRule : std::uint8_t { floor, ceil, nearest };
+
+std::string_view to_string(Granularity g);
+std::string_view to_string(ScaleFormat s);
+std::string_view to_string(ScaleRule r);
+ScaleFormat parse_scale_format(std::string_view s);  // e8m0, ue4m3, fp32 (throws Error)
+ScaleRule parse_scale_rule(std::string_view s);      // floor, ceil, nearest (throws Error)
+
+inline constexpr int kMaxBlock = 1 << 16;    // K of a block or tile
+inline constexpr int kMaxHistory = 1 << 16;  // amax history length of delayed scaling
+
+struct ScaledSpec {
+  QuantSpec element{};  // format, rounding, overflow (saturate), stochastic stream
+  Granularity granularity = Granularity::tensor;
+  int block = 0;  // K for block and tile
+  ScaleFormat scale = ScaleFormat::none;
+  ScaleRule rule = ScaleRule::floor;
+  // A second, float32 scale per tensor that the block scales are relative to (NVFP4).
+  bool tensor_scale = false;
+  // Delayed scaling: the tensor-level amax comes from the last `history` steps (0: current).
+  int history = 0;
+
+  bool scaled() const { return scale != ScaleFormat::none; }
+  friend bool operator==(const ScaledSpec&, const ScaledSpec&) = default;
+};
+
+// Throws Error naming what is wrong (e.g. a block of 0, delayed per-block scaling, a scale
+// format for a fixed-bias quantizer, an element overflow other than saturate).
+void validate(const ScaledSpec& s);
+
+// "ELEMENT@GRANULARITY[:OPTION...]" or "PRESET[:OPTION...]" (docs/spec.md §6.4), e.g.
+// "e4m3fn@1x32:e8m0:floor", "mxfp4:ceil", "e2m1fn@1x16:ue4m3:nearest:tensor-scale",
+// "e4m3fn@tensor:fp32:nearest:delayed-16". GRANULARITY is tensor, line, 1xK or KxK;
+// OPTION is a scale format, a rule, tensor-scale or delayed-N. A plain format ("1.4.3:10",
+// "e5m2") is the fixed-bias quantizer. Throws Error.
+ScaledSpec parse_scaled(std::string_view text);
+// Canonical text; parse_scaled(to_string(s)) == s (the element's rounding is not part of it).
+std::string to_string(const ScaledSpec& s);
+
+struct ScaledPreset {
+  std::string_view name, spec, note;
+};
+const std::vector<ScaledPreset>& scaled_presets();
+
+// The matrix view and where its scales lie.
+struct BlockLayout {
+  std::size_t rows = 0, cols = 0;
+  std::size_t block_rows = 1, block_cols = 1;  // values per group along each axis
+  std::size_t grid_rows() const { return rows == 0 ? 0 : (rows + block_rows - 1) / block_rows; }
+  std::size_t grid_cols() const { return cols == 0 ? 0 : (cols + block_cols - 1) / block_cols; }
+  std::size_t groups() const { return grid_rows() * grid_cols(); }
+};
+BlockLayout block_layout(const ScaledSpec& s, std::size_t rows, std::size_t cols);
+
+// What happened, by element and by group.
+struct ScaledCounts {
+  QuantCounts elements;              // overflow: clamped to the element max; underflow: to zero
+  std::uint64_t groups = 0;
+  std::uint64_t saturated_groups = 0;  // a finite element clamped to the element max
+  std::uint64_t nan_groups = 0;        // NaN or Inf inside: the scale is NaN
+  std::uint64_t zero_groups = 0;       // every value zero
+  std::uint64_t scale_underflow = 0;   // scale below the scale format's range: clamped or zero
+  std::uint64_t scale_overflow = 0;    // scale above it: clamped to the largest
+  ScaledCounts& operator+=(const ScaledCounts& o);
+  friend bool operator==(const ScaledCounts&, const ScaledCounts&) = default;
+};
+
+// One group's scale. `code`: the scale format's code (fp32: the float's bits); `value`: its
+// value times the tensor scale, the X that elements are divided by (NaN for a NaN group).
+struct GroupScale {
+  std::uint32_t code = 0;
+  float value = 1.0f;
+  int exponent = 0;  // e8m0: log2 of the value (the element bias drops by it)
+  bool nan = false;
+  bool zero = false;  // amax == 0
+};
+
+// The element format's emax: floor(log2(max finite)).
+int element_emax(const Format& element);
+// The scale format's Format (e8m0 / ue4m3); fp32 and none have none.
+Format scale_format(ScaleFormat s);
+
+// The float32 tensor scale of a two-level spec from the tensor's amax (docs/spec.md §6.3).
+float tensor_scale_of(const ScaledSpec& s, float tensor_amax);
+
+// The scale of one group with largest magnitude `amax` (NaN: a NaN or Inf in the group), for
+// tensor scale `ts` (1 without a second level). Adds to counts->scale_underflow/overflow.
+GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts = nullptr);
+
+// Largest finite |x| (0 if none) and whether any value is NaN or Inf.
+struct Amax {
+  float value = 0;
+  bool nonfinite = false;
+};
+Amax amax_of(const float* x, std::size_t n, std::size_t stride = 1);
+
+// The amax history of delayed scaling for one tensor: the largest of the last `length`
+// tensor amaxes. Empty: the tensor's current amax is used.
+class AmaxHistory {
+ public:
+  explicit AmaxHistory(int length = 0) : length_(length) {}
+  void push(float amax);
+  std::optional<float> amax() const;
+  int length() const { return length_; }
+  const std::deque<float>& values() const { return values_; }
+  void restore(std::deque<float> values);  // from a checkpoint; throws Error if too long
+  friend bool operator==(const AmaxHistory&, const AmaxHistory&) = default;
+
+ private:
+  int length_ = 0;
+  std::deque<float> values_;
+};
+
+// Where a scaled quantization writes; any pointer may be null.
+struct ScaledOut {
+  float* values = nullptr;              // rows*cols fake-quantized values
+  std::uint8_t* codes = nullptr;        // rows*cols element codes (element width <= 8)
+  std::uint32_t* scale_codes = nullptr; // layout.groups() scale codes, row-major grid
+  float* tensor_scale = nullptr;        // the second-level scale (1 without one)
+};
+
+struct ScaledCall {
+  std::optional<float> delayed_amax;  // the tensor-level amax to use (delayed scaling)
+  std::uint64_t index_offset = 0;     // stochastic rounding index of element 0
+};
+
+// The scalar reference (docs/spec.md §6). x is row-major [rows, cols]. Returns the tensor's
+// current amax (largest finite |x|), which delayed scaling pushes into its history.
+float scaled_quantize_reference(const float* x, std::size_t rows, std::size_t cols,
+                                const ScaledSpec& s, const ScaledOut& out,
+                                const ScaledCall& call = {}, ScaledCounts* counts = nullptr);
+
+// Values of codes written by a scaled quantization (NaN for a NaN group).
+void scaled_decode_reference(const std::uint8_t* codes, const std::uint32_t* scale_codes,
+                             float tensor_scale, std::size_t rows, std::size_t cols,
+                             const ScaledSpec& s, float* y);
+
+// Bits of storage per element, scales included (e.g. 4.25 for MXFP4 at K = 32).
+double bits_per_element(const ScaledSpec& s, std::size_t rows, std::size_t cols);
+
+}  // namespace fp8lab

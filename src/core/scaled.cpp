@@ -1,0 +1,586 @@
+// Scaled quantization as specified in docs/spec.md §6: the notation, the presets, the choice
+// of a group's scale, and the scalar reference quantizer.
+#include "fp8lab/core/scaled.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+#include "fp8lab/core/text.hpp"
+
+namespace fp8lab {
+
+// ---- names ---------------------------------------------------------------------------
+
+std::string_view to_string(Granularity g) {
+  switch (g) {
+    case Granularity::tensor: return "tensor";
+    case Granularity::line: return "line";
+    case Granularity::block: return "block";
+    case Granularity::tile: return "tile";
+  }
+  return "?";
+}
+
+std::string_view to_string(ScaleFormat s) {
+  switch (s) {
+    case ScaleFormat::none: return "none";
+    case ScaleFormat::e8m0: return "e8m0";
+    case ScaleFormat::ue4m3: return "ue4m3";
+    case ScaleFormat::fp32: return "fp32";
+  }
+  return "?";
+}
+
+std::string_view to_string(ScaleRule r) {
+  switch (r) {
+    case ScaleRule::floor: return "floor";
+    case ScaleRule::ceil: return "ceil";
+    case ScaleRule::nearest: return "nearest";
+  }
+  return "?";
+}
+
+namespace {
+
+std::optional<ScaleFormat> scale_format_named(std::string_view s) {
+  for (ScaleFormat f : {ScaleFormat::e8m0, ScaleFormat::ue4m3, ScaleFormat::fp32})
+    if (s == to_string(f)) return f;
+  return std::nullopt;
+}
+
+std::optional<ScaleRule> scale_rule_named(std::string_view s) {
+  for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest})
+    if (s == to_string(r)) return r;
+  return std::nullopt;
+}
+
+}  // namespace
+
+ScaleFormat parse_scale_format(std::string_view s) {
+  if (const auto f = scale_format_named(trim(s))) return *f;
+  throw Error("unknown scale format '" + std::string(s) + "': expected e8m0, ue4m3 or fp32");
+}
+
+ScaleRule parse_scale_rule(std::string_view s) {
+  if (const auto r = scale_rule_named(trim(s))) return *r;
+  throw Error("unknown scale rule '" + std::string(s) + "': expected floor, ceil or nearest");
+}
+
+// ---- validation ----------------------------------------------------------------------
+
+void validate(const ScaledSpec& s) {
+  validate(s.element);
+  const std::string what = "scaled quantizer '" + to_string(s) + "': ";
+  if (!s.scaled()) {
+    if (s.granularity != Granularity::tensor || s.block != 0 || s.tensor_scale || s.history != 0)
+      throw Error(what + "a fixed-bias quantizer has no groups, tensor scale or history");
+    return;
+  }
+  const Format& e = s.element.format;
+  if (e.width() > 8) throw Error(what + "the element format must be 8 bits wide or less");
+  if (std::abs(e.bias) > 256) throw Error(what + "the element format's bias must be in [-256, 256]");
+  if (s.element.overflow != Overflow::saturate)
+    throw Error(what + "scaled elements saturate (the OCP MX rule); overflow '" +
+                std::string(to_string(s.element.overflow)) + "' does not apply");
+  const bool sized = s.granularity == Granularity::block || s.granularity == Granularity::tile;
+  if (sized && (s.block < 1 || s.block > kMaxBlock))
+    throw Error(what + "the block size must be in 1.." + std::to_string(kMaxBlock));
+  if (!sized && s.block != 0) throw Error(what + "only blocks and tiles have a size");
+  if (s.tensor_scale && s.scale != ScaleFormat::e8m0 && s.scale != ScaleFormat::ue4m3)
+    throw Error(what + "a tensor scale needs e8m0 or ue4m3 group scales");
+  if (s.history < 0 || s.history > kMaxHistory)
+    throw Error(what + "the amax history must be in 0.." + std::to_string(kMaxHistory));
+  if (s.history > 0 && s.granularity != Granularity::tensor && !s.tensor_scale)
+    throw Error(what + "delayed scaling needs one scale per tensor or a tensor scale");
+}
+
+// ---- notation ------------------------------------------------------------------------
+
+namespace {
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  for (std::size_t start = 0;;) {
+    const std::size_t at = s.find(sep, start);
+    out.push_back(s.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
+    if (at == std::string_view::npos) return out;
+    start = at + 1;
+  }
+}
+
+bool parse_positive(std::string_view s, int& out) {
+  if (s.empty() || s.front() == '+' || s.front() == '-') return false;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return ec == std::errc() && p == s.data() + s.size() && out >= 1;
+}
+
+void parse_granularity(std::string_view g, ScaledSpec& s, const std::string& where) {
+  s.block = 0;
+  if (g == "tensor") return void(s.granularity = Granularity::tensor);
+  if (g == "line") return void(s.granularity = Granularity::line);
+  const std::size_t x = g.find('x');
+  int a = 0, b = 0;
+  if (x == std::string_view::npos || !parse_positive(g.substr(0, x), a) || !parse_positive(g.substr(x + 1), b))
+    throw Error(where + "'" + std::string(g) + "' is no granularity: expected tensor, line, 1xK or KxK");
+  if (a == 1 && b > 1) {
+    s.granularity = Granularity::block;
+    s.block = b;
+  } else if (a == b) {
+    s.granularity = a == 1 ? Granularity::block : Granularity::tile;
+    s.block = a;
+  } else {
+    throw Error(where + "'" + std::string(g) + "': blocks are 1xK and tiles KxK");
+  }
+}
+
+void apply_option(std::string_view o, ScaledSpec& s, const std::string& where) {
+  if (const auto f = scale_format_named(o)) return void(s.scale = *f);
+  if (const auto r = scale_rule_named(o)) return void(s.rule = *r);
+  if (o == "tensor-scale") return void(s.tensor_scale = true);
+  if (o == "current") return void(s.history = 0);
+  if (o.substr(0, 8) == "delayed-") {
+    int n = 0;
+    if (!parse_positive(o.substr(8), n))
+      throw Error(where + "'" + std::string(o) + "': expected delayed-N with N the history length");
+    s.history = n;
+    return;
+  }
+  throw Error(where + "unknown option '" + std::string(o) +
+              "': expected e8m0, ue4m3, fp32, floor, ceil, nearest, tensor-scale, current or delayed-N");
+}
+
+const ScaledPreset* find_preset(std::string_view name) {
+  for (const auto& p : scaled_presets())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+}  // namespace
+
+ScaledSpec parse_scaled(std::string_view text_in) {
+  const std::string_view text = trim(text_in);
+  const std::string where = "scaled format '" + std::string(text_in) + "': ";
+  ScaledSpec s;
+  std::vector<std::string_view> options;
+  if (const std::size_t at = text.find('@'); at != std::string_view::npos) {
+    s.element.format = parse_format(text.substr(0, at));
+    options = split(text.substr(at + 1), ':');
+    parse_granularity(options.front(), s, where);
+    options.erase(options.begin());
+    s.scale = ScaleFormat::e8m0;
+  } else {
+    const auto parts = split(text, ':');
+    const ScaledPreset* p = find_preset(parts.front());
+    if (!p) {
+      s.element.format = parse_format(text);
+      validate(s);
+      return s;
+    }
+    s = parse_scaled(p->spec);
+    options.assign(parts.begin() + 1, parts.end());
+  }
+  for (std::string_view o : options) apply_option(o, s, where);
+  validate(s);
+  return s;
+}
+
+std::string to_string(const ScaledSpec& s) {
+  const Format& f = s.element.format;
+  const std::string_view preset = preset_name(f);
+  const std::string element = preset.empty() ? to_string(f) : std::string(preset);
+  if (!s.scaled()) return element;
+  std::string g;
+  switch (s.granularity) {
+    case Granularity::tensor: g = "tensor"; break;
+    case Granularity::line: g = "line"; break;
+    case Granularity::block: g = "1x" + std::to_string(s.block); break;
+    case Granularity::tile: g = std::to_string(s.block) + "x" + std::to_string(s.block); break;
+  }
+  std::string out = element + "@" + g + ":" + std::string(to_string(s.scale)) + ":" + std::string(to_string(s.rule));
+  if (s.tensor_scale) out += ":tensor-scale";
+  if (s.history > 0) out += ":delayed-" + std::to_string(s.history);
+  return out;
+}
+
+const std::vector<ScaledPreset>& scaled_presets() {
+  static const std::vector<ScaledPreset> p{
+      {"mxfp8_e4m3", "e4m3fn@1x32:e8m0:floor", "OCP MXFP8: 32 E4M3 elements share an E8M0 scale"},
+      {"mxfp8_e5m2", "e5m2@1x32:e8m0:floor", "OCP MXFP8 with E5M2 elements"},
+      {"mxfp6_e3m2", "e3m2fn@1x32:e8m0:floor", "OCP MXFP6 with E3M2 elements"},
+      {"mxfp6_e2m3", "e2m3fn@1x32:e8m0:floor", "OCP MXFP6 with E2M3 elements"},
+      {"mxfp4", "e2m1fn@1x32:e8m0:floor", "OCP MXFP4: 32 E2M1 elements share an E8M0 scale"},
+      {"mxint8", "1.0.7:finite@1x32:e8m0:floor", "OCP MXINT8: 8-bit integers times 2^-6, E8M0 scale"},
+      {"nvfp4", "e2m1fn@1x16:ue4m3:nearest:tensor-scale",
+       "NVFP4: 16 E2M1 elements share an unsigned E4M3 scale, times a float32 tensor scale"},
+      {"deepseek_1x128", "e4m3fn@1x128:fp32:nearest", "DeepSeek-V3 activations and gradients: 1x128 tiles"},
+      {"deepseek_128x128", "e4m3fn@128x128:fp32:nearest", "DeepSeek-V3 weights: 128x128 blocks"},
+      {"e4m3_tensor", "e4m3fn@tensor:fp32:nearest", "per-tensor current scaling, E4M3"},
+      {"e5m2_tensor", "e5m2@tensor:fp32:nearest", "per-tensor current scaling, E5M2"},
+      {"e4m3_delayed", "e4m3fn@tensor:fp32:nearest:delayed-16",
+       "per-tensor delayed scaling (TransformerEngine-style): amax of the last 16 steps, E4M3"},
+      {"e5m2_delayed", "e5m2@tensor:fp32:nearest:delayed-16", "per-tensor delayed scaling, E5M2"},
+  };
+  return p;
+}
+
+// ---- layout and counts ---------------------------------------------------------------
+
+BlockLayout block_layout(const ScaledSpec& s, std::size_t rows, std::size_t cols) {
+  BlockLayout l;
+  l.rows = rows;
+  l.cols = cols;
+  const auto k = static_cast<std::size_t>(s.block);
+  switch (s.granularity) {
+    case Granularity::tensor:
+      l.block_rows = std::max<std::size_t>(rows, 1);
+      l.block_cols = std::max<std::size_t>(cols, 1);
+      break;
+    case Granularity::line: l.block_cols = std::max<std::size_t>(cols, 1); break;
+    case Granularity::block: l.block_cols = k; break;
+    case Granularity::tile: l.block_rows = l.block_cols = k; break;
+  }
+  return l;
+}
+
+ScaledCounts& ScaledCounts::operator+=(const ScaledCounts& o) {
+  elements += o.elements;
+  groups += o.groups;
+  saturated_groups += o.saturated_groups;
+  nan_groups += o.nan_groups;
+  zero_groups += o.zero_groups;
+  scale_underflow += o.scale_underflow;
+  scale_overflow += o.scale_overflow;
+  return *this;
+}
+
+double bits_per_element(const ScaledSpec& s, std::size_t rows, std::size_t cols) {
+  const double n = static_cast<double>(rows) * static_cast<double>(cols);
+  const double w = s.element.format.width();
+  if (!s.scaled() || n == 0) return w;
+  const double scale_bits = s.scale == ScaleFormat::fp32 ? 32 : 8;
+  const double groups = static_cast<double>(block_layout(s, rows, cols).groups());
+  return w + (groups * scale_bits + (s.tensor_scale ? 32 : 0)) / n;
+}
+
+// ---- choosing a scale ----------------------------------------------------------------
+
+int element_emax(const Format& element) { return std::ilogb(element.max_finite()); }
+
+Format scale_format(ScaleFormat s) {
+  switch (s) {
+    case ScaleFormat::e8m0: return make_format(8, 0, 127, Policy::fn, false, false, false);
+    case ScaleFormat::ue4m3: return make_format(4, 3, 7, Policy::fn, true, false, true);
+    default: break;
+  }
+  throw Error("scale format '" + std::string(to_string(s)) + "' has no 8-bit codes");
+}
+
+namespace {
+
+// The scale format's finite codes 0..max in increasing value (fp32: the bits of a
+// non-negative float, which order as the values do).
+struct ScaleCodes {
+  ScaleFormat kind;
+  Format f{};
+  std::uint32_t max = 0;
+  explicit ScaleCodes(ScaleFormat k) : kind(k) {
+    if (k == ScaleFormat::fp32) {
+      max = std::bit_cast<std::uint32_t>(std::numeric_limits<float>::max());
+    } else {
+      f = scale_format(k);
+      max = f.max_code();
+    }
+  }
+  double value(std::uint32_t c) const {
+    return kind == ScaleFormat::fp32 ? static_cast<double>(std::bit_cast<float>(c)) : f.magnitude(c);
+  }
+  std::uint32_t nan() const {
+    return kind == ScaleFormat::fp32 ? 0x7FC00000u : f.nan_code(false);
+  }
+  // The largest code whose value satisfies le (a predicate monotone in the value), or
+  // nullopt when even code 0 does not.
+  template <class Le>
+  std::optional<std::uint32_t> last_le(Le le) const {
+    if (!le(value(0))) return std::nullopt;
+    std::uint32_t lo = 0, hi = max;  // le(lo) holds
+    while (lo < hi) {
+      const std::uint32_t mid = lo + (hi - lo + 1) / 2;
+      if (le(value(mid))) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
+  }
+};
+
+const ScaleCodes& scale_codes(ScaleFormat k) {
+  static const ScaleCodes e8m0(ScaleFormat::e8m0), ue4m3(ScaleFormat::ue4m3), fp32(ScaleFormat::fp32);
+  return k == ScaleFormat::e8m0 ? e8m0 : k == ScaleFormat::ue4m3 ? ue4m3 : fp32;
+}
+
+// floor(log2(amax / ts)) for finite positive amax and ts, exactly.
+int floor_log2_ratio(double amax, double ts) {
+  int k = std::ilogb(amax / ts);
+  while (std::ldexp(ts, k) > amax) --k;
+  while (std::ldexp(ts, k + 1) <= amax) ++k;
+  return k;
+}
+
+// The code of the rule's scale for a positive finite amax.
+std::uint32_t scale_code(const ScaledSpec& s, double amax, double ts, ScaledCounts* counts) {
+  const ScaleCodes& sc = scale_codes(s.scale);
+  const double max_e = s.element.format.max_finite();
+  const auto count = [&](std::uint64_t ScaledCounts::*field) {
+    if (counts) ++(counts->*field);
+  };
+  if (s.rule == ScaleRule::floor) {
+    const double target = std::ldexp(1.0, floor_log2_ratio(amax, ts) - element_emax(s.element.format));
+    const auto c = sc.last_le([&](double v) { return v <= target; });
+    if (!c) return count(&ScaledCounts::scale_underflow), 0;  // E8M0: clamped up to 2^-127
+    if (target > sc.value(sc.max)) count(&ScaledCounts::scale_overflow);
+    if (sc.value(*c) == 0) count(&ScaledCounts::scale_underflow);
+    return *c;
+  }
+  // amax / (v ts) <= max_e, compared exactly (every product here is exact in double).
+  const auto fits = [&](double v) { return v * ts * max_e >= amax; };
+  const auto c = sc.last_le([&](double v) { return v * ts * max_e <= amax; });
+  if (!c) return count(&ScaledCounts::scale_underflow), 0;
+  if (fits(sc.value(*c))) return *c;  // exact
+  if (*c == sc.max) return count(&ScaledCounts::scale_overflow), sc.max;
+  const std::uint32_t lo = *c, hi = *c + 1;
+  std::uint32_t pick = hi;
+  if (s.rule == ScaleRule::nearest) {
+    const double twice = 2 * amax, mid = (sc.value(lo) + sc.value(hi)) * ts * max_e;
+    pick = twice < mid ? lo : twice > mid ? hi : (lo % 2 == 0 ? lo : hi);
+  }
+  if (sc.value(pick) == 0) count(&ScaledCounts::scale_underflow);
+  return pick;
+}
+
+}  // namespace
+
+float tensor_scale_of(const ScaledSpec& s, float tensor_amax) {
+  if (!s.tensor_scale || !(tensor_amax > 0)) return 1.0f;
+  const double top = s.element.format.max_finite() * scale_codes(s.scale).value(scale_codes(s.scale).max);
+  const auto ts = static_cast<float>(static_cast<double>(tensor_amax) / top);
+  return std::max(ts, std::numeric_limits<float>::min());
+}
+
+GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts) {
+  GroupScale g;
+  const ScaleCodes& sc = scale_codes(s.scale);
+  if (!std::isfinite(amax) || amax < 0) {  // a NaN or Inf in the group
+    g.nan = true;
+    g.code = sc.nan();
+    g.value = std::numeric_limits<float>::quiet_NaN();
+    return g;
+  }
+  if (amax == 0) {
+    g.zero = true;
+    g.code = 0;
+  } else {
+    g.code = scale_code(s, amax, ts, counts);
+  }
+  g.value = static_cast<float>(sc.value(g.code) * ts);
+  if (s.scale == ScaleFormat::e8m0) g.exponent = static_cast<int>(g.code) - 127;
+  return g;
+}
+
+namespace {
+
+GroupScale scale_from_code(const ScaledSpec& s, std::uint32_t code, float ts) {
+  const ScaleCodes& sc = scale_codes(s.scale);
+  GroupScale g;
+  g.code = code;
+  const bool nan = s.scale == ScaleFormat::fp32 ? std::isnan(std::bit_cast<float>(code))
+                                                : sc.f.classify(code) == Format::Class::nan;
+  if (nan) {
+    g.nan = true;
+    g.value = std::numeric_limits<float>::quiet_NaN();
+    return g;
+  }
+  g.value = static_cast<float>(sc.value(code) * ts);
+  if (s.scale == ScaleFormat::e8m0) g.exponent = static_cast<int>(code) - 127;
+  return g;
+}
+
+// Scales are powers of two applied as a shift of the element bias (exact).
+bool power_of_two_path(const ScaledSpec& s) { return s.scale == ScaleFormat::e8m0 && !s.tensor_scale; }
+
+}  // namespace
+
+Amax amax_of(const float* x, std::size_t n, std::size_t stride) {
+  Amax a;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = std::fabs(x[i * stride]);
+    if (!std::isfinite(v)) a.nonfinite = true;
+    else if (v > a.value) a.value = v;
+  }
+  return a;
+}
+
+// ---- delayed scaling -----------------------------------------------------------------
+
+void AmaxHistory::push(float amax) {
+  if (length_ <= 0) return;
+  values_.push_back(amax);
+  while (values_.size() > static_cast<std::size_t>(length_)) values_.pop_front();
+}
+
+std::optional<float> AmaxHistory::amax() const {
+  if (values_.empty()) return std::nullopt;
+  return *std::max_element(values_.begin(), values_.end());
+}
+
+void AmaxHistory::restore(std::deque<float> values) {
+  if (values.size() > static_cast<std::size_t>(std::max(length_, 0)))
+    throw Error("amax history of " + std::to_string(values.size()) + " values for a length of " +
+                std::to_string(length_));
+  for (float v : values)
+    if (!(v >= 0) || !std::isfinite(v)) throw Error("amax history holds a value that is not a finite amax");
+  values_ = std::move(values);
+}
+
+// ---- the reference -------------------------------------------------------------------
+
+namespace {
+
+struct GroupJob {
+  const float* x;
+  std::size_t cols;  // row stride
+  std::size_t r0, r1, c0, c1;
+};
+
+template <class F>
+void for_each_in(const GroupJob& j, F f) {
+  for (std::size_t r = j.r0; r < j.r1; ++r)
+    for (std::size_t c = j.c0; c < j.c1; ++c) f(r * j.cols + c);
+}
+
+Amax group_amax(const GroupJob& j) {
+  Amax a;
+  for_each_in(j, [&](std::size_t i) {
+    const Amax one = amax_of(j.x + i, 1);
+    a.nonfinite |= one.nonfinite;
+    a.value = std::max(a.value, one.value);
+  });
+  return a;
+}
+
+// Quantizes one group with scale g; returns whether an element saturated.
+bool quantize_group(const GroupJob& j, const ScaledSpec& s, const GroupScale& g, const ScaledOut& out,
+                    const ScaledCall& call, QuantCounts& qc) {
+  const Format& e = s.element.format;
+  QuantSpec shifted = s.element;
+  const bool pow2 = power_of_two_path(s);
+  if (pow2) shifted.format.bias = static_cast<std::int16_t>(e.bias - g.exponent);
+  const std::uint64_t overflow_before = qc.overflow;
+  for_each_in(j, [&](std::size_t i) {
+    const float x = j.x[i];
+    const std::uint64_t index = call.index_offset + i;
+    std::uint32_t code;
+    float y;
+    ++qc.total;
+    if (g.nan) {
+      code = e.has_nan() ? e.nan_code(false) : 0;
+      y = std::numeric_limits<float>::quiet_NaN();
+      ++qc.nan;
+    } else if (pow2) {
+      QuantCounts one;
+      code = encode(x, shifted, index, &one);
+      --one.total;
+      qc += one;
+      y = std::isnan(x) ? x : decode(code, shifted.format);
+    } else if (g.value == 0 || g.zero) {  // a zero group, or a scale that underflowed to 0
+      code = encode(std::signbit(x) ? -0.0f : 0.0f, s.element);
+      if (x != 0 && !std::isnan(x)) ++qc.underflow;
+      y = std::isnan(x) ? x : decode(code, e) * 0.0f;
+      if (std::isnan(x)) ++qc.nan;
+    } else {
+      const float v = x / g.value;
+      QuantCounts one;
+      code = encode(v, s.element, index, &one);
+      --one.total;
+      if (v == 0 && x != 0) ++one.underflow;
+      qc += one;
+      y = std::isnan(x) ? x : decode(code, e) * g.value;
+    }
+    if (out.codes) out.codes[i] = static_cast<std::uint8_t>(code);
+    if (out.values) out.values[i] = y;
+  });
+  return qc.overflow > overflow_before;
+}
+
+}  // namespace
+
+float scaled_quantize_reference(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+                                const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts) {
+  validate(s);
+  const std::size_t n = rows * cols;
+  const float current = amax_of(x, n).value;
+  ScaledCounts local;
+  if (!s.scaled()) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t code = encode(x[i], s.element, call.index_offset + i, &local.elements);
+      if (out.codes) out.codes[i] = static_cast<std::uint8_t>(code);
+      if (out.values) out.values[i] = quantize(x[i], s.element, call.index_offset + i);
+    }
+    if (out.tensor_scale) *out.tensor_scale = 1.0f;
+    if (counts) *counts += local;
+    return current;
+  }
+  if (out.codes && s.element.format.width() > 8) throw Error("codes of elements wider than 8 bits");
+  const bool delayed = s.history > 0 && call.delayed_amax && *call.delayed_amax > 0;
+  const float tensor_amax = delayed ? *call.delayed_amax : current;
+  const float ts = tensor_scale_of(s, tensor_amax);
+  if (out.tensor_scale) *out.tensor_scale = ts;
+  const BlockLayout l = block_layout(s, rows, cols);
+  for (std::size_t gr = 0; gr < l.grid_rows(); ++gr)
+    for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {
+      const GroupJob j{x, cols, gr * l.block_rows, std::min(rows, (gr + 1) * l.block_rows),
+                       gc * l.block_cols, std::min(cols, (gc + 1) * l.block_cols)};
+      const Amax a = group_amax(j);
+      // Delayed per-tensor scaling takes its amax from the history; otherwise a NaN or Inf
+      // in the group makes its scale NaN.
+      const bool from_history = delayed && s.granularity == Granularity::tensor;
+      const float amax = from_history ? tensor_amax : a.nonfinite ? std::numeric_limits<float>::quiet_NaN() : a.value;
+      const GroupScale g = choose_scale(s, amax, ts, &local);
+      ++local.groups;
+      local.nan_groups += g.nan;
+      local.zero_groups += !a.nonfinite && a.value == 0;
+      if (quantize_group(j, s, g, out, call, local.elements)) ++local.saturated_groups;
+      if (out.scale_codes) out.scale_codes[gr * l.grid_cols() + gc] = g.code;
+    }
+  if (counts) *counts += local;
+  return current;
+}
+
+void scaled_decode_reference(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
+                             std::size_t rows, std::size_t cols, const ScaledSpec& s, float* y) {
+  validate(s);
+  const Format& e = s.element.format;
+  if (!s.scaled()) {
+    for (std::size_t i = 0; i < rows * cols; ++i) y[i] = decode(codes[i], e);
+    return;
+  }
+  const BlockLayout l = block_layout(s, rows, cols);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) {
+      const std::size_t i = r * cols + c;
+      const GroupScale g =
+          scale_from_code(s, scale_codes[(r / l.block_rows) * l.grid_cols() + c / l.block_cols], tensor_scale);
+      if (g.nan) {
+        y[i] = std::numeric_limits<float>::quiet_NaN();
+      } else if (power_of_two_path(s)) {
+        Format shifted = e;
+        shifted.bias = static_cast<std::int16_t>(e.bias - g.exponent);
+        y[i] = decode(codes[i], shifted);
+      } else {
+        y[i] = decode(codes[i], e) * g.value;
+      }
+    }
+}
+
+}  // namespace fp8lab

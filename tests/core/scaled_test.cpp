@@ -1,0 +1,379 @@
+// Scaled quantization (docs/spec.md §6): the notation, the choice of scales against a linear
+// scan over every scale value, and the reference quantizer against the sorted-value reference
+// on groups that reach every case (zero, NaN, Inf, powers of two, the element max,
+// subnormal inputs, scale underflow and overflow).
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../common/scaled_reference.hpp"
+#include "../common/testutil.hpp"
+#include "fp8lab/core/scaled.hpp"
+
+namespace fp8lab {
+namespace {
+
+using test::error_of;
+
+std::vector<ScaledSpec> preset_specs() {
+  std::vector<ScaledSpec> out;
+  for (const auto& p : scaled_presets()) out.push_back(parse_scaled(p.name));
+  return out;
+}
+
+// Every preset, and each with the other two rules.
+std::vector<ScaledSpec> all_rules() {
+  std::vector<ScaledSpec> out;
+  for (ScaledSpec s : preset_specs())
+    for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest}) {
+      s.rule = r;
+      out.push_back(s);
+    }
+  return out;
+}
+
+TEST(ScaledNotation, PresetsParseAndPrintBack) {
+  EXPECT_EQ(scaled_presets().size(), 13u);
+  for (const auto& p : scaled_presets()) {
+    const ScaledSpec s = parse_scaled(p.name);
+    EXPECT_EQ(s, parse_scaled(p.spec)) << p.name;
+    EXPECT_EQ(to_string(s), p.spec) << p.name;
+    EXPECT_EQ(parse_scaled(to_string(s)), s) << p.name;
+  }
+  const ScaledSpec mx = parse_scaled("mxfp4");
+  EXPECT_EQ(mx.element.format, parse_format("e2m1fn"));
+  EXPECT_EQ(mx.granularity, Granularity::block);
+  EXPECT_EQ(mx.block, 32);
+  EXPECT_EQ(mx.scale, ScaleFormat::e8m0);
+  EXPECT_EQ(mx.rule, ScaleRule::floor);
+  const ScaledSpec nv = parse_scaled("nvfp4");
+  EXPECT_EQ(nv.block, 16);
+  EXPECT_EQ(nv.scale, ScaleFormat::ue4m3);
+  EXPECT_TRUE(nv.tensor_scale);
+  EXPECT_EQ(parse_scaled("e4m3_delayed").history, 16);
+  EXPECT_EQ(parse_scaled("deepseek_128x128").granularity, Granularity::tile);
+  EXPECT_EQ(parse_scaled("deepseek_128x128").block, 128);
+}
+
+TEST(ScaledNotation, OptionsAndDefaults) {
+  EXPECT_EQ(to_string(parse_scaled("mxfp4:ceil")), "e2m1fn@1x32:e8m0:ceil");
+  EXPECT_EQ(to_string(parse_scaled("e4m3fn@1x64")), "e4m3fn@1x64:e8m0:floor");
+  EXPECT_EQ(to_string(parse_scaled("1.4.3:10@line:fp32:nearest")), "1.4.3:10@line:fp32:nearest");
+  EXPECT_EQ(to_string(parse_scaled("e4m3_delayed:delayed-4")), "e4m3fn@tensor:fp32:nearest:delayed-4");
+  EXPECT_EQ(to_string(parse_scaled("e4m3_delayed:current")), "e4m3fn@tensor:fp32:nearest");
+  EXPECT_EQ(parse_scaled("e2m1fn@1x1").block, 1);
+  const ScaledSpec plain = parse_scaled("1.5.2:33");
+  EXPECT_FALSE(plain.scaled());
+  EXPECT_EQ(plain.element.format, parse_format("1.5.2:33"));
+  EXPECT_EQ(to_string(plain), "1.5.2:33");
+}
+
+TEST(ScaledNotation, RefusesWithTheReason) {
+  for (const auto& [bad, what] : std::vector<std::pair<std::string, std::string>>{
+           {"e4m3fn@2x4", "blocks are 1xK and tiles KxK"},
+           {"e4m3fn@0x0", "is no granularity"},
+           {"e4m3fn@1x", "is no granularity"},
+           {"e4m3fn@rows", "is no granularity"},
+           {"e4m3fn@1x32:e9m0", "unknown option 'e9m0'"},
+           {"mxfp4:delayed-0", "expected delayed-N"},
+           {"mxfp4:delayed-8", "delayed scaling needs one scale per tensor or a tensor scale"},
+           {"e4m3fn@1x32:fp32:tensor-scale", "a tensor scale needs e8m0 or ue4m3"},
+           {"bf16@1x32", "8 bits wide or less"},
+           {"e4m3fn@1x131072", "block size must be in"},
+           {"1.4.3:300@1x32", "bias must be in [-256, 256]"},
+           {"nofmt@1x32", "format 'nofmt'"},
+       }) {
+    const std::string e = error_of([&] { (void)parse_scaled(bad); });
+    EXPECT_NE(e.find(what), std::string::npos) << bad << " -> " << e;
+  }
+  ScaledSpec s = parse_scaled("mxfp8_e4m3");
+  s.element.overflow = Overflow::nan;
+  EXPECT_NE(error_of([&] { validate(s); }).find("saturate"), std::string::npos);
+}
+
+// amax values at every float32 exponent: powers of two, just below and above them, the
+// element max times a power of two, and subnormals.
+std::vector<float> amaxes(const ScaledSpec& s) {
+  std::vector<float> out;
+  const double max_e = s.element.format.max_finite();
+  for (int k = -149; k <= 127; ++k) {
+    const float p = std::ldexp(1.0f, k);
+    out.push_back(p);
+    out.push_back(std::nextafter(p, 0.0f));
+    out.push_back(std::nextafter(p, INFINITY));
+    out.push_back(p * 1.5f);
+    const auto m = static_cast<float>(max_e * std::ldexp(1.0, k));
+    if (std::isfinite(m) && m > 0) {
+      out.push_back(m);
+      out.push_back(std::nextafter(m, INFINITY));
+      out.push_back(std::nextafter(m, 0.0f));
+    }
+  }
+  out.push_back(std::numeric_limits<float>::max());
+  std::erase_if(out, [](float v) { return !(v > 0) || !std::isfinite(v); });
+  return out;
+}
+
+TEST(ScaledScale, MatchesALinearScanForEveryRuleAndAmax) {
+  for (const ScaledSpec& s : all_rules())
+    for (const float ts : {1.0f, 0.0123f, 3.0e-30f})
+      for (float amax : amaxes(s)) {
+        const float t = s.tensor_scale ? ts : 1.0f;
+        if (!s.tensor_scale && ts != 1.0f) continue;
+        const GroupScale g = choose_scale(s, amax, t);
+        ASSERT_EQ(g.code, ref::scale_code(s, amax, t))
+            << to_string(s) << " amax " << amax << " ts " << t;
+        EXPECT_FALSE(g.nan);
+      }
+}
+
+TEST(ScaledScale, FloorIsTheOcpRuleAndCeilNeverSaturates) {
+  const ScaledSpec mx = parse_scaled("mxfp8_e4m3");
+  EXPECT_EQ(element_emax(mx.element.format), 8);
+  EXPECT_EQ(choose_scale(mx, 448.0f, 1).code, 127u);         // 2^(8-8)
+  EXPECT_EQ(choose_scale(mx, 480.0f, 1).code, 127u);         // floor: 480 saturates to 448
+  EXPECT_EQ(choose_scale(mx, 1.0f, 1).code, 119u);           // 2^(0-8)
+  EXPECT_EQ(choose_scale(mx, 1e-40f, 1).code, 0u);           // below 2^-127: clamped up
+  EXPECT_EQ(choose_scale(mx, 0.0f, 1).code, 0u);
+  EXPECT_TRUE(choose_scale(mx, 0.0f, 1).zero);
+  EXPECT_EQ(choose_scale(mx, NAN, 1).code, 0xFFu);
+  EXPECT_EQ(choose_scale(mx, INFINITY, 1).code, 0xFFu);
+  ScaledSpec up = mx;
+  up.rule = ScaleRule::ceil;
+  EXPECT_EQ(choose_scale(up, 448.0f, 1).code, 127u);
+  EXPECT_EQ(choose_scale(up, 480.0f, 1).code, 128u);         // 480/2 = 240 fits
+  ScaledCounts c;
+  (void)choose_scale(mx, 1e-40f, 1, &c);
+  EXPECT_EQ(c.scale_underflow, 1u);
+  const ScaledSpec nv = parse_scaled("nvfp4");
+  EXPECT_EQ(choose_scale(nv, 6.0f, 1).value, 1.0f);
+  EXPECT_EQ(choose_scale(nv, NAN, 1).code, 0x7Fu);
+  EXPECT_EQ(tensor_scale_of(nv, 2688.0f), 1.0f);             // 6 * 448
+  EXPECT_EQ(tensor_scale_of(nv, 0.0f), 1.0f);
+  EXPECT_EQ(tensor_scale_of(parse_scaled("mxfp4"), 5.0f), 1.0f);
+}
+
+// Groups that reach every case, laid out in a matrix of `rows` x `cols`.
+std::vector<float> hostile(std::size_t n, std::uint64_t seed, const ScaledSpec& s) {
+  ref::InputGen gen(seed);
+  std::vector<float> x(n);
+  const double max_e = s.element.format.max_finite();
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t r = gen.next();
+    const int k = static_cast<int>(r % 60) - 30;
+    switch ((r >> 8) % 8) {
+      case 0: x[i] = gen.any_bits(); break;                              // anything, specials too
+      case 1: x[i] = std::ldexp(1.0f, k); break;                          // a power of two
+      case 2: x[i] = static_cast<float>(max_e * std::ldexp(1.0, k)); break;  // the element max scaled
+      case 3: x[i] = 0.0f; break;
+      case 4: x[i] = std::ldexp(static_cast<float>(r >> 40), -160); break;  // subnormal
+      default: x[i] = std::ldexp(static_cast<float>(static_cast<std::int32_t>(r >> 32)), k - 31); break;
+    }
+    if ((r >> 20) % 2) x[i] = -x[i];
+  }
+  return x;
+}
+
+// Blocks of 8 consecutive rows are all zero, all tiny, or finite only, so that zero groups,
+// scale underflow and finite groups occur beside NaN groups.
+void shape_groups(std::vector<float>& x, std::size_t cols) {
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::size_t band = (i / cols / 8) % 4;
+    if (band == 0) x[i] = (i % 3 == 0) ? -0.0f : 0.0f;
+    if (band == 1) x[i] = std::isfinite(x[i]) ? std::ldexp(1.0f, -140) * static_cast<float>(i % 7) : 1e-45f;
+    if (band == 2 && !std::isfinite(x[i])) x[i] = 1.0f;
+    if (band == 3 && i % 211 == 0) x[i] = (i % 2) ? NAN : -INFINITY;
+  }
+}
+
+struct Result {
+  std::vector<float> y;
+  std::vector<std::uint8_t> codes;
+  std::vector<std::uint32_t> scales;
+  float ts = 0;
+  ScaledCounts counts;
+};
+
+Result run(const ScaledSpec& s, const std::vector<float>& x, std::size_t rows, std::size_t cols,
+           const ScaledCall& call = {}) {
+  Result r;
+  r.y.resize(x.size());
+  r.codes.resize(x.size());
+  r.scales.resize(block_layout(s, rows, cols).groups());
+  scaled_quantize_reference(x.data(), rows, cols, s, {r.y.data(), r.codes.data(), r.scales.data(), &r.ts}, call,
+                            &r.counts);
+  return r;
+}
+
+bool same(float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b) || (std::isnan(a) && std::isnan(b)); }
+
+TEST(ScaledReference, MatchesTheSortedValueReferenceOnEveryCase) {
+  constexpr std::size_t rows = 64, cols = 200;  // 200: the last 1x32 block of a row is short
+  for (ScaledSpec s : all_rules()) {
+    for (Rounding rounding : {Rounding::nearest_even, Rounding::stochastic}) {
+      s.element.rounding = rounding;
+      s.element.seed = 7;
+      std::vector<float> x = hostile(rows * cols, 11, s);
+      shape_groups(x, cols);
+      const Result got = run(s, x, rows, cols);
+      const BlockLayout l = block_layout(s, rows, cols);
+      const float ts = tensor_scale_of(s, amax_of(x.data(), x.size()).value);
+      ASSERT_EQ(got.ts, ts);
+      const ref::Table table(s.element.format);
+      std::vector<std::optional<std::uint32_t>> expected(l.groups());
+      struct GroupAmax {
+        float amax = 0;
+        bool nonfinite = false, known = false;
+      };
+      std::vector<GroupAmax> group_amax(l.groups());
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) {
+          const std::size_t gr = r / l.block_rows, gc = c / l.block_cols, i = r * cols + c;
+          // The group's amax by hand, once per group.
+          auto& [amax, nonfinite, known] = group_amax[gr * l.grid_cols() + gc];
+          if (!known) {
+            known = true;
+            for (std::size_t rr = gr * l.block_rows; rr < std::min(rows, (gr + 1) * l.block_rows); ++rr)
+              for (std::size_t cc = gc * l.block_cols; cc < std::min(cols, (gc + 1) * l.block_cols); ++cc) {
+                const float v = std::fabs(x[rr * cols + cc]);
+                if (!std::isfinite(v)) nonfinite = true;
+                else amax = std::max(amax, v);
+              }
+          }
+          const std::uint32_t scode = got.scales[gr * l.grid_cols() + gc];
+          if (nonfinite) {
+            ASSERT_EQ(scode, s.scale == ScaleFormat::e8m0 ? 0xFFu : s.scale == ScaleFormat::ue4m3 ? 0x7Fu : 0x7FC00000u);
+            ASSERT_TRUE(std::isnan(got.y[i]));
+            continue;
+          }
+          std::optional<std::uint32_t>& cached = expected[gr * l.grid_cols() + gc];
+          if (!cached) cached = amax == 0 ? 0 : ref::scale_code(s, amax, ts);
+          const std::uint32_t want_scode = *cached;
+          ASSERT_EQ(scode, want_scode) << to_string(s) << " group " << gr << "," << gc << " amax " << amax;
+          const double X = s.tensor_scale ? static_cast<float>(ref::scale_value(s, scode) * ts) : ref::scale_value(s, scode);
+          const ref::ElementOut want = ref::element(s, table, x[i], X, i);
+          ASSERT_EQ(got.codes[i], want.code) << to_string(s) << " x " << x[i] << " X " << X;
+          ASSERT_TRUE(same(got.y[i], want.value)) << to_string(s) << " x " << x[i] << " X " << X << ": "
+                                                  << got.y[i] << " vs " << want.value;
+        }
+      if (l.block_rows == 1 && l.block_cols <= 128) {  // small groups: every kind occurs
+        EXPECT_GT(got.counts.nan_groups, 0u) << to_string(s);
+        EXPECT_GT(got.counts.zero_groups, 0u) << to_string(s);
+        EXPECT_GT(got.counts.nan_groups + got.counts.zero_groups, 0u) << to_string(s);
+      }
+      EXPECT_EQ(got.counts.groups, l.groups());
+      EXPECT_EQ(got.counts.elements.total, rows * cols);
+    }
+  }
+}
+
+TEST(ScaledReference, DecodingTheCodesGivesTheValues) {
+  constexpr std::size_t rows = 40, cols = 96;
+  for (const ScaledSpec& s : all_rules()) {
+    std::vector<float> x = hostile(rows * cols, 3, s);
+    shape_groups(x, cols);
+    const Result got = run(s, x, rows, cols);
+    std::vector<float> y(x.size());
+    scaled_decode_reference(got.codes.data(), got.scales.data(), got.ts, rows, cols, s, y.data());
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (!std::isnan(x[i])) {
+        ASSERT_TRUE(same(y[i], got.y[i])) << to_string(s) << " " << i;
+      }
+  }
+}
+
+TEST(ScaledReference, GroupsFollowTheLayout) {
+  // Each row r holds 2^r in column 0 only: per line, every row has its own scale; per
+  // tensor, one scale from the largest; per 4x4 tile, the largest of four rows.
+  constexpr std::size_t rows = 8, cols = 5;
+  std::vector<float> x(rows * cols, 0.0f);
+  for (std::size_t r = 0; r < rows; ++r) x[r * cols] = std::ldexp(1.0f, static_cast<int>(r));
+  auto scales = [&](const char* text) { return run(parse_scaled(text), x, rows, cols).scales; };
+  EXPECT_EQ(scales("e4m3fn@line:e8m0:floor"), (std::vector<std::uint32_t>{119, 120, 121, 122, 123, 124, 125, 126}));
+  EXPECT_EQ(scales("e4m3fn@tensor:e8m0:floor"), (std::vector<std::uint32_t>{126}));
+  EXPECT_EQ(scales("e4m3fn@4x4:e8m0:floor"), (std::vector<std::uint32_t>{122, 0, 126, 0}));
+  EXPECT_EQ(scales("e4m3fn@1x4:e8m0:floor").size(), 16u);
+  EXPECT_EQ(block_layout(parse_scaled("mxfp4"), 3, 65).groups(), 9u);
+  EXPECT_EQ(block_layout(parse_scaled("mxfp4"), 0, 65).groups(), 0u);
+  EXPECT_DOUBLE_EQ(bits_per_element(parse_scaled("mxfp4"), 4, 64), 4.25);
+  EXPECT_DOUBLE_EQ(bits_per_element(parse_scaled("mxfp8_e4m3"), 4, 64), 8.25);
+  EXPECT_DOUBLE_EQ(bits_per_element(parse_scaled("nvfp4"), 4, 64), 4.5 + 32.0 / 256);
+  EXPECT_DOUBLE_EQ(bits_per_element(parse_scaled("e5m2"), 4, 64), 8);
+}
+
+TEST(ScaledReference, FloorSaturatesWhereCeilDoesNot) {
+  // amax 1.9 * 2^3: floor gives 2^(3-8), so 1.9 * 2^8 = 486 > 448 saturates.
+  std::vector<float> x(32, 1.0f);
+  x[5] = 15.2f;
+  const Result floor = run(parse_scaled("mxfp8_e4m3"), x, 1, 32);
+  EXPECT_EQ(floor.counts.saturated_groups, 1u);
+  EXPECT_EQ(floor.counts.elements.overflow, 1u);
+  EXPECT_EQ(floor.y[5], 14.0f);  // 448 * 2^-5
+  const Result ceil = run(parse_scaled("mxfp8_e4m3:ceil"), x, 1, 32);
+  EXPECT_EQ(ceil.counts.saturated_groups, 0u);
+  EXPECT_EQ(ceil.y[5], 15.0f);  // 240 * 2^-4
+}
+
+TEST(ScaledReference, DelayedScalingTakesTheHistory) {
+  const ScaledSpec s = parse_scaled("e4m3_delayed");
+  std::vector<float> x{1.0f, -2.0f, 100.0f, NAN};
+  ScaledCall call;
+  call.delayed_amax = 44.8f;  // scale 0.1: 100 saturates at 44.8
+  const Result r = run(s, x, 1, 4, call);
+  EXPECT_EQ(r.scales[0], std::bit_cast<std::uint32_t>(0.1f));
+  EXPECT_EQ(r.y[2], 448.0f * 0.1f);
+  EXPECT_EQ(r.counts.elements.overflow, 1u);
+  EXPECT_TRUE(std::isnan(r.y[3]));  // one NaN element, not a NaN tensor
+  EXPECT_EQ(r.counts.nan_groups, 0u);
+  // Without a history (or a zero one) the current amax is used.
+  call.delayed_amax = 0.0f;
+  EXPECT_TRUE(std::isnan(run(s, x, 1, 4, call).y[0]));  // the NaN makes the tensor's scale NaN
+  x[3] = 3.0f;
+  EXPECT_EQ(run(s, x, 1, 4, call).y, run(s, x, 1, 4).y);
+  EXPECT_EQ(run(s, x, 1, 4).scales[0], std::bit_cast<std::uint32_t>(100.0f / 448.0f));
+
+  AmaxHistory h(3);
+  EXPECT_FALSE(h.amax());
+  for (float a : {5.0f, 1.0f, 2.0f, 3.0f}) h.push(a);
+  EXPECT_EQ(h.amax(), 3.0f);  // 5 has left the window
+  EXPECT_EQ(h.values().size(), 3u);
+  EXPECT_NE(error_of([&] { h.restore({1, 2, 3, 4}); }).find("4 values for a length of 3"), std::string::npos);
+  EXPECT_NE(error_of([&] { h.restore({NAN}); }).find("not a finite amax"), std::string::npos);
+  h.restore({7.0f});
+  EXPECT_EQ(h.amax(), 7.0f);
+}
+
+TEST(ScaledReference, ZeroAndNanTensors) {
+  for (const ScaledSpec& s : all_rules()) {
+    std::vector<float> x(300, 0.0f);
+    x[7] = -0.0f;
+    Result r = run(s, x, 10, 30);
+    EXPECT_EQ(r.counts.zero_groups, r.counts.groups) << to_string(s);
+    for (std::size_t i = 0; i < x.size(); ++i) ASSERT_TRUE(same(r.y[i], x[i])) << to_string(s) << " " << i;
+    for (std::uint32_t c : r.scales) ASSERT_EQ(c, 0u);
+    x[299] = NAN;
+    r = run(s, x, 10, 30);
+    EXPECT_TRUE(std::isnan(r.y[299]));
+    EXPECT_EQ(r.counts.nan_groups, 1u) << to_string(s);
+    EXPECT_EQ(r.counts.zero_groups, r.counts.groups - 1) << to_string(s);
+  }
+}
+
+TEST(ScaledReference, FixedBiasIsThePlainQuantizer) {
+  const ScaledSpec s = parse_scaled("1.4.3:10");
+  const std::vector<float> x = hostile(4096, 5, s);
+  const Result r = run(s, x, 64, 64);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(r.codes[i], encode(x[i], s.element));
+    ASSERT_TRUE(same(r.y[i], quantize(x[i], s.element)));
+  }
+  EXPECT_EQ(r.ts, 1.0f);
+}
+
+}  // namespace
+}  // namespace fp8lab
