@@ -328,8 +328,35 @@ int floor_log2_ratio(double amax, double ts) {
   return k;
 }
 
+// E8M0 without a tensor scale: the power of two by exponent arithmetic (what the linear
+// scan of the tests and the search below give, in a few operations for the kernels).
+std::uint32_t e8m0_code(const ScaledSpec& s, double amax, ScaledCounts* counts) {
+  const double max_e = s.element.format.max_finite();
+  int e;
+  if (s.rule == ScaleRule::floor) {
+    e = std::ilogb(amax) - element_emax(s.element.format);
+  } else {
+    // The largest e with 2^e max_e <= amax, then the rule between 2^e and 2^(e+1).
+    e = std::ilogb(amax) - std::ilogb(max_e);
+    while (std::ldexp(max_e, e) > amax) --e;
+    while (std::ldexp(max_e, e + 1) <= amax) ++e;
+    const double lo = std::ldexp(max_e, e);
+    if (lo != amax && (s.rule == ScaleRule::ceil || 2 * amax > 3 * lo || (2 * amax == 3 * lo && e % 2 == 0))) ++e;
+  }
+  if (e < -127) {
+    if (counts) ++counts->scale_underflow;
+    return 0;
+  }
+  if (e > 127) {
+    if (counts) ++counts->scale_overflow;
+    return 254;
+  }
+  return static_cast<std::uint32_t>(e + 127);
+}
+
 // The code of the rule's scale for a positive finite amax.
 std::uint32_t scale_code(const ScaledSpec& s, double amax, double ts, ScaledCounts* counts) {
+  if (s.scale == ScaleFormat::e8m0 && ts == 1) return e8m0_code(s, amax, counts);
   const ScaleCodes& sc = scale_codes(s.scale);
   const double max_e = s.element.format.max_finite();
   const auto count = [&](std::uint64_t ScaledCounts::*field) {
@@ -492,11 +519,11 @@ bool quantize_group(const GroupJob& j, const ScaledSpec& s, const GroupScale& g,
       code = encode(x, shifted, index, &one);
       --one.total;
       qc += one;
-      y = std::isnan(x) ? x : decode(code, shifted.format);
+      y = std::isnan(x) ? quantize(x, s.element) : decode(code, shifted.format);
     } else if (g.value == 0 || g.zero) {  // a zero group, or a scale that underflowed to 0
       code = encode(std::signbit(x) ? -0.0f : 0.0f, s.element);
       if (x != 0 && !std::isnan(x)) ++qc.underflow;
-      y = std::isnan(x) ? x : decode(code, e) * 0.0f;
+      y = std::isnan(x) ? quantize(x, s.element) : decode(code, e) * 0.0f;
       if (std::isnan(x)) ++qc.nan;
     } else {
       const float v = x / g.value;
@@ -505,7 +532,7 @@ bool quantize_group(const GroupJob& j, const ScaledSpec& s, const GroupScale& g,
       --one.total;
       if (v == 0 && x != 0) ++one.underflow;
       qc += one;
-      y = std::isnan(x) ? x : decode(code, e) * g.value;
+      y = std::isnan(x) ? quantize(x, s.element) * g.value : decode(code, e) * g.value;
     }
     if (out.codes) out.codes[i] = static_cast<std::uint8_t>(code);
     if (out.values) out.values[i] = y;

@@ -110,10 +110,14 @@ std::vector<float> amaxes(const ScaledSpec& s) {
     const auto m = static_cast<float>(max_e * std::ldexp(1.0, k));
     if (std::isfinite(m) && m > 0) {
       out.push_back(m);
+      out.push_back(m * 1.5f);  // an E8M0 tie under the nearest rule
       out.push_back(std::nextafter(m, INFINITY));
       out.push_back(std::nextafter(m, 0.0f));
     }
   }
+  // The midpoints between neighbouring UE4M3 scales, times the element max (ties).
+  const std::vector<double> v = ref::scale_values(ScaleFormat::ue4m3);
+  for (std::size_t c = 0; c + 1 < v.size(); ++c) out.push_back(static_cast<float>((v[c] + v[c + 1]) / 2 * max_e));
   out.push_back(std::numeric_limits<float>::max());
   std::erase_if(out, [](float v) { return !(v > 0) || !std::isfinite(v); });
   return out;
