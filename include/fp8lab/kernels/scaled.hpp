@@ -1,0 +1,20 @@
+// Scaled and block-scaled quantization of float32 arrays (docs/spec.md §6) on the SIMD
+// kernels: each group's amax, its scale, then the element kernel on the scaled values, in
+// cache-sized chunks of the rows, on the kernels' threads. Bit-exact with
+// fp8lab::scaled_quantize_reference (values, codes, scales and counts) for every SIMD target
+// and thread count.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fp8lab/core/scaled.hpp"
+
+namespace fp8lab::kernels {
+
+// As scaled_quantize_reference: x is row-major [rows, cols], groups run along the rows.
+// Returns the tensor's largest finite |x|.
+float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+                      const ScaledOut& out, const ScaledCall& call = {}, ScaledCounts* counts = nullptr);
+
+}  // namespace fp8lab::kernels

@@ -1,0 +1,263 @@
+// Scaled quantization on the element kernels (docs/spec.md §6). A group's scale X turns into
+// a multiplication before and after the element kernel: v = x * 2^-e and y = q(v) * 2^e for
+// E8M0 scales (both exact where the reference shifts the element bias, and rounded once
+// where it decodes to a float32 subnormal), v = x / X and y = q(v) * X otherwise, exactly
+// the reference's float32 operations.
+#include "fp8lab/kernels/scaled.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "fp8lab/kernels/kernels.hpp"
+#include "fp8lab/kernels/parallel.hpp"
+
+namespace fp8lab::kernels {
+
+namespace {
+
+constexpr std::size_t kChunk = 4096;  // elements per element-kernel call (L1/L2 resident)
+
+bool power_of_two(const ScaledSpec& s) { return s.scale == ScaleFormat::e8m0 && !s.tensor_scale; }
+
+// The factor v = x * before, and y = q * after (power-of-two scales), or the divisor X.
+struct Scaling {
+  GroupScale g;
+  float before = 1, after = 1;
+};
+
+Scaling scaling_of(const ScaledSpec& s, const GroupScale& g) {
+  Scaling sc{g};
+  if (power_of_two(s) && !g.nan) {
+    sc.before = std::ldexp(1.0f, -g.exponent);
+    sc.after = std::ldexp(1.0f, g.exponent);
+  }
+  return sc;
+}
+
+// One contiguous piece of a group inside a row.
+struct Piece {
+  std::size_t begin, len;  // flat offsets
+  std::size_t group;
+};
+
+class Worker {
+ public:
+  Worker(const ScaledSpec& s, const ScaledOut& out, const ScaledCall& call, bool count)
+      : s_(s), out_(out), call_(call), count_(count), max_e_(static_cast<float>(s.element.format.max_finite())) {}
+
+  // Quantizes pieces (all of one row, adjacent, in order) with their scalings.
+  void run(const float* x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
+    const std::size_t b = pieces.front().begin, n = pieces.back().begin + pieces.back().len - b;
+    v_.resize(n);
+    q_.resize(out_.values ? 0 : n);
+    for (std::size_t k = 0; k < pieces.size(); ++k) scale_in(x, pieces[k], scalings[k], b);
+    float* y = out_.values ? out_.values + b : q_.data();
+    QuantCounts qc;
+    QuantCounts* c = count_ ? &qc : nullptr;
+    if (out_.codes) quantize_and_encode(v_.data(), y, out_.codes + b, n, s_.element, call_.index_offset + b, c);
+    else quantize(v_.data(), y, n, s_.element, call_.index_offset + b, c);
+    for (std::size_t k = 0; k < pieces.size(); ++k) scale_out(pieces[k], scalings[k], b, y);
+    counts.elements += qc;
+  }
+
+  ScaledCounts counts;
+
+ private:
+  void scale_in(const float* x, const Piece& p, const Scaling& sc, std::size_t b) {
+    float* v = v_.data() + (p.begin - b);
+    const float* xs = x + p.begin;
+    const GroupScale& g = sc.g;
+    if (g.nan) {
+      std::fill(v, v + p.len, 0.0f);
+    } else if (power_of_two(s_)) {
+      std::uint64_t flushed = 0;  // x * 2^-e below float32's range: the reference flushes them too
+      for (std::size_t i = 0; i < p.len; ++i) {
+        v[i] = xs[i] * sc.before;
+        flushed += (v[i] == 0) & (xs[i] != 0);
+      }
+      counts.elements.underflow += flushed;
+    } else if (g.value == 0 || g.zero) {
+      std::uint64_t flushed = 0;
+      for (std::size_t i = 0; i < p.len; ++i) {
+        v[i] = std::isnan(xs[i]) ? xs[i] : std::copysign(0.0f, xs[i]);
+        flushed += xs[i] != 0 && !std::isnan(xs[i]);
+      }
+      counts.elements.underflow += flushed;
+    } else {
+      std::uint64_t flushed = 0;
+      for (std::size_t i = 0; i < p.len; ++i) {
+        v[i] = xs[i] / g.value;
+        flushed += (v[i] == 0) & (xs[i] != 0);
+      }
+      counts.elements.underflow += flushed;
+    }
+  }
+
+  void scale_out(const Piece& p, const Scaling& sc, std::size_t b, float* y_chunk) {
+    float* y = y_chunk + (p.begin - b);
+    const GroupScale& g = sc.g;
+    if (g.nan) {
+      std::fill(y, y + p.len, std::numeric_limits<float>::quiet_NaN());
+      if (out_.codes) {
+        const Format& e = s_.element.format;
+        std::fill(out_.codes + p.begin, out_.codes + p.begin + p.len,
+                  static_cast<std::uint8_t>(e.has_nan() ? e.nan_code(false) : 0));
+      }
+      counts.elements.nan += p.len;
+      return;
+    }
+    const float f = power_of_two(s_) ? sc.after : (g.zero ? 0.0f : g.value);
+    for (std::size_t i = 0; i < p.len; ++i) y[i] *= f;
+    if (count_) saturation(p, b);
+  }
+
+  // Whether an element of the piece overflowed (only elements with |v| > max can): the
+  // scalar codec on those few decides, as the reference counts.
+  void saturation(const Piece& p, std::size_t b) {
+    const float* v = v_.data() + (p.begin - b);
+    for (std::size_t i = 0; i < p.len; ++i)
+      if (!(std::fabs(v[i]) <= max_e_) && !std::isnan(v[i])) {
+        QuantCounts one;
+        (void)encode(v[i], s_.element, call_.index_offset + p.begin + i, &one);
+        if (one.overflow) {
+          saturated_.push_back(p.group);
+          return;
+        }
+      }
+  }
+
+ public:
+  std::vector<std::size_t> saturated_;
+
+ private:
+  const ScaledSpec& s_;
+  const ScaledOut& out_;
+  const ScaledCall& call_;
+  bool count_;
+  float max_e_;
+  std::vector<float> v_, q_;
+};
+
+struct Shared {
+  std::mutex m;
+  ScaledCounts counts;
+  std::vector<std::size_t> saturated;  // groups, possibly listed more than once
+  float amax = 0;
+  void add(Worker& w, float amax_part) {
+    std::lock_guard<std::mutex> lk(m);
+    counts += w.counts;
+    saturated.insert(saturated.end(), w.saturated_.begin(), w.saturated_.end());
+    amax = std::max(amax, amax_part);
+  }
+};
+
+// Largest finite |x| and non-finite flag of every group (pass 1, for groups that span
+// rows or a whole row).
+std::vector<Amax> group_amaxes(const float* x, const BlockLayout& l) {
+  std::vector<Amax> result(l.groups());
+  std::mutex m;
+  parallel_for(l.rows * l.cols, l.cols, [&](std::size_t b, std::size_t e) {
+    std::vector<Amax> part(l.groups());
+    for (std::size_t r = b / l.cols; r < e / l.cols; ++r)
+      for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {
+        const std::size_t c0 = gc * l.block_cols, c1 = std::min(l.cols, c0 + l.block_cols);
+        const Amax a = amax_of(x + r * l.cols + c0, c1 - c0);
+        Amax& t = part[(r / l.block_rows) * l.grid_cols() + gc];
+        t.value = std::max(t.value, a.value);
+        t.nonfinite |= a.nonfinite;
+      }
+    std::lock_guard<std::mutex> lk(m);
+    for (std::size_t g = 0; g < part.size(); ++g) {
+      result[g].value = std::max(result[g].value, part[g].value);
+      result[g].nonfinite |= part[g].nonfinite;
+    }
+  });
+  return result;
+}
+
+}  // namespace
+
+float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+                      const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts) {
+  validate(s);
+  const std::size_t n = rows * cols;
+  if (!s.scaled() || n == 0) return scaled_quantize_reference(x, rows, cols, s, out, call, counts);
+  const BlockLayout l = block_layout(s, rows, cols);
+  const bool per_block = s.granularity == Granularity::block;
+  // Groups that span rows or whole rows get their scales first.
+  std::vector<Amax> amaxes;
+  if (!per_block) amaxes = group_amaxes(x, l);
+  float current = 0;
+  for (const Amax& a : amaxes) current = std::max(current, a.value);
+  if (s.tensor_scale || s.history > 0) current = amax_of(x, n).value;
+  const bool delayed = s.history > 0 && call.delayed_amax && *call.delayed_amax > 0;
+  const float tensor_amax = delayed ? *call.delayed_amax : current;
+  const float ts = tensor_scale_of(s, tensor_amax);
+  if (out.tensor_scale) *out.tensor_scale = ts;
+  Shared shared;
+  std::vector<Scaling> group_scalings;
+  if (!per_block) {
+    const bool from_history = delayed && s.granularity == Granularity::tensor;
+    for (std::size_t g = 0; g < amaxes.size(); ++g) {
+      const float amax = from_history ? tensor_amax
+                         : amaxes[g].nonfinite ? std::numeric_limits<float>::quiet_NaN() : amaxes[g].value;
+      const GroupScale gs = choose_scale(s, amax, ts, &shared.counts);
+      shared.counts.zero_groups += !amaxes[g].nonfinite && amaxes[g].value == 0;
+      shared.counts.nan_groups += gs.nan;
+      group_scalings.push_back(scaling_of(s, gs));
+      if (out.scale_codes) out.scale_codes[g] = gs.code;
+    }
+    shared.counts.groups = amaxes.size();
+  }
+  // Chunks: whole blocks of one row, at most kChunk elements (or one block when longer).
+  const std::size_t chunk = per_block ? std::max(l.block_cols, kChunk / l.block_cols * l.block_cols) : kChunk;
+  const std::size_t per_row = (cols + chunk - 1) / chunk;
+  parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
+    SerialScope serial;
+    Worker w(s, out, call, counts != nullptr);
+    float part_amax = 0;
+    std::vector<Piece> pieces;
+    std::vector<Scaling> scalings;
+    // Every chunk whose first element lies in [b, e).
+    for (std::size_t r = b / cols; r < rows && r * cols < e; ++r)
+      for (std::size_t k = 0; k < per_row; ++k) {
+        const std::size_t c0 = k * chunk, start = r * cols + c0;
+        if (start < b || start >= e) continue;
+        const std::size_t c1 = std::min(cols, c0 + chunk);
+        pieces.clear();
+        scalings.clear();
+        for (std::size_t c = c0; c < c1;) {
+          const std::size_t gc = c / l.block_cols, cend = std::min(c1, (gc + 1) * l.block_cols);
+          const std::size_t group = (r / l.block_rows) * l.grid_cols() + gc;
+          pieces.push_back({r * cols + c, cend - c, group});
+          if (per_block) {
+            const Amax a = amax_of(x + r * cols + c, cend - c);
+            part_amax = std::max(part_amax, a.value);
+            const GroupScale gs =
+                choose_scale(s, a.nonfinite ? std::numeric_limits<float>::quiet_NaN() : a.value, ts, &w.counts);
+            ++w.counts.groups;
+            w.counts.zero_groups += !a.nonfinite && a.value == 0;
+            w.counts.nan_groups += gs.nan;
+            if (out.scale_codes) out.scale_codes[group] = gs.code;
+            scalings.push_back(scaling_of(s, gs));
+          } else {
+            scalings.push_back(group_scalings[group]);
+          }
+          c = cend;
+        }
+        w.run(x, pieces, scalings);
+      }
+    shared.add(w, part_amax);
+  });
+  if (per_block && !s.tensor_scale && s.history == 0) current = shared.amax;
+  std::sort(shared.saturated.begin(), shared.saturated.end());
+  shared.counts.saturated_groups =
+      std::unique(shared.saturated.begin(), shared.saturated.end()) - shared.saturated.begin();
+  if (counts) *counts += shared.counts;
+  return current;
+}
+
+}  // namespace fp8lab::kernels
