@@ -18,6 +18,7 @@
 #include "fp8lab/kernels/parallel.hpp"
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/kernels/kernels.hpp"
+#include "fp8lab/kernels/scaled.hpp"
 
 using namespace fp8lab;
 
@@ -144,6 +145,33 @@ void run(benchmark::State& state, Kind kind, const char* fmt) {
   kernels::set_num_threads(before);
 }
 
+// Scaled quantization (fake-quantized float32 out) of the same 64 MiB as a [kN/1024, 1024]
+// matrix, groups along the rows, beside the float -> float streaming loop.
+void scaled(benchmark::State& state, const char* spec) {
+  const int threads = static_cast<int>(state.range(0));
+  const int before = kernels::num_threads();
+  kernels::set_num_threads(threads);
+  Data& d = data();
+  const ScaledSpec s = parse_scaled(spec);
+  constexpr std::size_t cols = 1024, rows = kN / cols;
+  auto kernel = [&] { kernels::scaled_quantize(d.x.data(), rows, cols, s, ScaledOut{d.y.data()}); };
+  auto reference = [&] { stream_f32(d.x.data(), d.y.data(), kN, 3.0f); };
+  kernel();
+  for (auto _ : state) {
+    kernel();
+    benchmark::ClobberMemory();
+  }
+  const double t_kernel = seconds_per_call(kernel);
+  const double t_ref = seconds_per_call(reference);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kN));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kN * 8));
+  state.counters["Gelem_s"] = kN / t_kernel * 1e-9;
+  state.counters["stream_Gelem_s"] = kN / t_ref * 1e-9;
+  state.counters["vs_stream"] = t_ref / t_kernel;
+  state.SetLabel(to_string(s) + " " + kernels::current_target());
+  kernels::set_num_threads(before);
+}
+
 // The same kernels on 4096 elements that stay in L1, one thread: their compute rate, the
 // bound they run at on tensors that are still in cache (as activations between the layers
 // of a training step are). Reference: the streaming loop y = a * x on the same buffers.
@@ -208,6 +236,11 @@ BENCHMARK_CAPTURE(run, quantize_stochastic, Kind::quantize_sr, "e4m3fnuz")->Appl
 BENCHMARK_CAPTURE(run, encode_rne, Kind::encode, "e4m3fnuz")->Apply(Threads);
 BENCHMARK_CAPTURE(run, decode, Kind::decode, "e4m3fnuz")->Apply(Threads);
 BENCHMARK_CAPTURE(run, exponent_histogram, Kind::histogram, "e4m3fnuz")->Apply(Threads);
+BENCHMARK_CAPTURE(scaled, scaled_mxfp8_e4m3, "mxfp8_e4m3")->Apply(Threads);
+BENCHMARK_CAPTURE(scaled, scaled_mxfp4, "mxfp4")->Apply(Threads);
+BENCHMARK_CAPTURE(scaled, scaled_nvfp4, "nvfp4")->Apply(Threads);
+BENCHMARK_CAPTURE(scaled, scaled_deepseek_1x128, "deepseek_1x128")->Apply(Threads);
+BENCHMARK_CAPTURE(scaled, scaled_e4m3_tensor, "e4m3_tensor")->Apply(Threads);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize, Hot::quantize);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize_counts, Hot::quantize_counts);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize_encode, Hot::quantize_encode);
