@@ -10,7 +10,9 @@
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/npy.hpp"
+#include "fp8lab/core/scaled.hpp"
 #include "fp8lab/kernels/kernels.hpp"
+#include "fp8lab/kernels/scaled.hpp"
 
 namespace fp8lab::cli {
 
@@ -24,12 +26,136 @@ struct QuantizeArgs {
   bool codes = false;
   bool decode = false;
   int threads = 0;
+  int axis = -1;
   bool quiet = false;
 };
 
+// ---- scaled formats: groups along one axis (docs/spec.md §6.5) -------------------------
+
+// The array as [outer, len, inner] around the axis the groups run along.
+struct AxisView {
+  std::size_t outer = 1, len = 1, inner = 1;
+  std::size_t rows() const { return outer * inner; }
+};
+
+AxisView axis_view(const std::vector<std::size_t>& shape, int axis, const std::string& file) {
+  const int nd = static_cast<int>(shape.size());
+  const int a = axis < 0 ? axis + nd : axis;
+  if (nd == 0) return {};
+  if (a < 0 || a >= nd)
+    throw Error("--axis " + std::to_string(axis) + " does not exist in " + file + " (" + std::to_string(nd) + " dimensions)");
+  AxisView v;
+  for (int d = 0; d < a; ++d) v.outer *= shape[d];
+  v.len = shape[a];
+  for (int d = a + 1; d < nd; ++d) v.inner *= shape[d];
+  return v;
+}
+
+// [outer, len, inner] -> [outer, inner, len] (to_rows) and back (from_rows).
+template <class T>
+std::vector<T> to_rows(const T* x, const AxisView& v) {
+  std::vector<T> t(v.outer * v.len * v.inner);
+  for (std::size_t o = 0; o < v.outer; ++o)
+    for (std::size_t l = 0; l < v.len; ++l)
+      for (std::size_t i = 0; i < v.inner; ++i) t[(o * v.inner + i) * v.len + l] = x[(o * v.len + l) * v.inner + i];
+  return t;
+}
+template <class T>
+void from_rows(const T* t, T* x, const AxisView& v) {
+  for (std::size_t o = 0; o < v.outer; ++o)
+    for (std::size_t l = 0; l < v.len; ++l)
+      for (std::size_t i = 0; i < v.inner; ++i) x[(o * v.len + l) * v.inner + i] = t[(o * v.inner + i) * v.len + l];
+}
+
+std::string sibling(const std::string& npy, const std::string& what) {
+  const std::string stem = npy.size() > 4 && npy.ends_with(".npy") ? npy.substr(0, npy.size() - 4) : npy;
+  return stem + "." + what + ".npy";
+}
+
+// The scale codes as an array: the input's shape with the axis cut into groups (per line:
+// length 1; per tensor: [1]; tiles: the 2-D grid of the [rows, len] view).
+NpyArray scale_array(const ScaledSpec& s, const std::vector<std::uint32_t>& codes, const std::vector<std::size_t>& shape,
+                     int axis, const BlockLayout& l, const AxisView& v) {
+  NpyArray a;
+  a.dtype = s.scale == ScaleFormat::fp32 ? DType::f32 : DType::u8;
+  a.data.resize(codes.size() * itemsize(a.dtype));
+  if (s.granularity == Granularity::tensor) a.shape = {1};
+  else if (s.granularity == Granularity::tile) a.shape = {l.grid_rows(), l.grid_cols()};
+  else {
+    a.shape = shape;
+    a.shape[static_cast<std::size_t>(axis < 0 ? axis + static_cast<int>(shape.size()) : axis)] = l.grid_cols();
+  }
+  std::vector<std::uint32_t> ordered = codes;
+  if (s.granularity == Granularity::block || s.granularity == Granularity::line)
+    from_rows(codes.data(), ordered.data(), AxisView{v.outer, l.grid_cols(), v.inner});
+  for (std::size_t i = 0; i < ordered.size(); ++i) {
+    if (a.dtype == DType::u8) a.data[i] = static_cast<std::uint8_t>(ordered[i]);
+    else std::memcpy(a.data.data() + 4 * i, &ordered[i], 4);
+  }
+  return a;
+}
+
+void print_scaled_summary(const ScaledSpec& s, const ScaledCounts& c, std::size_t n, double bits, double secs,
+                          const std::string& output, bool codes) {
+  std::fprintf(stderr,
+               "%s %zu values to %s (%.3g bits per value): %llu groups, %llu saturated, %llu NaN, %llu zero; "
+               "scale underflow %llu, overflow %llu; elements clamped %llu, flushed to zero %llu; %.3f s -> %s\n",
+               codes ? "encoded" : "quantized", n, to_string(s).c_str(), bits,
+               static_cast<unsigned long long>(c.groups), static_cast<unsigned long long>(c.saturated_groups),
+               static_cast<unsigned long long>(c.nan_groups), static_cast<unsigned long long>(c.zero_groups),
+               static_cast<unsigned long long>(c.scale_underflow), static_cast<unsigned long long>(c.scale_overflow),
+               static_cast<unsigned long long>(c.elements.overflow), static_cast<unsigned long long>(c.elements.underflow),
+               secs, output.c_str());
+  if (s.history > 0) std::fprintf(stderr, "(delayed scaling without a history: the array's own amax was used)\n");
+}
+
+void run_scaled_quantize(const QuantizeArgs& a, const ScaledSpec& s) {
+  if (a.decode) throw Error("--decode of scaled formats is not supported: keep the float32 output instead");
+  const NpyArray in = read_npy(a.input);
+  if (in.dtype != DType::f32)
+    throw Error(a.input + ": dtype " + std::string(npy_descr(in.dtype)) + " is not float32 ('<f4')");
+  if (in.fortran_order) throw Error(a.input + ": Fortran-ordered arrays are not supported for scaled formats; save it in C order");
+  const AxisView v = axis_view(in.shape, a.axis, a.input);
+  const std::size_t n = in.size();
+  const float* x = reinterpret_cast<const float*>(in.data.data());
+  const std::vector<float> rows = v.inner == 1 ? std::vector<float>() : to_rows(x, v);
+  const float* xr = v.inner == 1 ? x : rows.data();
+  const BlockLayout l = block_layout(s, v.rows(), v.len);
+  std::vector<float> y(n);
+  std::vector<std::uint8_t> codes(a.codes ? n : 0);
+  std::vector<std::uint32_t> scales(l.groups());
+  float ts = 1;
+  ScaledCounts counts;
+  const auto t0 = std::chrono::steady_clock::now();
+  kernels::scaled_quantize(xr, v.rows(), v.len, s, ScaledOut{y.data(), a.codes ? codes.data() : nullptr, scales.data(), &ts},
+                           {}, &counts);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  NpyArray out;
+  out.shape = in.shape;
+  out.dtype = a.codes ? DType::u8 : DType::f32;
+  out.data.resize(n * itemsize(out.dtype));
+  if (a.codes) {
+    if (v.inner == 1) std::memcpy(out.data.data(), codes.data(), n);
+    else from_rows(codes.data(), out.data.data(), v);
+    write_npy(sibling(a.output, "scales"), scale_array(s, scales, in.shape, a.axis, l, v));
+    if (s.tensor_scale) {
+      NpyArray t{DType::f32, {1}, false, std::vector<std::uint8_t>(4)};
+      std::memcpy(t.data.data(), &ts, 4);
+      write_npy(sibling(a.output, "tensor_scale"), t);
+    }
+  } else if (v.inner == 1) {
+    std::memcpy(out.data.data(), y.data(), n * 4);
+  } else {
+    from_rows(y.data(), reinterpret_cast<float*>(out.data.data()), v);
+  }
+  write_npy(a.output, out);
+  if (!a.quiet) print_scaled_summary(s, counts, n, bits_per_element(s, v.rows(), v.len), secs, a.output, a.codes);
+}
+
 void run_quantize(const QuantizeArgs& a) {
+  ScaledSpec scaled = parse_scaled(a.format);
   QuantSpec q;
-  q.format = parse_format(a.format);
+  q.format = scaled.element.format;
   q.rounding = parse_rounding(a.rounding);
   q.overflow = parse_overflow(a.overflow);
   q.seed = a.seed;
@@ -37,11 +163,18 @@ void run_quantize(const QuantizeArgs& a) {
   q.random_bits = static_cast<std::uint8_t>(a.random_bits);
   validate(q);
   if (a.codes && a.decode) throw Error("--codes and --decode exclude each other");
-  if (a.codes || a.decode) require_codable(q.format);
   if (a.threads < 0) throw Error("--threads must be >= 0 (0: all cores)");
-  if (a.threads > 0) kernels::set_num_threads(a.threads);
   if (a.input == a.output || same_file(a.input, a.output))
     throw Error("output must differ from input: '" + a.output + "' is the file '" + a.input + "'");
+  if (scaled.scaled()) {
+    scaled.element = q;
+    validate(scaled);
+    if (a.threads > 0) kernels::set_num_threads(a.threads);
+    return run_scaled_quantize(a, scaled);
+  }
+  if (a.axis != -1) throw Error("--axis applies to scaled formats only (" + a.format + " has a fixed bias)");
+  if (a.codes || a.decode) require_codable(q.format);
+  if (a.threads > 0) kernels::set_num_threads(a.threads);
 
   const NpyArray in = read_npy(a.input);
   NpyArray out;
@@ -106,14 +239,19 @@ void register_quantize(CLI::App& app) {
       "quantize", "Quantize a float32 .npy array (fake-quantized float32, or raw codes)");
   cmd->add_option("input", args->input, "Input .npy (float32; codes with --decode)")->required();
   cmd->add_option("output", args->output, "Output .npy (written atomically)")->required();
-  cmd->add_option("-f,--format", args->format, "Format, e.g. 1.4.3:10 or e4m3fn")->required();
+  cmd->add_option("-f,--format", args->format,
+                  "Format, e.g. 1.4.3:10 or e4m3fn, or a scaled format, e.g. mxfp4, nvfp4, e4m3fn@1x64:e8m0:ceil")
+      ->required();
+  cmd->add_option("--axis", args->axis, "Scaled formats: the axis the groups run along")->capture_default_str();
   cmd->add_option("-r,--rounding", args->rounding, "nearest-even, toward-zero or stochastic")
       ->capture_default_str();
   cmd->add_option("-o,--overflow", args->overflow, "saturate, nan or inf")->capture_default_str();
   cmd->add_option("--seed", args->seed, "Stochastic rounding seed")->capture_default_str();
   cmd->add_option("--random-bits", args->random_bits, "Random bits for stochastic rounding (1-32)")
       ->capture_default_str();
-  cmd->add_flag("--codes", args->codes, "Write the codes (uint8, or uint16 above 8 bits)");
+  cmd->add_flag("--codes", args->codes,
+                "Write the codes (uint8, or uint16 above 8 bits); scaled formats also write OUTPUT.scales.npy "
+                "(and OUTPUT.tensor_scale.npy)");
   cmd->add_flag("--decode", args->decode, "Input holds codes: write their float32 values");
   cmd->add_option("--threads", args->threads, "Threads (0: all cores)")->capture_default_str();
   cmd->add_flag("-q,--quiet", args->quiet, "No summary on stderr");

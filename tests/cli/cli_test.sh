@@ -81,6 +81,28 @@ check "stochastic reproducible" cmp -s "$T/sr.npy" "$T/sr2.npy"
 "$FP8LAB" quantize "$T/x.npy" "$T/w.npy" -f fp16 --codes -q
 check "16-bit codes are uint16" grep -aq "'<u2'" "$T/w.npy"
 
+# --- quantize, scaled formats (docs/spec.md §6), values worked by hand ----------------------
+# [[1, 3, -0.5, 0.1], [1, 250, -0.3, NaN]] in E2M1 blocks of 4 along rows, E8M0 floor scales:
+# row 0: amax 3, scale 2^(1-2) = 0.5 (code 0x7e), x / 0.5 = 2, 6, -1, 0.2 -> 2, 6, -1, 0
+# (codes 4, 7, 0xa, 0); row 1 holds a NaN: scale 0xff, every value NaN, codes 0.
+make_npy "$T/m.npy" '<f4' '2, 4' '\x00\x00\x80\x3f\x00\x00\x40\x40\x00\x00\x00\xbf\xcd\xcc\xcc\x3d\x00\x00\x80\x3f\x00\x00\x7a\x43\x9a\x99\x99\xbe\x00\x00\xc0\x7f'
+hex() { od -An -tx1 | tr -d ' \n'; }
+"$FP8LAB" quantize "$T/m.npy" "$T/my.npy" -f e2m1fn@1x4 -q
+check "mx block values" [ "$(tail -c 32 "$T/my.npy" | head -c 16 | hex)" = "0000803f00004040000000bf00000000" ]
+check "mx NaN block" [ "$(tail -c 16 "$T/my.npy" | hex)" = "0000c07f0000c07f0000c07f0000c07f" ]
+"$FP8LAB" quantize "$T/m.npy" "$T/mc.npy" -f e2m1fn@1x4 --codes -q
+check "mx element codes" [ "$(tail -c 8 "$T/mc.npy" | hex)" = "04070a0000000000" ]
+check "mx scale codes" [ "$(tail -c 2 "$T/mc.scales.npy" | hex)" = "7eff" ]
+check "mx scales shape" grep -aq "'shape': (2, 1)" "$T/mc.scales.npy"
+# One scale per column (--axis 0): column 1 = [3, 250] takes 2^(7-2) = 32, so 3 -> 0 and
+# 250 -> 6 * 32 = 192 (saturated); column 3 holds the NaN.
+err=$("$FP8LAB" quantize "$T/m.npy" "$T/ma.npy" -f e2m1fn@line --axis 0 2>&1 >/dev/null)
+check "per column: 3 -> 0" [ "$(tail -c 32 "$T/ma.npy" | head -c 8 | tail -c 4 | hex)" = "00000000" ]
+check "per column: 250 -> 192" [ "$(tail -c 12 "$T/ma.npy" | head -c 4 | hex)" = "00004043" ]
+check "per column summary" grep -q '4 groups, 1 saturated, 1 NaN, 0 zero' <<<"$err"
+"$FP8LAB" quantize "$T/m.npy" "$T/nv.npy" -f nvfp4 --codes -q
+check "nvfp4 writes its tensor scale" [ -s "$T/nv.tensor_scale.npy" ]
+
 # --- bad input: one line, exit 2, nothing written -------------------------------------------
 expect_fail() {  # name, needle, command...
   local name=$1 needle=$2; shift 2
@@ -94,6 +116,11 @@ expect_fail "bad format" "format '1.4'" "$FP8LAB" formats 1.4
 expect_fail "bad format E" "E must be in 0..8" "$FP8LAB" values 1.9.3
 expect_fail "unknown option" "--bogus" "$FP8LAB" formats --bogus
 expect_fail "no subcommand" "subcommand" "$FP8LAB"
+expect_fail "axis out of range" "--axis 2 does not exist" "$FP8LAB" quantize "$T/m.npy" "$T/bad.npy" -f mxfp4 --axis 2
+expect_fail "axis of a fixed bias" "--axis applies to scaled formats only" "$FP8LAB" quantize "$T/m.npy" "$T/bad.npy" -f e5m2 --axis 0
+expect_fail "scaled overflow mode" "scaled elements saturate" "$FP8LAB" quantize "$T/m.npy" "$T/bad.npy" -f mxfp8_e4m3 -o nan
+expect_fail "bad granularity" "blocks are 1xK and tiles KxK" "$FP8LAB" quantize "$T/m.npy" "$T/bad.npy" -f e4m3fn@2x8
+check "failed scaled quantize wrote nothing" [ ! -e "$T/bad.npy" ]
 expect_fail "inf on fn" "overflow mode 'inf'" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn -o inf
 ln -f "$T/x.npy" "$T/x-hardlink.npy"
 expect_fail "quantize onto its input" "output must differ from input" "$FP8LAB" quantize "$T/x.npy" "$T/x-hardlink.npy" -f e4m3fn
