@@ -102,12 +102,17 @@ std::string known_keys(const std::string& section) {
 }
 
 // Names, paths, recipes and schedules: UTF-8 without control characters (a NUL would cut a
-// path short; a DEL cannot be written back into TOML unescaped).
+// path short; a DEL cannot be written back into TOML unescaped) and without the plane-15
+// private-use characters that the TOML reader reserves (a config must read back).
 bool plain_text(const std::string& s) {
-  return valid_utf8(s) && std::none_of(s.begin(), s.end(), [](char c) {
-           const auto u = static_cast<unsigned char>(c);
-           return u < 0x20 || u == 0x7F;
-         });
+  for (std::size_t i = 0; i < s.size();) {
+    const auto ch = utf8_at(s, i);
+    if (!ch || ch->code_point < 0x20 || ch->code_point == 0x7F ||
+        (ch->code_point >= 0xF0000 && ch->code_point <= 0xFFFFF))
+      return false;
+    i += ch->size;
+  }
+  return true;
 }
 
 // Assigns a TOML value to a field; throws Error (without location) on a type mismatch.
@@ -118,7 +123,7 @@ void assign(const Field& f, const toml::node& v) {
         if constexpr (std::is_same_v<T, std::string>) {
           const auto s = v.value_exact<std::string>();
           if (!s) throw Error("must be a string");
-          if (!plain_text(*s)) throw Error("must be UTF-8 text without control characters");
+          if (!plain_text(*s)) throw Error("must be UTF-8 text without control characters or plane-15 private-use characters");
           *p = *s;
         } else if constexpr (std::is_same_v<T, bool>) {
           if (auto b = v.value_exact<bool>()) *p = *b;

@@ -67,6 +67,10 @@ TEST(Config, StringsAreUtf8TextAndRoundTripExactly) {
   }
   const std::string e = error_of([] { parse_train_config("", "c.toml", {"data.dir=/x/\xff"}); });
   EXPECT_NE(e.find("'data.dir' must be UTF-8 text without control characters"), std::string::npos) << e;
+  // A plane-15 private-use character in a --set value (which the TOML reader never sees)
+  // is refused as well: otherwise the config would not read back (a fuzz input found this).
+  const std::string p15 = error_of([] { parse_train_config("", "c.toml", {"data.dir=/x/\xf3\xb5\x93\x93"}); });
+  EXPECT_NE(p15.find("'data.dir' must be UTF-8 text without control characters or plane-15"), std::string::npos) << p15;
 }
 
 TEST(Config, ErrorsNameKeyAndLine) {
