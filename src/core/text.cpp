@@ -55,7 +55,6 @@ namespace {
 
 constexpr char32_t kShieldOffset = 0xF0000;  // plane 15, private use
 
-bool in_plane_15(char32_t cp) { return cp >= kShieldOffset && cp < kShieldOffset + 0x10000; }
 
 std::int64_t line_of(std::string_view text, std::size_t i) {
   std::int64_t line = 1;
@@ -78,6 +77,8 @@ std::optional<std::size_t> plane_15_escape(std::string_view text) {
 
 }  // namespace
 
+bool reserved_by_toml_shield(char32_t cp) { return cp >= kShieldOffset && cp < kShieldOffset + 0x10000; }
+
 std::string shield_toml_text(std::string_view text, const std::string& source) {
   if (const auto at = plane_15_escape(text))
     throw Error(at_line(source, line_of(text, *at)) +
@@ -91,7 +92,7 @@ std::string shield_toml_text(std::string_view text, const std::string& source) {
       std::snprintf(b, sizeof b, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(text[i])));
       throw Error(at_line(source, line_of(text, i)) + "not UTF-8 (byte " + b + " at offset " + std::to_string(i) + ")");
     }
-    if (in_plane_15(ch->code_point))
+    if (reserved_by_toml_shield(ch->code_point))
       throw Error(at_line(source, line_of(text, i)) +
                   "a plane-15 private-use character (U+F0000-U+FFFFF); fp8lab reserves them while parsing");
     if (ch->code_point >= 0x80 && ch->code_point < 0x10000)
@@ -109,7 +110,7 @@ std::string unshield_toml_text(std::string_view text) {
   for (std::size_t i = 0; i < text.size();) {
     const auto ch = utf8_at(text, i);
     const std::size_t n = ch ? ch->size : 1;  // bytes that are not UTF-8 pass unchanged
-    if (ch && in_plane_15(ch->code_point))
+    if (ch && reserved_by_toml_shield(ch->code_point))
       out += utf8_encode(ch->code_point - kShieldOffset);
     else
       out.append(text.substr(i, n));

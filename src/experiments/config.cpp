@@ -107,8 +107,7 @@ std::string known_keys(const std::string& section) {
 bool plain_text(const std::string& s) {
   for (std::size_t i = 0; i < s.size();) {
     const auto ch = utf8_at(s, i);
-    if (!ch || ch->code_point < 0x20 || ch->code_point == 0x7F ||
-        (ch->code_point >= 0xF0000 && ch->code_point <= 0xFFFFF))
+    if (!ch || ch->code_point < 0x20 || ch->code_point == 0x7F || reserved_by_toml_shield(ch->code_point))
       return false;
     i += ch->size;
   }

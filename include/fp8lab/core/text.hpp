@@ -71,5 +71,8 @@ std::string utf8_encode(char32_t code_point);
 // in `text`, so that the two are exact inverses. Errors: "<source>:<line>: ...".
 std::string shield_toml_text(std::string_view text, const std::string& source);
 std::string unshield_toml_text(std::string_view text);
+// Whether the shield reserves this code point (plane 15, U+F0000-U+FFFFF): text meant to be
+// written into TOML and read back must not hold one.
+bool reserved_by_toml_shield(char32_t code_point);
 
 }  // namespace fp8lab
