@@ -456,6 +456,18 @@ Amax amax_of(const float* x, std::size_t n, std::size_t stride) {
   return a;
 }
 
+GroupScale scale_group(const ScaledSpec& s, const Amax& a, float ts, ScaledCounts* counts,
+                       std::optional<float> history_amax) {
+  const float amax = history_amax ? *history_amax : a.nonfinite ? std::numeric_limits<float>::quiet_NaN() : a.value;
+  const GroupScale g = choose_scale(s, amax, ts, counts);
+  if (counts) {
+    ++counts->groups;
+    counts->nan_groups += g.nan;
+    counts->zero_groups += !a.nonfinite && a.value == 0;
+  }
+  return g;
+}
+
 // ---- delayed scaling -----------------------------------------------------------------
 
 void AmaxHistory::push(float amax) {
@@ -576,15 +588,11 @@ float scaled_quantize_reference(const float* x, std::size_t rows, std::size_t co
     for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {
       const GroupJob j{x, cols, gr * l.block_rows, std::min(rows, (gr + 1) * l.block_rows),
                        gc * l.block_cols, std::min(cols, (gc + 1) * l.block_cols)};
-      const Amax a = group_amax(j);
       // Delayed per-tensor scaling takes its amax from the history; otherwise a NaN or Inf
       // in the group makes its scale NaN.
       const bool from_history = delayed && s.granularity == Granularity::tensor;
-      const float amax = from_history ? tensor_amax : a.nonfinite ? std::numeric_limits<float>::quiet_NaN() : a.value;
-      const GroupScale g = choose_scale(s, amax, ts, &local);
-      ++local.groups;
-      local.nan_groups += g.nan;
-      local.zero_groups += !a.nonfinite && a.value == 0;
+      const GroupScale g = scale_group(s, group_amax(j), ts, &local,
+                                       from_history ? std::optional<float>(tensor_amax) : std::nullopt);
       if (quantize_group(j, s, g, out, call, local.elements)) ++local.saturated_groups;
       if (out.scale_codes) out.scale_codes[gr * l.grid_cols() + gc] = g.code;
     }

@@ -190,9 +190,10 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   // Groups that span rows or whole rows get their scales first.
   std::vector<Amax> amaxes;
   if (!per_block) amaxes = group_amaxes(x, l);
+  // The tensor's amax: from the groups' amaxes, or one pass first where blocks need it.
   float current = 0;
   for (const Amax& a : amaxes) current = std::max(current, a.value);
-  if (s.tensor_scale || s.history > 0) current = amax_of(x, n).value;
+  if (per_block && (s.tensor_scale || s.history > 0)) current = amax_of(x, n).value;
   const bool delayed = s.history > 0 && call.delayed_amax && *call.delayed_amax > 0;
   const float tensor_amax = delayed ? *call.delayed_amax : current;
   const float ts = tensor_scale_of(s, tensor_amax);
@@ -202,15 +203,11 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   if (!per_block) {
     const bool from_history = delayed && s.granularity == Granularity::tensor;
     for (std::size_t g = 0; g < amaxes.size(); ++g) {
-      const float amax = from_history ? tensor_amax
-                         : amaxes[g].nonfinite ? std::numeric_limits<float>::quiet_NaN() : amaxes[g].value;
-      const GroupScale gs = choose_scale(s, amax, ts, &shared.counts);
-      shared.counts.zero_groups += !amaxes[g].nonfinite && amaxes[g].value == 0;
-      shared.counts.nan_groups += gs.nan;
+      const GroupScale gs = scale_group(s, amaxes[g], ts, &shared.counts,
+                                        from_history ? std::optional<float>(tensor_amax) : std::nullopt);
       group_scalings.push_back(scaling_of(s, gs));
       if (out.scale_codes) out.scale_codes[g] = gs.code;
     }
-    shared.counts.groups = amaxes.size();
   }
   // Chunks: whole blocks of one row, at most kChunk elements (or one block when longer).
   const std::size_t chunk = per_block ? std::max(l.block_cols, kChunk / l.block_cols * l.block_cols) : kChunk;
@@ -236,11 +233,7 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
           if (per_block) {
             const Amax a = amax_of(x + r * cols + c, cend - c);
             part_amax = std::max(part_amax, a.value);
-            const GroupScale gs =
-                choose_scale(s, a.nonfinite ? std::numeric_limits<float>::quiet_NaN() : a.value, ts, &w.counts);
-            ++w.counts.groups;
-            w.counts.zero_groups += !a.nonfinite && a.value == 0;
-            w.counts.nan_groups += gs.nan;
+            const GroupScale gs = scale_group(s, a, ts, &w.counts);
             if (out.scale_codes) out.scale_codes[group] = gs.code;
             scalings.push_back(scaling_of(s, gs));
           } else {

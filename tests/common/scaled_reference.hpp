@@ -6,7 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
+#include <bit>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -27,16 +27,7 @@ inline int ocp_emax(const Format& e) {
   return std::ilogb(Table(e).vals[e.max_code()]);  // other formats: from the sorted values
 }
 
-inline float bits_float(std::uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-inline std::uint32_t float_bits(float f) {
-  std::uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
+inline std::uint32_t float_bits(float f) { return std::bit_cast<std::uint32_t>(f); }
 
 // Values of an 8-bit scale format by code, up to its largest finite one.
 inline std::vector<double> scale_values(ScaleFormat k) {
@@ -97,7 +88,7 @@ inline std::uint32_t scale_code(const ScaledSpec& s, double amax, double ts) {
 }
 
 inline double scale_value(const ScaledSpec& s, std::uint32_t code) {
-  if (s.scale == ScaleFormat::fp32) return bits_float(code);
+  if (s.scale == ScaleFormat::fp32) return std::bit_cast<float>(code);
   return scale_values(s.scale)[code];
 }
 

@@ -131,6 +131,12 @@ struct Amax {
 };
 Amax amax_of(const float* x, std::size_t n, std::size_t stride = 1);
 
+// The scale of one group whose values have amax `a` (a NaN scale if they hold NaN or Inf),
+// or of `history_amax` when given (delayed per-tensor scaling), counted in *counts as a
+// group (zero, NaN, scale range).
+GroupScale scale_group(const ScaledSpec& s, const Amax& a, float ts, ScaledCounts* counts,
+                       std::optional<float> history_amax = std::nullopt);
+
 // The amax history of delayed scaling for one tensor: the largest of the last `length`
 // tensor amaxes. Empty: the tensor's current amax is used.
 class AmaxHistory {
