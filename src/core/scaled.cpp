@@ -415,8 +415,6 @@ GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts*
   return g;
 }
 
-namespace {
-
 GroupScale scale_from_code(const ScaledSpec& s, std::uint32_t code, float ts) {
   const ScaleCodes& sc = scale_codes(s.scale);
   GroupScale g;
@@ -432,6 +430,8 @@ GroupScale scale_from_code(const ScaledSpec& s, std::uint32_t code, float ts) {
   if (s.scale == ScaleFormat::e8m0) g.exponent = static_cast<int>(code) - 127;
   return g;
 }
+
+namespace {
 
 // Scales are powers of two applied as a shift of the element bias (exact).
 bool power_of_two_path(const ScaledSpec& s) { return s.scale == ScaleFormat::e8m0 && !s.tensor_scale; }

@@ -312,13 +312,18 @@ plt::Figure fixed_point_snr_plot(const PlotSpec& spec) {
 
 std::string paper_notation(const nn::KindQuant& q) {
   if (!q) return "fp32";
-  const Format& f = q->format;
+  if (q->scaled()) {
+    std::string s = to_string(*q);
+    if (q->element.rounding == Rounding::stochastic) s += " SR";
+    return s;
+  }
+  const Format& f = q->element.format;
   std::string s = "1." + std::to_string(f.exp_bits) + "." + std::to_string(f.man_bits) + " b" + std::to_string(f.bias);
   if (f.policy != Policy::fnuz) s += " " + std::string(to_string(f.policy));
   if (!f.subnormals) s += " nosub";
-  if (q->rounding == Rounding::stochastic) s += " SR";
-  else if (q->rounding == Rounding::toward_zero) s += " RZ";
-  if (q->overflow != Overflow::saturate) s += " ovf:" + std::string(to_string(q->overflow));
+  if (q->element.rounding == Rounding::stochastic) s += " SR";
+  else if (q->element.rounding == Rounding::toward_zero) s += " RZ";
+  if (q->element.overflow != Overflow::saturate) s += " ovf:" + std::string(to_string(q->element.overflow));
   return s;
 }
 

@@ -131,8 +131,11 @@ Plan plan_of(const TrainConfig& cfg, std::int64_t examples) {
 nn::LossScaleConfig loss_scaling_of(const TrainConfig& cfg, const nn::Recipe& recipe, bool warn) {
   nn::LossScaleConfig ls = nn::parse_loss_scale(cfg.quant.loss_scale);
   const auto& g = recipe.base[nn::TensorKind::gx];
-  if (ls.method == nn::LossScaleMethod::logmax && g) ls.grad_format_max = g->format.max_finite();
-  if (ls.method == nn::LossScaleMethod::backoff && g && g->overflow == Overflow::saturate && warn)
+  // A scaled gradient quantizer has no fixed range for LogMax to aim at: its block scales
+  // follow the gradient, so the default target stays.
+  const bool fixed = g && !g->scaled();
+  if (ls.method == nn::LossScaleMethod::logmax && fixed) ls.grad_format_max = g->element.format.max_finite();
+  if (ls.method == nn::LossScaleMethod::backoff && fixed && g->element.overflow == Overflow::saturate && warn)
     std::fprintf(stderr,
                  "warning: Backoff loss scaling only sees overflow as NaN/Inf, but this recipe's gradient "
                  "quantizer saturates: the scale will only grow. Use overflow nan (e.g. gx=1.5.2:33/rne/nan) "

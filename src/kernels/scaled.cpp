@@ -253,4 +253,41 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   return current;
 }
 
+void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
+                   std::size_t rows, std::size_t cols, const ScaledSpec& s, float* y) {
+  validate(s);
+  const Format& e = s.element.format;
+  if (rows * cols == 0) return;
+  if (!s.scaled()) {
+    parallel_for(rows * cols, 1, [&](std::size_t b, std::size_t end) {
+      SerialScope serial;
+      decode(codes + b, y + b, end - b, e);
+    });
+    return;
+  }
+  const BlockLayout l = block_layout(s, rows, cols);
+  // The factor of every group, once: the scale (2^exponent for E8M0) or NaN.
+  std::vector<float> factor(l.groups());
+  for (std::size_t g = 0; g < factor.size(); ++g) {
+    const GroupScale gs = scale_from_code(s, scale_codes[g], tensor_scale);
+    factor[g] = gs.nan ? std::numeric_limits<float>::quiet_NaN()
+                       : power_of_two(s) ? std::ldexp(1.0f, gs.exponent) : gs.value;
+  }
+  parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t end) {
+    SerialScope serial;
+    for (std::size_t r = b / cols; r < end / cols; ++r) {
+      float* yr = y + r * cols;
+      decode(codes + r * cols, yr, cols, e);
+      const float* f = factor.data() + (r / l.block_rows) * l.grid_cols();
+      for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {
+        const std::size_t c0 = gc * l.block_cols, c1 = std::min(cols, c0 + l.block_cols);
+        const float fg = f[gc];
+        if (std::isnan(fg)) std::fill(yr + c0, yr + c1, fg);
+        else
+          for (std::size_t c = c0; c < c1; ++c) yr[c] *= fg;
+      }
+    }
+  });
+}
+
 }  // namespace fp8lab::kernels

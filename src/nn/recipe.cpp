@@ -64,8 +64,8 @@ KindQuant parse_kind_quant(std::string_view text) {
   const std::string_view t = trim(text);
   if (t == "fp32" || t == "float32" || t == "none") return std::nullopt;
   const auto parts = split(t, '/');
-  QuantSpec q;
-  q.format = parse_format(parts[0]);
+  ScaledSpec s = parse_scaled(parts[0]);
+  QuantSpec& q = s.element;
   bool seen_r = false, seen_o = false;
   for (std::size_t i = 1; i < parts.size(); ++i) {
     const std::string_view p = trim(parts[i]);
@@ -85,15 +85,16 @@ KindQuant parse_kind_quant(std::string_view text) {
     if (seen_o) throw Error("overflow mode given twice in '" + std::string(t) + "'");
     seen_o = true;
   }
-  validate(q);
-  return q;
+  validate(s);
+  return s;
 }
 
 std::string to_string(const KindQuant& q) {
   if (!q) return "fp32";
-  std::string s = to_string(q->format);
-  if (q->rounding != Rounding::nearest_even) s += "/" + std::string(to_string(q->rounding));
-  if (q->overflow != Overflow::saturate) s += "/" + std::string(to_string(q->overflow));
+  const QuantSpec& e = q->element;
+  std::string s = q->scaled() ? to_string(*q) : to_string(e.format);
+  if (e.rounding != Rounding::nearest_even) s += "/" + std::string(to_string(e.rounding));
+  if (e.overflow != Overflow::saturate) s += "/" + std::string(to_string(e.overflow));
   return s;
 }
 
@@ -244,11 +245,12 @@ KindQuant kind_from_toml(const toml::node& n, const std::string& source, std::st
       if (!fmt) throw Error("needs a 'format' string");
       KindQuant q = parse_kind_quant(*fmt);
       if (!q) return q;
-      if (auto r = (*t)["rounding"].value<std::string>()) q->rounding = parse_rounding(*r);
-      if (auto o = (*t)["overflow"].value<std::string>()) q->overflow = parse_overflow(*o);
+      QuantSpec& e = q->element;
+      if (auto r = (*t)["rounding"].value<std::string>()) e.rounding = parse_rounding(*r);
+      if (auto o = (*t)["overflow"].value<std::string>()) e.overflow = parse_overflow(*o);
       if (auto b = (*t)["random_bits"].value<std::int64_t>()) {
         if (*b < 1 || *b > 32) throw Error("random_bits must be in 1..32");
-        q->random_bits = static_cast<std::uint8_t>(*b);
+        e.random_bits = static_cast<std::uint8_t>(*b);
       }
       validate(*q);
       return q;

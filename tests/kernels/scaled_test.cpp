@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,35 @@ TEST_P(ScaledKernels, AnyThreadCountGivesTheSameBits) {
       expect_same(run(kernels::scaled_quantize, s, x, rows, cols, {}), one, std::string(name) + " threads " + std::to_string(t));
     }
   }
+}
+
+// Decoding: the kernel against the reference decode, both against the values the quantizer
+// wrote (codes and scales hold every bit of them), on every preset and rule, 1 to 3 threads.
+TEST_P(ScaledKernels, DecodeGivesBackTheQuantizedValues) {
+  constexpr std::size_t rows = 260, cols = 300;  // above the threading size; rows end inside blocks
+  for (const auto& preset : scaled_presets())
+    for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest}) {
+      ScaledSpec s = parse_scaled(preset.name);
+      s.rule = rule;
+      std::vector<float> x = inputs(rows * cols, 11);
+      for (std::size_t i = 0; i < 64; ++i) x[i] = i < 32 ? 0.0f : 1e-42f;
+      x[cols + 3] = std::numeric_limits<float>::quiet_NaN();
+      const Out q = run(scaled_quantize_reference, s, x, rows, cols, {});
+      std::vector<float> want(x.size());
+      scaled_decode_reference(q.codes.data(), q.scales.data(), q.ts, rows, cols, s, want.data());
+      const std::string what = to_string(s);
+      for (std::size_t i = 0; i < x.size(); ++i)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(want[i]), std::bit_cast<std::uint32_t>(q.y[i]))
+            << what << ": the reference decode at " << i;
+      for (int t : {1, 2, 3}) {
+        kernels::set_num_threads(t);
+        std::vector<float> got(x.size(), -1.0f);
+        kernels::scaled_decode(q.codes.data(), q.scales.data(), q.ts, rows, cols, s, got.data());
+        for (std::size_t i = 0; i < x.size(); ++i)
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
+              << what << " threads " << t << " at " << i;
+      }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, ScaledKernels, ::testing::ValuesIn(kernels::available_targets()),

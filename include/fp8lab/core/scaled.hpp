@@ -117,6 +117,9 @@ int element_emax(const Format& element);
 // The scale format's Format (e8m0 / ue4m3); fp32 and none have none.
 Format scale_format(ScaleFormat s);
 
+// The group scale that scale code `code` stands for, under tensor scale `ts` (decoding).
+GroupScale scale_from_code(const ScaledSpec& s, std::uint32_t code, float ts);
+
 // The float32 tensor scale of a two-level spec from the tensor's amax (docs/spec.md §6.3).
 float tensor_scale_of(const ScaledSpec& s, float tensor_amax);
 

@@ -17,4 +17,10 @@ namespace fp8lab::kernels {
 float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                       const ScaledOut& out, const ScaledCall& call = {}, ScaledCounts* counts = nullptr);
 
+// As scaled_decode_reference: the values of element codes [rows, cols] and their scales
+// (layout.groups() codes, row-major grid), bit-exact with it; the element kernel decodes a
+// row's codes, then each group's values are multiplied by its scale.
+void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
+                   std::size_t rows, std::size_t cols, const ScaledSpec& s, float* y);
+
 }  // namespace fp8lab::kernels

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/scaled.hpp"
 
 namespace fp8lab::nn {
 
@@ -21,10 +22,13 @@ std::string_view to_string(TensorKind k);  // "a", "w", "gx", "gw"
 std::string_view kind_title(TensorKind k);  // "activations", "weights", "grad_x", "grad_w"
 TensorKind parse_kind(std::string_view s);  // also "activations", "weights", "grad_x", "grad_w"
 
-// nullopt: the tensor stays float32.
-using KindQuant = std::optional<QuantSpec>;
+// nullopt: the tensor stays float32. A fixed-bias spec (scale none) is the paper's quantizer;
+// a scaled one quantizes each operand of a product in blocks along the product's reduction
+// dimension (docs/spec.md §6.6).
+using KindQuant = std::optional<ScaledSpec>;
 
-// "fp32" | FORMAT[/ROUNDING][/OVERFLOW], e.g. "1.5.2:33/stochastic/nan".
+// "fp32" | QUANTIZER[/ROUNDING][/OVERFLOW], QUANTIZER a format or a scaled format
+// (docs/spec.md §6.4), e.g. "1.5.2:33/stochastic/nan", "mxfp8_e4m3", "nvfp4/stochastic".
 KindQuant parse_kind_quant(std::string_view text);
 std::string to_string(const KindQuant& q);
 
