@@ -45,11 +45,35 @@ std::vector<std::array<QuantCounts, nn::kKinds>> counts_from(const json& j) {
   return out;
 }
 
+json histories_json(const std::vector<std::vector<nn::LayerState::History>>& layers) {
+  json out = json::array();
+  for (const auto& layer : layers) {
+    json l = json::array();
+    for (const auto& h : layer)
+      l.push_back({{"kind", nn::to_string(h.kind)}, {"operand", h.operand}, {"amax", h.amaxes}});
+    out.push_back(l);
+  }
+  return out;
+}
+
+std::vector<std::vector<nn::LayerState::History>> histories_from(const json& j) {
+  std::vector<std::vector<nn::LayerState::History>> out;
+  for (const auto& l : j) {
+    std::vector<nn::LayerState::History> layer;
+    for (const auto& h : l)
+      layer.push_back({nn::parse_kind(h.at("kind").get<std::string>()), h.at("operand").get<std::uint32_t>(),
+                       h.at("amax").get<std::vector<float>>()});
+    out.push_back(std::move(layer));
+  }
+  return out;
+}
+
 json state_json(const TrainState& s) {
   std::vector<std::size_t> recent;
   for (const auto& r : s.recent) recent.push_back(r.size());
   return {{"step", s.step},         {"loss_ema", s.loss_ema},     {"scaler", s.scaler},
           {"evals", s.evals},       {"counts", counts_json(s.counts)}, {"trace", s.trace},
+          {"histories", histories_json(s.histories)},
           {"seconds", s.seconds},   {"run_id", s.run_id},         {"store", s.store},
           {"finished", s.finished}, {"ema", s.ema.size()},        {"recent", recent}};
 }
@@ -62,6 +86,7 @@ TrainState state_from(const json& j) {
   s.scaler = j.at("scaler").get<std::vector<double>>();
   s.evals = j.at("evals").get<std::vector<std::pair<std::int64_t, double>>>();
   s.counts = counts_from(j.at("counts"));
+  if (j.contains("histories")) s.histories = histories_from(j.at("histories"));  // none before scaled formats
   s.trace = j.at("trace").get<LossScaleTrace>();
   s.seconds = j.at("seconds").get<double>();
   s.run_id = j.at("run_id").get<std::int64_t>();

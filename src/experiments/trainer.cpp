@@ -101,6 +101,18 @@ std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> reco
     std::vector<std::uint64_t> c;
     for (int e = lo; e <= hi; ++e) c.push_back(s.hist.at(e));
     h["counts"] = c;
+    if (s.scaled) {  // block-level figures (docs/spec.md §6.6)
+      const ScaledCounts& g = s.groups;
+      h["groups"] = {{"total", g.groups},       {"saturated", g.saturated_groups},
+                     {"zero", g.zero_groups},   {"nan", g.nan_groups},
+                     {"scale_underflow", g.scale_underflow}, {"scale_overflow", g.scale_overflow}};
+      int slo = kernels::ExpHistogram::kMaxExp + 1, shi = kernels::ExpHistogram::kMinExp - 1;
+      for (int e = kernels::ExpHistogram::kMinExp; e <= kernels::ExpHistogram::kMaxExp; ++e)
+        if (s.scale_hist.at(e)) slo = std::min(slo, e), shi = std::max(shi, e);
+      std::vector<std::uint64_t> sc;
+      for (int e = slo; e <= shi; ++e) sc.push_back(s.scale_hist.at(e));
+      h["scales"] = {{"lo", slo <= shi ? slo : 0}, {"counts", sc}};
+    }
     r.histogram = h.dump();
     rows.push_back(std::move(r));
   }
@@ -220,7 +232,8 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::str
 void Trainer::resume(Checkpoint& checkpoint) {
   checkpoint.restore(task_->module(), *optimizer_);
   const TrainState& saved = checkpoint.state();
-  if (saved.counts.size() != qm_.layers.size() || (cfg_.train.ema > 0) != !saved.ema.empty())
+  if (saved.counts.size() != qm_.layers.size() || (cfg_.train.ema > 0) != !saved.ema.empty() ||
+      (!saved.histories.empty() && saved.histories.size() != qm_.layers.size()))
     throw Error(checkpoint_path(cfg_) + ": checkpoint does not fit the model");
   const std::int64_t run_id = state_.run_id;
   const std::string store = state_.store;
@@ -229,7 +242,14 @@ void Trainer::resume(Checkpoint& checkpoint) {
   state_.store = store;
   scaler_->set_state(state_.scaler);
   ctx_->step = static_cast<std::uint64_t>(state_.step);
-  for (std::size_t i = 0; i < qm_.layers.size(); ++i) qm_.layers[i]->add_counts(state_.counts[i]);
+  for (std::size_t i = 0; i < qm_.layers.size(); ++i) {
+    qm_.layers[i]->add_counts(state_.counts[i]);
+    try {
+      if (!state_.histories.empty()) qm_.layers[i]->restore_histories(state_.histories[i]);
+    } catch (const Error& e) {
+      throw Error(checkpoint_path(cfg_) + ": " + e.what());
+    }
+  }
 }
 
 bool Trainer::stop_now() const {
@@ -330,6 +350,8 @@ void Trainer::save() {
   state_.scaler = scaler_->state();
   state_.counts.clear();
   for (const auto& l : qm_.layers) state_.counts.push_back(l->counts());
+  state_.histories.clear();
+  for (const auto& l : qm_.layers) state_.histories.push_back(l->histories());
   const double before = state_.seconds;
   state_.seconds += seconds_since(started_);
   save_checkpoint(checkpoint_path(cfg_), config_json_, state_, task_->module(), *optimizer_);

@@ -78,6 +78,11 @@ bool LayerState::stats_due(std::uint32_t call) const {
 
 void LayerState::record(TensorKind k, const torch::Tensor& t, const QuantCounts& c,
                         std::uint32_t call) {
+  record_stats(k, t, c, call, nullptr, nullptr);
+}
+
+void LayerState::record_stats(TensorKind k, const torch::Tensor& t, const QuantCounts& c, std::uint32_t call,
+                              const ScaledCounts* groups, const ScaledTensor* q) {
   if (!ctx->recording) return;
   {
     std::lock_guard<std::mutex> lk(m_);
@@ -93,16 +98,123 @@ void LayerState::record(TensorKind k, const torch::Tensor& t, const QuantCounts&
   s.hist = kernels::exponent_histogram(x.data_ptr<float>(), static_cast<std::size_t>(x.numel()));
   s.counts = c;
   s.absmax = x.numel() ? x.abs().max().item<float>() : 0.0f;
+  if (groups && q) {
+    s.scaled = true;
+    s.groups = *groups;
+    const auto* codes = reinterpret_cast<const std::uint32_t*>(q->scales.data_ptr<std::int32_t>());
+    std::vector<float> scales(static_cast<std::size_t>(q->scales.numel()));
+    for (std::size_t i = 0; i < scales.size(); ++i)
+      scales[i] = scale_from_code(*quant[k], codes[i], q->tensor_scale).value;
+    s.scale_hist = kernels::exponent_histogram(scales.data(), scales.size());
+  }
   ctx->stats->add(std::move(s));
+}
+
+ScaledCall LayerState::scaled_call(TensorKind k, std::uint32_t operand) {
+  ScaledCall c;
+  if (quant[k]->history == 0) return c;
+  std::lock_guard<std::mutex> lk(m_);
+  const auto it = histories_.find({static_cast<int>(k), operand});
+  if (it != histories_.end()) c.delayed_amax = it->second.amax();
+  return c;
+}
+
+void LayerState::push_amax(TensorKind k, std::uint32_t operand, float amax) {
+  // Evaluation neither reads nor disturbs training's history beyond using it.
+  if (!ctx->recording || quant[k]->history == 0) return;
+  std::lock_guard<std::mutex> lk(m_);
+  histories_.try_emplace({static_cast<int>(k), operand}, quant[k]->history).first->second.push(amax);
+}
+
+std::vector<LayerState::History> LayerState::histories() const {
+  std::lock_guard<std::mutex> lk(m_);
+  std::vector<History> out;
+  for (const auto& [key, h] : histories_)
+    out.push_back({static_cast<TensorKind>(key.first), key.second, {h.values().begin(), h.values().end()}});
+  return out;
+}
+
+void LayerState::restore_histories(const std::vector<History>& hs) {
+  std::lock_guard<std::mutex> lk(m_);
+  histories_.clear();
+  for (const History& h : hs) {
+    const KindQuant& q = quant[h.kind];
+    if (!q || q->history == 0)
+      throw Error("layer '" + name + "': an amax history for " + std::string(to_string(h.kind)) +
+                  ", whose quantizer has no delayed scaling");
+    AmaxHistory a(q->history);
+    a.restore({h.amaxes.begin(), h.amaxes.end()});
+    histories_.insert_or_assign({static_cast<int>(h.kind), h.operand}, std::move(a));
+  }
+}
+
+ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v,
+                                         std::uint32_t call, std::uint32_t stream, const ScaledCall& sc,
+                                         bool values, bool codes, bool count) {
+  ScaledCounts c;
+  ScaledTensor q = scaled_quantize_matrix(to_matrix(t, v), *quant[k], seed_for(k, call, stream), sc, values, codes,
+                                          count ? &c : nullptr);
+  if (count) record_stats(k, t, c.elements, call, &c, &q);
+  return q;
+}
+
+std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_scaled_operand(
+    TensorKind k, const torch::Tensor& t, const MatrixView& fwd, const MatrixView& bwd, std::uint32_t call,
+    std::uint32_t operand) {
+  const ScaledCall sc = scaled_call(k, operand);
+  const ScaledTensor f = quantize_scaled(k, t, fwd, call, operand, sc, true, false, true);
+  auto saved = c10::make_intrusive<SavedScaled>();
+  saved->kind = k;
+  saved->view = bwd;
+  saved->shape = t.sizes().vec();
+  const bool weight = k == TensorKind::w;
+  const bool codes = weight ? ctx->save_weight_codes : ctx->save_codes;
+  // The backward product's operand: its own blocks, from the float32 tensor, its own stream.
+  saved->q = quantize_scaled(k, t, bwd, call, operand + 2, sc, !codes, codes, false);
+  (weight ? ctx->saved_weight_bytes : ctx->saved_bytes) +=
+      codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
+  push_amax(k, operand, f.amax);
+  return {from_matrix(f.values, t.sizes(), fwd), saved};
+}
+
+torch::Tensor LayerState::restore(const SavedScaled& saved) const {
+  const torch::Tensor m = saved.q.codes.defined() ? scaled_decode_matrix(saved.q, *quant[saved.kind]) : saved.q.values;
+  return from_matrix(m, saved.shape, saved.view);
+}
+
+std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_grad(torch::Tensor g, const MatrixView& for_dx,
+                                                                  const MatrixView& for_dw, std::uint32_t call,
+                                                                  std::int64_t refs) {
+  if (!scaled(TensorKind::gx)) {
+    torch::Tensor q = quantize_owned(TensorKind::gx, std::move(g), call, refs);
+    return {q, q};
+  }
+  const ScaledCall sc = scaled_call(TensorKind::gx, 0);
+  const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc, true, false, true);
+  const ScaledTensor dw = quantize_scaled(TensorKind::gx, g, for_dw, call, 1, sc, true, false, false);
+  push_amax(TensorKind::gx, 0, dx.amax);
+  return {from_matrix(dx.values, g.sizes(), for_dx), from_matrix(dw.values, g.sizes(), for_dw)};
+}
+
+torch::Tensor LayerState::quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call) {
+  if (!scaled(k)) return quantize_owned(k, std::move(t), call);
+  const ScaledTensor q = quantize_scaled(k, t, v, call, 0, scaled_call(k, 0), true, false, true);
+  push_amax(k, 0, q.amax);
+  return from_matrix(q.values, t.sizes(), v);
 }
 
 torch::Tensor LayerState::quantize(TensorKind k, const torch::Tensor& t, std::uint32_t call,
                                    std::uint32_t operand) {
   const KindQuant& q = quant[k];
+  if (q && q->scaled()) {  // blocks along the last dimension
+    const ScaledTensor s = quantize_scaled(k, t, {}, call, operand, scaled_call(k, operand), true, false, true);
+    push_amax(k, operand, s.amax);
+    return from_matrix(s.values, t.sizes(), {});
+  }
   QuantCounts c;
   torch::Tensor out;
   if (q) {
-    out = fake_quantize(t, *q, seed_for(k, call, operand), &c);
+    out = fake_quantize(t, q->element, seed_for(k, call, operand), &c);
   } else {
     out = t;
     c.total = static_cast<std::uint64_t>(t.numel());
@@ -120,9 +232,9 @@ torch::Tensor LayerState::quantize_owned(TensorKind k, torch::Tensor t, std::uin
   const bool exclusive = t.defined() && t.use_count() <= refs && t.has_storage() &&
                          t.storage().use_count() == 1 && t.is_contiguous() &&
                          t.device().is_cpu() && t.scalar_type() == torch::kFloat32;
-  if (!q || !exclusive || stats_due(call)) return quantize(k, t, call);
+  if (!q || q->scaled() || !exclusive || stats_due(call)) return quantize(k, t, call);
   QuantCounts c;
-  fake_quantize_(t, *q, seed_for(k, call), &c);
+  fake_quantize_(t, q->element, seed_for(k, call), &c);
   record(k, t, c, call);
   ++ctx->in_place;
   return t;
@@ -135,13 +247,13 @@ std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_and_save(TensorKind
   const KindQuant& q = quant[k];
   const bool weight = k == TensorKind::w;
   std::atomic<std::int64_t>& bytes = weight ? ctx->saved_weight_bytes : ctx->saved_bytes;
-  if (!q || !(weight ? ctx->save_weight_codes : ctx->save_codes) || !q->format.codable()) {
+  if (!q || q->scaled() || !(weight ? ctx->save_weight_codes : ctx->save_codes) || !q->element.format.codable()) {
     torch::Tensor y = quantize(k, t, call, operand);
     bytes += static_cast<std::int64_t>(y.numel()) * 4;
     return {y, y};
   }
   QuantCounts c;
-  auto [y, codes] = quantize_and_encode_tensor(t, *q, seed_for(k, call, operand), &c);
+  auto [y, codes] = quantize_and_encode_tensor(t, q->element, seed_for(k, call, operand), &c);
   record(k, t, c, call);
   bytes += static_cast<std::int64_t>(codes.numel() * codes.element_size());
   return {y, codes};
@@ -149,7 +261,7 @@ std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_and_save(TensorKind
 
 torch::Tensor LayerState::restore(TensorKind k, const torch::Tensor& saved) const {
   if (saved.scalar_type() == torch::kFloat32) return saved;
-  return decode_tensor(saved, quant[k]->format);
+  return decode_tensor(saved, quant[k]->element.format);
 }
 
 namespace {
@@ -158,11 +270,45 @@ LayerStatePtr state_of(AutogradContext* ctx) {
   return c10::static_intrusive_pointer_cast<LayerState>(ctx->saved_data["st"].toCapsule());
 }
 
+// ---- the matrices products read (docs/spec.md §6.6) -------------------------------------
+// The columns of each are the product's reduction dimension: scaled quantizers block along
+// them.
+
+MatrixView last_dim() { return {}; }
+// [d0, ..., dn] -> [dn, d0 * ... * d(n-1)]: reduction over every dimension but the last.
+MatrixView all_but_last(std::int64_t dims) {
+  MatrixView v;
+  v.perm.push_back(dims - 1);
+  for (std::int64_t d = 0; d + 1 < dims; ++d) v.perm.push_back(d);
+  v.cols_dims = static_cast<int>(dims - 1);
+  return v;
+}
+// [..., m, n] -> [..., n, m]: reduction over the second-last dimension.
+MatrixView second_last(std::int64_t dims) {
+  MatrixView v;
+  for (std::int64_t d = 0; d < dims; ++d) v.perm.push_back(d);
+  std::swap(v.perm[static_cast<std::size_t>(dims - 1)], v.perm[static_cast<std::size_t>(dims - 2)]);
+  return v;
+}
+// NCHW -> [N*H*W, C]: reduction over channels.
+MatrixView channels() { return {{}, {0, 2, 3, 1}, 1}; }
+// NCHW -> [C, N*H*W]: reduction over batch and positions (the weight gradient's).
+MatrixView batch_positions() { return {{}, {1, 0, 2, 3}, 3}; }
+// Weight [O, C/g, kh, kw] -> [O, kh*kw*C/g], channels fastest: the forward reduction.
+MatrixView weight_forward() { return {{}, {0, 2, 3, 1}, 3}; }
+// Weight -> [C, kh*kw*O/g], output channels fastest: grad_x's reduction within each group.
+MatrixView weight_grad_x(const torch::Tensor& w, std::int64_t groups) {
+  return {{groups, w.size(0) / groups, w.size(1), w.size(2), w.size(3)}, {0, 2, 3, 4, 1}, 3};
+}
+
 struct Operand {
   const torch::Tensor& t;
   TensorKind kind;
   std::uint32_t index;  // which operand of the op: selects its own random stream
+  MatrixView fwd, bwd;  // its matrices in the forward and the backward product
 };
+
+std::string saved_key(int i) { return "scaled" + std::to_string(i); }
 
 // Forward prologue shared by the ops: Q(first), Q(second), and what backward needs (the
 // saved forms, the layer state, the call number). Returns the two quantized operands.
@@ -170,12 +316,21 @@ std::pair<torch::Tensor, torch::Tensor> quantize_operands(AutogradContext* ctx,
                                                           const LayerStatePtr& st, Operand a,
                                                           Operand b) {
   const std::uint32_t call = st->begin_call();
-  auto [aq, as] = st->quantize_and_save(a.kind, a.t, call, a.index);
-  auto [bq, bs] = st->quantize_and_save(b.kind, b.t, call, b.index);
-  ctx->save_for_backward({as, bs});
+  std::array<torch::Tensor, 2> q, saved;
+  for (int i = 0; i < 2; ++i) {
+    const Operand& o = i == 0 ? a : b;
+    if (st->scaled(o.kind)) {
+      auto [y, keep] = st->quantize_scaled_operand(o.kind, o.t, o.fwd, o.bwd, call, o.index);
+      q[i] = std::move(y);
+      ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(std::move(keep));
+    } else {
+      std::tie(q[i], saved[i]) = st->quantize_and_save(o.kind, o.t, call, o.index);
+    }
+  }
+  ctx->save_for_backward({saved[0], saved[1]});
   ctx->saved_data["st"] = c10::IValue::make_capsule(st);
   ctx->saved_data["call"] = static_cast<std::int64_t>(call);
-  return {aq, bq};
+  return {q[0], q[1]};
 }
 
 // Backward prologue: the layer state, the call number and the two quantized operands.
@@ -187,8 +342,13 @@ struct Saved {
 Saved restore_operands(AutogradContext* ctx, TensorKind ka, TensorKind kb) {
   Saved s{state_of(ctx), static_cast<std::uint32_t>(ctx->saved_data["call"].toInt()), {}, {}};
   const auto saved = ctx->get_saved_variables();
-  s.a = s.st->restore(ka, saved[0]);
-  s.b = s.st->restore(kb, saved[1]);
+  const auto restore = [&](int i, TensorKind k) {
+    const auto it = ctx->saved_data.find(saved_key(i));
+    if (it == ctx->saved_data.end()) return s.st->restore(k, saved[static_cast<std::size_t>(i)]);
+    return s.st->restore(*c10::static_intrusive_pointer_cast<SavedScaled>(it->second.toCapsule()));
+  };
+  s.a = restore(0, ka);
+  s.b = restore(1, kb);
   return s;
 }
 
@@ -196,7 +356,8 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b, LayerStatePtr st) {
-    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0}, {w, TensorKind::w, 0});
+    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim())},
+                                      {w, TensorKind::w, 0, last_dim(), second_last(2)});
     ctx->saved_data["bias"] = b.numel() > 0;
     return torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor());
   }
@@ -210,20 +371,21 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
       db = g.reshape({-1, out_f}).sum(0);
     const std::vector<std::int64_t> g_shape(g.sizes().begin(), g.sizes().end());
-    const torch::Tensor gq =
-        st->quantize_owned(TensorKind::gx, std::move(g), call, backward_grad_refs())
-            .reshape({-1, out_f});
+    const std::int64_t g_dims = g.dim();
+    auto [g_for_dx, g_for_dw] =
+        st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call, backward_grad_refs());
     // The same products libtorch's addmm/mm backward forms, so that with float32
     // quantizers the gradients are bit-identical to torch::linear's.
     if (ctx->needs_input_grad(0)) {
-      dx = gq.mm(wq);
+      dx = g_for_dx.reshape({-1, out_f}).mm(wq);
       std::vector<std::int64_t> shape = g_shape;
       shape.back() = in_f;
       dx = dx.reshape(shape);
     }
     if (ctx->needs_input_grad(1)) {
       const torch::Tensor xq = xq_saved.reshape({-1, in_f});
-      dw = st->quantize_owned(TensorKind::gw, xq.t().mm(gq).t().contiguous(), call);
+      dw = st->quantize_along(TensorKind::gw, xq.t().mm(g_for_dw.reshape({-1, out_f})).t().contiguous(),
+                              last_dim(), call);
     }
     return {dx, dw, db, torch::Tensor()};
   }
@@ -236,7 +398,8 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
                                std::vector<std::int64_t> padding,
                                std::vector<std::int64_t> dilation, std::int64_t groups,
                                LayerStatePtr st) {
-    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0}, {w, TensorKind::w, 0});
+    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(), batch_positions()},
+                                      {w, TensorKind::w, 0, weight_forward(), weight_grad_x(w, groups)});
     ctx->saved_data["bias"] = b.numel() > 0;
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
@@ -261,13 +424,20 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
       db = std::get<2>(at::convolution_backward(g, xq, wq, bias_sizes, stride, padding, dilation,
                                                 false, {0, 0}, groups, {false, false, true}));
     }
-    const torch::Tensor gq =
-        st->quantize_owned(TensorKind::gx, std::move(g), call, backward_grad_refs());
-    auto [dx, dw, unused] = at::convolution_backward(
-        gq, xq, wq, c10::nullopt, stride, padding, dilation, false, {0, 0}, groups,
-        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), false});
-    (void)unused;
-    if (dw.defined()) dw = st->quantize_owned(TensorKind::gw, std::move(dw), call);
+    auto [g_for_dx, g_for_dw] =
+        st->quantize_grad(std::move(g), channels(), batch_positions(), call, backward_grad_refs());
+    const auto backward = [&](const torch::Tensor& gq, bool want_dx, bool want_dw) {
+      return at::convolution_backward(gq, xq, wq, c10::nullopt, stride, padding, dilation, false, {0, 0},
+                                      groups, {want_dx, want_dw, false});
+    };
+    torch::Tensor dx, dw;
+    if (g_for_dx.is_same(g_for_dw)) {  // one quantized gradient: one call, as libtorch's own backward
+      std::tie(dx, dw, std::ignore) = backward(g_for_dx, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+    } else {
+      if (ctx->needs_input_grad(0)) dx = std::get<0>(backward(g_for_dx, true, false));
+      if (ctx->needs_input_grad(1)) dw = std::get<1>(backward(g_for_dw, false, true));
+    }
+    if (dw.defined()) dw = st->quantize_along(TensorKind::gw, std::move(dw), weight_forward(), call);
     return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor()};
   }
@@ -277,17 +447,19 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
                                LayerStatePtr st) {
-    auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0}, {b, TensorKind::a, 1});
+    auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim())},
+                                      {b, TensorKind::a, 1, second_last(b.dim()), last_dim()});
     return torch::matmul(aq, bq);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto [st, call, aq, bq] = restore_operands(ctx, TensorKind::a, TensorKind::a);
-    const torch::Tensor gq =
-        st->quantize_owned(TensorKind::gx, std::move(grads[0]), call, backward_grad_refs());
+    const std::int64_t g_dims = grads[0].dim();
+    auto [g_for_da, g_for_db] =
+        st->quantize_grad(std::move(grads[0]), last_dim(), second_last(g_dims), call, backward_grad_refs());
     torch::Tensor da, db;
-    if (ctx->needs_input_grad(0)) da = at::sum_to(gq.matmul(bq.transpose(-2, -1)), aq.sizes());
-    if (ctx->needs_input_grad(1)) db = at::sum_to(aq.transpose(-2, -1).matmul(gq), bq.sizes());
+    if (ctx->needs_input_grad(0)) da = at::sum_to(g_for_da.matmul(bq.transpose(-2, -1)), aq.sizes());
+    if (ctx->needs_input_grad(1)) db = at::sum_to(aq.transpose(-2, -1).matmul(g_for_db), bq.sizes());
     return {da, db, torch::Tensor()};
   }
 };

@@ -173,6 +173,21 @@ const std::vector<RecipePreset>& recipe_presets() {
        "Transformer base WMT14, mixed (paper: 25.56 BLEU)"},
       {"bert-mixed", "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:16,gw=fp16",
        "BERT-Large, fp16 base (paper: MLM+NSP loss 2.22)"},
+      {"mxfp8", "a=mxfp8_e4m3,w=mxfp8_e4m3,gx=mxfp8_e5m2,gw=fp32",
+       "OCP MXFP8: E4M3 forward, E5M2 gradients, 1x32 E8M0 blocks (floor rule)"},
+      {"mxfp8-ceil", "a=mxfp8_e4m3:ceil,w=mxfp8_e4m3:ceil,gx=mxfp8_e5m2:ceil,gw=fp32",
+       "MXFP8 with E8M0 scales rounded up (nothing saturates)"},
+      {"mxfp6", "a=mxfp6_e2m3,w=mxfp6_e2m3,gx=mxfp6_e3m2,gw=fp32",
+       "OCP MXFP6: E2M3 forward, E3M2 gradients"},
+      {"mxfp4", "a=mxfp4,w=mxfp4,gx=mxfp4,gw=fp32", "OCP MXFP4 everywhere"},
+      {"nvfp4", "a=nvfp4,w=nvfp4,gx=nvfp4/stochastic,gw=fp32",
+       "NVFP4 (1x16 UE4M3 blocks, float32 tensor scale), stochastic rounding of gradients"},
+      {"deepseek", "a=deepseek_1x128,w=deepseek_128x128,gx=deepseek_1x128,gw=fp32",
+       "DeepSeek-V3: E4M3, 1x128 tiles for activations and gradients, 128x128 for weights"},
+      {"tensor-current", "a=e4m3_tensor,w=e4m3_tensor,gx=e5m2_tensor,gw=fp32",
+       "per-tensor current scaling: E4M3 forward, E5M2 gradients"},
+      {"tensor-delayed", "a=e4m3_delayed,w=e4m3_delayed,gx=e5m2_delayed,gw=fp32",
+       "per-tensor delayed scaling (amax of the last 16 steps): E4M3 forward, E5M2 gradients"},
   };
   return p;
 }

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "fp8lab/kernels/kernels.hpp"
+#include "fp8lab/kernels/scaled.hpp"
 
 namespace fp8lab::nn {
 
@@ -138,6 +139,58 @@ std::pair<torch::Tensor, torch::Tensor> quantize_and_encode_tensor(const torch::
     kernels::quantize_and_encode(in + b, out + b, codes + b, e - b, q, b, cc);
   });
   return {y, c};
+}
+
+namespace {
+std::vector<std::int64_t> inverse(const std::vector<std::int64_t>& perm) {
+  std::vector<std::int64_t> inv(perm.size());
+  for (std::size_t i = 0; i < perm.size(); ++i) inv[static_cast<std::size_t>(perm[i])] = static_cast<std::int64_t>(i);
+  return inv;
+}
+}  // namespace
+
+torch::Tensor to_matrix(const torch::Tensor& t, const MatrixView& v) {
+  torch::Tensor x = v.view.empty() ? t : t.reshape(v.view);
+  if (!v.perm.empty()) x = x.permute(v.perm);
+  std::int64_t cols = 1;
+  for (int d = 0; d < v.cols_dims; ++d) cols *= x.size(x.dim() - 1 - d);
+  const std::int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  return x.reshape({rows, cols}).contiguous();
+}
+
+torch::Tensor from_matrix(const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v) {
+  std::vector<std::int64_t> viewed = v.view.empty() ? shape.vec() : v.view;
+  std::vector<std::int64_t> permuted = viewed;
+  for (std::size_t i = 0; i < v.perm.size(); ++i) permuted[i] = viewed[static_cast<std::size_t>(v.perm[i])];
+  torch::Tensor x = m.reshape(permuted);
+  if (!v.perm.empty()) x = x.permute(inverse(v.perm));
+  return x.reshape(shape).contiguous();
+}
+
+ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec& s_in, std::uint64_t seed,
+                                    const ScaledCall& call, bool values, bool codes, ScaledCounts* counts) {
+  const torch::Tensor m = float_input(m_in, "scaled_quantize_matrix");
+  if (m.dim() != 2) throw Error("scaled_quantize_matrix: expected a matrix");
+  ScaledSpec s = s_in;
+  s.element.seed = seed;
+  const auto rows = static_cast<std::size_t>(m.size(0)), cols = static_cast<std::size_t>(m.size(1));
+  ScaledTensor q;
+  if (values) q.values = torch::empty({m.size(0), m.size(1)}, torch::kFloat32);
+  if (codes) q.codes = torch::empty({m.size(0), m.size(1)}, torch::kUInt8);
+  q.scales = torch::empty({static_cast<std::int64_t>(block_layout(s, rows, cols).groups())}, torch::kInt32);
+  ScaledOut out{values ? q.values.data_ptr<float>() : nullptr, codes ? q.codes.data_ptr<std::uint8_t>() : nullptr,
+                reinterpret_cast<std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), &q.tensor_scale};
+  q.amax = kernels::scaled_quantize(m.data_ptr<float>(), rows, cols, s, out, call, counts);
+  return q;
+}
+
+torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s) {
+  torch::Tensor y = torch::empty(q.codes.sizes(), torch::kFloat32);
+  kernels::scaled_decode(q.codes.data_ptr<std::uint8_t>(),
+                         reinterpret_cast<const std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), q.tensor_scale,
+                         static_cast<std::size_t>(q.codes.size(0)), static_cast<std::size_t>(q.codes.size(1)), s,
+                         y.data_ptr<float>());
+  return y;
 }
 
 }  // namespace fp8lab::nn

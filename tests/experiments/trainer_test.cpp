@@ -131,13 +131,18 @@ TEST(Trainer, LearningRateSchedules) {
 }
 
 // One run straight through, one stopped twice and resumed, each with its own store.
-void check_resume_equals_uninterrupted(const std::string& model) {
+void check_resume_equals_uninterrupted(const std::string& model, const std::string& recipe = "") {
   const fs::path d = dir();
-  fs::remove(d / ("u" + model + ".db"));
-  fs::remove(d / ("s" + model + ".db"));
-  results::Store s1((d / ("u" + model + ".db")).string()), s2((d / ("s" + model + ".db")).string());
-  auto c = busy("resume" + model);
+  const std::string tag = model + (recipe.empty() ? "" : "-scaled");
+  fs::remove(d / ("u" + tag + ".db"));
+  fs::remove(d / ("s" + tag + ".db"));
+  results::Store s1((d / ("u" + tag + ".db")).string()), s2((d / ("s" + tag + ".db")).string());
+  auto c = busy("resume" + tag);
   c.model.name = model;
+  if (!recipe.empty()) {
+    c.quant.recipe = recipe;
+    c.quant.loss_scale = "none";
+  }
   if (model.rfind("efficientnet", 0) == 0) {
     // Dropout and stochastic depth draw from the global generator.
     c.model.width_mult = 0.25;
@@ -146,7 +151,7 @@ void check_resume_equals_uninterrupted(const std::string& model) {
   }
   const auto full = experiments::train(c, &s1, quiet());
   ASSERT_EQ(full.status, results::RunStatus::finished);
-  c.train.checkpoint = (d / ("resume2" + model + ".ckpt")).string();
+  c.train.checkpoint = (d / ("resume2" + tag + ".ckpt")).string();
   experiments::TrainOptions o = quiet();
   o.stop_after = 7;  // not on a checkpoint or evaluation boundary
   auto r = experiments::train(c, &s2, o);
@@ -193,6 +198,13 @@ void check_resume_equals_uninterrupted(const std::string& model) {
 TEST(Trainer, ResumeEqualsUninterrupted) {
   check_resume_equals_uninterrupted("resnet8");
   check_resume_equals_uninterrupted("efficientnet-b0");
+}
+
+// Delayed scaling's amax histories travel in the checkpoint: without them the resumed steps
+// would scale from a fresh history and differ. Block scales and stochastic rounding too.
+TEST(Trainer, ResumeEqualsUninterruptedWithDelayedAndBlockScaling) {
+  check_resume_equals_uninterrupted(
+      "resnet8", "a=e4m3_delayed,w=mxfp8_e4m3,gx=e5m2@tensor:fp32:nearest:delayed-4/stochastic,gw=nvfp4");
 }
 
 TEST(Trainer, KilledRunResumesFromItsLastCheckpoint) {

@@ -42,7 +42,7 @@ TEST(Models, EncoderLayerForwardBackwardQuantized) {
   auto qm = nn::quantize_model(*m, nn::parse_recipe("transformer-mixed"));
   // wq wk wv wo, scores, context, ff1, ff2
   EXPECT_EQ(qm.layers.size(), 8u);
-  EXPECT_EQ(qm.layer("attn.scores")->quant[nn::TensorKind::a]->format, parse_format("1.4.3:10"));
+  EXPECT_EQ(qm.layer("attn.scores")->quant[nn::TensorKind::a]->element.format, parse_format("1.4.3:10"));
   auto x = torch::randn({2, 5, 16}, torch::requires_grad());
   auto mask = torch::zeros({1, 1, 5, 5}, torch::kBool);
   mask.index_put_({0, 0, 0, 4}, true);

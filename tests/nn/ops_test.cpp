@@ -24,7 +24,7 @@ bool bit_equal(const torch::Tensor& a, const torch::Tensor& b) {
 // Element-wise scalar quantization: the reference for the bulk path.
 torch::Tensor scalar_q(const torch::Tensor& t, const KindQuant& q, std::uint64_t seed) {
   if (!q) return t;
-  QuantSpec s = *q;
+  QuantSpec s = q->element;
   s.seed = seed;
   torch::Tensor x = t.contiguous().clone();
   float* p = x.data_ptr<float>();
@@ -120,7 +120,7 @@ TEST(Ops, QuantizedLinearIsTheComposition) {
 TEST(Ops, QuantizedConvAndMatmulAreTheComposition) {
   torch::manual_seed(5);
   LayerQuant lq = paper_quant();
-  lq[TensorKind::gx]->rounding = Rounding::stochastic;  // a stream per tensor
+  lq[TensorKind::gx]->element.rounding = Rounding::stochastic;  // a stream per tensor
   {
     auto x = torch::randn({2, 4, 7, 7}, torch::requires_grad());
     auto w = (0.2 * torch::randn({4, 1, 3, 3})).requires_grad_();

@@ -9,10 +9,10 @@ using namespace fp8lab::nn;
 TEST(Recipe, ParsesOneLine) {
   const Recipe r = parse_recipe("a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33/stochastic/nan,gw=1.5.2:31");
   ASSERT_TRUE(r.base[TensorKind::a]);
-  EXPECT_EQ(r.base[TensorKind::a]->format, parse_format("1.4.3:10"));
-  EXPECT_EQ(r.base[TensorKind::gx]->rounding, Rounding::stochastic);
-  EXPECT_EQ(r.base[TensorKind::gx]->overflow, Overflow::nan);
-  EXPECT_EQ(r.base[TensorKind::gw]->format, parse_format("1.5.2:31"));
+  EXPECT_EQ(r.base[TensorKind::a]->element.format, parse_format("1.4.3:10"));
+  EXPECT_EQ(r.base[TensorKind::gx]->element.rounding, Rounding::stochastic);
+  EXPECT_EQ(r.base[TensorKind::gx]->element.overflow, Overflow::nan);
+  EXPECT_EQ(r.base[TensorKind::gw]->element.format, parse_format("1.5.2:31"));
   EXPECT_TRUE(r.exempt_first);
   EXPECT_EQ(parse_recipe(r.to_line()).base, r.base);
   const Recipe partial = parse_recipe("gx=e5m2, first=0");
@@ -23,20 +23,48 @@ TEST(Recipe, ParsesOneLine) {
 
 TEST(Recipe, PresetsFollowThePaper) {
   const Recipe r = parse_recipe("resnet32-mixed");
-  EXPECT_EQ(r.base[TensorKind::a]->format, parse_format("1.4.3:10"));
-  EXPECT_EQ(r.base[TensorKind::w]->format, parse_format("1.4.3:14"));
-  EXPECT_EQ(r.base[TensorKind::gx]->format, parse_format("1.5.2:33"));
-  EXPECT_EQ(r.base[TensorKind::gw]->format, parse_format("1.5.2:31"));
+  EXPECT_EQ(r.base[TensorKind::a]->element.format, parse_format("1.4.3:10"));
+  EXPECT_EQ(r.base[TensorKind::w]->element.format, parse_format("1.4.3:14"));
+  EXPECT_EQ(r.base[TensorKind::gx]->element.format, parse_format("1.5.2:33"));
+  EXPECT_EQ(r.base[TensorKind::gw]->element.format, parse_format("1.5.2:31"));
   const Recipe t = parse_recipe("transformer-152");
-  EXPECT_EQ(t.base[TensorKind::gx]->format, parse_format("1.5.2:40"));
+  EXPECT_EQ(t.base[TensorKind::gx]->element.format, parse_format("1.5.2:40"));
   const Recipe e = parse_recipe("efficientnet-mixed");
-  EXPECT_EQ(e.base[TensorKind::gw]->format, parse_format("fp16"));
+  EXPECT_EQ(e.base[TensorKind::gw]->element.format, parse_format("fp16"));
   for (const auto& p : recipe_presets()) EXPECT_NO_THROW(parse_recipe(p.name)) << p.name;
   const Recipe f = parse_recipe("fp32");
   for (TensorKind k : kAllKinds) EXPECT_FALSE(f.base[k]);
 }
 
 using fp8lab::test::error_of;
+
+TEST(Recipe, TakesScaledFormatsPerKind) {
+  const Recipe r = parse_recipe("a=mxfp8_e4m3,w=e4m3fn@128x128:fp32:nearest,gx=mxfp8_e5m2/stochastic,gw=1.5.2:31");
+  ASSERT_TRUE(r.base[TensorKind::a]->scaled());
+  EXPECT_EQ(*r.base[TensorKind::a], parse_scaled("mxfp8_e4m3"));
+  EXPECT_EQ(r.base[TensorKind::w]->granularity, Granularity::tile);
+  EXPECT_EQ(r.base[TensorKind::gx]->element.rounding, Rounding::stochastic);
+  EXPECT_FALSE(r.base[TensorKind::gw]->scaled());
+  EXPECT_EQ(parse_recipe(r.to_line()).base, r.base);
+  EXPECT_EQ(to_string(r.base[TensorKind::gx]), "e5m2@1x32:e8m0:floor/stochastic");
+  EXPECT_NE(error_of([] { parse_recipe("a=mxfp4/nan"); }).find("saturate"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_recipe("a=mxfp4:sideways"); }).find("sideways"), std::string::npos);
+  const Recipe t = parse_recipe_toml(R"(
+a = "nvfp4"
+[gx]
+format = "e5m2@1x32:e8m0:ceil"
+rounding = "stochastic"
+[[override]]
+match = "fc"
+a = "fp32"
+)");
+  EXPECT_EQ(*t.base[TensorKind::a], parse_scaled("nvfp4"));
+  EXPECT_EQ(t.base[TensorKind::gx]->rule, ScaleRule::ceil);
+  EXPECT_EQ(t.base[TensorKind::gx]->element.rounding, Rounding::stochastic);
+  EXPECT_FALSE(t.resolve("fc", 1, 2)[TensorKind::a]);
+  for (const char* preset : {"mxfp8", "mxfp6", "mxfp4", "nvfp4", "deepseek", "tensor-current", "tensor-delayed"})
+    EXPECT_TRUE(parse_recipe(preset).base[TensorKind::a]->scaled()) << preset;
+}
 
 TEST(Recipe, BadLinesNameTheProblem) {
   EXPECT_NE(error_of([] { parse_recipe("a=1.4.3,q=1.5.2"); }).find("unknown key 'q'"), std::string::npos);
@@ -66,15 +94,15 @@ gw = "e5m2/nan"
 )";
   const Recipe r = parse_recipe_toml(toml, "t.toml");
   EXPECT_EQ(r.name, "mixed with fp32 head");
-  EXPECT_EQ(r.base[TensorKind::gx]->random_bits, 12);
+  EXPECT_EQ(r.base[TensorKind::gx]->element.random_bits, 12);
   ASSERT_EQ(r.overrides.size(), 2u);
   const LayerQuant first = r.resolve("conv1", 0, 5);
   EXPECT_FALSE(first[TensorKind::a]);   // exempt: first layer's input
   EXPECT_FALSE(first[TensorKind::gx]);  // and the gradient at its output
   EXPECT_TRUE(first[TensorKind::w]);
   const LayerQuant mid = r.resolve("layer1.0.conv2", 2, 5);
-  EXPECT_EQ(mid[TensorKind::gw]->format, parse_format("e5m2"));
-  EXPECT_EQ(mid[TensorKind::gw]->overflow, Overflow::nan);
+  EXPECT_EQ(mid[TensorKind::gw]->element.format, parse_format("e5m2"));
+  EXPECT_EQ(mid[TensorKind::gw]->element.overflow, Overflow::nan);
   EXPECT_TRUE(mid[TensorKind::a]);
   const LayerQuant last = r.resolve("fc", 4, 5);
   EXPECT_FALSE(last[TensorKind::a]);

@@ -12,6 +12,7 @@
 #include <torch/types.h>
 
 #include <array>
+#include <map>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/kernels/kernels.hpp"
 #include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/nn/tensor_quant.hpp"
 
 namespace fp8lab::nn {
 
@@ -32,6 +34,21 @@ struct TensorStats {
   kernels::ExpHistogram hist;  // of the tensor before quantization
   QuantCounts counts;          // what quantizing it did (total only when the kind is fp32)
   float absmax = 0;
+  // Scaled quantizers: the group figures (saturated, zero, NaN groups, scale range) and a
+  // histogram of the groups' scales by their exponent.
+  bool scaled = false;
+  ScaledCounts groups;
+  kernels::ExpHistogram scale_hist;
+};
+
+// A scaled operand kept for backward (docs/spec.md §6.6): the codes and scales of its
+// quantization for the backward product (or its float32 values when codes are not kept),
+// and how to turn them back into a tensor of the operand's shape.
+struct SavedScaled : torch::CustomClassHolder {
+  TensorKind kind = TensorKind::a;
+  ScaledTensor q;
+  MatrixView view;
+  std::vector<std::int64_t> shape;
 };
 
 class StatsLog {
@@ -99,8 +116,45 @@ struct LayerState : torch::CustomClassHolder {
   // Inverse of the saved form: float32 Q_k(t).
   torch::Tensor restore(TensorKind k, const torch::Tensor& saved) const;
 
+  // Scaled quantizers (docs/spec.md §6.6): every operand of a product is quantized from
+  // float32 with its blocks along that product's reduction dimension, the columns of a
+  // MatrixView.
+  bool scaled(TensorKind k) const { return quant[k] && quant[k]->scaled(); }
+  // Q_k(t) for the forward product (blocks along `fwd`), and the operand's quantization for
+  // the backward product (along `bwd`) as backward keeps it.
+  std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> quantize_scaled_operand(
+      TensorKind k, const torch::Tensor& t, const MatrixView& fwd, const MatrixView& bwd, std::uint32_t call,
+      std::uint32_t operand);
+  torch::Tensor restore(const SavedScaled& saved) const;
+  // The incoming gradient quantized for the grad_x product (blocks along `for_dx`) and for
+  // the grad_w product (along `for_dw`). A fixed-bias or float32 gx quantizer gives the one
+  // tensor quantize_owned() gives, twice.
+  std::pair<torch::Tensor, torch::Tensor> quantize_grad(torch::Tensor g, const MatrixView& for_dx,
+                                                        const MatrixView& for_dw, std::uint32_t call,
+                                                        std::int64_t refs);
+  // Q_k(t) of a tensor that is no product's operand (the weight gradient), blocks along `v`.
+  torch::Tensor quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call);
+
+  // Delayed scaling's amax histories, one per kind and operand, as a checkpoint keeps them.
+  struct History {
+    TensorKind kind;
+    std::uint32_t operand;
+    std::vector<float> amaxes;  // oldest first
+    friend bool operator==(const History&, const History&) = default;
+  };
+  std::vector<History> histories() const;
+  void restore_histories(const std::vector<History>& h);  // throws Error on a kind without one
+
  private:
+  // One scaled quantization of t under view v; counts (when `count`) and statistics.
+  ScaledTensor quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v, std::uint32_t call,
+                               std::uint32_t stream, const ScaledCall& sc, bool values, bool codes, bool count);
+  ScaledCall scaled_call(TensorKind k, std::uint32_t operand);
+  void push_amax(TensorKind k, std::uint32_t operand, float amax);
   void record(TensorKind k, const torch::Tensor& t, const QuantCounts& c, std::uint32_t call);
+  void record_stats(TensorKind k, const torch::Tensor& t, const QuantCounts& c, std::uint32_t call,
+                    const ScaledCounts* groups, const ScaledTensor* q);
+  std::map<std::pair<int, std::uint32_t>, AmaxHistory> histories_;
   bool stats_due(std::uint32_t call) const;  // this call records a histogram
   mutable std::mutex m_;
   std::array<QuantCounts, kKinds> counts_{};

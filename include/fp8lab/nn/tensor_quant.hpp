@@ -3,8 +3,12 @@
 
 #include <torch/types.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/scaled.hpp"
 
 namespace fp8lab::nn {
 
@@ -28,5 +32,36 @@ std::pair<torch::Tensor, torch::Tensor> quantize_and_encode_tensor(const torch::
                                                                    const QuantSpec& q,
                                                                    std::uint64_t seed,
                                                                    QuantCounts* counts = nullptr);
+
+// ---- scaled quantization (docs/spec.md §6) ------------------------------------------------
+
+// How a product reads an operand, as the matrix [rows, cols] whose cols are the product's
+// reduction dimension (the one scaled quantization blocks along): the tensor viewed as
+// `view` (empty: its own shape), permuted by `perm` (empty: unchanged), then flattened with
+// the last `cols_dims` dimensions as the columns.
+struct MatrixView {
+  std::vector<std::int64_t> view, perm;
+  int cols_dims = 1;
+};
+// The contiguous matrix of t under v.
+torch::Tensor to_matrix(const torch::Tensor& t, const MatrixView& v);
+// The inverse: a contiguous tensor of shape `shape` from its matrix m under v.
+torch::Tensor from_matrix(const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v);
+
+// A scaled quantization of a matrix: what the kernels wrote.
+struct ScaledTensor {
+  torch::Tensor values;  // float32 [rows, cols], when asked for
+  torch::Tensor codes;   // uint8 [rows, cols], when asked for
+  torch::Tensor scales;  // int32 [groups] holding the uint32 scale codes (row-major grid)
+  float tensor_scale = 1;
+  float amax = 0;        // the tensor's largest finite |x| (delayed scaling's history takes it)
+};
+// Quantizes the 2-D float32 tensor m with s (its stochastic seed replaced by `seed`) on the
+// kernels' own threads (kernels::scaled_quantize).
+ScaledTensor scaled_quantize_matrix(const torch::Tensor& m, const ScaledSpec& s, std::uint64_t seed,
+                                    const ScaledCall& call, bool values, bool codes,
+                                    ScaledCounts* counts = nullptr);
+// The float32 values [rows, cols] of q's codes and scales.
+torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s);
 
 }  // namespace fp8lab::nn

@@ -1,0 +1,227 @@
+// Training semantics of scaled quantizers (docs/spec.md §6.6): every operand of every product
+// is quantized from float32 with its blocks along that product's reduction dimension. The
+// expected results are built from the scalar reference on matrices laid out by explicit
+// index loops (not by the ops' MatrixView code) and composed with libtorch's own ops.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <cstring>
+#include <functional>
+
+#include "fp8lab/core/scaled.hpp"
+#include "fp8lab/nn/ops.hpp"
+
+using namespace fp8lab;
+using namespace fp8lab::nn;
+
+namespace {
+
+bool bit_equal(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  if (a.sizes() != b.sizes()) return false;
+  const auto x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
+}
+
+// A matrix [rows, cols] whose element (r, c) is t's element at flat index at(r, c); quantized
+// by the scalar reference; scattered back to t's shape through the same index map.
+using IndexMap = std::function<std::int64_t(std::int64_t r, std::int64_t c)>;
+torch::Tensor ref_quantize(const torch::Tensor& t, std::int64_t rows, std::int64_t cols, const IndexMap& at,
+                           const ScaledSpec& s, ScaledCall call = {}) {
+  const torch::Tensor x = t.contiguous();
+  const float* p = x.data_ptr<float>();
+  std::vector<float> m(static_cast<std::size_t>(rows * cols)), y(m.size());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) m[static_cast<std::size_t>(r * cols + c)] = p[at(r, c)];
+  scaled_quantize_reference(m.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(cols), s,
+                            ScaledOut{y.data()}, call);
+  torch::Tensor out = torch::empty_like(x);
+  float* q = out.data_ptr<float>();
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) q[at(r, c)] = y[static_cast<std::size_t>(r * cols + c)];
+  return out;
+}
+
+LayerQuant all(const std::string& spec, const std::string& gw = "fp32") {
+  return parse_recipe("a=" + spec + ",w=" + spec + ",gx=" + spec + ",gw=" + gw).base;
+}
+
+}  // namespace
+
+TEST(ScaledOps, LinearQuantizesEachOperandAlongEachProductsReduction) {
+  torch::manual_seed(3);
+  const std::int64_t N = 6, in = 40, out = 24;  // 40 = 16 + 16 + 8: a short block per row
+  const torch::Tensor x0 = torch::randn({N, in}) * 3, w0 = torch::randn({out, in}), b = torch::randn({out});
+  const torch::Tensor g = torch::randn({N, out}) * 1e-3;
+  for (const bool save_codes : {true, false}) {
+    const std::string spec = "e2m1fn@1x16:e8m0:ceil";
+    const ScaledSpec s = parse_scaled(spec);
+    auto ctx = std::make_shared<QuantContext>();
+    ctx->save_codes = ctx->save_weight_codes = save_codes;
+    auto st = make_layer_state("lin", all(spec, spec), ctx);
+    const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const torch::Tensor y = quant_linear(x, w, b, st);
+    const auto grads = torch::autograd::grad({(y * g).sum()}, {x, w});
+
+    const auto row_major = [](std::int64_t cols) { return [cols](std::int64_t r, std::int64_t c) { return r * cols + c; }; };
+    const auto transposed = [](std::int64_t cols) { return [cols](std::int64_t r, std::int64_t c) { return c * cols + r; }; };
+    // Forward: both along `in`.
+    const torch::Tensor xf = ref_quantize(x0, N, in, row_major(in), s), wf = ref_quantize(w0, out, in, row_major(in), s);
+    EXPECT_TRUE(bit_equal(y, torch::linear(xf, wf, b))) << "save_codes " << save_codes;
+    // grad_x = g w: g and w along `out`.
+    const torch::Tensor gd = ref_quantize(g, N, out, row_major(out), s), wb = ref_quantize(w0, in, out, transposed(in), s);
+    EXPECT_TRUE(bit_equal(grads[0], gd.mm(wb)));
+    // grad_w = g^T x: g and x along the batch; then Q_gw along `in`.
+    const torch::Tensor gb = ref_quantize(g, out, N, transposed(out), s), xb = ref_quantize(x0, in, N, transposed(in), s);
+    const torch::Tensor dw = xb.t().mm(gb).t().contiguous();
+    EXPECT_TRUE(bit_equal(grads[1], ref_quantize(dw, out, in, row_major(in), s)));
+    // What backward kept: the codes and one 4-byte scale per block of x^T [40, 6], and of w^T [40, 24].
+    if (save_codes) {
+      EXPECT_EQ(ctx->saved_bytes.load(), in * N + in * 1 * 4);
+      EXPECT_EQ(ctx->saved_weight_bytes.load(), in * out + in * 2 * 4);
+    } else {
+      EXPECT_EQ(ctx->saved_bytes.load(), in * N * 4);
+    }
+  }
+}
+
+TEST(ScaledOps, GroupedConvBlocksAlongInputChannelsAndBatchPositions) {
+  torch::manual_seed(4);
+  const std::int64_t N = 2, C = 4, H = 5, W = 5, O = 6, G = 2, Cg = C / G, K = 3, Og = O / G;
+  const torch::Tensor x0 = torch::randn({N, C, H, W}), w0 = torch::randn({O, Cg, K, K}) * 0.2;
+  const torch::Tensor g = torch::randn({N, O, H, W}) * 1e-2;
+  const std::string spec = "e4m3fn@1x4:e8m0:floor";
+  const ScaledSpec s = parse_scaled(spec);
+  auto st = make_layer_state("conv", all(spec), nullptr);
+  const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  const torch::Tensor y = quant_conv2d(x, w, {}, {1, 1}, {1, 1}, {1, 1}, G, st);
+  const auto grads = torch::autograd::grad({(y * g).sum()}, {x, w});
+
+  const auto nchw = [&](std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t ww, std::int64_t ch) {
+    return ((n * ch + c) * H + h) * W + ww;
+  };
+  const auto position = [&](std::int64_t p, std::int64_t& n, std::int64_t& h, std::int64_t& ww) {
+    n = p / (H * W);
+    h = p / W % H;
+    ww = p % W;
+  };
+  // Activations and gradients: [positions, channels] and [channels, positions].
+  const auto by_channels = [&](std::int64_t ch) {
+    return [&, ch](std::int64_t r, std::int64_t c) {
+      std::int64_t n, h, ww;
+      position(r, n, h, ww);
+      return nchw(n, c, h, ww, ch);
+    };
+  };
+  const auto by_positions = [&](std::int64_t ch) {
+    return [&, ch](std::int64_t r, std::int64_t c) {
+      std::int64_t n, h, ww;
+      position(c, n, h, ww);
+      return nchw(n, r, h, ww, ch);
+    };
+  };
+  // Weights: forward rows o, columns (i, j, c); grad_x rows (group, c), columns (i, j, o in group).
+  const auto w_forward = [&](std::int64_t o, std::int64_t k) {
+    const std::int64_t i = k / (K * Cg), j = k / Cg % K, c = k % Cg;
+    return ((o * Cg + c) * K + i) * K + j;
+  };
+  const auto w_grad_x = [&](std::int64_t r, std::int64_t k) {
+    const std::int64_t gi = r / Cg, c = r % Cg, i = k / (K * Og), j = k / Og % K, o = gi * Og + k % Og;
+    return ((o * Cg + c) * K + i) * K + j;
+  };
+  const std::int64_t P = N * H * W;
+  const torch::Tensor xf = ref_quantize(x0, P, C, by_channels(C), s);
+  const torch::Tensor wf = ref_quantize(w0, O, K * K * Cg, w_forward, s);
+  EXPECT_TRUE(bit_equal(y, torch::conv2d(xf, wf, {}, {1, 1}, {1, 1}, {1, 1}, G)));
+  const torch::Tensor xb = ref_quantize(x0, C, P, by_positions(C), s);
+  const torch::Tensor wb = ref_quantize(w0, G * Cg, K * K * Og, w_grad_x, s);
+  const torch::Tensor gd = ref_quantize(g, P, O, by_channels(O), s), gb = ref_quantize(g, O, P, by_positions(O), s);
+  const auto backward = [&](const torch::Tensor& gq, bool dx, bool dw) {
+    return at::convolution_backward(gq, xb, wb, c10::nullopt, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, G,
+                                    {dx, dw, false});
+  };
+  EXPECT_TRUE(bit_equal(grads[0], std::get<0>(backward(gd, true, false))));
+  EXPECT_TRUE(bit_equal(grads[1], std::get<1>(backward(gb, false, true))));  // gw: float32
+}
+
+TEST(ScaledOps, MatmulBlocksAlongKForwardAndAlongTheOtherDimensionsBackward) {
+  torch::manual_seed(5);
+  const std::int64_t B = 2, M = 5, Kd = 8, Nd = 6;
+  const torch::Tensor a0 = torch::randn({B, M, Kd}), b0 = torch::randn({B, Kd, Nd}), g = torch::randn({B, M, Nd});
+  const std::string spec = "e4m3fn@1x4:e8m0:ceil";
+  const ScaledSpec s = parse_scaled(spec);
+  auto st = make_layer_state("attn", all(spec), nullptr);
+  const torch::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+  const torch::Tensor y = quant_matmul(a, b, st);
+  const auto grads = torch::autograd::grad({(y * g).sum()}, {a, b});
+  // [batch * rows, cols] of a [B, R, C] tensor as stored, and of its transpose.
+  const auto plain = [](std::int64_t cols) { return [cols](std::int64_t r, std::int64_t c) { return r * cols + c; }; };
+  const auto swapped = [](std::int64_t R, std::int64_t C) {
+    return [R, C](std::int64_t r, std::int64_t c) { return (r / C) * R * C + c * C + r % C; };
+  };
+  const torch::Tensor af = ref_quantize(a0, B * M, Kd, plain(Kd), s), bf = ref_quantize(b0, B * Nd, Kd, swapped(Kd, Nd), s);
+  EXPECT_TRUE(bit_equal(y, af.matmul(bf)));
+  const torch::Tensor gd = ref_quantize(g, B * M, Nd, plain(Nd), s), bb = ref_quantize(b0, B * Kd, Nd, plain(Nd), s);
+  EXPECT_TRUE(bit_equal(grads[0], gd.matmul(bb.transpose(-2, -1))));
+  const torch::Tensor ab = ref_quantize(a0, B * Kd, M, swapped(M, Kd), s), gb = ref_quantize(g, B * Nd, M, swapped(M, Nd), s);
+  EXPECT_TRUE(bit_equal(grads[1], ab.transpose(-2, -1).matmul(gb)));
+}
+
+TEST(ScaledOps, DelayedScalingUsesTheHistoryAndKeepsIt) {
+  const std::string spec = "e4m3fn@tensor:fp32:nearest:delayed-2";
+  const ScaledSpec s = parse_scaled(spec);
+  auto ctx = std::make_shared<QuantContext>();
+  auto st = make_layer_state("lin", parse_recipe("a=" + spec).base, ctx);
+  const torch::Tensor w = torch::eye(4);
+  const auto x_with_amax = [](float amax) { return torch::tensor({0.3f, -amax, 0.01f, 0.7f}).reshape({1, 4}); };
+  const auto row = [](std::int64_t r, std::int64_t c) { return r * 4 + c; };
+  std::vector<torch::Tensor> outputs;
+  for (float amax : {1.0f, 4.0f, 2.0f, 1.5f}) {
+    outputs.push_back(quant_linear(x_with_amax(amax), w, {}, st));
+    ctx->step += 1;
+  }
+  // Step 0 has no history (current amax 1); then the largest of the last two steps' amaxes.
+  const float used[] = {1.0f, 1.0f, 4.0f, 4.0f};
+  const float amaxes[] = {1.0f, 4.0f, 2.0f, 1.5f};
+  for (int i = 0; i < 4; ++i) {
+    ScaledCall call;
+    if (i > 0) call.delayed_amax = used[i];
+    const torch::Tensor want = ref_quantize(x_with_amax(amaxes[i]), 1, 4, row, s, call).mm(w.t());
+    EXPECT_TRUE(bit_equal(outputs[static_cast<std::size_t>(i)], want)) << "step " << i;
+  }
+  const auto h = st->histories();
+  ASSERT_EQ(h.size(), 1u);
+  EXPECT_EQ(h[0].kind, TensorKind::a);
+  EXPECT_EQ(h[0].amaxes, (std::vector<float>{2.0f, 1.5f}));
+  // A second layer given the history scales as the first does; evaluation leaves it alone.
+  auto other = make_layer_state("lin", parse_recipe("a=" + spec).base, ctx);
+  other->restore_histories(h);
+  ctx->recording = false;
+  EXPECT_TRUE(bit_equal(quant_linear(x_with_amax(0.5f), w, {}, st), quant_linear(x_with_amax(0.5f), w, {}, other)));
+  EXPECT_EQ(st->histories(), h);
+  auto fixed = make_layer_state("lin", parse_recipe("a=e4m3fn@tensor:fp32:nearest").base, ctx);
+  EXPECT_THROW(fixed->restore_histories(h), Error);
+}
+
+TEST(ScaledOps, StatisticsHoldTheGroupFiguresAndTheScales) {
+  auto ctx = std::make_shared<QuantContext>();
+  ctx->stats_interval = 1;
+  auto st = make_layer_state("lin", parse_recipe("a=e2m1fn@1x16:e8m0:floor,w=mxfp8_e4m3").base, ctx);
+  torch::Tensor x = torch::zeros({3, 40});
+  x[0].fill_(1.0f);            // 1 = 2^0: scale 2^(0 - 2) for E2M1 (emax 2)
+  x[1][5] = 7.0f;              // amax 7 -> 2^0 scale; 7 saturates to 6 under floor
+  (void)quant_linear(x, torch::ones({2, 40}), {}, st);
+  const auto records = ctx->stats->take();
+  const TensorStats* a = nullptr;
+  for (const auto& r : records)
+    if (r.kind == TensorKind::a) a = &r;
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->scaled);
+  EXPECT_EQ(a->groups.groups, 9u);            // 3 rows x 3 blocks
+  EXPECT_EQ(a->groups.zero_groups, 5u);       // row 2 and the rest of row 1
+  EXPECT_EQ(a->groups.saturated_groups, 1u);
+  EXPECT_EQ(a->scale_hist.at(-2), 3u);        // row 0's three blocks
+  EXPECT_EQ(a->scale_hist.at(0), 1u);         // the block holding 7
+  EXPECT_EQ(a->scale_hist.at(-127), 5u);      // zero blocks: scale code 0 (2^-127)
+}
