@@ -148,11 +148,20 @@ void LayerState::restore_histories(const std::vector<History>& hs) {
   }
 }
 
+std::array<float, 16> LayerState::hadamard_signs_for(std::uint32_t call) const {
+  return hadamard_signs(seed_for(TensorKind::gw, call, 15));
+}
+
 ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v,
                                          std::uint32_t call, std::uint32_t stream, const ScaledCall& sc,
-                                         bool values, bool codes, bool count) {
+                                         bool values, bool codes, bool count, bool hadamard) {
   ScaledCounts c;
-  ScaledTensor q = scaled_quantize_matrix(to_matrix(t, v), *quant[k], seed_for(k, call, stream), sc, values, codes,
+  torch::Tensor m = to_matrix(t, v);
+  if (hadamard) {
+    if (m.is_same(t) || m.data_ptr() == t.data_ptr()) m = m.clone();
+    hadamard16_(m, hadamard_signs_for(call));
+  }
+  ScaledTensor q = scaled_quantize_matrix(m, *quant[k], seed_for(k, call, stream), sc, values, codes,
                                           count ? &c : nullptr);
   if (count) record_stats(k, t, c.elements, call, &c, &q);
   return q;
@@ -160,7 +169,7 @@ ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, c
 
 std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_scaled_operand(
     TensorKind k, const torch::Tensor& t, const MatrixView& fwd, const MatrixView& bwd, std::uint32_t call,
-    std::uint32_t operand) {
+    std::uint32_t operand, bool grad_w_operand) {
   const ScaledCall sc = scaled_call(k, operand);
   const ScaledTensor f = quantize_scaled(k, t, fwd, call, operand, sc, true, false, true);
   auto saved = c10::make_intrusive<SavedScaled>();
@@ -170,7 +179,8 @@ std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_s
   const bool weight = k == TensorKind::w;
   const bool codes = weight ? ctx->save_weight_codes : ctx->save_codes;
   // The backward product's operand: its own blocks, from the float32 tensor, its own stream.
-  saved->q = quantize_scaled(k, t, bwd, call, operand + 2, sc, !codes, codes, false);
+  saved->q = quantize_scaled(k, t, bwd, call, operand + 2, sc, !codes, codes, false,
+                             grad_w_operand && hadamard_applies());
   (weight ? ctx->saved_weight_bytes : ctx->saved_bytes) +=
       codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
   push_amax(k, operand, f.amax);
@@ -184,14 +194,15 @@ torch::Tensor LayerState::restore(const SavedScaled& saved) const {
 
 std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_grad(torch::Tensor g, const MatrixView& for_dx,
                                                                   const MatrixView& for_dw, std::uint32_t call,
-                                                                  std::int64_t refs) {
+                                                                  std::int64_t refs, bool hadamard) {
   if (!scaled(TensorKind::gx)) {
     torch::Tensor q = quantize_owned(TensorKind::gx, std::move(g), call, refs);
     return {q, q};
   }
   const ScaledCall sc = scaled_call(TensorKind::gx, 0);
   const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc, true, false, true);
-  const ScaledTensor dw = quantize_scaled(TensorKind::gx, g, for_dw, call, 1, sc, true, false, false);
+  const ScaledTensor dw =
+      quantize_scaled(TensorKind::gx, g, for_dw, call, 1, sc, true, false, false, hadamard && hadamard_applies());
   push_amax(TensorKind::gx, 0, dx.amax);
   return {from_matrix(dx.values, g.sizes(), for_dx), from_matrix(dw.values, g.sizes(), for_dw)};
 }
@@ -306,6 +317,7 @@ struct Operand {
   TensorKind kind;
   std::uint32_t index;  // which operand of the op: selects its own random stream
   MatrixView fwd, bwd;  // its matrices in the forward and the backward product
+  bool grad_w = false;  // the backward product is grad_w's (a linear or matmul: the Hadamard transform may apply)
 };
 
 std::string saved_key(int i) { return "scaled" + std::to_string(i); }
@@ -320,7 +332,7 @@ std::pair<torch::Tensor, torch::Tensor> quantize_operands(AutogradContext* ctx,
   for (int i = 0; i < 2; ++i) {
     const Operand& o = i == 0 ? a : b;
     if (st->scaled(o.kind)) {
-      auto [y, keep] = st->quantize_scaled_operand(o.kind, o.t, o.fwd, o.bwd, call, o.index);
+      auto [y, keep] = st->quantize_scaled_operand(o.kind, o.t, o.fwd, o.bwd, call, o.index, o.grad_w);
       q[i] = std::move(y);
       ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(std::move(keep));
     } else {
@@ -356,7 +368,7 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b, LayerStatePtr st) {
-    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim())},
+    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), true},
                                       {w, TensorKind::w, 0, last_dim(), second_last(2)});
     ctx->saved_data["bias"] = b.numel() > 0;
     return torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor());
@@ -373,7 +385,7 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     const std::vector<std::int64_t> g_shape(g.sizes().begin(), g.sizes().end());
     const std::int64_t g_dims = g.dim();
     auto [g_for_dx, g_for_dw] =
-        st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call, backward_grad_refs());
+        st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call, backward_grad_refs(), true);
     // The same products libtorch's addmm/mm backward forms, so that with float32
     // quantizers the gradients are bit-identical to torch::linear's.
     if (ctx->needs_input_grad(0)) {
@@ -447,7 +459,7 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
                                LayerStatePtr st) {
-    auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim())},
+    auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim()), true},
                                       {b, TensorKind::a, 1, second_last(b.dim()), last_dim()});
     return torch::matmul(aq, bq);
   }
@@ -456,7 +468,7 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
     const auto [st, call, aq, bq] = restore_operands(ctx, TensorKind::a, TensorKind::a);
     const std::int64_t g_dims = grads[0].dim();
     auto [g_for_da, g_for_db] =
-        st->quantize_grad(std::move(grads[0]), last_dim(), second_last(g_dims), call, backward_grad_refs());
+        st->quantize_grad(std::move(grads[0]), last_dim(), second_last(g_dims), call, backward_grad_refs(), true);
     torch::Tensor da, db;
     if (ctx->needs_input_grad(0)) da = at::sum_to(g_for_da.matmul(bq.transpose(-2, -1)), aq.sizes());
     if (ctx->needs_input_grad(1)) db = at::sum_to(aq.transpose(-2, -1).matmul(g_for_db), bq.sizes());

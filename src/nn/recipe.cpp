@@ -129,6 +129,7 @@ bool override_matches(const RecipeOverride& o, std::string_view path, int index,
 
 LayerQuant Recipe::resolve(std::string_view path, int index, int count) const {
   LayerQuant out = base;
+  out.hadamard = hadamard;
   if (exempt_first && index == 0) {
     out[TensorKind::a] = std::nullopt;
     out[TensorKind::gx] = std::nullopt;
@@ -145,6 +146,7 @@ std::string Recipe::to_line() const {
   for (TensorKind k : kAllKinds)
     s += (s.empty() ? "" : ",") + std::string(to_string(k)) + "=" + to_string(base[k]);
   if (!exempt_first) s += ",first=0";
+  if (hadamard) s += ",hadamard=" + std::to_string(hadamard);
   return s;
 }
 
@@ -182,6 +184,8 @@ const std::vector<RecipePreset>& recipe_presets() {
       {"mxfp4", "a=mxfp4,w=mxfp4,gx=mxfp4,gw=fp32", "OCP MXFP4 everywhere"},
       {"nvfp4", "a=nvfp4,w=nvfp4,gx=nvfp4/stochastic,gw=fp32",
        "NVFP4 (1x16 UE4M3 blocks, float32 tensor scale), stochastic rounding of gradients"},
+      {"nvfp4-rht", "a=nvfp4,w=nvfp4,gx=nvfp4/stochastic,gw=fp32,hadamard=16",
+       "NVFP4 with the random Hadamard transform on grad_w's operands (linear layers)"},
       {"deepseek", "a=deepseek_1x128,w=deepseek_128x128,gx=deepseek_1x128,gw=fp32",
        "DeepSeek-V3: E4M3, 1x128 tiles for activations and gradients, 128x128 for weights"},
       {"tensor-current", "a=e4m3_tensor,w=e4m3_tensor,gx=e5m2_tensor,gw=fp32",
@@ -221,12 +225,18 @@ Recipe parse_recipe(std::string_view text_in) {
       r.exempt_first = !(value == "0" || value == "false" || value == "quantize");
       continue;
     }
+    if (key == "hadamard") {
+      if (value != "0" && value != "16")
+        throw Error("recipe '" + std::string(text) + "': hadamard must be 0 or 16 (got '" + std::string(value) + "')");
+      r.hadamard = value == "16" ? 16 : 0;
+      continue;
+    }
     TensorKind k;
     try {
       k = parse_kind(key);
     } catch (const Error&) {
       throw Error("recipe '" + std::string(text) + "': unknown key '" + std::string(key) +
-                  "' (expected a, w, gx, gw or first)");
+                  "' (expected a, w, gx, gw, first or hadamard)");
     }
     if (seen[static_cast<int>(k)])
       throw Error("recipe '" + std::string(text) + "': '" + std::string(key) + "' given twice");
@@ -291,6 +301,10 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
     } else if (key == "exempt_first") {
       if (auto b = v.value<bool>()) r.exempt_first = *b;
       else throw Error(where(source, v) + "'exempt_first' must be true or false");
+    } else if (key == "hadamard") {
+      const auto h = v.value<std::int64_t>();
+      if (!h || (*h != 0 && *h != 16)) throw Error(where(source, v) + "'hadamard' must be 0 or 16");
+      r.hadamard = static_cast<int>(*h);
     } else if (key == "override") {
       const auto* arr = v.as_array();
       if (!arr) throw Error(where(source, v) + "'override' must be an array of tables ([[override]])");
@@ -325,7 +339,7 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
         kind = parse_kind(key);
       } catch (const Error&) {
         throw Error(where(source, v) + "unknown key '" + key +
-                    "' (expected name, a, w, gx, gw, exempt_first, override)");
+                    "' (expected name, a, w, gx, gw, exempt_first, hadamard, override)");
       }
       r.base[kind] = kind_from_toml(v, source, key);
     }

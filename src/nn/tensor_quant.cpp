@@ -11,6 +11,7 @@
 
 #include <mutex>
 
+#include "fp8lab/core/random.hpp"
 #include "fp8lab/kernels/kernels.hpp"
 #include "fp8lab/kernels/scaled.hpp"
 
@@ -191,6 +192,33 @@ torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s) {
                          static_cast<std::size_t>(q.codes.size(0)), static_cast<std::size_t>(q.codes.size(1)), s,
                          y.data_ptr<float>());
   return y;
+}
+
+void hadamard16_(torch::Tensor& m, const std::array<float, 16>& signs) {
+  check_float_cpu(m, "hadamard16_");
+  if (m.dim() != 2 || !m.is_contiguous()) throw Error("hadamard16_: expected a contiguous matrix");
+  const std::int64_t rows = m.size(0), cols = m.size(1);
+  float* p = m.data_ptr<float>();
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c0 = 0; c0 + 16 <= cols; c0 += 16) {
+      float* x = p + r * cols + c0;
+      for (int i = 0; i < 16; ++i) x[i] *= signs[static_cast<std::size_t>(i)];
+      for (int h = 1; h < 16; h *= 2)
+        for (int i = 0; i < 16; i += 2 * h)
+          for (int j = i; j < i + h; ++j) {
+            const float a = x[j], b = x[j + h];
+            x[j] = a + b;
+            x[j + h] = a - b;
+          }
+      for (int i = 0; i < 16; ++i) x[i] *= 0.25f;
+    }
+}
+
+std::array<float, 16> hadamard_signs(std::uint64_t seed) {
+  std::array<float, 16> s{};
+  const std::uint64_t bits = mix64(seed);
+  for (int i = 0; i < 16; ++i) s[static_cast<std::size_t>(i)] = (bits >> i) & 1 ? -1.0f : 1.0f;
+  return s;
 }
 
 }  // namespace fp8lab::nn

@@ -62,6 +62,13 @@ a = "fp32"
   EXPECT_EQ(t.base[TensorKind::gx]->rule, ScaleRule::ceil);
   EXPECT_EQ(t.base[TensorKind::gx]->element.rounding, Rounding::stochastic);
   EXPECT_FALSE(t.resolve("fc", 1, 2)[TensorKind::a]);
+  const Recipe h = parse_recipe("nvfp4-rht");
+  EXPECT_EQ(h.hadamard, 16);
+  EXPECT_EQ(h.resolve("fc", 1, 2).hadamard, 16);
+  EXPECT_EQ(parse_recipe(h.to_line()).hadamard, 16);
+  EXPECT_EQ(parse_recipe_toml("a = \"nvfp4\"\nhadamard = 16\n").hadamard, 16);
+  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,hadamard=8"); }).find("0 or 16"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_recipe_toml("hadamard = 8\n", "r.toml"); }).find("r.toml:1"), std::string::npos);
   for (const char* preset : {"mxfp8", "mxfp6", "mxfp4", "nvfp4", "deepseek", "tensor-current", "tensor-delayed"})
     EXPECT_TRUE(parse_recipe(preset).base[TensorKind::a]->scaled()) << preset;
 }

@@ -225,3 +225,66 @@ TEST(ScaledOps, StatisticsHoldTheGroupFiguresAndTheScales) {
   EXPECT_EQ(a->scale_hist.at(0), 1u);         // the block holding 7
   EXPECT_EQ(a->scale_hist.at(-127), 5u);      // zero blocks: scale code 0 (2^-127)
 }
+
+TEST(ScaledOps, HadamardTransformIsTheSignedSylvesterMatrixOverFour) {
+  torch::manual_seed(6);
+  const torch::Tensor x0 = torch::randn({3, 37});  // two runs of 16 and a tail of 5
+  torch::Tensor x = x0.clone();
+  const auto signs = hadamard_signs(42);
+  hadamard16_(x, signs);
+  int negative = 0;
+  for (float s : signs) negative += s < 0;
+  EXPECT_GT(negative, 0);
+  EXPECT_LT(negative, 16);
+  for (std::int64_t r = 0; r < 3; ++r) {
+    for (std::int64_t c0 = 0; c0 + 16 <= 37; c0 += 16)
+      for (int i = 0; i < 16; ++i) {
+        double want = 0;  // H[i][j] = (-1)^popcount(i & j)
+        for (int j = 0; j < 16; ++j)
+          want += (__builtin_popcount(i & j) % 2 ? -1.0 : 1.0) * signs[static_cast<std::size_t>(j)] *
+                  x0[r][c0 + j].item<float>();
+        EXPECT_NEAR(x[r][c0 + i].item<float>(), want / 4, 1e-5) << r << " " << c0 + i;
+      }
+    for (std::int64_t c = 32; c < 37; ++c) EXPECT_EQ(x[r][c].item<float>(), x0[r][c].item<float>());
+  }
+  // Orthonormal: a product over the transformed columns is the product (to float rounding).
+  const torch::Tensor y0 = torch::randn({2, 37});
+  torch::Tensor y = y0.clone();
+  hadamard16_(y, signs);
+  EXPECT_TRUE(torch::allclose(x.mm(y.t()), x0.mm(y0.t()), 1e-5, 1e-5));
+}
+
+TEST(ScaledOps, HadamardGoesOnBothGradWOperandsOfALinearLayer) {
+  torch::manual_seed(7);
+  const std::int64_t N = 32, in = 20, out = 8;
+  const torch::Tensor x0 = torch::randn({N, in}), w0 = torch::randn({out, in}), g = torch::randn({N, out});
+  const std::string spec = "e2m1fn@1x16:ue4m3:nearest";
+  const ScaledSpec s = parse_scaled(spec);
+  LayerQuant lq = all(spec);
+  lq.hadamard = 16;
+  auto st = make_layer_state("lin", lq, nullptr);
+  ASSERT_TRUE(st->hadamard_applies());
+  const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  const auto grads = torch::autograd::grad({(quant_linear(x, w, {}, st) * g).sum()}, {x, w});
+  // x^T [in, N] and g^T [out, N], transformed along N with the call's signs, then quantized.
+  const auto signs = hadamard_signs(st->seed_for(TensorKind::gw, 0, 15));
+  const auto transformed_q = [&](const torch::Tensor& t) {
+    torch::Tensor m = t.t().contiguous();
+    hadamard16_(m, signs);
+    return ref_quantize(m, m.size(0), m.size(1), [&](std::int64_t r, std::int64_t c) { return r * m.size(1) + c; }, s)
+        .t()
+        .contiguous();
+  };
+  const torch::Tensor xb = transformed_q(x0), gb = transformed_q(g);
+  EXPECT_TRUE(bit_equal(grads[1], xb.t().mm(gb).t().contiguous()));
+  // Without the transform the weight gradient differs; grad_x does not.
+  auto plain = make_layer_state("lin", all(spec), nullptr);
+  const torch::Tensor x2 = x0.clone().requires_grad_(), w2 = w0.clone().requires_grad_();
+  const auto plain_grads = torch::autograd::grad({(quant_linear(x2, w2, {}, plain) * g).sum()}, {x2, w2});
+  EXPECT_TRUE(bit_equal(grads[0], plain_grads[0]));
+  EXPECT_FALSE(bit_equal(grads[1], plain_grads[1]));
+  // Both estimate the same product g^T x (FP4 elements: to a few tens of percent).
+  const torch::Tensor exact = g.t().mm(x0);
+  for (const auto& dw : {grads[1], plain_grads[1]})
+    EXPECT_LT((dw - exact).norm().item<double>() / exact.norm().item<double>(), 0.35);
+}

@@ -122,16 +122,25 @@ struct LayerState : torch::CustomClassHolder {
   bool scaled(TensorKind k) const { return quant[k] && quant[k]->scaled(); }
   // Q_k(t) for the forward product (blocks along `fwd`), and the operand's quantization for
   // the backward product (along `bwd`) as backward keeps it.
+  // `grad_w_operand`: the backward product is grad_w's, which the random Hadamard
+  // transform applies to (see hadamard_applies).
   std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> quantize_scaled_operand(
       TensorKind k, const torch::Tensor& t, const MatrixView& fwd, const MatrixView& bwd, std::uint32_t call,
-      std::uint32_t operand);
+      std::uint32_t operand, bool grad_w_operand = false);
   torch::Tensor restore(const SavedScaled& saved) const;
   // The incoming gradient quantized for the grad_x product (blocks along `for_dx`) and for
   // the grad_w product (along `for_dw`). A fixed-bias or float32 gx quantizer gives the one
   // tensor quantize_owned() gives, twice.
+  // `hadamard`: the op's grad_w is a product over the columns of both operands' matrices
+  // (linear, matmul; not convolution), so the transform may apply.
   std::pair<torch::Tensor, torch::Tensor> quantize_grad(torch::Tensor g, const MatrixView& for_dx,
                                                         const MatrixView& for_dw, std::uint32_t call,
-                                                        std::int64_t refs);
+                                                        std::int64_t refs, bool hadamard = false);
+  // Whether the random Hadamard transform applies to this layer's grad_w operands: asked
+  // for, and both the activation and the gradient quantizers scaled.
+  bool hadamard_applies() const { return quant.hadamard > 0 && scaled(TensorKind::a) && scaled(TensorKind::gx); }
+  // The transform's signs for one call: fresh per step, the same in forward and backward.
+  std::array<float, 16> hadamard_signs_for(std::uint32_t call) const;
   // Q_k(t) of a tensor that is no product's operand (the weight gradient), blocks along `v`.
   torch::Tensor quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call);
 
@@ -148,7 +157,8 @@ struct LayerState : torch::CustomClassHolder {
  private:
   // One scaled quantization of t under view v; counts (when `count`) and statistics.
   ScaledTensor quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v, std::uint32_t call,
-                               std::uint32_t stream, const ScaledCall& sc, bool values, bool codes, bool count);
+                               std::uint32_t stream, const ScaledCall& sc, bool values, bool codes, bool count,
+                               bool hadamard = false);
   ScaledCall scaled_call(TensorKind k, std::uint32_t operand);
   void push_amax(TensorKind k, std::uint32_t operand, float amax);
   void record(TensorKind k, const torch::Tensor& t, const QuantCounts& c, std::uint32_t call);

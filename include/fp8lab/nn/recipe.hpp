@@ -34,6 +34,9 @@ std::string to_string(const KindQuant& q);
 
 struct LayerQuant {
   std::array<KindQuant, kKinds> q{};
+  // 16: the random Hadamard transform on both operands of the grad_w product of linear
+  // layers and matmuls whose activation and gradient quantizers are scaled (docs/spec.md §6.6).
+  int hadamard = 0;
   KindQuant& operator[](TensorKind k) { return q[static_cast<int>(k)]; }
   const KindQuant& operator[](TensorKind k) const { return q[static_cast<int>(k)]; }
   friend bool operator==(const LayerQuant&, const LayerQuant&) = default;
@@ -52,6 +55,7 @@ struct Recipe {
   std::vector<RecipeOverride> overrides;
   // The paper keeps the first layer's input and the gradient at its output in float32.
   bool exempt_first = true;
+  int hadamard = 0;  // 0 or 16: LayerQuant::hadamard of every layer
 
   // The quantizers of layer `index` of `count` with module path `path`: the base, the
   // first-layer exemption, then every matching override in order.
@@ -61,10 +65,11 @@ struct Recipe {
 };
 
 // One line "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31" (kinds not named stay float32;
-// "first=0" turns the first-layer exemption off), or a preset name.
+// "first=0" turns the first-layer exemption off, "hadamard=16" the transform on), or a
+// preset name.
 Recipe parse_recipe(std::string_view text);
 // TOML: top-level or [recipe] keys name, a, w, gx, gw (string, or a table with format,
-// rounding, overflow, random_bits), exempt_first, and [[override]] tables with `match`
+// rounding, overflow, random_bits), exempt_first, hadamard, and [[override]] tables with `match`
 // and any of a, w, gx, gw. Errors name the source, line and key.
 Recipe parse_recipe_toml(std::string_view toml, const std::string& source = "recipe");
 Recipe load_recipe(const std::string& path_or_line);  // a .toml file, a preset or a line

@@ -3,6 +3,7 @@
 
 #include <torch/types.h>
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -47,6 +48,16 @@ struct MatrixView {
 torch::Tensor to_matrix(const torch::Tensor& t, const MatrixView& v);
 // The inverse: a contiguous tensor of shape `shape` from its matrix m under v.
 torch::Tensor from_matrix(const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v);
+
+// The random Hadamard transform of size 16 along the rows of the float32 matrix m, in
+// place: each run of 16 columns x becomes H (s * x) / 4, H the 16x16 Sylvester Hadamard
+// matrix and s the signs; a last run shorter than 16 stays as it is. The transform is
+// orthonormal, so applied to both operands of a product along their reduction dimension it
+// leaves the product unchanged in exact arithmetic, while it spreads outliers over 16 values.
+// Float32 butterflies in a fixed order: the same bits on every machine.
+void hadamard16_(torch::Tensor& m, const std::array<float, 16>& signs);
+// 16 signs (+1 or -1) drawn from `seed`.
+std::array<float, 16> hadamard_signs(std::uint64_t seed);
 
 // A scaled quantization of a matrix: what the kernels wrote.
 struct ScaledTensor {
