@@ -4,7 +4,11 @@
 #include <limits>
 #include <numbers>
 #include <random>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
+
+#include "fp8lab/core/text.hpp"
 
 #include "fp8lab/core/codec.hpp"
 
@@ -22,6 +26,8 @@ std::string_view to_string(Distribution d) {
     case Distribution::uniform: return "uniform";
     case Distribution::laplace: return "laplace";
     case Distribution::loguniform: return "loguniform";
+    case Distribution::student_t: return "student-t";
+    case Distribution::outliers: return "normal-outliers";
   }
   return "?";
 }
@@ -31,8 +37,62 @@ Distribution parse_distribution(std::string_view s) {
   if (s == "uniform") return Distribution::uniform;
   if (s == "laplace") return Distribution::laplace;
   if (s == "loguniform" || s == "log-uniform") return Distribution::loguniform;
+  if (s == "student-t" || s == "t") return Distribution::student_t;
+  if (s == "normal-outliers" || s == "outliers") return Distribution::outliers;
   throw Error("unknown distribution '" + std::string(s) +
-              "': expected normal, uniform, laplace or loguniform");
+              "': expected normal, uniform, laplace, loguniform, student-t:DOF or "
+              "normal-outliers:FRACTION:SCALE");
+}
+
+namespace {
+double positive_number(std::string_view text, std::string_view what, std::string_view in) {
+  const std::string t(trim(text));
+  char* end = nullptr;
+  const double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
+  if (t.empty() || end != t.c_str() + t.size() || !(v > 0) || !std::isfinite(v))
+    throw Error("distribution '" + std::string(in) + "': " + std::string(what) + " must be a positive number (got '" +
+                t + "')");
+  return v;
+}
+}  // namespace
+
+DistSpec parse_dist_spec(std::string_view text) {
+  std::vector<std::string_view> parts;
+  for (std::size_t start = 0;;) {
+    const std::size_t at = text.find(':', start);
+    parts.push_back(text.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
+    if (at == std::string_view::npos) break;
+    start = at + 1;
+  }
+  DistSpec d;
+  d.dist = parse_distribution(trim(parts[0]));
+  const std::size_t want = d.dist == Distribution::student_t ? 2 : d.dist == Distribution::outliers ? 3 : 1;
+  if (parts.size() != want && !(d.dist == Distribution::outliers && parts.size() == 1))
+    throw Error("distribution '" + std::string(text) + "': " +
+                (d.dist == Distribution::student_t        ? std::string("expected student-t:DOF")
+                 : d.dist == Distribution::outliers ? std::string("expected normal-outliers:FRACTION:SCALE")
+                                                          : std::string(to_string(d.dist)) + " takes no parameters"));
+  if (d.dist == Distribution::student_t) d.dof = positive_number(parts[1], "the degrees of freedom", text);
+  if (d.dist == Distribution::outliers && parts.size() == 3) {
+    d.outlier_fraction = positive_number(parts[1], "the outlier fraction", text);
+    if (d.outlier_fraction > 1)
+      throw Error("distribution '" + std::string(text) + "': the outlier fraction must be at most 1");
+    d.outlier_scale = positive_number(parts[2], "the outlier scale", text);
+  }
+  return d;
+}
+
+std::string to_string(const DistSpec& d) {
+  const auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.17g", v);
+    return std::string(b);
+  };
+  switch (d.dist) {
+    case Distribution::student_t: return "student-t:" + num(d.dof);
+    case Distribution::outliers: return "normal-outliers:" + num(d.outlier_fraction) + ":" + num(d.outlier_scale);
+    default: return std::string(to_string(d.dist));
+  }
 }
 
 double signal_power(const DistSpec& d) {
@@ -45,6 +105,12 @@ double signal_power(const DistSpec& d) {
       // E[(s 2^u)^2], u ~ U[-span, 0]  =  s^2 (1 - 4^-span) / (span ln 4)
       const double L = d.log2_span;
       return s * s * (1.0 - std::pow(4.0, -L)) / (L * std::log(4.0));
+    }
+    case Distribution::student_t:
+      return d.dof > 2 ? s * s * d.dof / (d.dof - 2) : std::numeric_limits<double>::infinity();
+    case Distribution::outliers: {
+      const double p = d.outlier_fraction, k = d.outlier_scale;
+      return s * s * ((1 - p) + p * k * k);
     }
   }
   return std::numeric_limits<double>::quiet_NaN();
@@ -117,6 +183,23 @@ std::vector<float> sample(const DistSpec& d, std::size_t n, std::uint64_t seed) 
         v = d.scale * std::exp2(u) * ((rng() & 1) ? -1.0 : 1.0);
         break;
       }
+      case Distribution::student_t: {  // Bailey's polar method: exact for any dof > 0
+        double a, b, w;
+        do {
+          a = 2.0 * uniform01() - 1.0;
+          b = 2.0 * uniform01() - 1.0;
+          w = a * a + b * b;
+        } while (w > 1.0);
+        v = d.scale * a * std::sqrt(d.dof * (std::pow(w, -2.0 / d.dof) - 1.0) / w);
+        break;
+      }
+      case Distribution::outliers: {
+        const bool outlier = uniform01() < d.outlier_fraction;
+        const double u1 = uniform01(), u2 = uniform01();
+        v = d.scale * (outlier ? d.outlier_scale : 1.0) * std::sqrt(-2.0 * std::log(u1)) *
+            std::cos(2.0 * std::numbers::pi * u2);
+        break;
+      }
     }
     out[i] = static_cast<float>(v);
   }
@@ -132,6 +215,22 @@ double measured_snr_db(const Format& f, const std::vector<float>& x) {
     if (std::isnan(y)) continue;
     const double e = static_cast<double>(y) - v;
     sig += static_cast<double>(v) * v;
+    noise += e * e;
+  }
+  if (noise == 0) return std::numeric_limits<double>::infinity();
+  return 10.0 * std::log10(sig / noise);
+}
+
+double measured_snr_db(const ScaledSpec& s, const std::vector<float>& x, std::size_t cols) {
+  if (!s.scaled()) return measured_snr_db(s.element.format, x);
+  if (cols == 0 || x.size() % cols != 0) throw Error("measured_snr_db: the samples do not fill whole rows");
+  std::vector<float> y(x.size());
+  scaled_quantize_reference(x.data(), x.size() / cols, cols, s, ScaledOut{y.data()});
+  double sig = 0, noise = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(y[i])) continue;
+    const double e = static_cast<double>(y[i]) - x[i];
+    sig += static_cast<double>(x[i]) * x[i];
     noise += e * e;
   }
   if (noise == 0) return std::numeric_limits<double>::infinity();

@@ -52,6 +52,18 @@ check "snr measured 34.9" near "$(col 1.0.7:-2 measured_snr_db)" 34.9 0.2
 check "snr measured 40.5" near "$(col 1.0.7:-1 measured_snr_db)" 40.5 0.2
 check "snr measured 19.2" near "$(col 1.0.7:0 measured_snr_db)" 19.2 0.2
 
+# --- snr: scaled formats, heavy tails, block sizes -------------------------------------------
+out=$("$FP8LAB" snr mxfp4 nvfp4 1.2.1 --dist student-t:3 --samples 65536 --csv)
+check "snr scaled: three rows" [ "$(grep -c '^\(mxfp4\|nvfp4\|1.2.1\),' <<<"$out")" -eq 3 ]
+check "snr scaled: the quantizer spelled out" grep -q '^nvfp4,e2m1fn@1x16:ue4m3:nearest:tensor-scale,student-t:3,' <<<"$out"
+# Block scales rescue FP4 on heavy tails: MXFP4 far above the fixed-bias 1.2.1.
+check "snr mxfp4 above 1.2.1 on student-t:3" awk -v a="$(col mxfp4 measured_snr_db)" -v b="$(col 1.2.1 measured_snr_db)" 'BEGIN{exit !(a > b + 5)}'
+out=$("$FP8LAB" snr mxfp4 --blocks 16,32,tensor --samples 65536 --csv)
+check "snr --blocks: one row per size" [ "$(grep -c '^mxfp4,' <<<"$out")" -eq 3 ]
+check "snr --blocks: 4.25 bits at 32" grep -q '^mxfp4,32,e2m1fn@1x32:e8m0:floor,normal,65536,4.250,' <<<"$out"
+"$FP8LAB" snr e2m1fn e4m3fn --blocks 8,32,tensor --samples 8192 --plot "$T/blocks" >/dev/null
+check "snr --plot writes svg and png" [ -s "$T/blocks.svg" -a -s "$T/blocks.png" ]
+
 # --- values -----------------------------------------------------------------------------------
 out=$("$FP8LAB" values e4m3fnuz --csv)
 check "values lists 256 codes" [ "$(grep -c '^0x' <<<"$out")" -eq 256 ]
@@ -128,6 +140,10 @@ expect_fail "quantize a folder" "is a folder" "$FP8LAB" quantize "$T" "$T/o.npy"
 expect_fail "bad rounding" "unknown rounding 'up'" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn -r up
 expect_fail "negative samples" "--samples must be in 1.." "$FP8LAB" snr 1.4.3 --samples -5
 expect_fail "bad dist" "unknown distribution" "$FP8LAB" snr 1.4.3 --dist cauchy
+expect_fail "student-t without dof" "expected student-t:DOF" "$FP8LAB" snr 1.4.3 --dist student-t
+expect_fail "bad outlier fraction" "the outlier fraction must be a positive number" "$FP8LAB" snr 1.4.3 --dist normal-outliers:x:10
+expect_fail "bad block size" "'0' is neither a block size" "$FP8LAB" snr mxfp4 --blocks 16,0
+expect_fail "plot without blocks" "give --blocks too" "$FP8LAB" snr mxfp4 --plot "$T/p"
 expect_fail "codes of fp32" "at most 16 bits" "$FP8LAB" values fp32
 head -c 100 "$T/x.npy" >"$T/trunc.npy"
 expect_fail "truncated npy" "truncated" "$FP8LAB" quantize "$T/trunc.npy" "$T/o.npy" -f e4m3fn

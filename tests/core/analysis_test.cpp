@@ -93,3 +93,60 @@ TEST(Analysis, SamplesAreDeterministicAndShaped) {
   }
   EXPECT_THROW(parse_distribution("cauchy"), Error);
 }
+
+TEST(Analysis, DistributionSpecsParsePrintAndRefuse) {
+  const DistSpec t = parse_dist_spec("student-t:2.5");
+  EXPECT_EQ(t.dist, Distribution::student_t);
+  EXPECT_EQ(t.dof, 2.5);
+  EXPECT_EQ(to_string(t), "student-t:2.5");
+  const DistSpec o = parse_dist_spec("normal-outliers:0.01:50");
+  EXPECT_EQ(o.outlier_fraction, 0.01);
+  EXPECT_EQ(o.outlier_scale, 50);
+  EXPECT_EQ(parse_dist_spec(to_string(o)).outlier_scale, 50);
+  EXPECT_EQ(parse_dist_spec("laplace").dist, Distribution::laplace);
+  for (const char* bad : {"student-t", "student-t:0", "student-t:-1", "student-t:3:4", "normal:1",
+                          "normal-outliers:2:10", "normal-outliers:0.1", "normal-outliers:0.1:nan", "cauchy"})
+    EXPECT_THROW(parse_dist_spec(bad), Error) << bad;
+}
+
+TEST(Analysis, HeavyTailedSamplesHaveTheirMoments) {
+  // Student's t with 10 degrees of freedom: variance 10/8; P(|t| > 3.169) = 0.01 (tables).
+  DistSpec t = parse_dist_spec("student-t:10");
+  const auto x = sample(t, 1 << 20, 3);
+  double ss = 0;
+  std::size_t beyond = 0;
+  for (float v : x) {
+    ss += static_cast<double>(v) * v;
+    beyond += std::fabs(v) > 3.169f;
+  }
+  EXPECT_NEAR(ss / x.size(), signal_power(t), 0.03 * signal_power(t));
+  EXPECT_NEAR(static_cast<double>(beyond) / x.size(), 0.01, 0.001);
+  // Outliers: 1 % of values from N(0, 100^2), of which 92 % lie beyond 10 (inliers never).
+  DistSpec o = parse_dist_spec("normal-outliers:0.01:100");
+  const auto y = sample(o, 1 << 20, 4);
+  std::size_t big = 0;
+  for (float v : y) big += std::fabs(v) > 10.0f;
+  EXPECT_NEAR(static_cast<double>(big) / y.size(), 0.01 * 0.9203, 0.0006);
+  EXPECT_DOUBLE_EQ(signal_power(o), 0.99 + 0.01 * 1e4);
+  EXPECT_TRUE(std::isinf(signal_power(parse_dist_spec("student-t:2"))));
+}
+
+TEST(Analysis, ScaledSnrFollowsTheElementFormat) {
+  // A float32 per-tensor scale that keeps every value in range: E4M3's relative precision,
+  // the Appendix B model (7.44 + 6.02 * 4 = 31.5 dB), whatever the distribution's scale.
+  for (double sigma : {1e-6, 1.0, 1e6}) {
+    DistSpec d;
+    d.scale = sigma;
+    const auto x = sample(d, 1 << 18, 5);
+    EXPECT_NEAR(measured_snr_db(parse_scaled("e4m3fn@tensor:fp32:ceil"), x, 1024), 31.5, 0.5) << sigma;
+  }
+  // On heavy tails, smaller blocks help FP4 and cost it nothing to its fixed-bias self.
+  const auto x = sample(parse_dist_spec("student-t:3"), 1 << 18, 6);
+  const double b16 = measured_snr_db(parse_scaled("e2m1fn@1x16:e8m0:floor"), x, 1024);
+  const double b128 = measured_snr_db(parse_scaled("e2m1fn@1x128:e8m0:floor"), x, 1024);
+  const double tensor = measured_snr_db(parse_scaled("e2m1fn@tensor:e8m0:floor"), x, 1024);
+  EXPECT_GT(b16, b128);
+  EXPECT_GT(b128, tensor);
+  EXPECT_EQ(measured_snr_db(parse_scaled("1.4.3:7"), x, 1024), measured_snr_db(parse_format("1.4.3:7"), x));
+  EXPECT_THROW(measured_snr_db(parse_scaled("mxfp4"), x, 1000), Error);  // not whole rows
+}

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/scaled.hpp"
 
 namespace fp8lab {
 
@@ -16,16 +17,27 @@ double dynamic_range_db(const Format& f);
 // Appendix B: SNR_dB = 7.44 + 6.02 p with p = M + 1 (valid inside the dynamic range).
 double float_snr_model_db(const Format& f);
 
-enum class Distribution : std::uint8_t { normal, uniform, laplace, loguniform };
-std::string_view to_string(Distribution d);
-Distribution parse_distribution(std::string_view s);  // throws Error
+// student_t: Student's t with `dof` degrees of freedom, times `scale` (heavy tails);
+// outliers: normal(0, scale), except a fraction `outlier_fraction` of the values drawn from
+// normal(0, scale * outlier_scale).
+enum class Distribution : std::uint8_t { normal, uniform, laplace, loguniform, student_t, outliers };
+std::string_view to_string(Distribution d);  // normal, uniform, laplace, loguniform, student-t, normal-outliers
+Distribution parse_distribution(std::string_view s);  // a name alone; throws Error
 
 struct DistSpec {
   Distribution dist = Distribution::normal;
   double scale = 1.0;      // normal: sigma; uniform: half-width; laplace: b; loguniform: max |x|
   double log2_span = 16;   // loguniform: |x| = scale * 2^u, u uniform in [-span, 0]
+  double dof = 3;                   // student-t
+  double outlier_fraction = 0.001;  // normal-outliers
+  double outlier_scale = 100;       // normal-outliers
 };
-// E{x^2} of the distribution.
+// "NAME[:PARAM...]": normal, uniform, laplace, loguniform, student-t:DOF,
+// normal-outliers:FRACTION:SCALE (e.g. "student-t:3", "normal-outliers:0.001:100"). The
+// distribution's own scale is not part of it. Throws Error naming the bad part.
+DistSpec parse_dist_spec(std::string_view text);
+std::string to_string(const DistSpec& d);  // the text parse_dist_spec reads
+// E{x^2} of the distribution (infinite for Student's t with 2 or fewer degrees of freedom).
 double signal_power(const DistSpec& d);
 
 // Appendix A for a scaled integer (E = 0): rounding noise q^2/12 inside +-(m q), clipping
@@ -45,5 +57,8 @@ std::vector<float> sample(const DistSpec& d, std::size_t n, std::uint64_t seed);
 // 10 log10(sum x^2 / sum (x - Q(x))^2) under nearest-even, saturating quantization.
 // Uses the scalar codec; NaN results (none under saturation) are ignored.
 double measured_snr_db(const Format& f, const std::vector<float>& x);
+// The same for a scaled quantizer (the scalar reference), x viewed as a matrix with `cols`
+// columns (x.size() a multiple of cols), groups along the rows. NaN groups are ignored.
+double measured_snr_db(const ScaledSpec& s, const std::vector<float>& x, std::size_t cols);
 
 }  // namespace fp8lab
