@@ -243,6 +243,14 @@ BENCHMARK_CAPTURE(run, resnet20_cifar_b32_sr, resnet<16>,
 BENCHMARK_CAPTURE(run, resnet20x4_cifar_b32, resnet<64>, "resnet32-mixed")->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_CAPTURE(run, transformer_layer_d512_b8x32, transformer, "transformer-mixed")
     ->Unit(benchmark::kMillisecond)->Iterations(5);
+// Scaled recipes (docs/spec.md §6.6): every operand quantized along each product's
+// reduction dimension, so twice per tensor where the paper's recipe quantizes once.
+BENCHMARK_CAPTURE(run, resnet20_cifar_b32_mxfp8, resnet<16>, "mxfp8")->Unit(benchmark::kMillisecond)->Iterations(5);
+BENCHMARK_CAPTURE(run, resnet20_cifar_b32_nvfp4, resnet<16>, "nvfp4")->Unit(benchmark::kMillisecond)->Iterations(5);
+BENCHMARK_CAPTURE(run, transformer_layer_d512_b8x32_mxfp8, transformer, "mxfp8")
+    ->Unit(benchmark::kMillisecond)->Iterations(5);
+BENCHMARK_CAPTURE(run, transformer_layer_d512_b8x32_nvfp4_rht, transformer, "nvfp4-rht")
+    ->Unit(benchmark::kMillisecond)->Iterations(5);
 
 int main(int argc, char** argv) {
   // Run through build/fp8lab-env for the OpenBLAS kernels and OpenMP spinning the fp8lab

@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include "../common/torch_testutil.hpp"
+
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/nn/modules.hpp"
 #include "fp8lab/nn/ops.hpp"
@@ -14,12 +16,7 @@ using namespace fp8lab::nn;
 
 namespace {
 
-bool bit_equal(const torch::Tensor& a, const torch::Tensor& b) {
-  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
-  if (a.sizes() != b.sizes()) return false;
-  const auto x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
-}
+using fp8lab::test::bit_equal;
 
 // Element-wise scalar quantization: the reference for the bulk path.
 torch::Tensor scalar_q(const torch::Tensor& t, const KindQuant& q, std::uint64_t seed) {

@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include "../common/torch_testutil.hpp"
+
 #include <cstring>
 #include <functional>
 
@@ -17,12 +19,7 @@ using namespace fp8lab::nn;
 
 namespace {
 
-bool bit_equal(const torch::Tensor& a, const torch::Tensor& b) {
-  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
-  if (a.sizes() != b.sizes()) return false;
-  const auto x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
-}
+using fp8lab::test::bit_equal;
 
 // A matrix [rows, cols] whose element (r, c) is t's element at flat index at(r, c); quantized
 // by the scalar reference; scattered back to t's shape through the same index map.
