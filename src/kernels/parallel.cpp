@@ -14,6 +14,15 @@ namespace fp8lab::kernels {
 
 namespace {
 
+// [0, n) in `parts` ranges aligned to `align`.
+std::vector<std::pair<std::size_t, std::size_t>> split(std::size_t n, std::size_t align, int parts) {
+  const std::size_t units = (n + align - 1) / align;
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  for (int i = 0; i < parts; ++i)
+    ranges.emplace_back(std::min(n, units * i / parts * align), std::min(n, units * (i + 1) / parts * align));
+  return ranges;
+}
+
 class Pool {
  public:
   static Pool& get() {
@@ -33,14 +42,7 @@ class Pool {
     std::lock_guard<std::mutex> run(run_mutex_);  // one parallel job at a time
     const int t = threads_.load();
     start_workers(t - 1);
-    // Split into t ranges aligned to `align`.
-    const std::size_t units = (n + align - 1) / align;
-    std::vector<std::pair<std::size_t, std::size_t>> ranges;
-    for (int i = 0; i < t; ++i) {
-      const std::size_t b = std::min(n, units * i / t * align);
-      const std::size_t e = std::min(n, units * (i + 1) / t * align);
-      ranges.emplace_back(b, e);
-    }
+    const auto ranges = split(n, align, t);
     {
       std::lock_guard<std::mutex> lk(m_);
       job_ = &fn;
@@ -131,9 +133,17 @@ class Pool {
 }  // namespace
 
 thread_local bool tls_serial = false;
+thread_local const ExternalThreads* tls_external = nullptr;
 
 SerialScope::SerialScope() : previous_(tls_serial) { tls_serial = true; }
 SerialScope::~SerialScope() { tls_serial = previous_; }
+
+ExternalThreads::ExternalThreads(int parts, Runner run)
+    : parts_(std::max(1, parts)), run_(std::move(run)), previous_(tls_external) {
+  tls_external = this;
+}
+ExternalThreads::~ExternalThreads() { tls_external = previous_; }
+
 
 void set_num_threads(int n) { Pool::get().set_threads(n); }
 int num_threads() { return Pool::get().threads(); }
@@ -141,8 +151,17 @@ int num_threads() { return Pool::get().threads(); }
 void parallel_for(std::size_t n, std::size_t align,
                   const std::function<void(std::size_t, std::size_t)>& fn) {
   if (n == 0) return;
-  if (n < kParallelThreshold || tls_serial || num_threads() == 1) {
+  const ExternalThreads* ext = tls_external;
+  if (n < kParallelThreshold || tls_serial || (ext ? ext->parts_ : num_threads()) == 1) {
     fn(0, n);
+    return;
+  }
+  if (ext) {
+    const auto ranges = split(n, align, ext->parts_);
+    ext->run_(ranges.size(), [&](std::size_t i) {
+      SerialScope serial;
+      if (ranges[i].first < ranges[i].second) fn(ranges[i].first, ranges[i].second);
+    });
     return;
   }
   Pool::get().run(n, align, fn);

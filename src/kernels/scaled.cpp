@@ -48,7 +48,7 @@ class Worker {
   Worker(const ScaledSpec& s, const ScaledOut& out, const ScaledCall& call, bool count)
       : s_(s), out_(out), call_(call), count_(count), max_e_(static_cast<float>(s.element.format.max_finite())) {}
 
-  // Quantizes pieces (all of one row, adjacent, in order) with their scalings.
+  // Quantizes pieces (back to back in memory, in order; they may span rows) with their scalings.
   void run(const float* x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
     const std::size_t b = pieces.front().begin, n = pieces.back().begin + pieces.back().len - b;
     v_.resize(n);
@@ -210,6 +210,8 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
     }
   }
   // Chunks: whole blocks of one row, at most kChunk elements (or one block when longer).
+  // Short rows' chunks are gathered (they lie back to back) so that the element kernel runs
+  // on about kChunk elements at a time, whatever the row length.
   const std::size_t chunk = per_block ? std::max(l.block_cols, kChunk / l.block_cols * l.block_cols) : kChunk;
   const std::size_t per_row = (cols + chunk - 1) / chunk;
   parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
@@ -218,14 +220,19 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
     float part_amax = 0;
     std::vector<Piece> pieces;
     std::vector<Scaling> scalings;
+    std::size_t pending = 0;
+    const auto flush = [&] {
+      if (!pieces.empty()) w.run(x, pieces, scalings);
+      pieces.clear();
+      scalings.clear();
+      pending = 0;
+    };
     // Every chunk whose first element lies in [b, e).
     for (std::size_t r = b / cols; r < rows && r * cols < e; ++r)
       for (std::size_t k = 0; k < per_row; ++k) {
         const std::size_t c0 = k * chunk, start = r * cols + c0;
         if (start < b || start >= e) continue;
         const std::size_t c1 = std::min(cols, c0 + chunk);
-        pieces.clear();
-        scalings.clear();
         for (std::size_t c = c0; c < c1;) {
           const std::size_t gc = c / l.block_cols, cend = std::min(c1, (gc + 1) * l.block_cols);
           const std::size_t group = (r / l.block_rows) * l.grid_cols() + gc;
@@ -241,8 +248,10 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
           }
           c = cend;
         }
-        w.run(x, pieces, scalings);
+        pending += c1 - c0;
+        if (pending >= kChunk) flush();
       }
+    flush();
     shared.add(w, part_amax);
   });
   if (per_block && !s.tensor_scale && s.history == 0) current = shared.amax;

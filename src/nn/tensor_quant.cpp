@@ -143,6 +143,16 @@ std::pair<torch::Tensor, torch::Tensor> quantize_and_encode_tensor(const torch::
 }
 
 namespace {
+// The kernels' parallel work on libtorch's threads (whose OpenMP workers would otherwise
+// spin on the cores the kernels' own pool needs).
+kernels::ExternalThreads on_torch_threads() {
+  return kernels::ExternalThreads(at::get_num_threads(), [](std::size_t parts, const std::function<void(std::size_t)>& part) {
+    at::parallel_for(0, static_cast<std::int64_t>(parts), 1, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) part(static_cast<std::size_t>(i));
+    });
+  });
+}
+
 std::vector<std::int64_t> inverse(const std::vector<std::int64_t>& perm) {
   std::vector<std::int64_t> inv(perm.size());
   for (std::size_t i = 0; i < perm.size(); ++i) inv[static_cast<std::size_t>(perm[i])] = static_cast<std::int64_t>(i);
@@ -181,12 +191,14 @@ ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec&
   q.scales = torch::empty({static_cast<std::int64_t>(block_layout(s, rows, cols).groups())}, torch::kInt32);
   ScaledOut out{values ? q.values.data_ptr<float>() : nullptr, codes ? q.codes.data_ptr<std::uint8_t>() : nullptr,
                 reinterpret_cast<std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), &q.tensor_scale};
+  const kernels::ExternalThreads threads = on_torch_threads();
   q.amax = kernels::scaled_quantize(m.data_ptr<float>(), rows, cols, s, out, call, counts);
   return q;
 }
 
 torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s) {
   torch::Tensor y = torch::empty(q.codes.sizes(), torch::kFloat32);
+  const kernels::ExternalThreads threads = on_torch_threads();
   kernels::scaled_decode(q.codes.data_ptr<std::uint8_t>(),
                          reinterpret_cast<const std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), q.tensor_scale,
                          static_cast<std::size_t>(q.codes.size(0)), static_cast<std::size_t>(q.codes.size(1)), s,

@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -80,7 +81,7 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
   struct Shape {
     std::size_t rows, cols;
   };
-  const std::vector<Shape> shapes{{7, 200}, {3, 5000}, {1, 37}};
+  const std::vector<Shape> shapes{{7, 200}, {3, 5000}, {1, 37}, {400, 20}};  // short rows: chunks span rows
   for (const auto& preset : scaled_presets())
     for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest})
       for (const Shape& sh : shapes) {
@@ -113,6 +114,36 @@ TEST_P(ScaledKernels, AnyThreadCountGivesTheSameBits) {
     for (int t : {2, 3}) {
       kernels::set_num_threads(t);
       expect_same(run(kernels::scaled_quantize, s, x, rows, cols, {}), one, std::string(name) + " threads " + std::to_string(t));
+    }
+  }
+}
+
+// On a caller's threads (ExternalThreads): every part run once, by the caller's runner, and
+// the same bits as on the kernels' pool.
+TEST_P(ScaledKernels, ExternalThreadsGiveTheSameBits) {
+  constexpr std::size_t rows = 300, cols = 512;
+  const std::vector<float> x = inputs(rows * cols, 12);
+  for (const char* name : {"mxfp4", "nvfp4", "deepseek_128x128", "e4m3_tensor"}) {
+    const ScaledSpec s = parse_scaled(name);
+    const Out want = run(scaled_quantize_reference, s, x, rows, cols, {});
+    for (int parts : {2, 3}) {
+      std::vector<int> ran(static_cast<std::size_t>(parts), 0);
+      int runs = 0;
+      Out got;
+      {
+        const kernels::ExternalThreads ext(parts, [&](std::size_t n, const std::function<void(std::size_t)>& part) {
+          ++runs;
+          ASSERT_EQ(n, static_cast<std::size_t>(parts));
+          for (std::size_t i = n; i-- > 0;) {  // in reverse: order must not matter
+            ++ran[i];
+            part(i);
+          }
+        });
+        got = run(kernels::scaled_quantize, s, x, rows, cols, {});
+      }
+      expect_same(got, want, std::string(name) + " parts " + std::to_string(parts));
+      EXPECT_GT(runs, 0) << name;
+      for (int r : ran) EXPECT_EQ(r, runs) << name;
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,26 @@ class SerialScope {
 
  private:
   bool previous_;
+};
+
+// While alive, parallel kernel work started on this thread runs on the caller's own thread
+// pool instead of the kernels' pool: the work is cut into `parts` ranges as the kernels' pool
+// would cut it for that many threads, and `run(parts, part)` must call part(i) once for
+// every i in [0, parts), on any threads (libtorch's at::parallel_for, say). For callers
+// whose pool would otherwise spin beside the kernels' one. Results do not depend on it.
+class ExternalThreads {
+ public:
+  using Runner = std::function<void(std::size_t parts, const std::function<void(std::size_t)>& part)>;
+  ExternalThreads(int parts, Runner run);
+  ~ExternalThreads();
+  ExternalThreads(const ExternalThreads&) = delete;
+  ExternalThreads& operator=(const ExternalThreads&) = delete;
+
+ private:
+  int parts_;
+  Runner run_;
+  const ExternalThreads* previous_;
+  friend void parallel_for(std::size_t, std::size_t, const std::function<void(std::size_t, std::size_t)>&);
 };
 
 // SIMD targets compiled in and supported by this CPU, best first (e.g. "AVX3", "AVX2",
