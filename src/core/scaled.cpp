@@ -286,16 +286,18 @@ struct ScaleCodes {
   ScaleFormat kind;
   Format f{};
   std::uint32_t max = 0;
+  std::vector<double> values;  // of every code (8-bit scale formats)
   explicit ScaleCodes(ScaleFormat k) : kind(k) {
     if (k == ScaleFormat::fp32) {
       max = std::bit_cast<std::uint32_t>(std::numeric_limits<float>::max());
     } else {
       f = scale_format(k);
       max = f.max_code();
+      for (std::uint32_t c = 0; c <= max; ++c) values.push_back(f.magnitude(c));
     }
   }
   double value(std::uint32_t c) const {
-    return kind == ScaleFormat::fp32 ? static_cast<double>(std::bit_cast<float>(c)) : f.magnitude(c);
+    return kind == ScaleFormat::fp32 ? static_cast<double>(std::bit_cast<float>(c)) : values[c];
   }
   std::uint32_t nan() const {
     return kind == ScaleFormat::fp32 ? 0x7FC00000u : f.nan_code(false);
@@ -330,11 +332,31 @@ int floor_log2_ratio(double amax, double ts) {
 
 // E8M0 without a tensor scale: the power of two by exponent arithmetic (what the linear
 // scan of the tests and the search below give, in a few operations for the kernels).
+// The element format's largest value and its exponent, computed once per format and thread
+// (every group of a tensor asks).
+struct ElementFigures {
+  Format f{};
+  double max = 0;
+  int emax = 0;
+};
+const ElementFigures& figures_of(const Format& f) {
+  thread_local ElementFigures last;
+  thread_local bool set = false;
+  if (!set || !(last.f == f)) {
+    last.f = f;
+    last.max = f.max_finite();
+    last.emax = std::ilogb(last.max);
+    set = true;
+  }
+  return last;
+}
+
 std::uint32_t e8m0_code(const ScaledSpec& s, double amax, ScaledCounts* counts) {
-  const double max_e = s.element.format.max_finite();
+  const ElementFigures& ef = figures_of(s.element.format);
+  const double max_e = ef.max;
   int e;
   if (s.rule == ScaleRule::floor) {
-    e = std::ilogb(amax) - element_emax(s.element.format);
+    e = std::ilogb(amax) - ef.emax;
   } else {
     // The largest e with 2^e max_e <= amax, then the rule between 2^e and 2^(e+1).
     e = std::ilogb(amax) - std::ilogb(max_e);
@@ -358,12 +380,13 @@ std::uint32_t e8m0_code(const ScaledSpec& s, double amax, ScaledCounts* counts) 
 std::uint32_t scale_code(const ScaledSpec& s, double amax, double ts, ScaledCounts* counts) {
   if (s.scale == ScaleFormat::e8m0 && ts == 1) return e8m0_code(s, amax, counts);
   const ScaleCodes& sc = scale_codes(s.scale);
-  const double max_e = s.element.format.max_finite();
+  const ElementFigures& ef = figures_of(s.element.format);
+  const double max_e = ef.max;
   const auto count = [&](std::uint64_t ScaledCounts::*field) {
     if (counts) ++(counts->*field);
   };
   if (s.rule == ScaleRule::floor) {
-    const double target = std::ldexp(1.0, floor_log2_ratio(amax, ts) - element_emax(s.element.format));
+    const double target = std::ldexp(1.0, floor_log2_ratio(amax, ts) - ef.emax);
     const auto c = sc.last_le([&](double v) { return v <= target; });
     if (!c) return count(&ScaledCounts::scale_underflow), 0;  // E8M0: clamped up to 2^-127
     if (target > sc.value(sc.max)) count(&ScaledCounts::scale_overflow);
