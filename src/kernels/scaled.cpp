@@ -6,6 +6,7 @@
 #include "fp8lab/kernels/scaled.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -28,11 +29,17 @@ struct Scaling {
   float before = 1, after = 1;
 };
 
+// 2^e as a float32 (0 below the smallest subnormal), built from its bits.
+float pow2f(int e) {
+  if (e >= -126) return std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23);
+  return e >= -149 ? std::bit_cast<float>(1u << (e + 149)) : 0.0f;
+}
+
 Scaling scaling_of(const ScaledSpec& s, const GroupScale& g) {
   Scaling sc{g};
-  if (power_of_two(s) && !g.nan) {
-    sc.before = std::ldexp(1.0f, -g.exponent);
-    sc.after = std::ldexp(1.0f, g.exponent);
+  if (power_of_two(s) && !g.nan) {  // E8M0 exponents lie in [-127, 127]
+    sc.before = pow2f(-g.exponent);
+    sc.after = pow2f(g.exponent);
   }
   return sc;
 }
@@ -118,6 +125,9 @@ class Worker {
   // scalar codec on those few decides, as the reference counts.
   void saturation(const Piece& p, std::size_t b) {
     const float* v = v_.data() + (p.begin - b);
+    bool any = false;  // a loop compilers vectorize; NaN compares false
+    for (std::size_t i = 0; i < p.len; ++i) any |= std::fabs(v[i]) > max_e_;
+    if (!any) return;
     for (std::size_t i = 0; i < p.len; ++i)
       if (!(std::fabs(v[i]) <= max_e_) && !std::isnan(v[i])) {
         QuantCounts one;
