@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "fp8lab/kernels/kernels.hpp"
@@ -43,6 +44,43 @@ Scaling scaling_of(const ScaledSpec& s, const GroupScale& g) {
   }
   return sc;
 }
+
+// E8M0 block scales under the floor or ceil rule straight from a block's largest magnitude
+// bits, for a normal float32 amax whose scale exponent lies in E8M0's range: what
+// scale_group gives then (docs/spec.md §6.2), without its general path.
+class FastPow2 {
+ public:
+  explicit FastPow2(const ScaledSpec& s) {
+    enabled_ = power_of_two(s) && s.granularity == Granularity::block && s.rule != ScaleRule::nearest;
+    ceil_ = s.rule == ScaleRule::ceil;
+    const float max_e = static_cast<float>(s.element.format.max_finite());
+    emax_ = element_emax(s.element.format);
+    max_mantissa_ = std::bit_cast<std::uint32_t>(max_e) & 0x7FFFFFu;
+  }
+  // floor: floor(log2 amax) - emax; ceil: the smallest e with 2^e max_e >= amax, i.e. one
+  // more when amax's significand exceeds max_e's.
+  std::optional<int> exponent(std::uint32_t top) const {
+    if (!enabled_ || top < 0x00800000u || top >= 0x7F800000u) return std::nullopt;
+    int e = static_cast<int>(top >> 23) - 127 - emax_;
+    if (ceil_ && (top & 0x7FFFFFu) > max_mantissa_) ++e;
+    if (e < -127 || e > 127) return std::nullopt;
+    return e;
+  }
+  Scaling scaling(int e) const {
+    Scaling sc;
+    sc.g.code = static_cast<std::uint32_t>(e + 127);
+    sc.g.exponent = e;
+    sc.g.value = pow2f(e);
+    sc.before = pow2f(-e);
+    sc.after = pow2f(e);
+    return sc;
+  }
+
+ private:
+  bool enabled_ = false, ceil_ = false;
+  int emax_ = 0;
+  std::uint32_t max_mantissa_ = 0;
+};
 
 // One contiguous piece of a group inside a row.
 struct Piece {
@@ -224,6 +262,7 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   // on about kChunk elements at a time, whatever the row length.
   const std::size_t chunk = per_block ? std::max(l.block_cols, kChunk / l.block_cols * l.block_cols) : kChunk;
   const std::size_t per_row = (cols + chunk - 1) / chunk;
+  const FastPow2 fast(s);
   parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
     SerialScope serial;
     Worker w(s, out, call, counts != nullptr);
@@ -248,11 +287,21 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
           const std::size_t group = (r / l.block_rows) * l.grid_cols() + gc;
           pieces.push_back({r * cols + c, cend - c, group});
           if (per_block) {
-            const Amax a = amax_of(x + r * cols + c, cend - c);
-            part_amax = std::max(part_amax, a.value);
-            const GroupScale gs = scale_group(s, a, ts, &w.counts);
-            if (out.scale_codes) out.scale_codes[group] = gs.code;
-            scalings.push_back(scaling_of(s, gs));
+            const float* xb = x + r * cols + c;
+            std::uint32_t top = 0;  // largest magnitude's bits
+            for (std::size_t i = 0; i < cend - c; ++i) top = std::max(top, std::bit_cast<std::uint32_t>(xb[i]) & 0x7FFFFFFFu);
+            if (const auto e = fast.exponent(top)) {  // the common case, decided from the bits
+              ++w.counts.groups;
+              part_amax = std::max(part_amax, std::bit_cast<float>(top));
+              if (out.scale_codes) out.scale_codes[group] = static_cast<std::uint32_t>(*e + 127);
+              scalings.push_back(fast.scaling(*e));
+            } else {
+              const Amax a = amax_of(xb, cend - c);
+              part_amax = std::max(part_amax, a.value);
+              const GroupScale gs = scale_group(s, a, ts, &w.counts);
+              if (out.scale_codes) out.scale_codes[group] = gs.code;
+              scalings.push_back(scaling_of(s, gs));
+            }
           } else {
             scalings.push_back(group_scalings[group]);
           }
