@@ -1,5 +1,6 @@
 // fp8lab quantize: fake-quantize, encode or decode a .npy array.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -109,8 +110,79 @@ void print_scaled_summary(const ScaledSpec& s, const ScaledCounts& c, std::size_
   if (s.history > 0) std::fprintf(stderr, "(delayed scaling without a history: the array's own amax was used)\n");
 }
 
+// The shape and dtype scale_array gives the scales of codes of shape `shape`.
+NpyArray expected_scales(const ScaledSpec& s, const std::vector<std::size_t>& shape, int axis, const BlockLayout& l) {
+  NpyArray a;
+  a.dtype = s.scale == ScaleFormat::fp32 ? DType::f32 : DType::u8;
+  if (s.granularity == Granularity::tensor) a.shape = {1};
+  else if (s.granularity == Granularity::tile) a.shape = {l.grid_rows(), l.grid_cols()};
+  else {
+    a.shape = shape;
+    a.shape[static_cast<std::size_t>(axis < 0 ? axis + static_cast<int>(shape.size()) : axis)] = l.grid_cols();
+  }
+  return a;
+}
+
+std::string shape_text(const std::vector<std::size_t>& shape) {
+  std::string t = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) t += (i ? ", " : "") + std::to_string(shape[i]);
+  return t + (shape.size() == 1 ? ",)" : ")");
+}
+
+// --decode of a scaled format: INPUT holds the element codes, INPUT.scales.npy their scales
+// (and INPUT.tensor_scale.npy the tensor scale), as --codes wrote them (docs/spec.md §6.5).
+void run_scaled_decode(const QuantizeArgs& a, const ScaledSpec& s) {
+  const NpyArray in = read_npy(a.input);
+  if (in.dtype != DType::u8)
+    throw Error(a.input + ": --decode of " + to_string(s) + " codes needs dtype |u1, the file has " + npy_descr(in.dtype));
+  if (in.fortran_order) throw Error(a.input + ": Fortran-ordered arrays are not supported for scaled formats");
+  const AxisView v = axis_view(in.shape, a.axis, a.input);
+  const BlockLayout l = block_layout(s, v.rows(), v.len);
+  const std::string scales_path = sibling(a.input, "scales");
+  const NpyArray sc = read_npy(scales_path);
+  const NpyArray want = expected_scales(s, in.shape, a.axis, l);
+  if (sc.dtype != want.dtype || sc.shape != want.shape || sc.fortran_order)
+    throw Error(scales_path + ": the scales of " + a.input + " under " + to_string(s) + " are " + npy_descr(want.dtype) +
+                " " + shape_text(want.shape) + " (C order), the file has " + npy_descr(sc.dtype) + " " + shape_text(sc.shape));
+  std::vector<std::uint32_t> ordered(l.groups());
+  const std::uint32_t top = s.scale == ScaleFormat::fp32 ? ~0u : scale_format(s.scale).max_code();
+  for (std::size_t i = 0; i < ordered.size(); ++i) {
+    if (sc.dtype == DType::u8) ordered[i] = sc.data[i];
+    else std::memcpy(&ordered[i], sc.data.data() + 4 * i, 4);
+    const bool nan_code = s.scale != ScaleFormat::fp32 && ordered[i] == scale_format(s.scale).nan_code(false);
+    if (ordered[i] > top && !nan_code)
+      throw Error(scales_path + ": value " + std::to_string(ordered[i]) + " at index " + std::to_string(i) + " is not a " +
+                  std::string(to_string(s.scale)) + " code");
+  }
+  std::vector<std::uint32_t> scales = ordered;
+  if (s.granularity == Granularity::block || s.granularity == Granularity::line)
+    scales = to_rows(ordered.data(), AxisView{v.outer, l.grid_cols(), v.inner});
+  float ts = 1;
+  if (s.tensor_scale) {
+    const std::string ts_path = sibling(a.input, "tensor_scale");
+    const NpyArray t = read_npy(ts_path);
+    if (t.dtype != DType::f32 || t.size() != 1)
+      throw Error(ts_path + ": the tensor scale is one float32 (<f4 (1,)), the file has " + npy_descr(t.dtype) + " " +
+                  shape_text(t.shape));
+    std::memcpy(&ts, t.data.data(), 4);
+    if (!(ts > 0) || !std::isfinite(ts)) throw Error(ts_path + ": the tensor scale must be a positive finite number");
+  }
+  const std::size_t n = in.size();
+  const std::vector<std::uint8_t> rows = v.inner == 1 ? std::vector<std::uint8_t>() : to_rows(in.data.data(), v);
+  std::vector<float> y(n);
+  const auto t0 = std::chrono::steady_clock::now();
+  kernels::scaled_decode(v.inner == 1 ? in.data.data() : rows.data(), scales.data(), ts, v.rows(), v.len, s, y.data());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  NpyArray out{DType::f32, in.shape, false, std::vector<std::uint8_t>(n * 4)};
+  if (v.inner == 1) std::memcpy(out.data.data(), y.data(), n * 4);
+  else from_rows(y.data(), reinterpret_cast<float*>(out.data.data()), v);
+  write_npy(a.output, out);
+  if (!a.quiet)
+    std::fprintf(stderr, "decoded %zu %s values in %.3f s -> %s\n", n, to_string(s).c_str(), secs, a.output.c_str());
+}
+
 void run_scaled_quantize(const QuantizeArgs& a, const ScaledSpec& s) {
-  if (a.decode) throw Error("--decode of scaled formats is not supported: keep the float32 output instead");
+  if (a.decode) return run_scaled_decode(a, s);
   const NpyArray in = read_npy(a.input);
   if (in.dtype != DType::f32)
     throw Error(a.input + ": dtype " + std::string(npy_descr(in.dtype)) + " is not float32 ('<f4')");

@@ -442,8 +442,9 @@ GroupScale scale_from_code(const ScaledSpec& s, std::uint32_t code, float ts) {
   const ScaleCodes& sc = scale_codes(s.scale);
   GroupScale g;
   g.code = code;
+  // A code outside the scale format (corrupt input) reads as NaN.
   const bool nan = s.scale == ScaleFormat::fp32 ? std::isnan(std::bit_cast<float>(code))
-                                                : sc.f.classify(code) == Format::Class::nan;
+                                                : code > sc.max || sc.f.classify(code) == Format::Class::nan;
   if (nan) {
     g.nan = true;
     g.value = std::numeric_limits<float>::quiet_NaN();

@@ -114,6 +114,15 @@ check "per column: 250 -> 192" [ "$(tail -c 12 "$T/ma.npy" | head -c 4 | hex)" =
 check "per column summary" grep -q '4 groups, 1 saturated, 1 NaN, 0 zero' <<<"$err"
 "$FP8LAB" quantize "$T/m.npy" "$T/nv.npy" -f nvfp4 --codes -q
 check "nvfp4 writes its tensor scale" [ -s "$T/nv.tensor_scale.npy" ]
+# --decode reads the codes with their scales back: the bytes of the fake-quantized output.
+"$FP8LAB" quantize "$T/mc.npy" "$T/md.npy" -f e2m1fn@1x4 --decode -q
+check "mx decode == quantize" cmp -s <(tail -c 32 "$T/my.npy") <(tail -c 32 "$T/md.npy")
+"$FP8LAB" quantize "$T/m.npy" "$T/nvy.npy" -f nvfp4 -q
+"$FP8LAB" quantize "$T/nv.npy" "$T/nvd.npy" -f nvfp4 --decode -q
+check "nvfp4 decode == quantize" cmp -s <(tail -c 32 "$T/nvy.npy") <(tail -c 32 "$T/nvd.npy")
+"$FP8LAB" quantize "$T/m.npy" "$T/mac.npy" -f e2m1fn@line --axis 0 --codes -q
+"$FP8LAB" quantize "$T/mac.npy" "$T/mad.npy" -f e2m1fn@line --axis 0 --decode -q
+check "per-column decode == quantize" cmp -s <(tail -c 32 "$T/ma.npy") <(tail -c 32 "$T/mad.npy")
 
 # --- bad input: one line, exit 2, nothing written -------------------------------------------
 expect_fail() {  # name, needle, command...
@@ -132,6 +141,11 @@ expect_fail "axis out of range" "--axis 2 does not exist" "$FP8LAB" quantize "$T
 expect_fail "axis of a fixed bias" "--axis applies to scaled formats only" "$FP8LAB" quantize "$T/m.npy" "$T/bad.npy" -f e5m2 --axis 0
 expect_fail "scaled overflow mode" "scaled elements saturate" "$FP8LAB" quantize "$T/m.npy" "$T/bad.npy" -f mxfp8_e4m3 -o nan
 expect_fail "bad granularity" "blocks are 1xK and tiles KxK" "$FP8LAB" quantize "$T/m.npy" "$T/bad.npy" -f e4m3fn@2x8
+expect_fail "decode without scales" "mc2.scales.npy" bash -c "cp '$T/mc.npy' '$T/mc2.npy' && '$FP8LAB' quantize '$T/mc2.npy' '$T/bad.npy' -f e2m1fn@1x4 --decode"
+expect_fail "decode with other blocks" "the scales of" "$FP8LAB" quantize "$T/mc.npy" "$T/bad.npy" -f e2m1fn@1x2 --decode
+cp "$T/nv.npy" "$T/nvx.npy"; cp "$T/nv.tensor_scale.npy" "$T/nvx.tensor_scale.npy"
+make_npy "$T/nvx.scales.npy" '|u1' '2, 1' '\x38\xc8'
+expect_fail "decode a code outside UE4M3" "value 200 at index 1 is not a ue4m3 code" "$FP8LAB" quantize "$T/nvx.npy" "$T/bad.npy" -f nvfp4 --decode
 check "failed scaled quantize wrote nothing" [ ! -e "$T/bad.npy" ]
 expect_fail "inf on fn" "overflow mode 'inf'" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn -o inf
 ln -f "$T/x.npy" "$T/x-hardlink.npy"

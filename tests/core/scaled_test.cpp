@@ -381,3 +381,15 @@ TEST(ScaledReference, FixedBiasIsThePlainQuantizer) {
 
 }  // namespace
 }  // namespace fp8lab
+
+TEST(Scaled, ScaleCodesOutsideTheScaleFormatReadAsNaN) {
+  const ScaledSpec nv = parse_scaled("nvfp4");
+  EXPECT_FALSE(scale_from_code(nv, 0x7E, 1.0f).nan);  // 448
+  EXPECT_EQ(scale_from_code(nv, 0x7E, 1.0f).value, 448.0f);
+  EXPECT_TRUE(scale_from_code(nv, 0x7F, 1.0f).nan);
+  for (std::uint32_t c : {0x80u, 0xC8u, 0xFFu, 0x1234u}) EXPECT_TRUE(scale_from_code(nv, c, 1.0f).nan) << c;
+  const ScaledSpec mx = parse_scaled("mxfp4");
+  EXPECT_EQ(scale_from_code(mx, 254, 1.0f).value, 0x1p127f);
+  EXPECT_TRUE(scale_from_code(mx, 255, 1.0f).nan);
+  EXPECT_TRUE(scale_from_code(mx, 256, 1.0f).nan);
+}
