@@ -379,9 +379,6 @@ TEST(ScaledReference, FixedBiasIsThePlainQuantizer) {
   EXPECT_EQ(r.ts, 1.0f);
 }
 
-}  // namespace
-}  // namespace fp8lab
-
 TEST(Scaled, ScaleCodesOutsideTheScaleFormatReadAsNaN) {
   const ScaledSpec nv = parse_scaled("nvfp4");
   EXPECT_FALSE(scale_from_code(nv, 0x7E, 1.0f).nan);  // 448
@@ -393,3 +390,6 @@ TEST(Scaled, ScaleCodesOutsideTheScaleFormatReadAsNaN) {
   EXPECT_TRUE(scale_from_code(mx, 255, 1.0f).nan);
   EXPECT_TRUE(scale_from_code(mx, 256, 1.0f).nan);
 }
+
+}  // namespace
+}  // namespace fp8lab
