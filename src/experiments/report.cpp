@@ -492,6 +492,102 @@ std::string to_csv(const Sweep& s, const SweepReport& r) {
   return o.str();
 }
 
+// The metric of every point (mean +- sd over seeds) side by side, one marker per point
+// named in the legend (a '*' where it is worse than the baseline), with the baseline's band.
+std::optional<plt::Figure> points_plot(const Sweep& s, const SweepReport& rep, const PlotSpec& spec) {
+  plt::Panel p;
+  p.xlabel = "point (see legend)";
+  p.ylabel = rep.metric + " (mean +- sd over seeds)";
+  int x = 0;
+  for (const auto& pr : rep.points) {
+    const SweepPoint& pt = s.points[static_cast<std::size_t>(pr.point)];
+    if (!matches(pt, spec.where)) continue;
+    plt::Series se;
+    se.label = pt.label() + (pr.significant ? " *" : "");
+    se.line = false;
+    se.color = x;
+    se.x.push_back(x++);
+    se.y.push_back(pr.stats.n ? pr.stats.mean : std::nan(""));
+    se.err.push_back(pr.stats.n > 1 ? pr.stats.sd : 0);
+    p.series.push_back(std::move(se));
+  }
+  if (p.series.empty()) return std::nullopt;
+  if (s.baseline >= 0) {
+    const auto& b = rep.points[static_cast<std::size_t>(s.baseline)];
+    if (b.stats.n) {
+      p.bands.push_back({b.stats.mean - b.stats.sd, b.stats.mean + b.stats.sd, "", 7, false, 0.18});
+      p.lines.push_back({b.stats.mean, "baseline +- sd", 7, false, true});
+    }
+  }
+  plt::Figure fig;
+  fig.title = spec.title.empty() ? s.name + ": " + rep.metric + " by point (* worse than the baseline)" : spec.title;
+  fig.panels.push_back(std::move(p));
+  fig.panel_width = 820;
+  fig.panel_height = 460;
+  return fig;
+}
+
+// Block-scaled quantizers' statistics (docs/spec.md §6.6): for each tensor kind, the
+// histogram of the groups' scales (by exponent, all layers) at the last recorded step of
+// each point's first run, with the share of groups that saturate and that are all zero.
+std::optional<plt::Figure> block_stats_plot(const Sweep& s, const results::Store& store, const PlotSpec& spec,
+                                            const std::vector<results::RunRow>& rows) {
+  std::vector<std::string> kinds = spec.kinds;
+  if (kinds.empty()) kinds = {"a", "w", "gx"};
+  plt::Figure fig;
+  fig.title = spec.title.empty() ? s.name + ": block scales at the last statistics step (first seed; sat: groups that saturate)"
+                                 : spec.title;
+  fig.panel_width = 900;
+  fig.panel_height = 360;
+  std::vector<plt::Panel> panels(kinds.size());
+  for (std::size_t k = 0; k < kinds.size(); ++k) {
+    panels[k].title = std::string(nn::kind_title(nn::parse_kind(kinds[k])));
+    panels[k].xlabel = "scale exponent floor(log2 X)";
+    panels[k].ylabel = "% of groups";
+    panels[k].ymin = 0;
+  }
+  int color = 0;
+  for (std::size_t i = 0; i < s.points.size(); ++i) {
+    if (!matches(s.points[i], spec.where)) continue;
+    const auto row = first_run(s, static_cast<int>(i), rows);
+    if (!row) continue;
+    const auto stats = store.stats(row->id);
+    std::int64_t last = -1;
+    for (const auto& r : stats) last = std::max(last, r.step);
+    bool any = false;
+    for (std::size_t k = 0; k < kinds.size(); ++k) {
+      std::map<int, double> hist;
+      double groups = 0, saturated = 0, zero = 0;
+      for (const auto& r : stats) {
+        if (r.kind != kinds[k] || r.step != last) continue;
+        const auto h = nlohmann::json::parse(r.histogram, nullptr, false);
+        if (h.is_discarded() || !h.contains("groups") || !h.contains("scales")) continue;
+        const auto& g = h["groups"];
+        groups += g.value("total", 0.0);
+        saturated += g.value("saturated", 0.0);
+        zero += g.value("zero", 0.0);
+        const int lo = h["scales"].value("lo", 0);
+        const auto counts = h["scales"].value("counts", std::vector<double>{});
+        for (std::size_t j = 0; j < counts.size(); ++j) hist[lo + static_cast<int>(j)] += counts[j];
+      }
+      if (groups == 0) continue;
+      any = true;
+      plt::Series se;
+      se.label = s.points[i].label() + ": " + fixed(100 * saturated / groups, 2) + "% sat, " +
+                 fixed(100 * zero / groups, 1) + "% zero";
+      se.color = color;
+      se.markers = false;
+      for (const auto& [e, c] : hist) se.x.push_back(e + 0.5), se.y.push_back(100 * c / groups);
+      panels[k].series.push_back(std::move(se));
+    }
+    color += any;
+  }
+  for (auto& p : panels)
+    if (!p.series.empty()) fig.panels.push_back(std::move(p));
+  if (fig.panels.empty()) return std::nullopt;
+  return fig;
+}
+
 std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, const results::Store& store,
                                       const std::string& out_dir) {
   fs::create_directories(out_dir);
@@ -509,6 +605,8 @@ std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, co
     else if (spec.type == "loss-scale") fig = loss_scale_plot(s, store, spec, rows);
     else if (spec.type == "histograms") fig = histogram_plot(s, store, spec, rows);
     else if (spec.type == "fixed-point-snr") fig = fixed_point_snr_plot(spec);
+    else if (spec.type == "points") fig = points_plot(s, rep, spec);
+    else if (spec.type == "block-stats") fig = block_stats_plot(s, store, spec, rows);
     if (!fig) {
       std::fprintf(stderr, "report: plot '%s' (%s) has no data yet; skipped\n", spec.file.c_str(), spec.type.c_str());
       continue;

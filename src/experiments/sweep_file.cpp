@@ -212,10 +212,11 @@ void set_plot_key(PlotSpec& p, const std::string& key, const toml::node& v, cons
 }
 
 void check_plot(const PlotSpec& p, const toml::node& at, const std::string& source) {
-  static const std::set<std::string> kTypes = {"metric", "heatmap", "loss-scale", "histograms", "fixed-point-snr"};
+  static const std::set<std::string> kTypes = {"metric",          "heatmap", "loss-scale", "histograms",
+                                                "fixed-point-snr", "points",  "block-stats"};
   if (!kTypes.count(p.type))
     throw Error(where(source, at) + "plot type '" + p.type +
-                "' (expected metric, heatmap, loss-scale, histograms or fixed-point-snr)");
+                "' (expected metric, heatmap, loss-scale, histograms, fixed-point-snr, points or block-stats)");
   if ((p.type == "metric" || p.type == "heatmap") && p.x.empty())
     throw Error(where(source, at) + p.type + " plot needs 'x' (a variable)");
   if (p.type == "heatmap" && p.y.empty()) throw Error(where(source, at) + "heatmap plot needs 'y' (a variable)");

@@ -45,7 +45,10 @@ void record(results::Store& store, const experiments::SweepRun& r, results::RunS
           s.layer = layer;
           s.kind = kind;
           s.total = 100;
-          s.histogram = R"({"lo": -12, "counts": [5, 10, 20, 30, 20, 10], "zero": 5, "inf": 0, "nan": 0})";
+          s.histogram = R"({"lo": -12, "counts": [5, 10, 20, 30, 20, 10], "zero": 5, "inf": 0, "nan": 0)";
+          // Block-scaled kinds' group figures: 8 groups per layer, 1 saturated, 2 all zero.
+          s.histogram += std::string(kind) == "gw" ? "}" : R"(, "groups": {"total": 8, "saturated": 1, "zero": 2, "nan": 0,
+              "scale_underflow": 0, "scale_overflow": 0}, "scales": {"lo": -9, "counts": [2, 4, 2]}})";
           rows.push_back(s);
         }
     store.log_stats(id, rows);
@@ -112,6 +115,12 @@ file = "scale"
 [[plot]]
 type = "fixed-point-snr"
 file = "snr"
+[[plot]]
+type = "points"
+file = "points"
+[[plot]]
+type = "block-stats"
+file = "blocks"
 )" + std::string(test::kSmall), "report-sweep");
   ASSERT_EQ(s.points.size(), 3u);
   results::Store store((d / "r.db").string());
@@ -152,7 +161,7 @@ file = "snr"
   EXPECT_NE(csv.find("recipe,bias,recipe,a,w,gx,gw"), std::string::npos) << csv;
 
   const auto files = experiments::write_report(s, rep, store, (d / "out").string());
-  for (const char* stem : {"acc", "heat", "hist", "scale", "snr"}) {
+  for (const char* stem : {"acc", "heat", "hist", "scale", "snr", "points", "blocks"}) {
     const fs::path svg = d / "out" / (std::string(stem) + ".svg"), png = d / "out" / (std::string(stem) + ".png");
     ASSERT_TRUE(fs::exists(svg)) << stem;
     EXPECT_TRUE(valid_svg(svg.string())) << stem;
@@ -171,6 +180,15 @@ file = "snr"
   EXPECT_NE(svg.find("floor(log2 |x|)"), std::string::npos);
   EXPECT_NE(svg.find("grad_x, step 100"), std::string::npos);
   EXPECT_TRUE(fs::exists(d / "out" / "table.md"));
+  // The block figures: 3 layers x 8 groups, 3 saturated (12.50 %), 6 zero (25.0 %).
+  std::ifstream blocks_in(d / "out" / "blocks.svg");
+  const std::string blocks((std::istreambuf_iterator<char>(blocks_in)), {});
+  EXPECT_NE(blocks.find("12.50% sat, 25.0% zero"), std::string::npos);
+  EXPECT_NE(blocks.find("grad_x"), std::string::npos);
+  std::ifstream points_in(d / "out" / "points.svg");
+  const std::string points((std::istreambuf_iterator<char>(points_in)), {});
+  EXPECT_NE(points.find("baseline +- sd"), std::string::npos);
+  EXPECT_NE(points.find(" *"), std::string::npos);  // bias 8: worse than the baseline
 
   // A metric named in the sweep is the run's last logged value of it, not its final metric.
   experiments::Sweep named = s;
