@@ -417,6 +417,76 @@ void EncodeRange16(const Params& p, const QuantSpec& q, const float* x, std::uin
   EncodeRangeT(p, q, x, out, n, index0, counts);
 }
 
+// Block-scaled quantization with power-of-two factors (E8M0 scales, docs/spec.md §6.3):
+// y = Q(x * before[b]) * after[b] and the codes of Q(x * before[b]), b = i / block, in one
+// pass, each vector inside one block (block a multiple of the vector width). Counts as the
+// element kernel on x * before, plus `flushed`: values x * before flushes to zero; hot[b]
+// set where some |x * before| in block b exceeds the element max (saturation candidates).
+template <Rounding kMode, bool kWantCode, bool kCount>
+HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* x, float* y, std::uint8_t* codes,
+                         std::size_t n, std::size_t block, const float* before, const float* after,
+                         std::uint64_t index0, QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed) {
+  const Params p = params;
+  const D32 d;
+  const hn::RebindToFloat<D32> df;
+  const std::size_t N = hn::Lanes(d);
+  const float max_e = std::bit_cast<float>(p.max_bits);
+  const auto vmax = hn::Set(df, max_e);
+  const auto fzero = hn::Zero(df);
+  QuantCounts local;
+  std::uint64_t fl = 0;
+  std::size_t i = 0;
+  while (i < n) {
+    const std::uint64_t g = index0 + i;
+    const std::uint64_t to_boundary = ((g | 0xffffffffull) + 1) - g;
+    const std::size_t seg_end = static_cast<std::size_t>(std::min<std::uint64_t>(n, i + to_boundary));
+    const fp8lab::StreamKey key = fp8lab::stream_key(p.seed, g);
+    V32 idx = hn::Iota(d, static_cast<std::uint32_t>(index0 + i));
+    const V32 step = hn::Set(d, static_cast<std::uint32_t>(N));
+    for (; i + N <= seg_end; i += N) {
+      const std::size_t b = i / block;
+      const auto xf = hn::LoadU(df, x + i);
+      const auto vf = hn::Mul(xf, hn::Set(df, before[b]));
+      fl += hn::CountTrue(df, hn::AndNot(hn::Eq(xf, fzero), hn::Eq(vf, fzero)));
+      hot[b] |= static_cast<std::uint8_t>(!hn::AllFalse(df, hn::Gt(hn::Abs(vf), vmax)));
+      const Lanes l = Process<kMode, kWantCode, true, kCount>(d, p, hn::BitCast(d, vf), idx, key, &local);
+      hn::StoreU(hn::Mul(hn::BitCast(df, l.fbits), hn::Set(df, after[b])), df, y + i);
+      if constexpr (kWantCode) StoreCodes(l.code, codes + i);
+      idx = hn::Add(idx, step);
+      if constexpr (kCount) local.total += N;
+    }
+    for (; i < seg_end; ++i) {  // only at a 2^32 boundary of the stream index
+      const std::size_t b = i / block;
+      const float v = x[i] * before[b];
+      fl += v == 0 && x[i] != 0;
+      hot[b] |= static_cast<std::uint8_t>(std::fabs(v) > max_e);
+      QuantCounts* c = kCount ? &local : nullptr;
+      if constexpr (kWantCode) {
+        codes[i] = static_cast<std::uint8_t>(fp8lab::encode(v, q, index0 + i, c));
+        y[i] = fp8lab::quantize(v, q, index0 + i) * after[b];
+      } else {
+        y[i] = fp8lab::quantize(v, q, index0 + i, c) * after[b];
+      }
+    }
+  }
+  if constexpr (kCount) *counts += local;
+  *flushed += fl;
+}
+
+bool QuantizePow2Blocks(const Params& p, const QuantSpec& q, const float* x, float* y, std::uint8_t* codes,
+                        std::size_t n, std::size_t block, const float* before, const float* after,
+                        std::uint64_t index0, QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed) {
+  const D32 d;
+  if (block == 0 || block % hn::Lanes(d) != 0 || n % block != 0) return false;
+  auto run = [&]<Rounding kMode, bool kCount>() {
+    if (codes) LoopPow2<kMode, true, kCount>(p, q, x, y, codes, n, block, before, after, index0, counts, hot, flushed);
+    else LoopPow2<kMode, false, kCount>(p, q, x, y, codes, n, block, before, after, index0, counts, hot, flushed);
+  };
+  if (counts) DispatchMode<true>(p.rounding, run);
+  else DispatchMode<false>(p.rounding, run);
+  return true;
+}
+
 // Decode by table look-up: the table holds the float32 of every code of the format.
 template <typename T>
 HWY_INLINE void DecodeRangeT(const float* table, std::uint32_t mask, const T* codes,
@@ -458,6 +528,7 @@ HWY_AFTER_NAMESPACE();
 namespace fp8lab::kernels {
 
 HWY_EXPORT(QuantizeRange);
+HWY_EXPORT(QuantizePow2Blocks);
 HWY_EXPORT(EncodeRange8);
 HWY_EXPORT(QuantizeEncodeRange8);
 HWY_EXPORT(EncodeRange16);
@@ -572,6 +643,17 @@ void quantize_and_encode(const float* x, float* y, std::uint8_t* codes, std::siz
       }
     }
   });
+}
+
+bool quantize_pow2_blocks(const float* x, float* y, std::uint8_t* codes, std::size_t n, std::size_t block,
+                          const float* before, const float* after, const QuantSpec& q, std::uint64_t index_offset,
+                          QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed) {
+  validate(q);
+  if (codes) require_code_bits(q, 8);
+  const detail::Params p = detail::make_params(q);
+  if (!p.fast) return false;
+  return HWY_DYNAMIC_DISPATCH(QuantizePow2Blocks)(p, q, x, y, codes, n, block, before, after, index_offset, counts,
+                                                 hot, flushed);
 }
 
 template <typename T>

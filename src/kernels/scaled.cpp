@@ -90,11 +90,18 @@ struct Piece {
 
 class Worker {
  public:
-  Worker(const ScaledSpec& s, const ScaledOut& out, const ScaledCall& call, bool count)
-      : s_(s), out_(out), call_(call), count_(count), max_e_(static_cast<float>(s.element.format.max_finite())) {}
+  // fused_block: the block size when every chunk is made of whole E8M0 blocks (0: never).
+  Worker(const ScaledSpec& s, const ScaledOut& out, const ScaledCall& call, bool count, std::size_t fused_block = 0)
+      : s_(s),
+        out_(out),
+        call_(call),
+        count_(count),
+        max_e_(static_cast<float>(s.element.format.max_finite())),
+        fused_block_(fused_block) {}
 
   // Quantizes pieces (back to back in memory, in order; they may span rows) with their scalings.
   void run(const float* x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
+    if (run_fused(x, pieces, scalings)) return;
     const std::size_t b = pieces.front().begin, n = pieces.back().begin + pieces.back().len - b;
     v_.resize(n);
     q_.resize(out_.values ? 0 : n);
@@ -111,6 +118,39 @@ class Worker {
   ScaledCounts counts;
 
  private:
+  // Whole E8M0 blocks, none of them NaN: scaling, quantization and unscaling in one pass
+  // (kernels::quantize_pow2_blocks). False where that path does not apply.
+  bool run_fused(const float* x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
+    if (fused_block_ == 0) return false;
+    for (std::size_t k = 0; k < pieces.size(); ++k)
+      if (pieces[k].len != fused_block_ || scalings[k].g.nan) return false;
+    const std::size_t b = pieces.front().begin, n = pieces.size() * fused_block_;
+    before_.resize(pieces.size());
+    after_.resize(pieces.size());
+    hot_.assign(pieces.size(), 0);
+    for (std::size_t k = 0; k < pieces.size(); ++k) before_[k] = scalings[k].before, after_[k] = scalings[k].after;
+    q_.resize(out_.values ? 0 : n);
+    float* y = out_.values ? out_.values + b : q_.data();
+    QuantCounts qc;
+    std::uint64_t flushed = 0;
+    if (!quantize_pow2_blocks(x + b, y, out_.codes ? out_.codes + b : nullptr, n, fused_block_, before_.data(),
+                              after_.data(), s_.element, call_.index_offset + b, count_ ? &qc : nullptr, hot_.data(),
+                              &flushed)) {
+      fused_block_ = 0;  // not on this target or format: the separate passes from now on
+      return false;
+    }
+    counts.elements += qc;
+    counts.elements.underflow += flushed;
+    if (count_)
+      for (std::size_t k = 0; k < pieces.size(); ++k)
+        if (hot_[k]) {
+          v_.resize(fused_block_);
+          for (std::size_t i = 0; i < fused_block_; ++i) v_[i] = x[pieces[k].begin + i] * before_[k];
+          saturation(pieces[k], pieces[k].begin);
+        }
+    return true;
+  }
+
   void scale_in(const float* x, const Piece& p, const Scaling& sc, std::size_t b) {
     float* v = v_.data() + (p.begin - b);
     const float* xs = x + p.begin;
@@ -186,7 +226,9 @@ class Worker {
   const ScaledCall& call_;
   bool count_;
   float max_e_;
-  std::vector<float> v_, q_;
+  std::size_t fused_block_ = 0;
+  std::vector<float> v_, q_, before_, after_;
+  std::vector<std::uint8_t> hot_;
 };
 
 struct Shared {
@@ -263,9 +305,10 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   const std::size_t chunk = per_block ? std::max(l.block_cols, kChunk / l.block_cols * l.block_cols) : kChunk;
   const std::size_t per_row = (cols + chunk - 1) / chunk;
   const FastPow2 fast(s);
+  const std::size_t fused_block = per_block && power_of_two(s) && cols % l.block_cols == 0 ? l.block_cols : 0;
   parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
     SerialScope serial;
-    Worker w(s, out, call, counts != nullptr);
+    Worker w(s, out, call, counts != nullptr, fused_block);
     float part_amax = 0;
     std::vector<Piece> pieces;
     std::vector<Scaling> scalings;

@@ -81,13 +81,15 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
   struct Shape {
     std::size_t rows, cols;
   };
-  const std::vector<Shape> shapes{{7, 200}, {3, 5000}, {1, 37}, {400, 20}};  // short rows: chunks span rows
+  // Rows ending inside a block; long rows; short rows (chunks span rows); rows of whole
+  // blocks (the one-pass E8M0 path).
+  const std::vector<Shape> shapes{{7, 200}, {3, 5000}, {1, 37}, {400, 20}, {9, 320}, {4, 256}, {40, 96}};
   for (const auto& preset : scaled_presets())
     for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest})
       for (const Shape& sh : shapes) {
         ScaledSpec s = parse_scaled(preset.name);
         s.rule = rule;
-        s.element.rounding = (sh.cols % 2) ? Rounding::stochastic : Rounding::nearest_even;
+        s.element.rounding = ((sh.rows + sh.cols) % 2) ? Rounding::stochastic : Rounding::nearest_even;
         s.element.seed = 3;
         std::vector<float> x = inputs(sh.rows * sh.cols, sh.cols);
         for (std::size_t i = 0; i < std::min<std::size_t>(x.size(), 64); ++i) x[i] = i < 32 ? 0.0f : 1e-42f;
