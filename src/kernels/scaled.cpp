@@ -305,7 +305,11 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   const std::size_t chunk = per_block ? std::max(l.block_cols, kChunk / l.block_cols * l.block_cols) : kChunk;
   const std::size_t per_row = (cols + chunk - 1) / chunk;
   const FastPow2 fast(s);
-  const std::size_t fused_block = per_block && power_of_two(s) && cols % l.block_cols == 0 ? l.block_cols : 0;
+  // Rows of whole blocks, or rows shorter than a block (each row one block).
+  const std::size_t fused_block = !(per_block && power_of_two(s)) ? 0
+                                  : cols <= l.block_cols          ? cols
+                                  : cols % l.block_cols == 0      ? l.block_cols
+                                                                  : 0;
   parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
     SerialScope serial;
     Worker w(s, out, call, counts != nullptr, fused_block);

@@ -83,7 +83,7 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
   };
   // Rows ending inside a block; long rows; short rows (chunks span rows); rows of whole
   // blocks (the one-pass E8M0 path).
-  const std::vector<Shape> shapes{{7, 200}, {3, 5000}, {1, 37}, {400, 20}, {9, 320}, {4, 256}, {40, 96}};
+  const std::vector<Shape> shapes{{7, 200}, {3, 5000}, {1, 37}, {400, 20}, {9, 320}, {4, 256}, {40, 96}, {300, 16}};
   for (const auto& preset : scaled_presets())
     for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest})
       for (const Shape& sh : shapes) {
