@@ -134,6 +134,7 @@ LayerQuant Recipe::resolve(std::string_view path, int index, int count) const {
     out[TensorKind::a] = std::nullopt;
     out[TensorKind::gx] = std::nullopt;
   }
+  if (keep_last && index == count - 1) out.q = {};
   for (const auto& o : overrides)
     if (override_matches(o, path, index, count))
       for (int k = 0; k < kKinds; ++k)
@@ -146,6 +147,7 @@ std::string Recipe::to_line() const {
   for (TensorKind k : kAllKinds)
     s += (s.empty() ? "" : ",") + std::string(to_string(k)) + "=" + to_string(base[k]);
   if (!exempt_first) s += ",first=0";
+  if (keep_last) s += ",last=fp32";
   if (hadamard) s += ",hadamard=" + std::to_string(hadamard);
   return s;
 }
@@ -186,6 +188,8 @@ const std::vector<RecipePreset>& recipe_presets() {
        "NVFP4 (1x16 UE4M3 blocks, float32 tensor scale), stochastic rounding of gradients"},
       {"nvfp4-rht", "a=nvfp4,w=nvfp4,gx=nvfp4/stochastic,gw=fp32,hadamard=16",
        "NVFP4 with the random Hadamard transform on grad_w's operands (linear layers)"},
+      {"nvfp4-last-fp32", "a=nvfp4,w=nvfp4,gx=nvfp4/stochastic,gw=fp32,last=fp32",
+       "NVFP4 with the last layer (the classifier) in float32"},
       {"deepseek", "a=deepseek_1x128,w=deepseek_128x128,gx=deepseek_1x128,gw=fp32",
        "DeepSeek-V3: E4M3, 1x128 tiles for activations and gradients, 128x128 for weights"},
       {"tensor-current", "a=e4m3_tensor,w=e4m3_tensor,gx=e5m2_tensor,gw=fp32",
@@ -225,6 +229,13 @@ Recipe parse_recipe(std::string_view text_in) {
       r.exempt_first = !(value == "0" || value == "false" || value == "quantize");
       continue;
     }
+    if (key == "last") {
+      if (value != "fp32" && value != "float32")
+        throw Error("recipe '" + std::string(text) + "': last takes fp32 (the last layer in float32), not '" +
+                    std::string(value) + "'");
+      r.keep_last = true;
+      continue;
+    }
     if (key == "hadamard") {
       if (value != "0" && value != "16")
         throw Error("recipe '" + std::string(text) + "': hadamard must be 0 or 16 (got '" + std::string(value) + "')");
@@ -236,7 +247,7 @@ Recipe parse_recipe(std::string_view text_in) {
       k = parse_kind(key);
     } catch (const Error&) {
       throw Error("recipe '" + std::string(text) + "': unknown key '" + std::string(key) +
-                  "' (expected a, w, gx, gw, first or hadamard)");
+                  "' (expected a, w, gx, gw, first, last or hadamard)");
     }
     if (seen[static_cast<int>(k)])
       throw Error("recipe '" + std::string(text) + "': '" + std::string(key) + "' given twice");
@@ -301,6 +312,9 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
     } else if (key == "exempt_first") {
       if (auto b = v.value<bool>()) r.exempt_first = *b;
       else throw Error(where(source, v) + "'exempt_first' must be true or false");
+    } else if (key == "keep_last") {
+      if (auto b = v.value<bool>()) r.keep_last = *b;
+      else throw Error(where(source, v) + "'keep_last' must be true or false");
     } else if (key == "hadamard") {
       const auto h = v.value<std::int64_t>();
       if (!h || (*h != 0 && *h != 16)) throw Error(where(source, v) + "'hadamard' must be 0 or 16");
@@ -339,7 +353,7 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
         kind = parse_kind(key);
       } catch (const Error&) {
         throw Error(where(source, v) + "unknown key '" + key +
-                    "' (expected name, a, w, gx, gw, exempt_first, hadamard, override)");
+                    "' (expected name, a, w, gx, gw, exempt_first, keep_last, hadamard, override)");
       }
       r.base[kind] = kind_from_toml(v, source, key);
     }

@@ -211,13 +211,6 @@ TEST(Sweep, LeavesRunsOfAnotherLiveProcessAlone) {
 }
 
 TEST(Sweep, ShippedSweepsParse) {
-  // Sweeps run from the repository root (a recipe file they name is relative to it).
-  const fs::path cwd = fs::current_path();
-  fs::current_path(FP8LAB_SOURCE_DIR);
-  struct Back {
-    fs::path to;
-    ~Back() { fs::current_path(to); }
-  } back{cwd};
   int n = 0;
   for (const auto& e : fs::directory_iterator(fs::path(FP8LAB_SOURCE_DIR) / "configs" / "sweeps")) {
     if (e.path().extension() != ".toml") continue;

@@ -69,6 +69,14 @@ a = "fp32"
   EXPECT_EQ(parse_recipe_toml("a = \"nvfp4\"\nhadamard = 16\n").hadamard, 16);
   EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,hadamard=8"); }).find("0 or 16"), std::string::npos);
   EXPECT_NE(error_of([] { parse_recipe_toml("hadamard = 8\n", "r.toml"); }).find("r.toml:1"), std::string::npos);
+  const Recipe k = parse_recipe("nvfp4-last-fp32");
+  EXPECT_TRUE(k.keep_last);
+  EXPECT_TRUE(k.resolve("fc", 4, 5)[TensorKind::w] == std::nullopt);
+  EXPECT_TRUE(k.resolve("fc", 4, 5)[TensorKind::gx] == std::nullopt);
+  EXPECT_TRUE(k.resolve("conv", 3, 5)[TensorKind::w]->scaled());
+  EXPECT_TRUE(parse_recipe(k.to_line()).keep_last);
+  EXPECT_TRUE(parse_recipe_toml("a = \"nvfp4\"\nkeep_last = true\n").keep_last);
+  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,last=e4m3"); }).find("last takes fp32"), std::string::npos);
   for (const char* preset : {"mxfp8", "mxfp6", "mxfp4", "nvfp4", "deepseek", "tensor-current", "tensor-delayed"})
     EXPECT_TRUE(parse_recipe(preset).base[TensorKind::a]->scaled()) << preset;
 }

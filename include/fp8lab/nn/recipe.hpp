@@ -55,6 +55,8 @@ struct Recipe {
   std::vector<RecipeOverride> overrides;
   // The paper keeps the first layer's input and the gradient at its output in float32.
   bool exempt_first = true;
+  // The last quantized layer (a classifier, a language-model head) entirely float32.
+  bool keep_last = false;
   int hadamard = 0;  // 0 or 16: LayerQuant::hadamard of every layer
 
   // The quantizers of layer `index` of `count` with module path `path`: the base, the
@@ -65,11 +67,11 @@ struct Recipe {
 };
 
 // One line "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31" (kinds not named stay float32;
-// "first=0" turns the first-layer exemption off, "hadamard=16" the transform on), or a
-// preset name.
+// "first=0" turns the first-layer exemption off, "last=fp32" keeps the last layer float32,
+// "hadamard=16" turns the transform on), or a preset name.
 Recipe parse_recipe(std::string_view text);
 // TOML: top-level or [recipe] keys name, a, w, gx, gw (string, or a table with format,
-// rounding, overflow, random_bits), exempt_first, hadamard, and [[override]] tables with `match`
+// rounding, overflow, random_bits), exempt_first, keep_last, hadamard, and [[override]] tables with `match`
 // and any of a, w, gx, gw. Errors name the source, line and key.
 Recipe parse_recipe_toml(std::string_view toml, const std::string& source = "recipe");
 Recipe load_recipe(const std::string& path_or_line);  // a .toml file, a preset or a line
