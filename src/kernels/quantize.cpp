@@ -417,12 +417,12 @@ void EncodeRange16(const Params& p, const QuantSpec& q, const float* x, std::uin
   EncodeRangeT(p, q, x, out, n, index0, counts);
 }
 
-// Block-scaled quantization with power-of-two factors (E8M0 scales, docs/spec.md §6.3):
-// y = Q(x * before[b]) * after[b] and the codes of Q(x * before[b]), b = i / block, in one
-// pass, each vector inside one block (block a multiple of the vector width). Counts as the
-// element kernel on x * before, plus `flushed`: values x * before flushes to zero; hot[b]
-// set where some |x * before| in block b exceeds the element max (saturation candidates).
-template <Rounding kMode, bool kWantCode, bool kCount>
+// Block-scaled quantization (docs/spec.md §6.3): y = Q(v) * after[b] and the codes of Q(v),
+// with v = x * before[b] (power-of-two factors, E8M0) or v = x / before[b] (kDivide: any
+// other scale), b = i / block, in one pass, each vector inside one block (block a multiple of the vector width). Counts as the
+// element kernel on v, plus `flushed`: values v flushes to zero; hot[b] set where some |v| in block b
+// exceeds the element max (saturation candidates).
+template <Rounding kMode, bool kWantCode, bool kCount, bool kDivide>
 HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* x, float* y, std::uint8_t* codes,
                          std::size_t n, std::size_t block, const float* before, const float* after,
                          std::uint64_t index0, QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed) {
@@ -446,7 +446,7 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
     for (; i + N <= seg_end; i += N) {
       const std::size_t b = i / block;
       const auto xf = hn::LoadU(df, x + i);
-      const auto vf = hn::Mul(xf, hn::Set(df, before[b]));
+      const auto vf = kDivide ? hn::Div(xf, hn::Set(df, before[b])) : hn::Mul(xf, hn::Set(df, before[b]));
       fl += hn::CountTrue(df, hn::AndNot(hn::Eq(xf, fzero), hn::Eq(vf, fzero)));
       hot[b] |= static_cast<std::uint8_t>(!hn::AllFalse(df, hn::Gt(hn::Abs(vf), vmax)));
       const Lanes l = Process<kMode, kWantCode, true, kCount>(d, p, hn::BitCast(d, vf), idx, key, &local);
@@ -457,7 +457,7 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
     }
     for (; i < seg_end; ++i) {  // only at a 2^32 boundary of the stream index
       const std::size_t b = i / block;
-      const float v = x[i] * before[b];
+      const float v = kDivide ? x[i] / before[b] : x[i] * before[b];
       fl += v == 0 && x[i] != 0;
       hot[b] |= static_cast<std::uint8_t>(std::fabs(v) > max_e);
       QuantCounts* c = kCount ? &local : nullptr;
@@ -474,13 +474,19 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
 }
 
 bool QuantizePow2Blocks(const Params& p, const QuantSpec& q, const float* x, float* y, std::uint8_t* codes,
-                        std::size_t n, std::size_t block, const float* before, const float* after,
+                        std::size_t n, std::size_t block, const float* before, const float* after, bool divide,
                         std::uint64_t index0, QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed) {
   const D32 d;
   if (block == 0 || block % hn::Lanes(d) != 0 || n % block != 0) return false;
   auto run = [&]<Rounding kMode, bool kCount>() {
-    if (codes) LoopPow2<kMode, true, kCount>(p, q, x, y, codes, n, block, before, after, index0, counts, hot, flushed);
-    else LoopPow2<kMode, false, kCount>(p, q, x, y, codes, n, block, before, after, index0, counts, hot, flushed);
+    const auto go = [&]<bool kDivide>() {
+      if (codes)
+        LoopPow2<kMode, true, kCount, kDivide>(p, q, x, y, codes, n, block, before, after, index0, counts, hot, flushed);
+      else
+        LoopPow2<kMode, false, kCount, kDivide>(p, q, x, y, codes, n, block, before, after, index0, counts, hot, flushed);
+    };
+    if (divide) go.template operator()<true>();
+    else go.template operator()<false>();
   };
   if (counts) DispatchMode<true>(p.rounding, run);
   else DispatchMode<false>(p.rounding, run);
@@ -645,15 +651,15 @@ void quantize_and_encode(const float* x, float* y, std::uint8_t* codes, std::siz
   });
 }
 
-bool quantize_pow2_blocks(const float* x, float* y, std::uint8_t* codes, std::size_t n, std::size_t block,
-                          const float* before, const float* after, const QuantSpec& q, std::uint64_t index_offset,
-                          QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed) {
+bool quantize_scaled_blocks(const float* x, float* y, std::uint8_t* codes, std::size_t n, std::size_t block,
+                            const float* before, const float* after, bool divide, const QuantSpec& q,
+                            std::uint64_t index_offset, QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed) {
   validate(q);
   if (codes) require_code_bits(q, 8);
   const detail::Params p = detail::make_params(q);
   if (!p.fast) return false;
-  return HWY_DYNAMIC_DISPATCH(QuantizePow2Blocks)(p, q, x, y, codes, n, block, before, after, index_offset, counts,
-                                                 hot, flushed);
+  return HWY_DYNAMIC_DISPATCH(QuantizePow2Blocks)(p, q, x, y, codes, n, block, before, after, divide, index_offset,
+                                                 counts, hot, flushed);
 }
 
 template <typename T>

@@ -118,24 +118,31 @@ class Worker {
   ScaledCounts counts;
 
  private:
-  // Whole E8M0 blocks, none of them NaN: scaling, quantization and unscaling in one pass
-  // (kernels::quantize_pow2_blocks). False where that path does not apply.
+  // Whole blocks, none of them NaN (nor, for scales other than E8M0, all zero or of scale
+  // zero): scaling, quantization and unscaling in one pass (kernels::quantize_scaled_blocks).
+  // False where that path does not apply.
   bool run_fused(const float* x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
     if (fused_block_ == 0) return false;
-    for (std::size_t k = 0; k < pieces.size(); ++k)
-      if (pieces[k].len != fused_block_ || scalings[k].g.nan) return false;
+    const bool pow2 = power_of_two(s_);
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      const GroupScale& g = scalings[k].g;
+      if (pieces[k].len != fused_block_ || g.nan || (!pow2 && (g.zero || !(g.value > 0)))) return false;
+    }
     const std::size_t b = pieces.front().begin, n = pieces.size() * fused_block_;
     before_.resize(pieces.size());
     after_.resize(pieces.size());
     hot_.assign(pieces.size(), 0);
-    for (std::size_t k = 0; k < pieces.size(); ++k) before_[k] = scalings[k].before, after_[k] = scalings[k].after;
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      before_[k] = pow2 ? scalings[k].before : scalings[k].g.value;
+      after_[k] = pow2 ? scalings[k].after : scalings[k].g.value;
+    }
     q_.resize(out_.values ? 0 : n);
     float* y = out_.values ? out_.values + b : q_.data();
     QuantCounts qc;
     std::uint64_t flushed = 0;
-    if (!quantize_pow2_blocks(x + b, y, out_.codes ? out_.codes + b : nullptr, n, fused_block_, before_.data(),
-                              after_.data(), s_.element, call_.index_offset + b, count_ ? &qc : nullptr, hot_.data(),
-                              &flushed)) {
+    if (!quantize_scaled_blocks(x + b, y, out_.codes ? out_.codes + b : nullptr, n, fused_block_, before_.data(),
+                                after_.data(), !pow2, s_.element, call_.index_offset + b, count_ ? &qc : nullptr,
+                                hot_.data(), &flushed)) {
       fused_block_ = 0;  // not on this target or format: the separate passes from now on
       return false;
     }
@@ -145,7 +152,8 @@ class Worker {
       for (std::size_t k = 0; k < pieces.size(); ++k)
         if (hot_[k]) {
           v_.resize(fused_block_);
-          for (std::size_t i = 0; i < fused_block_; ++i) v_[i] = x[pieces[k].begin + i] * before_[k];
+          for (std::size_t i = 0; i < fused_block_; ++i)
+            v_[i] = pow2 ? x[pieces[k].begin + i] * before_[k] : x[pieces[k].begin + i] / before_[k];
           saturation(pieces[k], pieces[k].begin);
         }
     return true;
@@ -306,7 +314,7 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   const std::size_t per_row = (cols + chunk - 1) / chunk;
   const FastPow2 fast(s);
   // Rows of whole blocks, or rows shorter than a block (each row one block).
-  const std::size_t fused_block = !(per_block && power_of_two(s)) ? 0
+  const std::size_t fused_block = !per_block ? 0
                                   : cols <= l.block_cols          ? cols
                                   : cols % l.block_cols == 0      ? l.block_cols
                                                                   : 0;

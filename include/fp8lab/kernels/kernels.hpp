@@ -35,17 +35,17 @@ void quantize_and_encode(const float* x, float* y, std::uint8_t* codes, std::siz
                          const QuantSpec& q, std::uint64_t index_offset = 0,
                          QuantCounts* counts = nullptr);
 
-// One pass of block-scaled quantization with power-of-two factors (E8M0 scales, docs/spec.md
-// §6.3), on the calling thread: y[i] = quantize(x[i] * before[b]) * after[b] with b =
-// i / block, and codes[i] (when codes is not null) the code of quantize(x[i] * before[b]);
-// stream index index_offset + i. Counts as quantize() on the products, plus *flushed: the
-// values x * before flushes to zero; hot[b] |= 1 where some |x[i] * before[b]| exceeds the
-// element format's max (blocks that may saturate). Returns false, doing nothing, where this
-// path does not apply (block not a multiple of the SIMD width, n not of block, a format
-// without the SIMD path): the caller then scales and quantizes in separate passes.
-bool quantize_pow2_blocks(const float* x, float* y, std::uint8_t* codes, std::size_t n, std::size_t block,
-                          const float* before, const float* after, const QuantSpec& q, std::uint64_t index_offset,
-                          QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed);
+// One pass of block-scaled quantization (docs/spec.md §6.3), on the calling thread: with
+// v = x[i] * before[b] (power-of-two factors, E8M0) or, with `divide`, v = x[i] / before[b]
+// (any other scale X = before[b]), b = i / block: y[i] = quantize(v) * after[b] and codes[i]
+// (when codes is not null) the code of quantize(v); stream index index_offset + i. Counts as
+// quantize() on the v, plus *flushed: the nonzero x whose v is zero; hot[b] |= 1 where some
+// |v| of block b exceeds the element format's max (blocks that may saturate). Returns false,
+// doing nothing, where this path does not apply (block not a multiple of the SIMD width, n
+// not of block, a format without the SIMD path): the caller then takes separate passes.
+bool quantize_scaled_blocks(const float* x, float* y, std::uint8_t* codes, std::size_t n, std::size_t block,
+                            const float* before, const float* after, bool divide, const QuantSpec& q,
+                            std::uint64_t index_offset, QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed);
 
 // y[i] = decode(codes[i], f). Bits above the format's width are ignored.
 void decode(const std::uint8_t* codes, float* y, std::size_t n, const Format& f);
