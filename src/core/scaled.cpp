@@ -303,9 +303,23 @@ struct ScaleCodes {
     return kind == ScaleFormat::fp32 ? 0x7FC00000u : f.nan_code(false);
   }
   // The largest code whose value satisfies le (a predicate monotone in the value), or
-  // nullopt when even code 0 does not.
+  // nullopt when even code 0 does not. `near`: about where the boundary lies; float32 scales
+  // start from its code and walk (a step or two) instead of searching 2^31 codes.
   template <class Le>
-  std::optional<std::uint32_t> last_le(Le le) const {
+  std::optional<std::uint32_t> last_le(Le le, double near = 0) const {
+    if (kind == ScaleFormat::fp32 && near > 0) {
+      const float f = static_cast<float>(near);
+      std::uint32_t c = std::min(std::bit_cast<std::uint32_t>(f), max);
+      if (le(value(c))) {
+        while (c < max && le(value(c + 1))) ++c;
+        return c;
+      }
+      while (c > 0) {
+        --c;
+        if (le(value(c))) return c;
+      }
+      return std::nullopt;
+    }
     if (!le(value(0))) return std::nullopt;
     std::uint32_t lo = 0, hi = max;  // le(lo) holds
     while (lo < hi) {
@@ -387,7 +401,7 @@ std::uint32_t scale_code(const ScaledSpec& s, double amax, double ts, ScaledCoun
   };
   if (s.rule == ScaleRule::floor) {
     const double target = std::ldexp(1.0, floor_log2_ratio(amax, ts) - ef.emax);
-    const auto c = sc.last_le([&](double v) { return v <= target; });
+    const auto c = sc.last_le([&](double v) { return v <= target; }, target);
     if (!c) return count(&ScaledCounts::scale_underflow), 0;  // E8M0: clamped up to 2^-127
     if (target > sc.value(sc.max)) count(&ScaledCounts::scale_overflow);
     if (sc.value(*c) == 0) count(&ScaledCounts::scale_underflow);
@@ -395,7 +409,7 @@ std::uint32_t scale_code(const ScaledSpec& s, double amax, double ts, ScaledCoun
   }
   // amax / (v ts) <= max_e, compared exactly (every product here is exact in double).
   const auto fits = [&](double v) { return v * ts * max_e >= amax; };
-  const auto c = sc.last_le([&](double v) { return v * ts * max_e <= amax; });
+  const auto c = sc.last_le([&](double v) { return v * ts * max_e <= amax; }, amax / (ts * max_e));
   if (!c) return count(&ScaledCounts::scale_underflow), 0;
   if (fits(sc.value(*c))) return *c;  // exact
   if (*c == sc.max) return count(&ScaledCounts::scale_overflow), sc.max;
