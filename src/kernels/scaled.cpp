@@ -66,6 +66,7 @@ class FastPow2 {
     if (e < -127 || e > 127) return std::nullopt;
     return e;
   }
+  bool enabled() const { return enabled_; }
   Scaling scaling(int e) const {
     Scaling sc;
     sc.g.code = static_cast<std::uint32_t>(e + 127);
@@ -113,6 +114,58 @@ class Worker {
     else quantize(v_.data(), y, n, s_.element, call_.index_offset + b, c);
     for (std::size_t k = 0; k < pieces.size(); ++k) scale_out(pieces[k], scalings[k], b, y);
     counts.elements += qc;
+  }
+
+  // `count` whole blocks of fused_block_ values from flat offset `begin` (block index
+  // begin / fused_block_ on), each with an E8M0 exponent decided from its bits: the largest
+  // magnitudes, the scales and one vector pass, with no per-block objects. False, with
+  // nothing counted, when some block needs the general path.
+  bool run_fast_blocks(const float* x, std::size_t begin, std::size_t count, const FastPow2& fast,
+                       std::uint32_t* scale_codes, float& part_amax) {
+    const std::size_t B = fused_block_;
+    if (B == 0) return false;
+    exps_.resize(count);
+    before_.resize(count);
+    after_.resize(count);
+    hot_.assign(count, 0);
+    std::uint32_t chunk_top = 0;
+    for (std::size_t k = 0; k < count; ++k) {
+      const float* xb = x + begin + k * B;
+      std::uint32_t top = 0;
+      for (std::size_t i = 0; i < B; ++i) top = std::max(top, std::bit_cast<std::uint32_t>(xb[i]) & 0x7FFFFFFFu);
+      const auto e = fast.exponent(top);
+      if (!e) return false;
+      exps_[k] = *e;
+      before_[k] = pow2f(-*e);
+      after_[k] = pow2f(*e);
+      chunk_top = std::max(chunk_top, top);
+    }
+    const std::size_t n = count * B;
+    q_.resize(out_.values ? 0 : n);
+    float* y = out_.values ? out_.values + begin : q_.data();
+    QuantCounts qc;
+    std::uint64_t flushed = 0;
+    if (!quantize_scaled_blocks(x + begin, y, out_.codes ? out_.codes + begin : nullptr, n, B, before_.data(),
+                                after_.data(), false, s_.element, call_.index_offset + begin, count_ ? &qc : nullptr,
+                                hot_.data(), &flushed)) {
+      fused_block_ = 0;
+      return false;
+    }
+    if (scale_codes)
+      for (std::size_t k = 0; k < count; ++k) scale_codes[begin / B + k] = static_cast<std::uint32_t>(exps_[k] + 127);
+    counts.groups += count;
+    counts.elements += qc;
+    counts.elements.underflow += flushed;
+    part_amax = std::max(part_amax, std::bit_cast<float>(chunk_top));
+    if (count_)
+      for (std::size_t k = 0; k < count; ++k)
+        if (hot_[k]) {
+          const Piece p{begin + k * B, B, begin / B + k};
+          v_.resize(B);
+          for (std::size_t i = 0; i < B; ++i) v_[i] = x[p.begin + i] * before_[k];
+          saturation(p, p.begin);
+        }
+    return true;
   }
 
   ScaledCounts counts;
@@ -236,6 +289,7 @@ class Worker {
   float max_e_;
   std::size_t fused_block_ = 0;
   std::vector<float> v_, q_, before_, after_;
+  std::vector<int> exps_;
   std::vector<std::uint8_t> hot_;
 };
 
@@ -318,7 +372,33 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
                                   : cols <= l.block_cols          ? cols
                                   : cols % l.block_cols == 0      ? l.block_cols
                                                                   : 0;
-  parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
+  if (fused_block != 0 && fast.enabled()) {
+    // E8M0 blocks with rows of whole blocks: chunks of whole blocks, group = flat / block.
+    const std::size_t B = fused_block, per_chunk = std::max<std::size_t>(1, kChunk / B);
+    parallel_for(n, B, [&](std::size_t b, std::size_t e) {
+      SerialScope serial;
+      Worker w(s, out, call, counts != nullptr, fused_block);
+      float part_amax = 0;
+      std::vector<Piece> pieces;
+      std::vector<Scaling> scalings;
+      for (std::size_t k0 = b / B; k0 < e / B; k0 += per_chunk) {
+        const std::size_t count = std::min(per_chunk, e / B - k0);
+        if (w.run_fast_blocks(x, k0 * B, count, fast, out.scale_codes, part_amax)) continue;
+        pieces.clear();
+        scalings.clear();
+        for (std::size_t k = k0; k < k0 + count; ++k) {
+          const Amax a = amax_of(x + k * B, B);
+          part_amax = std::max(part_amax, a.value);
+          const GroupScale gs = scale_group(s, a, ts, &w.counts);
+          if (out.scale_codes) out.scale_codes[k] = gs.code;
+          pieces.push_back({k * B, B, k});
+          scalings.push_back(scaling_of(s, gs));
+        }
+        w.run(x, pieces, scalings);
+      }
+      shared.add(w, part_amax);
+    });
+  } else parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
     SerialScope serial;
     Worker w(s, out, call, counts != nullptr, fused_block);
     float part_amax = 0;
