@@ -305,11 +305,25 @@ struct ScaleCodes {
   // The largest code whose value satisfies le (a predicate monotone in the value), or
   // nullopt when even code 0 does not. `near`: about where the boundary lies; float32 scales
   // start from its code and walk (a step or two) instead of searching 2^31 codes.
+  // The code whose value is about t (> 0): a starting point for last_le's walk.
+  std::uint32_t approx_code(double t) const {
+    if (kind == ScaleFormat::fp32) return std::min(std::bit_cast<std::uint32_t>(static_cast<float>(t)), max);
+    const int M = f.man_bits, emin = f.emin();
+    const int E = std::ilogb(t);
+    std::int64_t c;
+    if (E >= emin) {
+      const auto mant = static_cast<std::int64_t>(std::ldexp(t, -E) * (1 << M)) - (std::int64_t{1} << M);
+      c = ((static_cast<std::int64_t>(E - emin) + (f.subnormals ? 1 : 0)) << M) + mant;
+    } else {
+      c = f.subnormals ? static_cast<std::int64_t>(std::ldexp(t, M - emin)) : 0;
+    }
+    return static_cast<std::uint32_t>(std::clamp<std::int64_t>(c, 0, max));
+  }
+
   template <class Le>
   std::optional<std::uint32_t> last_le(Le le, double near = 0) const {
-    if (kind == ScaleFormat::fp32 && near > 0) {
-      const float f = static_cast<float>(near);
-      std::uint32_t c = std::min(std::bit_cast<std::uint32_t>(f), max);
+    if (near > 0 && std::isfinite(near)) {
+      std::uint32_t c = approx_code(near);
       if (le(value(c))) {
         while (c < max && le(value(c + 1))) ++c;
         return c;
