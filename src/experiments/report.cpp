@@ -71,6 +71,16 @@ std::string point_title(const Sweep& s, int point, const PlotSpec& spec) {
 
 // --- plots -----------------------------------------------------------------------------
 
+// The baseline's mean +- sd as a grey band and a dashed line labelled `label` (nothing
+// without a baseline or its runs).
+void add_baseline(plt::Panel& p, const Sweep& s, const SweepReport& rep, const std::string& label) {
+  if (s.baseline < 0) return;
+  const auto& b = rep.points[static_cast<std::size_t>(s.baseline)];
+  if (!b.stats.n) return;
+  p.bands.push_back({b.stats.mean - b.stats.sd, b.stats.mean + b.stats.sd, "", 7, false, 0.18});
+  p.lines.push_back({b.stats.mean, label, 7, false, true});
+}
+
 std::optional<plt::Figure> metric_plot(const Sweep& s, const SweepReport& rep, const PlotSpec& spec) {
   plt::Figure fig;
   fig.title = spec.title.empty() ? s.name + ": " + rep.metric + " against " + spec.x : spec.title;
@@ -108,13 +118,7 @@ std::optional<plt::Figure> metric_plot(const Sweep& s, const SweepReport& rep, c
     p.series.push_back(std::move(sorted));
   }
   if (!diverged.x.empty() && rep.higher_is_better) p.series.push_back(std::move(diverged));
-  if (s.baseline >= 0) {
-    const auto& b = rep.points[static_cast<std::size_t>(s.baseline)];
-    if (b.stats.n) {
-      p.bands.push_back({b.stats.mean - b.stats.sd, b.stats.mean + b.stats.sd, "", 7, false, 0.18});
-      p.lines.push_back({b.stats.mean, "baseline (" + s.points[static_cast<std::size_t>(s.baseline)].label() + ") +- sd", 7, false, true});
-    }
-  }
+  add_baseline(p, s, rep, "baseline (" + (s.baseline >= 0 ? s.points[static_cast<std::size_t>(s.baseline)].label() : "") + ") +- sd");
   fig.panels.push_back(std::move(p));
   fig.panel_width = 760;
   fig.panel_height = 430;
@@ -512,13 +516,7 @@ std::optional<plt::Figure> points_plot(const Sweep& s, const SweepReport& rep, c
     p.series.push_back(std::move(se));
   }
   if (p.series.empty()) return std::nullopt;
-  if (s.baseline >= 0) {
-    const auto& b = rep.points[static_cast<std::size_t>(s.baseline)];
-    if (b.stats.n) {
-      p.bands.push_back({b.stats.mean - b.stats.sd, b.stats.mean + b.stats.sd, "", 7, false, 0.18});
-      p.lines.push_back({b.stats.mean, "baseline +- sd", 7, false, true});
-    }
-  }
+  add_baseline(p, s, rep, "baseline +- sd");
   plt::Figure fig;
   fig.title = spec.title.empty() ? s.name + ": " + rep.metric + " by point (* worse than the baseline)" : spec.title;
   fig.panels.push_back(std::move(p));
