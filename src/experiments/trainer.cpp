@@ -82,6 +82,17 @@ double evaluate(Task& task, nn::QuantContext& ctx, bool final) {
   return metric;
 }
 
+// {"lo": e_lo, "counts": [n(e_lo), ..., n(e_hi)]}: the histogram's bins from its lowest to
+// its highest nonzero exponent (lo 0 and no counts when empty).
+nlohmann::json exponent_range(const kernels::ExpHistogram& hist) {
+  int lo = kernels::ExpHistogram::kMaxExp + 1, hi = kernels::ExpHistogram::kMinExp - 1;
+  for (int e = kernels::ExpHistogram::kMinExp; e <= kernels::ExpHistogram::kMaxExp; ++e)
+    if (hist.at(e)) lo = std::min(lo, e), hi = std::max(hi, e);
+  std::vector<std::uint64_t> c;
+  for (int e = lo; e <= hi; ++e) c.push_back(hist.at(e));
+  return {{"lo", lo <= hi ? lo : 0}, {"counts", c}};
+}
+
 std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records) {
   std::vector<results::Store::StatRow> rows;
   for (const auto& s : records) {
@@ -94,24 +105,16 @@ std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> reco
     r.underflow = s.counts.underflow;
     r.nan = s.counts.nan;
     r.absmax = s.absmax;
-    int lo = kernels::ExpHistogram::kMaxExp + 1, hi = kernels::ExpHistogram::kMinExp - 1;
-    for (int e = kernels::ExpHistogram::kMinExp; e <= kernels::ExpHistogram::kMaxExp; ++e)
-      if (s.hist.at(e)) lo = std::min(lo, e), hi = std::max(hi, e);
-    nlohmann::json h = {{"lo", lo <= hi ? lo : 0}, {"zero", s.hist.zero}, {"inf", s.hist.inf}, {"nan", s.hist.nan}};
-    std::vector<std::uint64_t> c;
-    for (int e = lo; e <= hi; ++e) c.push_back(s.hist.at(e));
-    h["counts"] = c;
+    nlohmann::json h = exponent_range(s.hist);
+    h["zero"] = s.hist.zero;
+    h["inf"] = s.hist.inf;
+    h["nan"] = s.hist.nan;
     if (s.scaled) {  // block-level figures (docs/spec.md §6.6)
       const ScaledCounts& g = s.groups;
       h["groups"] = {{"total", g.groups},       {"saturated", g.saturated_groups},
                      {"zero", g.zero_groups},   {"nan", g.nan_groups},
                      {"scale_underflow", g.scale_underflow}, {"scale_overflow", g.scale_overflow}};
-      int slo = kernels::ExpHistogram::kMaxExp + 1, shi = kernels::ExpHistogram::kMinExp - 1;
-      for (int e = kernels::ExpHistogram::kMinExp; e <= kernels::ExpHistogram::kMaxExp; ++e)
-        if (s.scale_hist.at(e)) slo = std::min(slo, e), shi = std::max(shi, e);
-      std::vector<std::uint64_t> sc;
-      for (int e = slo; e <= shi; ++e) sc.push_back(s.scale_hist.at(e));
-      h["scales"] = {{"lo", slo <= shi ? slo : 0}, {"counts", sc}};
+      h["scales"] = exponent_range(s.scale_hist);
     }
     r.histogram = h.dump();
     rows.push_back(std::move(r));
