@@ -485,6 +485,78 @@ GroupScale scale_from_code(const ScaledSpec& s, std::uint32_t code, float ts) {
 
 namespace {
 
+// The bits of the smallest float32 at or above (strict: above) a non-negative double;
+// 0x7F800000 where none is finite.
+std::uint32_t float_at_or_above(double p, bool strict) {
+  float f = static_cast<float>(p);  // to nearest: at most one step off
+  if (static_cast<double>(f) < p || (strict && static_cast<double>(f) == p))
+    f = std::nextafter(f, std::numeric_limits<float>::infinity());
+  return std::min(std::bit_cast<std::uint32_t>(f), 0x7F800000u);
+}
+
+// 2^k as a double (k within double's range for every call here).
+double pow2(int k) { return std::ldexp(1.0, k); }
+
+}  // namespace
+
+// The smallest amax of each code, from scale_code's rule with every product exact in
+// double (the values have 4 significant bits, ts 24 and the element max at most 24):
+//   ceil:    code >= c  iff  amax >  T(c-1), T(c) = v(c) ts max_e;
+//   nearest: code >= c  iff  amax >  (T(c-1) + T(c)) / 2, or equal to it with c-1 odd;
+//   floor:   code >= c  iff  ts 2^(j + emax) <= amax, j = ceil(log2 v(c)) (the target
+//            2^(floor(log2(amax/ts)) - emax) reaches v(c)).
+// Overflow: amax > T(max) (ceil, nearest); target > v(max) (floor).
+std::optional<ScaleSteps> ScaleSteps::make(const ScaledSpec& s, float ts) {
+  if (s.scale != ScaleFormat::ue4m3 || !(ts > 0) || !std::isfinite(ts)) return std::nullopt;
+  const ScaleCodes& sc = scale_codes(s.scale);
+  const ElementFigures& ef = figures_of(s.element.format);
+  const double m = static_cast<double>(ts) * ef.max;
+  ScaleSteps t;
+  t.max_ = sc.max;
+  t.first_.assign(sc.max + 1, 0);
+  t.values_.resize(sc.max + 1);
+  for (std::uint32_t c = 0; c <= sc.max; ++c) t.values_[c] = static_cast<float>(sc.value(c) * ts);
+  const auto T = [&](std::uint32_t c) { return sc.value(c) * m; };
+  for (std::uint32_t c = 1; c <= sc.max; ++c) {
+    switch (s.rule) {
+      case ScaleRule::ceil: t.first_[c] = float_at_or_above(T(c - 1), true); break;
+      case ScaleRule::nearest: t.first_[c] = float_at_or_above((T(c - 1) + T(c)) / 2, (c - 1) % 2 == 0); break;
+      case ScaleRule::floor: {
+        const double v = sc.value(c);
+        const int j = std::ilogb(v) + (v == pow2(std::ilogb(v)) ? 0 : 1);  // ceil(log2 v)
+        t.first_[c] = float_at_or_above(ts * pow2(j + ef.emax), false);
+        break;
+      }
+    }
+  }
+  if (s.rule == ScaleRule::floor) {
+    const int J = std::ilogb(sc.value(sc.max)) + 1;
+    t.overflow_from_ = float_at_or_above(ts * pow2(J + ef.emax), false);
+  } else {
+    t.overflow_from_ = float_at_or_above(T(sc.max), true);
+  }
+  // Each bucket's codes, merged against the breakpoints.
+  t.buckets_.resize((0x7F800000u >> kShift) + 1);
+  std::uint32_t c = 0;
+  for (std::uint32_t b = 0; b < t.buckets_.size(); ++b) {
+    const std::uint32_t low = b << kShift, end = low + (1u << kShift);
+    while (c < t.max_ && t.first_[c + 1] <= low) ++c;
+    Bucket& k = t.buckets_[b];
+    k.low = k.above = static_cast<std::uint8_t>(c);
+    k.at = end;
+    if (c < t.max_ && t.first_[c + 1] < end) {
+      k.at = t.first_[c + 1];
+      std::uint32_t hi = c;
+      while (hi < t.max_ && t.first_[hi + 1] == k.at) ++hi;
+      k.above = static_cast<std::uint8_t>(hi);
+      if (hi < t.max_ && t.first_[hi + 1] < end) t.single_ = false;
+    }
+  }
+  return t;
+}
+
+namespace {
+
 // Scales are powers of two applied as a shift of the element bias (exact).
 bool power_of_two_path(const ScaledSpec& s) { return s.scale == ScaleFormat::e8m0 && !s.tensor_scale; }
 

@@ -45,11 +45,19 @@ Scaling scaling_of(const ScaledSpec& s, const GroupScale& g) {
   return sc;
 }
 
+// A block's scale decided on a fast path from the bits of its largest magnitude.
+struct BlockScale {
+  std::uint32_t code = 0;
+  float before = 1, after = 1;  // v = x * before (E8M0) or x / before; y = q * after
+  bool overflow = false;        // a scale overflow to count
+};
+
 // E8M0 block scales under the floor or ceil rule straight from a block's largest magnitude
 // bits, for a normal float32 amax whose scale exponent lies in E8M0's range: what
 // scale_group gives then (docs/spec.md §6.2), without its general path.
 class FastPow2 {
  public:
+  static constexpr bool kDivide = false;
   explicit FastPow2(const ScaledSpec& s) {
     enabled_ = power_of_two(s) && s.granularity == Granularity::block && s.rule != ScaleRule::nearest;
     ceil_ = s.rule == ScaleRule::ceil;
@@ -59,29 +67,55 @@ class FastPow2 {
   }
   // floor: floor(log2 amax) - emax; ceil: the smallest e with 2^e max_e >= amax, i.e. one
   // more when amax's significand exceeds max_e's.
-  std::optional<int> exponent(std::uint32_t top) const {
+  std::optional<BlockScale> decide(std::uint32_t top) const {
     if (!enabled_ || top < 0x00800000u || top >= 0x7F800000u) return std::nullopt;
     int e = static_cast<int>(top >> 23) - 127 - emax_;
     if (ceil_ && (top & 0x7FFFFFu) > max_mantissa_) ++e;
     if (e < -127 || e > 127) return std::nullopt;
-    return e;
+    return BlockScale{static_cast<std::uint32_t>(e + 127), pow2f(-e), pow2f(e), false};
   }
   bool enabled() const { return enabled_; }
-  Scaling scaling(int e) const {
-    Scaling sc;
-    sc.g.code = static_cast<std::uint32_t>(e + 127);
-    sc.g.exponent = e;
-    sc.g.value = pow2f(e);
-    sc.before = pow2f(-e);
-    sc.after = pow2f(e);
-    return sc;
-  }
 
  private:
   bool enabled_ = false, ceil_ = false;
   int emax_ = 0;
   std::uint32_t max_mantissa_ = 0;
 };
+
+// UE4M3 block scales (NVFP4's, with or without the tensor scale) looked up in the tensor's
+// ScaleSteps table: choose_scale's code for a finite non-zero amax whose scale is not zero.
+class FastSteps {
+ public:
+  static constexpr bool kDivide = true;
+  FastSteps(const ScaledSpec& s, float ts) {
+    if (s.granularity == Granularity::block) steps_ = ScaleSteps::make(s, ts);
+  }
+  std::optional<BlockScale> decide(std::uint32_t top) const {
+    if (!steps_ || top == 0 || top >= 0x7F800000u) return std::nullopt;
+    const std::uint32_t c = steps_->code(top);
+    const float X = steps_->value(c);
+    if (c == 0 || !(X > 0)) return std::nullopt;  // scale underflow: the general path counts it
+    return BlockScale{c, X, X, steps_->overflow(top)};
+  }
+  bool enabled() const { return steps_.has_value(); }
+
+ private:
+  std::optional<ScaleSteps> steps_;
+};
+
+Scaling scaling_of(const BlockScale& b, bool pow2) {
+  Scaling sc;
+  sc.g.code = b.code;
+  if (pow2) {
+    sc.g.exponent = static_cast<int>(b.code) - 127;
+    sc.g.value = b.after;
+    sc.before = b.before;
+    sc.after = b.after;
+  } else {
+    sc.g.value = b.before;
+  }
+  return sc;
+}
 
 // One contiguous piece of a group inside a row.
 struct Piece {
@@ -117,27 +151,34 @@ class Worker {
   }
 
   // `count` whole blocks of fused_block_ values from flat offset `begin` (block index
-  // begin / fused_block_ on), each with an E8M0 exponent decided from its bits: the largest
-  // magnitudes, the scales and one vector pass, with no per-block objects. False, with
-  // nothing counted, when some block needs the general path.
-  bool run_fast_blocks(const float* x, std::size_t begin, std::size_t count, const FastPow2& fast,
-                       std::uint32_t* scale_codes, float& part_amax) {
+  // begin / fused_block_ on), each with a scale decided from its bits by `fast` (FastPow2,
+  // FastSteps): the largest magnitudes, the scales and one vector pass, with no per-block
+  // objects. False, with nothing counted, when some block needs the general path.
+  // `tops`: the blocks' largest magnitude bits when already known (null: found here).
+  template <class Fast>
+  bool run_fast_blocks(const float* x, std::size_t begin, std::size_t count, const Fast& fast,
+                       std::uint32_t* scale_codes, float& part_amax, const std::uint32_t* tops) {
     const std::size_t B = fused_block_;
     if (B == 0) return false;
-    exps_.resize(count);
+    codes_.resize(count);
     before_.resize(count);
     after_.resize(count);
     hot_.assign(count, 0);
     std::uint32_t chunk_top = 0;
+    std::uint64_t overflows = 0;
+    if (!tops) {
+      tops_.resize(count);
+      block_magnitude_tops(x + begin, count, B, tops_.data());
+      tops = tops_.data();
+    }
     for (std::size_t k = 0; k < count; ++k) {
-      const float* xb = x + begin + k * B;
-      std::uint32_t top = 0;
-      for (std::size_t i = 0; i < B; ++i) top = std::max(top, std::bit_cast<std::uint32_t>(xb[i]) & 0x7FFFFFFFu);
-      const auto e = fast.exponent(top);
-      if (!e) return false;
-      exps_[k] = *e;
-      before_[k] = pow2f(-*e);
-      after_[k] = pow2f(*e);
+      const std::uint32_t top = tops[k];
+      const auto d = fast.decide(top);
+      if (!d) return false;
+      codes_[k] = d->code;
+      before_[k] = d->before;
+      after_[k] = d->after;
+      overflows += d->overflow;
       chunk_top = std::max(chunk_top, top);
     }
     const std::size_t n = count * B;
@@ -146,14 +187,14 @@ class Worker {
     QuantCounts qc;
     std::uint64_t flushed = 0;
     if (!quantize_scaled_blocks(x + begin, y, out_.codes ? out_.codes + begin : nullptr, n, B, before_.data(),
-                                after_.data(), false, s_.element, call_.index_offset + begin, count_ ? &qc : nullptr,
-                                hot_.data(), &flushed)) {
+                                after_.data(), Fast::kDivide, s_.element, call_.index_offset + begin,
+                                count_ ? &qc : nullptr, hot_.data(), &flushed)) {
       fused_block_ = 0;
       return false;
     }
-    if (scale_codes)
-      for (std::size_t k = 0; k < count; ++k) scale_codes[begin / B + k] = static_cast<std::uint32_t>(exps_[k] + 127);
+    if (scale_codes) std::copy(codes_.begin(), codes_.end(), scale_codes + begin / B);
     counts.groups += count;
+    counts.scale_overflow += overflows;
     counts.elements += qc;
     counts.elements.underflow += flushed;
     part_amax = std::max(part_amax, std::bit_cast<float>(chunk_top));
@@ -162,7 +203,8 @@ class Worker {
         if (hot_[k]) {
           const Piece p{begin + k * B, B, begin / B + k};
           v_.resize(B);
-          for (std::size_t i = 0; i < B; ++i) v_[i] = x[p.begin + i] * before_[k];
+          for (std::size_t i = 0; i < B; ++i)
+            v_[i] = Fast::kDivide ? x[p.begin + i] / before_[k] : x[p.begin + i] * before_[k];
           saturation(p, p.begin);
         }
     return true;
@@ -289,7 +331,7 @@ class Worker {
   float max_e_;
   std::size_t fused_block_ = 0;
   std::vector<float> v_, q_, before_, after_;
-  std::vector<int> exps_;
+  std::vector<std::uint32_t> codes_, tops_;
   std::vector<std::uint8_t> hot_;
 };
 
@@ -330,6 +372,40 @@ std::vector<Amax> group_amaxes(const float* x, const BlockLayout& l) {
   return result;
 }
 
+// The tensor's largest finite magnitude, on the kernel threads.
+float largest_finite(const float* x, std::size_t n) {
+  std::mutex m;
+  float result = 0;
+  parallel_for(n, kChunk, [&](std::size_t b, std::size_t e) {
+    const std::uint32_t top = magnitude_top(x + b, e - b);
+    const float part = top < 0x7F800000u ? std::bit_cast<float>(top) : amax_of(x + b, e - b).value;
+    std::lock_guard<std::mutex> lk(m);
+    result = std::max(result, part);
+  });
+  return result;
+}
+
+// The largest magnitude bits of every block of `block` values (n a multiple of it).
+std::vector<std::uint32_t> all_block_tops(const float* x, std::size_t n, std::size_t block) {
+  std::vector<std::uint32_t> tops(n / block);
+  parallel_for(n, block, [&](std::size_t b, std::size_t e) {
+    SerialScope serial;
+    block_magnitude_tops(x + b, (e - b) / block, block, tops.data() + b / block);
+  });
+  return tops;
+}
+
+// The largest finite magnitude of blocks whose largest magnitude bits are `tops`.
+float largest_finite(const float* x, std::size_t block, const std::vector<std::uint32_t>& tops) {
+  std::uint32_t top = 0;
+  for (const std::uint32_t t : tops) top = std::max(top, t);
+  if (top < 0x7F800000u) return std::bit_cast<float>(top);
+  float result = 0;  // some block holds NaN or Inf
+  for (std::size_t k = 0; k < tops.size(); ++k)
+    result = std::max(result, tops[k] < 0x7F800000u ? std::bit_cast<float>(tops[k]) : amax_of(x + k * block, block).value);
+  return result;
+}
+
 }  // namespace
 
 float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
@@ -345,7 +421,20 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   // The tensor's amax: from the groups' amaxes, or one pass first where blocks need it.
   float current = 0;
   for (const Amax& a : amaxes) current = std::max(current, a.value);
-  if (per_block && (s.tensor_scale || s.history > 0)) current = amax_of(x, n).value;
+  // Rows of whole blocks, or rows shorter than a block (each row one block).
+  const std::size_t fused_block = !per_block ? 0
+                                  : cols <= l.block_cols          ? cols
+                                  : cols % l.block_cols == 0      ? l.block_cols
+                                                                  : 0;
+  std::vector<std::uint32_t> tops;  // of every block, where that pass gives the tensor's amax
+  if (per_block && (s.tensor_scale || s.history > 0)) {
+    if (fused_block != 0) {
+      tops = all_block_tops(x, n, fused_block);
+      current = largest_finite(x, fused_block, tops);
+    } else {
+      current = largest_finite(x, n);
+    }
+  }
   const bool delayed = s.history > 0 && call.delayed_amax && *call.delayed_amax > 0;
   const float tensor_amax = delayed ? *call.delayed_amax : current;
   const float ts = tensor_scale_of(s, tensor_amax);
@@ -366,14 +455,10 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   // on about kChunk elements at a time, whatever the row length.
   const std::size_t chunk = per_block ? std::max(l.block_cols, kChunk / l.block_cols * l.block_cols) : kChunk;
   const std::size_t per_row = (cols + chunk - 1) / chunk;
-  const FastPow2 fast(s);
-  // Rows of whole blocks, or rows shorter than a block (each row one block).
-  const std::size_t fused_block = !per_block ? 0
-                                  : cols <= l.block_cols          ? cols
-                                  : cols % l.block_cols == 0      ? l.block_cols
-                                                                  : 0;
-  if (fused_block != 0 && fast.enabled()) {
-    // E8M0 blocks with rows of whole blocks: chunks of whole blocks, group = flat / block.
+  const FastPow2 fast_pow2(s);
+  const FastSteps fast_steps(s, ts);
+  // Rows of whole blocks with a fast scale path: chunks of whole blocks, group = flat / block.
+  const auto whole_blocks = [&](const auto& fast) {
     const std::size_t B = fused_block, per_chunk = std::max<std::size_t>(1, kChunk / B);
     parallel_for(n, B, [&](std::size_t b, std::size_t e) {
       SerialScope serial;
@@ -383,7 +468,8 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
       std::vector<Scaling> scalings;
       for (std::size_t k0 = b / B; k0 < e / B; k0 += per_chunk) {
         const std::size_t count = std::min(per_chunk, e / B - k0);
-        if (w.run_fast_blocks(x, k0 * B, count, fast, out.scale_codes, part_amax)) continue;
+        if (w.run_fast_blocks(x, k0 * B, count, fast, out.scale_codes, part_amax, tops.empty() ? nullptr : &tops[k0]))
+          continue;
         pieces.clear();
         scalings.clear();
         for (std::size_t k = k0; k < k0 + count; ++k) {
@@ -398,6 +484,17 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
       }
       shared.add(w, part_amax);
     });
+  };
+  // A block's scale from its largest magnitude's bits where a fast path decides it.
+  const auto decide = [&](std::uint32_t top) -> std::optional<BlockScale> {
+    if (fast_pow2.enabled()) return fast_pow2.decide(top);
+    if (fast_steps.enabled()) return fast_steps.decide(top);
+    return std::nullopt;
+  };
+  if (fused_block != 0 && fast_pow2.enabled()) {
+    whole_blocks(fast_pow2);
+  } else if (fused_block != 0 && fast_steps.enabled()) {
+    whole_blocks(fast_steps);
   } else parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
     SerialScope serial;
     Worker w(s, out, call, counts != nullptr, fused_block);
@@ -425,11 +522,12 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
             const float* xb = x + r * cols + c;
             std::uint32_t top = 0;  // largest magnitude's bits
             for (std::size_t i = 0; i < cend - c; ++i) top = std::max(top, std::bit_cast<std::uint32_t>(xb[i]) & 0x7FFFFFFFu);
-            if (const auto e = fast.exponent(top)) {  // the common case, decided from the bits
+            if (const auto d = decide(top)) {  // the common case, decided from the bits
               ++w.counts.groups;
+              w.counts.scale_overflow += d->overflow;
               part_amax = std::max(part_amax, std::bit_cast<float>(top));
-              if (out.scale_codes) out.scale_codes[group] = static_cast<std::uint32_t>(*e + 127);
-              scalings.push_back(fast.scaling(*e));
+              if (out.scale_codes) out.scale_codes[group] = d->code;
+              scalings.push_back(scaling_of(*d, fast_pow2.enabled()));
             } else {
               const Amax a = amax_of(xb, cend - c);
               part_amax = std::max(part_amax, a.value);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,56 @@ TEST(ScaledScale, MatchesALinearScanForEveryRuleAndAmax) {
             << to_string(s) << " amax " << amax << " ts " << t;
         EXPECT_FALSE(g.nan);
       }
+}
+
+// The table the kernels look block scales up in gives choose_scale's code and its overflow
+// and underflow counts: at every breakpoint and the float on either side of it, at the
+// amaxes above and at random ones, for every rule, UE4M3 element format and tensor scale.
+TEST(ScaledScale, ScaleStepsGiveChooseScalesCodes) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::uint32_t> bits(1, 0x7F7FFFFFu);
+  int checked = 0, single = 0, walking = 0;
+  std::vector<ScaledSpec> specs = all_rules();
+  for (const char* more : {"e4m3fn@1x32:ue4m3", "e5m2@1x16:ue4m3:tensor-scale", "e2m3fn@16x16:ue4m3:tensor-scale"})
+    for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest}) {
+      ScaledSpec s = parse_scaled(more);
+      s.rule = r;
+      specs.push_back(s);
+    }
+  for (const ScaledSpec& s : specs) {
+    if (s.scale != ScaleFormat::ue4m3) {
+      EXPECT_FALSE(ScaleSteps::make(s, 1.0f)) << to_string(s);
+      continue;
+    }
+    for (const float ts : {1.0f, 0.0123f, 3.0e-30f, 1.0e-38f, 7.1e25f, std::numeric_limits<float>::min()}) {
+      const auto t = ScaleSteps::make(s, ts);
+      ASSERT_TRUE(t);
+      ++(t->single_step() ? single : walking);
+      std::vector<float> probes = amaxes(s);
+      for (std::uint32_t c = 1; c <= t->max_code(); ++c) {
+        const std::uint32_t b = t->first(c);
+        if (b >= 0x7F800000u) continue;
+        probes.push_back(std::bit_cast<float>(b));
+        if (b > 1) probes.push_back(std::bit_cast<float>(b - 1));
+        probes.push_back(std::bit_cast<float>(b + 1));
+      }
+      for (int i = 0; i < 2000; ++i) probes.push_back(std::bit_cast<float>(bits(rng)));
+      for (const float amax : probes) {
+        ScaledCounts counts;
+        const GroupScale g = choose_scale(s, amax, ts, &counts);
+        const std::uint32_t a = std::bit_cast<std::uint32_t>(amax);
+        ASSERT_EQ(t->code(a), g.code) << to_string(s) << " amax " << amax << " ts " << ts;
+        ASSERT_EQ(t->code(a), ref::scale_code(s, amax, ts)) << to_string(s) << " amax " << amax << " ts " << ts;
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(t->value(g.code)), std::bit_cast<std::uint32_t>(g.value));
+        ASSERT_EQ(t->overflow(a), counts.scale_overflow == 1) << to_string(s) << " amax " << amax << " ts " << ts;
+        ASSERT_EQ(g.code == 0, counts.scale_underflow == 1) << to_string(s) << " amax " << amax << " ts " << ts;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 10000);
+  EXPECT_GT(single, 0);  // both look-ups were tested
+  EXPECT_GT(walking, 0);
 }
 
 TEST(ScaledScale, FloorIsTheOcpRuleAndCeilNeverSaturates) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,44 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
         const Out want = run(scaled_quantize_reference, s, x, sh.rows, sh.cols, call);
         const Out got = run(kernels::scaled_quantize, s, x, sh.rows, sh.cols, call);
         expect_same(got, want, what);
+      }
+}
+
+// Blocks of ordinary values (a normal sample times a power of two that varies by block,
+// from 2^-30 to 2^30) with a few zero, tiny and NaN blocks: the inputs on which the fast
+// scale paths (E8M0 from the bits, UE4M3 from the ScaleSteps table) decide nearly every
+// block, against the reference, with and without counts.
+TEST_P(ScaledKernels, FastScalePathsMatchTheReference) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (const auto& preset : scaled_presets())
+    for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest})
+      for (std::size_t cols : {16, 64, 4096}) {
+        ScaledSpec s = parse_scaled(preset.name);
+        s.rule = rule;
+        const std::size_t rows = 24;
+        std::vector<float> x(rows * cols);
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          const int k = static_cast<int>((i / 16) % 61) - 30;
+          x[i] = std::ldexp(normal(rng), k);
+        }
+        for (std::size_t i = 0; i < 16; ++i) x[i] = 0.0f;                         // a zero block
+        for (std::size_t i = 16; i < 32; ++i) x[i] = std::ldexp(1.0f, -140);      // scale underflow
+        x[40] = std::numeric_limits<float>::quiet_NaN();                          // a NaN block
+        x[x.size() - 3] = static_cast<float>(s.element.format.max_finite()) * 1024;  // amax at max * 2^10
+        ScaledCall call;
+        call.index_offset = 9;
+        if (s.history > 0) call.delayed_amax = 3.5f;
+        const std::string what = to_string(s) + " cols " + std::to_string(cols);
+        const Out want = run(scaled_quantize_reference, s, x, rows, cols, call);
+        const Out got = run(kernels::scaled_quantize, s, x, rows, cols, call);
+        expect_same(got, want, what);
+        std::vector<float> y(x.size());
+        std::vector<std::uint8_t> codes(x.size());
+        kernels::scaled_quantize(x.data(), rows, cols, s, ScaledOut{y.data(), codes.data()}, call);
+        ASSERT_EQ(codes, want.codes) << what << " without counts";
+        for (std::size_t i = 0; i < y.size(); ++i)
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(y[i]), std::bit_cast<std::uint32_t>(want.y[i])) << what << " at " << i;
       }
 }
 

@@ -127,6 +127,49 @@ float tensor_scale_of(const ScaledSpec& s, float tensor_amax);
 // tensor scale `ts` (1 without a second level). Adds to counts->scale_underflow/overflow.
 GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts = nullptr);
 
+// The rule's scale code of every positive finite amax under one tensor scale, by table
+// look-up: for a UE4M3 scale (whose code 0 is zero) the code choose_scale gives is a
+// non-decreasing step function of amax, fixed by the smallest amax of each code
+// (docs/spec.md §6.2). Kernels look each block's amax up instead of searching the codes.
+class ScaleSteps {
+ public:
+  // nullopt for the scale formats it does not cover (all but UE4M3).
+  static std::optional<ScaleSteps> make(const ScaledSpec& s, float ts);
+  // The code of a positive finite amax, given as its float32 bits.
+  std::uint32_t code(std::uint32_t amax_bits) const {
+    const Bucket& b = buckets_[amax_bits >> kShift];
+    if (single_) return amax_bits >= b.at ? b.above : b.low;  // one breakpoint at most
+    std::uint32_t c = b.low;
+    while (c < max_ && first_[c + 1] <= amax_bits) ++c;
+    return c;
+  }
+  // Whether choose_scale counts a scale overflow (underflow: code 0) for this amax.
+  bool overflow(std::uint32_t amax_bits) const { return amax_bits >= overflow_from_; }
+  // The code's scale times the tensor scale: GroupScale::value.
+  float value(std::uint32_t code) const { return values_[code]; }
+  // The smallest amax (float32 bits) whose code is at least c, for 1 <= c <= max; 0x7F800000
+  // where no finite amax reaches c.
+  std::uint32_t first(std::uint32_t c) const { return first_[c]; }
+  std::uint32_t max_code() const { return max_; }
+  // Whether every look-up is one comparison (no bucket holds two breakpoints; otherwise the
+  // look-up walks the breakpoints from the bucket's first code).
+  bool single_step() const { return single_; }
+
+ private:
+  static constexpr int kShift = 19;  // buckets of float32 exponent and 4 mantissa bits
+  // A bucket of amaxes: the code of its smallest, and the code from `at` on (the bucket's
+  // one breakpoint, or past its end).
+  struct Bucket {
+    std::uint32_t at = 0;
+    std::uint8_t low = 0, above = 0;
+  };
+  std::uint32_t max_ = 0, overflow_from_ = 0;
+  bool single_ = true;  // no bucket holds two distinct breakpoints
+  std::vector<std::uint32_t> first_;
+  std::vector<float> values_;
+  std::vector<Bucket> buckets_;
+};
+
 // Largest finite |x| (0 if none) and whether any value is NaN or Inf.
 struct Amax {
   float value = 0;

@@ -47,6 +47,12 @@ bool quantize_scaled_blocks(const float* x, float* y, std::uint8_t* codes, std::
                             const float* before, const float* after, bool divide, const QuantSpec& q,
                             std::uint64_t index_offset, QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed);
 
+// Largest magnitudes as float32 bits with the sign cleared (they order as the magnitudes
+// do; Inf is 0x7F800000 and NaN above it), on the calling thread: of x[0, n), and of each
+// of `count` blocks of `block` values x[k block, (k + 1) block) into tops[k].
+std::uint32_t magnitude_top(const float* x, std::size_t n);
+void block_magnitude_tops(const float* x, std::size_t count, std::size_t block, std::uint32_t* tops);
+
 // y[i] = decode(codes[i], f). Bits above the format's width are ignored.
 void decode(const std::uint8_t* codes, float* y, std::size_t n, const Format& f);
 void decode(const std::uint16_t* codes, float* y, std::size_t n, const Format& f);

@@ -1,0 +1,74 @@
+// Largest magnitudes as float32 bits with the sign cleared, compiled once per Highway target:
+// for non-negative floats the bits order as the values do, with Inf above every finite value
+// and NaN above Inf, so one unsigned maximum finds the amax and flags a non-finite value.
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "src/kernels/amax.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#include "fp8lab/kernels/kernels.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace fp8lab::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using D32 = hn::ScalableTag<std::uint32_t>;
+
+HWY_INLINE std::uint32_t ScalarTop(const float* x, std::size_t n) {
+  std::uint32_t top = 0;
+  for (std::size_t i = 0; i < n; ++i) top = std::max(top, std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFFu);
+  return top;
+}
+
+std::uint32_t MagnitudeTop(const float* x, std::size_t n) {
+  const D32 d;
+  const std::size_t N = hn::Lanes(d);
+  const auto mask = hn::Set(d, 0x7FFFFFFFu);
+  auto m0 = hn::Zero(d), m1 = hn::Zero(d);  // two chains to hide the max latency
+  std::size_t i = 0;
+  const auto* bits = reinterpret_cast<const std::uint32_t*>(x);
+  for (; i + 2 * N <= n; i += 2 * N) {
+    m0 = hn::Max(m0, hn::And(hn::LoadU(d, bits + i), mask));
+    m1 = hn::Max(m1, hn::And(hn::LoadU(d, bits + i + N), mask));
+  }
+  const std::uint32_t top = hn::GetLane(hn::MaxOfLanes(d, hn::Max(m0, m1)));
+  return std::max(top, ScalarTop(x + i, n - i));
+}
+
+void BlockTops(const float* x, std::size_t count, std::size_t block, std::uint32_t* tops) {
+  const D32 d;
+  const std::size_t N = hn::Lanes(d);
+  const auto* bits = reinterpret_cast<const std::uint32_t*>(x);
+  if (block % N != 0) {
+    for (std::size_t k = 0; k < count; ++k) tops[k] = ScalarTop(x + k * block, block);
+    return;
+  }
+  const auto mask = hn::Set(d, 0x7FFFFFFFu);
+  for (std::size_t k = 0; k < count; ++k) {
+    auto m = hn::Zero(d);
+    for (std::size_t i = 0; i < block; i += N) m = hn::Max(m, hn::And(hn::LoadU(d, bits + k * block + i), mask));
+    tops[k] = hn::GetLane(hn::MaxOfLanes(d, m));
+  }
+}
+
+}  // namespace fp8lab::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fp8lab::kernels {
+
+HWY_EXPORT(MagnitudeTop);
+HWY_EXPORT(BlockTops);
+
+std::uint32_t magnitude_top(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(MagnitudeTop)(x, n); }
+
+void block_magnitude_tops(const float* x, std::size_t count, std::size_t block, std::uint32_t* tops) {
+  HWY_DYNAMIC_DISPATCH(BlockTops)(x, count, block, tops);
+}
+
+}  // namespace fp8lab::kernels
+#endif
