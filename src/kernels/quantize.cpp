@@ -17,6 +17,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/kernels/quantize.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
 #include "fp8lab/core/codec.hpp"
@@ -56,7 +57,25 @@ struct Params {
   std::uint32_t code_offset;      // (emin + 126) << M: float exponent field -> code field
   std::uint32_t sr_keep;          // stochastic: mask keeping the top K = min(R, S) fraction bits
   std::uint32_t sr_shift_r, sr_shift_l;  // random bits r >> (32 - K) << (S - K)
+  // Formats of at most 8 magnitudes (4-bit and smaller, M >= 1) under nearest-even or
+  // toward-zero rounding: the magnitude code is the number of breakpoints at or below |x|,
+  // its value a table look-up (no subnormal special case: most of an E2M1 block is subnormal).
+  bool small;
+  std::uint32_t small_above[8];  // code > k iff |x| bits > small_above[k] (k <= max_code; else ~0)
+  std::uint32_t small_bits[16];  // float32 bits of magnitude code k (k <= max_code)
 };
+
+// The smallest float32 bits of |x| whose magnitude code exceeds k under the codec's
+// rounding (docs/spec.md §2): past the midpoint to the next value (at it for an odd k, the
+// tie going to the even code), or at the next value when truncating. Above the largest
+// code the next value is one quantum past it.
+inline std::uint32_t first_above(const Format& f, std::uint32_t k, Rounding r) {
+  const double v = f.magnitude(k);
+  const double next = k < f.max_code() ? f.magnitude(k + 1) : v + std::ldexp(1.0, std::ilogb(v) - f.man_bits);
+  if (r == Rounding::toward_zero) return std::bit_cast<std::uint32_t>(static_cast<float>(next));
+  const auto mid = std::bit_cast<std::uint32_t>(static_cast<float>((v + next) / 2));  // exact
+  return k % 2 == 1 ? mid : mid + 1;
+}
 
 inline Params make_params(const QuantSpec& q) {
   const Format& f = q.format;
@@ -97,6 +116,14 @@ inline Params make_params(const QuantSpec& q) {
     p.sr_shift_r = 32 - K;
     p.sr_shift_l = p.S - K;
   }
+  p.small = p.fast && f.man_bits >= 1 && p.max_code <= 7 && q.rounding != Rounding::stochastic;
+  for (std::uint32_t k = 0; k < 8; ++k) p.small_above[k] = ~0u;
+  for (std::uint32_t k = 0; k < 16; ++k) p.small_bits[k] = 0;
+  if (p.small)
+    for (std::uint32_t k = 0; k <= p.max_code; ++k) {
+      p.small_above[k] = first_above(f, k, q.rounding) - 1;
+      p.small_bits[k] = std::bit_cast<std::uint32_t>(static_cast<float>(f.magnitude(k)));
+    }
   p.seed = q.seed;
   return p;
 }
@@ -239,6 +266,23 @@ HWY_INLINE Rounded RoundAny(D32 d, const Params& p, V32 a, V32 r, hn::Mask<D32> 
   return out;
 }
 
+// Params::small formats: the magnitude code counts the breakpoints below |x| (NaN and Inf
+// bits lie above them all, so they overflow as on the other paths).
+template <bool kCount>
+HWY_INLINE Rounded RoundSmall(D32 d, const Params& p, V32 a, hn::Mask<D32> is_zero, QuantCounts* counts) {
+  V32 mag = hn::Zero(d);
+  for (int k = 0; k < 8; ++k) mag = hn::Sub(mag, hn::VecFromMask(d, hn::Gt(a, hn::Set(d, p.small_above[k]))));
+  Rounded out;
+  const V32 max_code = hn::Set(d, p.max_code);
+  out.mag = mag;
+  out.v = hn::TableLookupLanes(hn::LoadU(d, p.small_bits), hn::IndicesFromVec(d, hn::Min(mag, max_code)));
+  out.ovf = hn::Gt(mag, max_code);
+  out.zero_res = hn::Eq(mag, hn::Zero(d));
+  out.any_zero = true;
+  if constexpr (kCount) counts->underflow += hn::CountTrue(d, hn::AndNot(is_zero, out.zero_res));
+  return out;
+}
+
 // Rare: overflow, NaN or Inf somewhere in the vector. Their lanes get the overflow, Inf or
 // NaN results of the format's policy and overflow mode.
 template <bool kWantCode, bool kWantFloat, bool kCount>
@@ -288,7 +332,9 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
   // Zeros (half of every ReLU output and of the gradients flowing back through it) do not
   // leave the fast path: they are the one sub-normal-range value whose result is known.
   const auto is_zero = hn::Eq(a, zero);
-  const Rounded q = HWY_LIKELY(hn::AllFalse(d, hn::AndNot(is_zero, hn::Lt(a, hn::Set(d, p.min_normal_bits)))))
+  const Rounded q = (kMode != Rounding::stochastic && hn::Lanes(d) >= 8 && p.small)
+                        ? RoundSmall<kCount>(d, p, a, is_zero, counts)
+                    : HWY_LIKELY(hn::AllFalse(d, hn::AndNot(is_zero, hn::Lt(a, hn::Set(d, p.min_normal_bits)))))
                         ? RoundNormal<kMode, kWantCode>(d, p, a, r, is_zero)
                         : RoundAny<kMode, kCount>(d, p, a, r, is_zero, counts);
   const V32 sign_kept = (p.unsigned_zero && q.any_zero) ? hn::IfThenZeroElse(q.zero_res, sign) : sign;
@@ -422,6 +468,7 @@ void EncodeRange16(const Params& p, const QuantSpec& q, const float* x, std::uin
 // other scale), b = i / block, in one pass, each vector inside one block (block a multiple of the vector width). Counts as the
 // element kernel on v, plus `flushed`: values v flushes to zero; hot[b] set where some |v| in block b
 // exceeds the element max (saturation candidates).
+constexpr std::size_t kPrefetchAhead = 4096;
 template <Rounding kMode, bool kWantCode, bool kCount, bool kDivide>
 HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* x, float* y, std::uint8_t* codes,
                          std::size_t n, std::size_t block, const float* before, const float* after,
@@ -443,8 +490,16 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
     const fp8lab::StreamKey key = fp8lab::stream_key(p.seed, g);
     V32 idx = hn::Iota(d, static_cast<std::uint32_t>(index0 + i));
     const V32 step = hn::Set(d, static_cast<std::uint32_t>(N));
+    // The block of element i, kept without a division per vector: b = i / block.
+    std::size_t b = i / block, block_end = (b + 1) * block;
     for (; i + N <= seg_end; i += N) {
-      const std::size_t b = i / block;
+      if (i == block_end) {
+        ++b;
+        block_end += block;
+      }
+      // The next chunk of the caller (kPrefetchAhead values on) streams in while this one
+      // computes, instead of after it.
+      hwy::Prefetch(x + i + kPrefetchAhead);
       const auto xf = hn::LoadU(df, x + i);
       const auto vf = kDivide ? hn::Div(xf, hn::Set(df, before[b])) : hn::Mul(xf, hn::Set(df, before[b]));
       fl += hn::CountTrue(df, hn::AndNot(hn::Eq(xf, fzero), hn::Eq(vf, fzero)));

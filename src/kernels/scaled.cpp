@@ -390,7 +390,7 @@ std::vector<std::uint32_t> all_block_tops(const float* x, std::size_t n, std::si
   std::vector<std::uint32_t> tops(n / block);
   parallel_for(n, block, [&](std::size_t b, std::size_t e) {
     SerialScope serial;
-    block_magnitude_tops(x + b, (e - b) / block, block, tops.data() + b / block);
+    block_magnitude_tops(x + b, (e - b) / block, block, tops.data() + b / block, true);
   });
   return tops;
 }

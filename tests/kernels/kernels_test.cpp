@@ -169,6 +169,57 @@ TEST_P(AllTargets, QuantizeEncodeDecodeMatchScalar) {
   EXPECT_GT(fast, 40);  // most formats take the SIMD path
 }
 
+// Formats of at most 8 magnitudes round by counting breakpoints (Params::small): every
+// 3- and 4-bit format with a mantissa bit, each policy and a spread of biases, on each
+// value, each midpoint between neighbours (and past the largest), the floats on either
+// side of them, both signs, NaN, Inf and tiny inputs, against the scalar codec.
+TEST_P(AllTargets, SmallFormatsMatchTheCodecAtEveryBreakpoint) {
+  int formats = 0;
+  for (const char* name : {"e2m1fn", "1.2.1:0", "1.2.1:3:fn", "1.2.1:2:finite", "1.1.2:1", "1.1.2:-3:fn", "1.1.1:1",
+                           "1.1.1:0:finite", "1.2.1:7"}) {
+    const Format f = parse_format(name);
+    std::vector<float> x{0.0f, -0.0f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
+                         0x1p-149f, 1e-30f, 3e38f};
+    for (std::uint32_t k = 0; k <= f.max_code(); ++k) {
+      const double v = f.magnitude(k);
+      const double next = k < f.max_code() ? f.magnitude(k + 1) : v + std::ldexp(1.0, std::ilogb(v) - f.man_bits);
+      for (const double t : {v, (v + next) / 2, next}) {
+        const auto c = static_cast<float>(t);
+        for (const float y : {c, std::nextafter(c, 0.0f), std::nextafter(c, INFINITY)}) {
+          x.push_back(y);
+          x.push_back(-y);
+        }
+      }
+    }
+    while (x.size() % 37 != 0) x.push_back(0.75f);  // a tail that is no whole vector
+    ++formats;
+    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero})
+      for (Overflow o : {Overflow::saturate, Overflow::nan, Overflow::inf}) {
+        QuantSpec q;
+        q.format = f;
+        q.rounding = r;
+        q.overflow = o;
+        try {
+          validate(q);
+        } catch (const Error&) {
+          continue;
+        }
+        SCOPED_TRACE(std::string(name) + " " + std::string(to_string(r)) + " " + std::string(to_string(o)));
+        std::vector<float> y(x.size()), want_y(x.size());
+        std::vector<std::uint8_t> codes(x.size());
+        QuantCounts counts, want_counts;
+        for (std::size_t i = 0; i < x.size(); ++i) want_y[i] = quantize(x[i], q, i, &want_counts);
+        kernels::quantize_and_encode(x.data(), y.data(), codes.data(), x.size(), q, 0, &counts);
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          ASSERT_EQ(bits(y[i]), bits(want_y[i])) << "x=" << std::hexfloat << x[i];
+          ASSERT_EQ(codes[i], encode(x[i], q, i)) << "x=" << std::hexfloat << x[i];
+        }
+        EXPECT_EQ(counts, want_counts);
+      }
+  }
+  EXPECT_EQ(formats, 9);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, AllTargets, ::testing::ValuesIn(kernels::available_targets()),
                          [](const auto& info) { return info.param; });
 

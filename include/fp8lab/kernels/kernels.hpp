@@ -49,9 +49,12 @@ bool quantize_scaled_blocks(const float* x, float* y, std::uint8_t* codes, std::
 
 // Largest magnitudes as float32 bits with the sign cleared (they order as the magnitudes
 // do; Inf is 0x7F800000 and NaN above it), on the calling thread: of x[0, n), and of each
-// of `count` blocks of `block` values x[k block, (k + 1) block) into tops[k].
+// of `count` blocks of `block` values x[k block, (k + 1) block) into tops[k]. read_ahead:
+// prefetch in software too (a pass that only reads; a caller that prefetches already, or
+// reads from cache, goes faster without).
 std::uint32_t magnitude_top(const float* x, std::size_t n);
-void block_magnitude_tops(const float* x, std::size_t count, std::size_t block, std::uint32_t* tops);
+void block_magnitude_tops(const float* x, std::size_t count, std::size_t block, std::uint32_t* tops,
+                          bool read_ahead = false);
 
 // y[i] = decode(codes[i], f). Bits above the format's width are ignored.
 void decode(const std::uint8_t* codes, float* y, std::size_t n, const Format& f);
