@@ -21,7 +21,7 @@ using D32 = hn::ScalableTag<std::uint32_t>;
 
 // Values read ahead of the one being reduced: a read-only pass keeps more lines in flight
 // than the hardware prefetcher alone.
-constexpr std::size_t kAhead = 1024;
+constexpr std::size_t kAhead = 2048;
 
 HWY_INLINE std::uint32_t ScalarTop(const float* x, std::size_t n) {
   std::uint32_t top = 0;

@@ -138,7 +138,10 @@ class ScaleSteps {
   // The code of a positive finite amax, given as its float32 bits.
   std::uint32_t code(std::uint32_t amax_bits) const {
     const Bucket& b = buckets_[amax_bits >> kShift];
-    if (single_) return amax_bits >= b.at ? b.above : b.low;  // one breakpoint at most
+    if (single_) {  // one breakpoint at most; without a branch, which amaxes would mispredict
+      const std::uint32_t past = amax_bits >= b.at;
+      return b.low + past * static_cast<std::uint32_t>(b.above - b.low);
+    }
     std::uint32_t c = b.low;
     while (c < max_ && first_[c + 1] <= amax_bits) ++c;
     return c;
