@@ -151,6 +151,7 @@ HWY_INLINE V32 Hash32(D32 d, V32 x) {
 struct Lanes {
   V32 code;   // full code (sign included)
   V32 fbits;  // float32 bits of the fake-quantized value
+  bool overflow = false;  // some lane overflowed (NaN inputs aside): counted as overflow
 };
 
 // One vector's rounded magnitudes: the magnitude code (when wanted), the float32 bits of
@@ -338,10 +339,13 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
                         ? RoundNormal<kMode, kWantCode>(d, p, a, r, is_zero)
                         : RoundAny<kMode, kCount>(d, p, a, r, is_zero, counts);
   const V32 sign_kept = (p.unsigned_zero && q.any_zero) ? hn::IfThenZeroElse(q.zero_res, sign) : sign;
-  Lanes out{zero, zero};
+  Lanes out{zero, zero, false};
   if constexpr (kWantCode) out.code = hn::Or(q.mag, hn::ShiftRightSame(sign_kept, static_cast<int>(p.code_sign_shift)));
   if constexpr (kWantFloat) out.fbits = hn::Or(q.v, sign_kept);
-  if (HWY_UNLIKELY(!hn::AllFalse(d, q.ovf))) PatchSpecials<kWantCode, kWantFloat, kCount>(d, p, a, sign, q.ovf, out, counts);
+  if (HWY_UNLIKELY(!hn::AllFalse(d, q.ovf))) {
+    PatchSpecials<kWantCode, kWantFloat, kCount>(d, p, a, sign, q.ovf, out, counts);
+    out.overflow = !hn::AllFalse(d, hn::AndNot(hn::Gt(a, hn::Set(d, 0x7f800000u)), q.ovf));
+  }
   return out;
 }
 
@@ -465,9 +469,9 @@ void EncodeRange16(const Params& p, const QuantSpec& q, const float* x, std::uin
 
 // Block-scaled quantization (docs/spec.md §6.3): y = Q(v) * after[b] and the codes of Q(v),
 // with v = x * before[b] (power-of-two factors, E8M0) or v = x / before[b] (kDivide: any
-// other scale), b = i / block, in one pass, each vector inside one block (block a multiple of the vector width). Counts as the
-// element kernel on v, plus `flushed`: values v flushes to zero; hot[b] set where some |v| in block b
-// exceeds the element max (saturation candidates).
+// other scale), b = i / block, in one pass, each vector inside one block (block a multiple
+// of the vector width). Counts as the element kernel on v, plus `flushed`: values v flushes
+// to zero; hot[b] set where an element of block b overflows (the block saturates).
 constexpr std::size_t kPrefetchAhead = 4096;
 template <Rounding kMode, bool kWantCode, bool kCount, bool kDivide>
 HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* x, float* y, std::uint8_t* codes,
@@ -477,8 +481,6 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
   const D32 d;
   const hn::RebindToFloat<D32> df;
   const std::size_t N = hn::Lanes(d);
-  const float max_e = std::bit_cast<float>(p.max_bits);
-  const auto vmax = hn::Set(df, max_e);
   const auto fzero = hn::Zero(df);
   QuantCounts local;
   std::uint64_t fl = 0;
@@ -503,8 +505,8 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
       const auto xf = hn::LoadU(df, x + i);
       const auto vf = kDivide ? hn::Div(xf, hn::Set(df, before[b])) : hn::Mul(xf, hn::Set(df, before[b]));
       fl += hn::CountTrue(df, hn::AndNot(hn::Eq(xf, fzero), hn::Eq(vf, fzero)));
-      hot[b] |= static_cast<std::uint8_t>(!hn::AllFalse(df, hn::Gt(hn::Abs(vf), vmax)));
       const Lanes l = Process<kMode, kWantCode, true, kCount>(d, p, hn::BitCast(d, vf), idx, key, &local);
+      hot[b] |= static_cast<std::uint8_t>(l.overflow);
       hn::StoreU(hn::Mul(hn::BitCast(df, l.fbits), hn::Set(df, after[b])), df, y + i);
       if constexpr (kWantCode) StoreCodes(l.code, codes + i);
       idx = hn::Add(idx, step);
@@ -514,14 +516,12 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
       const std::size_t b = i / block;
       const float v = kDivide ? x[i] / before[b] : x[i] * before[b];
       fl += v == 0 && x[i] != 0;
-      hot[b] |= static_cast<std::uint8_t>(std::fabs(v) > max_e);
-      QuantCounts* c = kCount ? &local : nullptr;
-      if constexpr (kWantCode) {
-        codes[i] = static_cast<std::uint8_t>(fp8lab::encode(v, q, index0 + i, c));
-        y[i] = fp8lab::quantize(v, q, index0 + i) * after[b];
-      } else {
-        y[i] = fp8lab::quantize(v, q, index0 + i, c) * after[b];
-      }
+      QuantCounts one;
+      const std::uint32_t code = fp8lab::encode(v, q, index0 + i, &one);
+      hot[b] |= static_cast<std::uint8_t>(one.overflow > 0);
+      if constexpr (kCount) local += one;
+      if constexpr (kWantCode) codes[i] = static_cast<std::uint8_t>(code);
+      y[i] = fp8lab::quantize(v, q, index0 + i) * after[b];
     }
   }
   if constexpr (kCount) *counts += local;

@@ -200,13 +200,7 @@ class Worker {
     part_amax = std::max(part_amax, std::bit_cast<float>(chunk_top));
     if (count_)
       for (std::size_t k = 0; k < count; ++k)
-        if (hot_[k]) {
-          const Piece p{begin + k * B, B, begin / B + k};
-          v_.resize(B);
-          for (std::size_t i = 0; i < B; ++i)
-            v_[i] = Fast::kDivide ? x[p.begin + i] / before_[k] : x[p.begin + i] * before_[k];
-          saturation(p, p.begin);
-        }
+        if (hot_[k]) saturated_.push_back(begin / B + k);
     return true;
   }
 
@@ -245,12 +239,7 @@ class Worker {
     counts.elements.underflow += flushed;
     if (count_)
       for (std::size_t k = 0; k < pieces.size(); ++k)
-        if (hot_[k]) {
-          v_.resize(fused_block_);
-          for (std::size_t i = 0; i < fused_block_; ++i)
-            v_[i] = pow2 ? x[pieces[k].begin + i] * before_[k] : x[pieces[k].begin + i] / before_[k];
-          saturation(pieces[k], pieces[k].begin);
-        }
+        if (hot_[k]) saturated_.push_back(pieces[k].group);
     return true;
   }
 

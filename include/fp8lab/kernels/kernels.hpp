@@ -39,8 +39,8 @@ void quantize_and_encode(const float* x, float* y, std::uint8_t* codes, std::siz
 // v = x[i] * before[b] (power-of-two factors, E8M0) or, with `divide`, v = x[i] / before[b]
 // (any other scale X = before[b]), b = i / block: y[i] = quantize(v) * after[b] and codes[i]
 // (when codes is not null) the code of quantize(v); stream index index_offset + i. Counts as
-// quantize() on the v, plus *flushed: the nonzero x whose v is zero; hot[b] |= 1 where some
-// |v| of block b exceeds the element format's max (blocks that may saturate). Returns false,
+// quantize() on the v, plus *flushed: the nonzero x whose v is zero; hot[b] |= 1 where an
+// element of block b overflows (counted as overflow: the block saturates). Returns false,
 // doing nothing, where this path does not apply (block not a multiple of the SIMD width, n
 // not of block, a format without the SIMD path): the caller then takes separate passes.
 bool quantize_scaled_blocks(const float* x, float* y, std::uint8_t* codes, std::size_t n, std::size_t block,
