@@ -103,6 +103,42 @@ class FastSteps {
   std::optional<ScaleSteps> steps_;
 };
 
+// Float32 block scales (DeepSeek's tiles) without a tensor scale: the rule's scale of
+// amax / max_e is that quotient in float32, correctly rounded as the rule says (nearest:
+// the division itself; ceil: up where it rounded down; floor: a power of two from amax's
+// exponent), for a normal finite amax whose scale is a positive finite float.
+class FastF32 {
+ public:
+  static constexpr bool kDivide = true;
+  explicit FastF32(const ScaledSpec& s) {
+    enabled_ = s.scale == ScaleFormat::fp32 && s.granularity == Granularity::block && !s.tensor_scale;
+    rule_ = s.rule;
+    max_e_ = static_cast<float>(s.element.format.max_finite());
+    emax_ = element_emax(s.element.format);
+  }
+  std::optional<BlockScale> decide(std::uint32_t top) const {
+    if (!enabled_ || top < 0x00800000u || top >= 0x7F800000u) return std::nullopt;
+    const float amax = std::bit_cast<float>(top);
+    float sc;
+    if (rule_ == ScaleRule::floor) {
+      sc = pow2f(static_cast<int>(top >> 23) - 127 - emax_);
+    } else {
+      sc = amax / max_e_;
+      if (rule_ == ScaleRule::ceil && static_cast<double>(sc) * max_e_ < amax)
+        sc = std::nextafter(sc, std::numeric_limits<float>::infinity());
+    }
+    if (!(sc > 0) || !std::isfinite(sc)) return std::nullopt;
+    return BlockScale{std::bit_cast<std::uint32_t>(sc), sc, sc, false};
+  }
+  bool enabled() const { return enabled_; }
+
+ private:
+  bool enabled_ = false;
+  ScaleRule rule_ = ScaleRule::floor;
+  float max_e_ = 1;
+  int emax_ = 0;
+};
+
 Scaling scaling_of(const BlockScale& b, bool pow2) {
   Scaling sc;
   sc.g.code = b.code;
@@ -202,6 +238,33 @@ class Worker {
       for (std::size_t k = 0; k < count; ++k)
         if (hot_[k]) saturated_.push_back(begin / B + k);
     return true;
+  }
+
+  // `len` values from flat offset `begin`, all of group `group` with scaling `sc` (a tensor's
+  // one group): whole vectors in one pass of the block kernel, the rest as a piece.
+  void run_uniform(const float* x, std::size_t begin, std::size_t len, const Scaling& sc, std::size_t group) {
+    const bool pow2 = power_of_two(s_);
+    const GroupScale& g = sc.g;
+    const std::size_t whole = len / 16 * 16;  // whole vectors on every target
+    if (whole > 0 && !g.nan && (pow2 || (!g.zero && g.value > 0))) {
+      before_.assign(1, pow2 ? sc.before : g.value);
+      after_.assign(1, pow2 ? sc.after : g.value);
+      hot_.assign(1, 0);
+      q_.resize(out_.values ? 0 : whole);
+      float* y = out_.values ? out_.values + begin : q_.data();
+      QuantCounts qc;
+      std::uint64_t flushed = 0;
+      if (quantize_scaled_blocks(x + begin, y, out_.codes ? out_.codes + begin : nullptr, whole, whole,
+                                 before_.data(), after_.data(), !pow2, s_.element, call_.index_offset + begin,
+                                 count_ ? &qc : nullptr, hot_.data(), &flushed)) {
+        counts.elements += qc;
+        counts.elements.underflow += flushed;
+        if (count_ && hot_[0]) saturated_.push_back(group);
+        begin += whole;
+        len -= whole;
+      }
+    }
+    if (len > 0) run(x, {Piece{begin, len, group}}, {sc});
   }
 
   ScaledCounts counts;
@@ -337,6 +400,14 @@ struct Shared {
   }
 };
 
+// amax_of on the SIMD maximum of the magnitude bits (the scalar loop only where some value
+// is NaN or Inf).
+Amax simd_amax(const float* x, std::size_t n) {
+  const std::uint32_t top = magnitude_top(x, n);
+  if (top < 0x7F800000u) return Amax{std::bit_cast<float>(top), false};
+  return amax_of(x, n);
+}
+
 // Largest finite |x| and non-finite flag of every group (pass 1, for groups that span
 // rows or a whole row).
 std::vector<Amax> group_amaxes(const float* x, const BlockLayout& l) {
@@ -347,7 +418,7 @@ std::vector<Amax> group_amaxes(const float* x, const BlockLayout& l) {
     for (std::size_t r = b / l.cols; r < e / l.cols; ++r)
       for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {
         const std::size_t c0 = gc * l.block_cols, c1 = std::min(l.cols, c0 + l.block_cols);
-        const Amax a = amax_of(x + r * l.cols + c0, c1 - c0);
+        const Amax a = simd_amax(x + r * l.cols + c0, c1 - c0);
         Amax& t = part[(r / l.block_rows) * l.grid_cols() + gc];
         t.value = std::max(t.value, a.value);
         t.nonfinite |= a.nonfinite;
@@ -446,6 +517,7 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   const std::size_t per_row = (cols + chunk - 1) / chunk;
   const FastPow2 fast_pow2(s);
   const FastSteps fast_steps(s, ts);
+  const FastF32 fast_f32(s);
   // Rows of whole blocks with a fast scale path: chunks of whole blocks, group = flat / block.
   const auto whole_blocks = [&](const auto& fast) {
     const std::size_t B = fused_block, per_chunk = std::max<std::size_t>(1, kChunk / B);
@@ -478,12 +550,23 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   const auto decide = [&](std::uint32_t top) -> std::optional<BlockScale> {
     if (fast_pow2.enabled()) return fast_pow2.decide(top);
     if (fast_steps.enabled()) return fast_steps.decide(top);
+    if (fast_f32.enabled()) return fast_f32.decide(top);
     return std::nullopt;
   };
   if (fused_block != 0 && fast_pow2.enabled()) {
     whole_blocks(fast_pow2);
   } else if (fused_block != 0 && fast_steps.enabled()) {
     whole_blocks(fast_steps);
+  } else if (fused_block != 0 && fast_f32.enabled()) {
+    whole_blocks(fast_f32);
+  } else if (s.granularity == Granularity::tensor) {
+    // One scale for everything: chunks of whole vectors in one pass each.
+    parallel_for(n, kChunk, [&](std::size_t b, std::size_t e) {
+      SerialScope serial;
+      Worker w(s, out, call, counts != nullptr);
+      for (std::size_t c = b; c < e; c += kChunk) w.run_uniform(x, c, std::min(kChunk, e - c), group_scalings[0], 0);
+      shared.add(w, 0);
+    });
   } else parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
     SerialScope serial;
     Worker w(s, out, call, counts != nullptr, fused_block);
