@@ -1,0 +1,120 @@
+#include "fp8lab/nn/compute.hpp"
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "fp8lab/core/format.hpp"
+
+namespace fp8lab::nn {
+
+namespace {
+
+constexpr std::pair<Compute, std::string_view> kNames[] = {
+    {Compute::auto_, "auto"}, {Compute::fp32, "fp32"}, {Compute::bf16, "bf16"}};
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// One matmul primitive per shape and operand layout (row strides of a and b; b may be
+// column-major, a transposed view), created once.
+struct MatmulKey {
+  std::int64_t m, k, n, a_rs, a_cs, b_rs, b_cs;
+  auto tie() const { return std::tie(m, k, n, a_rs, a_cs, b_rs, b_cs); }
+  bool operator<(const MatmulKey& o) const { return tie() < o.tie(); }
+};
+
+struct MatmulPrim {
+  dnnl::memory::desc a, b, c;
+  dnnl::matmul prim;
+};
+
+const MatmulPrim& matmul_primitive(const MatmulKey& key) {
+  static std::mutex m;
+  static std::map<MatmulKey, MatmulPrim> cache;
+  std::lock_guard<std::mutex> lk(m);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  using dt = dnnl::memory::data_type;
+  MatmulPrim p;
+  p.a = dnnl::memory::desc({key.m, key.k}, dt::bf16, {key.a_rs, key.a_cs});
+  p.b = dnnl::memory::desc({key.k, key.n}, dt::bf16, {key.b_rs, key.b_cs});
+  p.c = dnnl::memory::desc({key.m, key.n}, dt::f32, {key.n, 1});
+  p.prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p.a, p.b, p.c), engine()));
+  return cache.emplace(key, std::move(p)).first->second;
+}
+
+// The bfloat16 form of a float32 tensor of bfloat16 values, strides kept where they are
+// those of a row- or column-major matrix.
+torch::Tensor as_bf16(const torch::Tensor& t) {
+  torch::Tensor b = t.to(torch::kBFloat16);
+  if (b.stride(0) == 1 || b.stride(1) == 1) return b;
+  return b.contiguous();
+}
+
+}  // namespace
+
+std::string_view to_string(Compute c) {
+  for (const auto& [v, name] : kNames)
+    if (v == c) return name;
+  return "?";
+}
+
+Compute parse_compute(std::string_view s) {
+  for (const auto& [v, name] : kNames)
+    if (s == name) return v;
+  throw Error("unknown compute path '" + std::string(s) + "': expected auto, fp32 or bf16");
+}
+
+bool bf16_products_available() {
+  static const bool available = [] {
+    const auto isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  }();
+  return available;
+}
+
+bool exact_in_bf16(const Format& f) {
+  constexpr double bf16_max = 0x1.fep127;  // (2 - 2^-7) 2^127
+  return f.man_bits <= 7 && f.min_positive() >= std::ldexp(1.0, -133) && f.max_finite() <= bf16_max;
+}
+
+Compute resolve(Compute requested, bool operands_exact_in_bf16) {
+  switch (requested) {
+    case Compute::fp32: return Compute::fp32;
+    case Compute::bf16:
+      if (!operands_exact_in_bf16)
+        throw Error("compute = bf16: an operand's format has values that are not bfloat16 values");
+      if (!bf16_products_available())
+        throw Error("compute = bf16: this CPU has no bfloat16 products (AMX-BF16 or AVX512-BF16)");
+      return Compute::bf16;
+    case Compute::auto_: break;
+  }
+  return operands_exact_in_bf16 && bf16_products_available() ? Compute::bf16 : Compute::fp32;
+}
+
+torch::Tensor matmul_bf16(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!bf16_products_available()) throw Error("bfloat16 products: this CPU has none (AMX-BF16 or AVX512-BF16)");
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul_bf16: [M, K] x [K, N] expected");
+  TORCH_CHECK(a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat, "matmul_bf16: float32 operands");
+  const torch::Tensor ab = as_bf16(a), bb = as_bf16(b);
+  const std::int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  torch::Tensor c = torch::empty({m, n}, a.options());
+  if (m == 0 || n == 0) return c;
+  if (k == 0) return c.zero_();
+  const MatmulPrim& p =
+      matmul_primitive({m, k, n, ab.stride(0), ab.stride(1), bb.stride(0), bb.stride(1)});
+  dnnl::memory am(p.a, engine(), ab.data_ptr()), bm(p.b, engine(), bb.data_ptr()), cm(p.c, engine(), c.data_ptr());
+  dnnl::stream s(engine());
+  p.prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  s.wait();
+  return c;
+}
+
+}  // namespace fp8lab::nn

@@ -1,0 +1,102 @@
+// The compute layer (docs/spec.md §7): names, the bfloat16 exactness rule, the choice of
+// path, and bfloat16 products against float32 ones. This file also runs as the ctest
+// `compute_without_bf16`, with oneDNN limited to AVX2 as on a CPU without bfloat16
+// products: there auto must take float32 and bf16 be refused.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "../common/testutil.hpp"
+#include "../common/torch_testutil.hpp"
+#include "fp8lab/core/format.hpp"
+#include "fp8lab/nn/compute.hpp"
+
+namespace fp8lab::nn {
+namespace {
+
+using test::error_of;
+
+// Whether this process runs with oneDNN limited below AVX512_CORE_BF16.
+bool isa_limited() {
+  const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
+  return isa != nullptr && std::strcmp(isa, "AVX2") == 0;
+}
+
+TEST(Compute, NamesParseAndPrintBack) {
+  for (Compute c : {Compute::auto_, Compute::fp32, Compute::bf16}) EXPECT_EQ(parse_compute(to_string(c)), c);
+  EXPECT_EQ(to_string(Compute::auto_), "auto");
+  const std::string e = error_of([] { (void)parse_compute("fp16"); });
+  EXPECT_NE(e.find("'fp16'"), std::string::npos) << e;
+  EXPECT_NE(e.find("auto, fp32 or bf16"), std::string::npos) << e;
+}
+
+TEST(Compute, ExactInBf16ByMantissaAndRange) {
+  for (const char* yes : {"e4m3fn", "e5m2", "1.4.3:10", "1.5.2:33", "e2m1fn", "1.0.7:finite", "bf16"})
+    EXPECT_TRUE(exact_in_bf16(parse_format(yes))) << yes;
+  // More than 7 mantissa bits; subnormals below 2^-133; a largest value past bfloat16's
+  // (fnuz and fn use the top binade, 2^128).
+  for (const char* no : {"1.5.10:15", "1.6.9:31", "1.8.7:130", "1.8.7:-2", "1.8.7:127", "1.8.7:127:fn"})
+    EXPECT_FALSE(exact_in_bf16(parse_format(no))) << no;
+}
+
+TEST(Compute, AutoTakesBf16OnlyWhereBothHold) {
+  EXPECT_EQ(resolve(Compute::fp32, true), Compute::fp32);
+  EXPECT_EQ(resolve(Compute::auto_, false), Compute::fp32);
+  EXPECT_NE(error_of([] { (void)resolve(Compute::bf16, false); }).find("not bfloat16 values"), std::string::npos);
+  if (isa_limited()) {
+    EXPECT_FALSE(bf16_products_available());
+  }
+  if (bf16_products_available()) {
+    EXPECT_EQ(resolve(Compute::auto_, true), Compute::bf16);
+    EXPECT_EQ(resolve(Compute::bf16, true), Compute::bf16);
+  } else {
+    EXPECT_EQ(resolve(Compute::auto_, true), Compute::fp32);
+    EXPECT_NE(error_of([] { (void)resolve(Compute::bf16, true); }).find("no bfloat16 products"), std::string::npos);
+    EXPECT_NE(error_of([] { (void)matmul_bf16(torch::ones({2, 2}), torch::ones({2, 2})); }).find("has none"),
+              std::string::npos);
+  }
+}
+
+// Small integers: every product and partial sum is an integer below 2^24, exact in float32
+// in any order, so the bfloat16 product must equal float32's bit for bit.
+torch::Tensor small_ints(std::int64_t r, std::int64_t c, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::randint(-8, 9, {r, c}).to(torch::kFloat);
+}
+
+TEST(Compute, Bf16MatmulOfExactlySummableValuesIsFloat32s) {
+  if (!bf16_products_available()) GTEST_SKIP() << "no bfloat16 products on this CPU (covered by the fp32 path)";
+  struct Shape {
+    std::int64_t m, k, n;
+  };
+  for (const Shape& s : {Shape{1, 1, 1}, Shape{7, 33, 5}, Shape{64, 256, 48}, Shape{3, 1000, 17}}) {
+    const torch::Tensor a = small_ints(s.m, s.k, 1), b = small_ints(s.k, s.n, 2);
+    EXPECT_TRUE(test::bit_equal(matmul_bf16(a, b), torch::matmul(a, b))) << s.m << "x" << s.k << "x" << s.n;
+    // Transposed operands as they lie (the backward products' layouts), and the same
+    // shape twice (the cached primitive).
+    const torch::Tensor at = small_ints(s.k, s.m, 3).t(), bt = small_ints(s.n, s.k, 4).t();
+    EXPECT_TRUE(test::bit_equal(matmul_bf16(at, bt), torch::matmul(at, bt)));
+    EXPECT_TRUE(test::bit_equal(matmul_bf16(at, bt), torch::matmul(at, bt)));
+  }
+  EXPECT_EQ(matmul_bf16(torch::ones({3, 0}), torch::ones({0, 2})).sum().item<float>(), 0.0f);
+}
+
+// Random bfloat16 values: float32 sums in different orders differ by at most
+// k * 2^-24 * sum |a_i b_i| (the classic bound for recursive summation, per order).
+TEST(Compute, Bf16MatmulOfRandomBf16ValuesWithinTheSummationBound) {
+  if (!bf16_products_available()) GTEST_SKIP() << "no bfloat16 products on this CPU";
+  torch::manual_seed(5);
+  const std::int64_t m = 40, k = 300, n = 24;
+  const torch::Tensor a = torch::randn({m, k}).to(torch::kBFloat16).to(torch::kFloat);
+  const torch::Tensor b = torch::randn({k, n}).to(torch::kBFloat16).to(torch::kFloat);
+  const torch::Tensor want = torch::matmul(a.to(torch::kDouble), b.to(torch::kDouble));
+  const torch::Tensor bound = torch::matmul(a.abs().to(torch::kDouble), b.abs().to(torch::kDouble)) *
+                              (2.0 * static_cast<double>(k) * std::ldexp(1.0, -24));
+  const torch::Tensor got = matmul_bf16(a, b).to(torch::kDouble);
+  EXPECT_TRUE(((got - want).abs() <= bound).all().item<bool>());
+}
+
+}  // namespace
+}  // namespace fp8lab::nn
