@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "fp8lab/nn/compute.hpp"
 #include "fp8lab/nn/runtime.hpp"
 #include "fp8lab/kernels/kernels.hpp"
 #include "fp8lab/models/resnet.hpp"
@@ -226,8 +227,44 @@ void tensor_passes(benchmark::State& state) {
   state.counters["decode_speedup_2thr"] = tdec1 / tdec;
 }
 
+// One matrix product [M, K] x [K, N] of bfloat16 values on the bfloat16 path
+// (nn::matmul_bf16) beside libtorch's float32 matmul of the same float32 tensors, best of
+// 20 each. Counters: fp32_ms, bf16_ms and bf16_speedup (fp32 / bf16).
+void product(benchmark::State& state) {
+  const std::int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  if (!nn::bf16_products_available()) {
+    state.SkipWithError("no bfloat16 products on this CPU");
+    return;
+  }
+  const auto a = torch::randn({m, k}).to(torch::kBFloat16).to(torch::kFloat);
+  const auto b = torch::randn({k, n}).to(torch::kBFloat16).to(torch::kFloat);
+  auto best_ms = [&](auto&& fn) {
+    double best = 1e30;
+    for (int r = 0; r < 20; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto out = fn();
+      benchmark::DoNotOptimize(out);
+      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  auto bf16 = [&] { return nn::matmul_bf16(a, b); };
+  auto fp32 = [&] { return torch::matmul(a, b); };
+  for (auto _ : state) benchmark::DoNotOptimize(bf16());
+  const double tf = best_ms(fp32), tb = best_ms(bf16);
+  state.counters["fp32_ms"] = tf;
+  state.counters["bf16_ms"] = tb;
+  state.counters["bf16_speedup"] = tf / tb;
+}
+
 }  // namespace
 
+BENCHMARK(product)
+    ->Args({256, 512, 2048})   // the Transformer layer's feed-forward product (8x32 tokens)
+    ->Args({512, 256, 2048})   // its weight gradient (reduction over the tokens)
+    ->Args({1024, 1024, 1024})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5);
 BENCHMARK(tensor_passes)->Unit(benchmark::kMillisecond)->Iterations(20);
 BENCHMARK_CAPTURE(profile, profile_resnet20, resnet<16>)->Unit(benchmark::kMillisecond)->Iterations(100);
 BENCHMARK_CAPTURE(profile, profile_transformer, transformer)->Unit(benchmark::kMillisecond)->Iterations(100);
