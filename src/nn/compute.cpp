@@ -9,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/kernels/kernels.hpp"
 
 namespace fp8lab::nn {
 
@@ -50,12 +51,16 @@ const MatmulPrim& matmul_primitive(const MatmulKey& key) {
   return cache.emplace(key, std::move(p)).first->second;
 }
 
-// The bfloat16 form of a float32 tensor of bfloat16 values, strides kept where they are
-// those of a row- or column-major matrix.
-torch::Tensor as_bf16(const torch::Tensor& t) {
-  torch::Tensor b = t.to(torch::kBFloat16);
-  if (b.stride(0) == 1 || b.stride(1) == 1) return b;
-  return b.contiguous();
+// The bfloat16 form of a float32 matrix, laid out as it lies where it is row- or
+// column-major, or nullopt where some value is not a bfloat16 value.
+std::optional<torch::Tensor> exact_bf16(const torch::Tensor& t) {
+  const bool dense = t.is_contiguous() || t.t().is_contiguous();
+  const torch::Tensor src = dense ? t : t.contiguous();
+  torch::Tensor out = torch::empty_strided(src.sizes(), src.strides(), src.options().dtype(torch::kBFloat16));
+  if (!kernels::to_bf16_exact(src.data_ptr<float>(), reinterpret_cast<std::uint16_t*>(out.data_ptr()),
+                              static_cast<std::size_t>(src.numel())))
+    return std::nullopt;
+  return out;
 }
 
 }  // namespace
@@ -85,36 +90,38 @@ bool exact_in_bf16(const Format& f) {
   return f.man_bits <= 7 && f.min_positive() >= std::ldexp(1.0, -133) && f.max_finite() <= bf16_max;
 }
 
-Compute resolve(Compute requested, bool operands_exact_in_bf16) {
-  switch (requested) {
-    case Compute::fp32: return Compute::fp32;
-    case Compute::bf16:
-      if (!operands_exact_in_bf16)
-        throw Error("compute = bf16: an operand's format has values that are not bfloat16 values");
-      if (!bf16_products_available())
-        throw Error("compute = bf16: this CPU has no bfloat16 products (AMX-BF16 or AVX512-BF16)");
-      return Compute::bf16;
-    case Compute::auto_: break;
-  }
-  return operands_exact_in_bf16 && bf16_products_available() ? Compute::bf16 : Compute::fp32;
-}
-
-torch::Tensor matmul_bf16(const torch::Tensor& a, const torch::Tensor& b) {
+std::optional<torch::Tensor> matmul_bf16(const torch::Tensor& a, const torch::Tensor& b) {
   if (!bf16_products_available()) throw Error("bfloat16 products: this CPU has none (AMX-BF16 or AVX512-BF16)");
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul_bf16: [M, K] x [K, N] expected");
   TORCH_CHECK(a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat, "matmul_bf16: float32 operands");
-  const torch::Tensor ab = as_bf16(a), bb = as_bf16(b);
   const std::int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   torch::Tensor c = torch::empty({m, n}, a.options());
   if (m == 0 || n == 0) return c;
   if (k == 0) return c.zero_();
-  const MatmulPrim& p =
-      matmul_primitive({m, k, n, ab.stride(0), ab.stride(1), bb.stride(0), bb.stride(1)});
-  dnnl::memory am(p.a, engine(), ab.data_ptr()), bm(p.b, engine(), bb.data_ptr()), cm(p.c, engine(), c.data_ptr());
+  const auto ab = exact_bf16(a);
+  if (!ab) return std::nullopt;
+  const auto bb = exact_bf16(b);
+  if (!bb) return std::nullopt;
+  const MatmulPrim& p = matmul_primitive({m, k, n, ab->stride(0), ab->stride(1), bb->stride(0), bb->stride(1)});
+  dnnl::memory am(p.a, engine(), ab->data_ptr()), bm(p.b, engine(), bb->data_ptr()), cm(p.c, engine(), c.data_ptr());
   dnnl::stream s(engine());
   p.prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   s.wait();
   return c;
+}
+
+torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken) {
+  if (c != Compute::fp32 && (c == Compute::bf16 || bf16_products_available())) {
+    if (auto y = matmul_bf16(a, b)) {
+      if (taken) *taken = Compute::bf16;
+      return *y;
+    }
+    if (c == Compute::bf16)
+      throw Error("compute = bf16: an operand holds values that are not bfloat16 values (a format with more than "
+                  "7 mantissa bits, or scaled values past bfloat16's range)");
+  }
+  if (taken) *taken = Compute::fp32;
+  return torch::matmul(a, b);
 }
 
 }  // namespace fp8lab::nn

@@ -220,6 +220,23 @@ TEST_P(AllTargets, SmallFormatsMatchTheCodecAtEveryBreakpoint) {
   EXPECT_EQ(formats, 9);
 }
 
+// float32 to bfloat16: the top halves, and whether every bottom half was zero, with one
+// value that is not a bfloat16 value at each place (vectors and the tail).
+TEST_P(AllTargets, ToBf16ExactKeepsTopHalvesAndFindsEveryInexactValue) {
+  ref::InputGen gen(3);
+  const std::size_t n = 1000 + 13;
+  std::vector<float> x(n);
+  for (float& v : x) v = std::bit_cast<float>(static_cast<std::uint32_t>(gen.next()) & 0xFFFF0000u);
+  std::vector<std::uint16_t> y(n);
+  ASSERT_TRUE(kernels::to_bf16_exact(x.data(), y.data(), n));
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], bits(x[i]) >> 16) << i;
+  for (const std::size_t at : {std::size_t{0}, std::size_t{17}, n / 2, n - 1}) {
+    std::vector<float> z = x;
+    z[at] = std::bit_cast<float>(bits(z[at]) | 1u);
+    EXPECT_FALSE(kernels::to_bf16_exact(z.data(), y.data(), n)) << at;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, AllTargets, ::testing::ValuesIn(kernels::available_targets()),
                          [](const auto& info) { return info.param; });
 

@@ -41,21 +41,27 @@ TEST(Compute, ExactInBf16ByMantissaAndRange) {
     EXPECT_FALSE(exact_in_bf16(parse_format(no))) << no;
 }
 
+// auto takes bf16 exactly where the CPU has it and both operands hold bfloat16 values;
+// bf16 refuses the rest with a message; fp32 never takes it.
 TEST(Compute, AutoTakesBf16OnlyWhereBothHold) {
-  EXPECT_EQ(resolve(Compute::fp32, true), Compute::fp32);
-  EXPECT_EQ(resolve(Compute::auto_, false), Compute::fp32);
-  EXPECT_NE(error_of([] { (void)resolve(Compute::bf16, false); }).find("not bfloat16 values"), std::string::npos);
   if (isa_limited()) {
     EXPECT_FALSE(bf16_products_available());
   }
+  const torch::Tensor exact = torch::ones({4, 3}), inexact = torch::full({3, 2}, 1.0f + 0x1p-10f);
+  Compute taken = Compute::auto_;
+  (void)matmul(exact, exact.t(), Compute::fp32, &taken);
+  EXPECT_EQ(taken, Compute::fp32);
+  EXPECT_TRUE(test::bit_equal(matmul(exact, inexact, Compute::auto_, &taken), torch::matmul(exact, inexact)));
+  EXPECT_EQ(taken, Compute::fp32);
+  (void)matmul(exact, exact.t(), Compute::auto_, &taken);
   if (bf16_products_available()) {
-    EXPECT_EQ(resolve(Compute::auto_, true), Compute::bf16);
-    EXPECT_EQ(resolve(Compute::bf16, true), Compute::bf16);
-  } else {
-    EXPECT_EQ(resolve(Compute::auto_, true), Compute::fp32);
-    EXPECT_NE(error_of([] { (void)resolve(Compute::bf16, true); }).find("no bfloat16 products"), std::string::npos);
-    EXPECT_NE(error_of([] { (void)matmul_bf16(torch::ones({2, 2}), torch::ones({2, 2})); }).find("has none"),
+    EXPECT_EQ(taken, Compute::bf16);
+    EXPECT_NE(error_of([&] { (void)matmul(exact, inexact, Compute::bf16); }).find("not bfloat16 values"),
               std::string::npos);
+    EXPECT_FALSE(matmul_bf16(inexact.t(), exact.t()));  // nothing computed
+  } else {
+    EXPECT_EQ(taken, Compute::fp32);
+    EXPECT_NE(error_of([&] { (void)matmul(exact, exact.t(), Compute::bf16); }).find("has none"), std::string::npos);
   }
 }
 
@@ -73,14 +79,14 @@ TEST(Compute, Bf16MatmulOfExactlySummableValuesIsFloat32s) {
   };
   for (const Shape& s : {Shape{1, 1, 1}, Shape{7, 33, 5}, Shape{64, 256, 48}, Shape{3, 1000, 17}}) {
     const torch::Tensor a = small_ints(s.m, s.k, 1), b = small_ints(s.k, s.n, 2);
-    EXPECT_TRUE(test::bit_equal(matmul_bf16(a, b), torch::matmul(a, b))) << s.m << "x" << s.k << "x" << s.n;
+    EXPECT_TRUE(test::bit_equal(*matmul_bf16(a, b), torch::matmul(a, b))) << s.m << "x" << s.k << "x" << s.n;
     // Transposed operands as they lie (the backward products' layouts), and the same
     // shape twice (the cached primitive).
     const torch::Tensor at = small_ints(s.k, s.m, 3).t(), bt = small_ints(s.n, s.k, 4).t();
-    EXPECT_TRUE(test::bit_equal(matmul_bf16(at, bt), torch::matmul(at, bt)));
-    EXPECT_TRUE(test::bit_equal(matmul_bf16(at, bt), torch::matmul(at, bt)));
+    EXPECT_TRUE(test::bit_equal(*matmul_bf16(at, bt), torch::matmul(at, bt)));
+    EXPECT_TRUE(test::bit_equal(*matmul_bf16(at, bt), torch::matmul(at, bt)));
   }
-  EXPECT_EQ(matmul_bf16(torch::ones({3, 0}), torch::ones({0, 2})).sum().item<float>(), 0.0f);
+  EXPECT_EQ(matmul_bf16(torch::ones({3, 0}), torch::ones({0, 2}))->sum().item<float>(), 0.0f);
 }
 
 // Random bfloat16 values: float32 sums in different orders differ by at most
@@ -94,7 +100,7 @@ TEST(Compute, Bf16MatmulOfRandomBf16ValuesWithinTheSummationBound) {
   const torch::Tensor want = torch::matmul(a.to(torch::kDouble), b.to(torch::kDouble));
   const torch::Tensor bound = torch::matmul(a.abs().to(torch::kDouble), b.abs().to(torch::kDouble)) *
                               (2.0 * static_cast<double>(k) * std::ldexp(1.0, -24));
-  const torch::Tensor got = matmul_bf16(a, b).to(torch::kDouble);
+  const torch::Tensor got = matmul_bf16(a, b)->to(torch::kDouble);
   EXPECT_TRUE(((got - want).abs() <= bound).all().item<bool>());
 }
 

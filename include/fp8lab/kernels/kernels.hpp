@@ -56,6 +56,11 @@ std::uint32_t magnitude_top(const float* x, std::size_t n);
 void block_magnitude_tops(const float* x, std::size_t count, std::size_t block, std::uint32_t* tops,
                           bool read_ahead = false);
 
+// y[i] = the top 16 bits of x[i]: its bfloat16 value where x[i] is a bfloat16 value.
+// Returns whether every x[i] is one (the bottom 16 bits of all are zero); y is written
+// either way.
+bool to_bf16_exact(const float* x, std::uint16_t* y, std::size_t n);
+
 // y[i] = decode(codes[i], f). Bits above the format's width are ignored.
 void decode(const std::uint8_t* codes, float* y, std::size_t n, const Format& f);
 void decode(const std::uint16_t* codes, float* y, std::size_t n, const Format& f);

@@ -5,6 +5,7 @@
 // exact in float32, so the result is the float32 product's up to the order of summation.
 #pragma once
 
+#include <optional>
 #include <string_view>
 
 #include <torch/torch.h>
@@ -14,8 +15,8 @@
 namespace fp8lab::nn {
 
 // How a layer's products run: `fp32` always in float32; `bf16` on bfloat16 operands (an
-// error where their values are not bfloat16 values or the CPU has no bfloat16 products);
-// `auto_` bf16 where both hold, fp32 otherwise.
+// error where an operand holds a value that is not a bfloat16 value, or the CPU has no
+// bfloat16 products); `auto_` bf16 where both hold, fp32 otherwise.
 enum class Compute { auto_, fp32, bf16 };
 std::string_view to_string(Compute c);
 Compute parse_compute(std::string_view s);  // throws Error naming the accepted values
@@ -25,17 +26,19 @@ Compute parse_compute(std::string_view s);  // throws Error naming the accepted 
 bool bf16_products_available();
 
 // Whether every finite value of `f` is a bfloat16 value: at most 7 mantissa bits and every
-// value between bfloat16's smallest subnormal 2^-133 and its largest finite value.
+// value between bfloat16's smallest subnormal 2^-133 and its largest finite value. The
+// operands of such formats always take the bf16 path under auto (where the CPU has it).
 bool exact_in_bf16(const Format& f);
 
-// The path a product takes: `fp32` or `bf16` (auto_ resolved by the rule above, from
-// whether both operands are exact in bfloat16). Throws Error for bf16 where it cannot run.
-Compute resolve(Compute requested, bool operands_exact_in_bf16);
+// a [M, K] times b [K, N] (float32) on bfloat16 inputs with float32 accumulation and
+// output, or nullopt, with nothing computed, where an operand holds a value that is not a
+// bfloat16 value (checked as the operands are converted). Operands may be transposed
+// views (read as they lie). The oneDNN primitive of each shape and layout is created once
+// per process. Throws Error if the CPU has no bfloat16 products.
+std::optional<torch::Tensor> matmul_bf16(const torch::Tensor& a, const torch::Tensor& b);
 
-// a [M, K] times b [K, N], float32 tensors whose values are bfloat16 values, on bfloat16
-// inputs with float32 accumulation and output: [M, N] float32. Operands may be
-// non-contiguous (b transposed is read as it lies). The oneDNN primitive of each shape is
-// created once per process. Throws Error if the CPU has no bfloat16 products.
-torch::Tensor matmul_bf16(const torch::Tensor& a, const torch::Tensor& b);
+// a [M, K] times b [K, N] on the path `c` asks for (above); `taken`, when given, receives
+// the path used (fp32 or bf16).
+torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken = nullptr);
 
 }  // namespace fp8lab::nn
