@@ -2,7 +2,8 @@
 // Transformer encoder layer, float32 versus the paper's 1.4.3/1.5.2 recipe, timed in
 // interleaved rounds of the same run. Counters of `run`: fp32_ms and ms (median step
 // times), vs_fp32 (median over rounds of quantized / float32: the overhead of simulating
-// 8-bit training; all_codes_vs_fp32 with weights saved as codes too), act_saved_ratio
+// 8-bit training; all_codes_vs_fp32 with weights saved as codes too; auto_ms and
+// auto_vs_fp32 with quant.compute = auto), act_saved_ratio
 // (activation bytes the quantized ops save for backward as 8-bit codes / as float32;
 // act_saved_ratio_first0 with the first layer's input quantized too) and w_saved_MiB (the
 // weights' float32 quantized copies).
@@ -93,6 +94,7 @@ double median(std::vector<double> v) {
 struct Variant {
   std::string name, recipe;
   Save save;
+  nn::Compute compute = nn::Compute::fp32;
 };
 std::vector<std::vector<double>> time_rounds(Setup (*make)(const std::string&, Save),
                                              const std::vector<Variant>& vs, int rounds,
@@ -101,6 +103,7 @@ std::vector<std::vector<double>> time_rounds(Setup (*make)(const std::string&, S
   std::vector<torch::optim::SGD> opts;
   for (const auto& v : vs) {
     setups.push_back(make(v.recipe, v.save));
+    setups.back().ctx->compute = v.compute;
     opts.emplace_back(setups.back().model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   }
   for (std::size_t i = 0; i < vs.size(); ++i) step_ms(setups[i], opts[i], 1);  // warm up
@@ -121,7 +124,8 @@ double median_ratio(const std::vector<std::vector<double>>& t, std::size_t i) {
 void run(benchmark::State& state, Setup (*make)(const std::string&, Save), const char* recipe) {
   const std::vector<Variant> vs = {{"fp32", "fp32", Save::float32},
                                    {"quantized", recipe, Save::activation_codes},
-                                   {"quantized_all_codes", recipe, Save::all_codes}};
+                                   {"quantized_all_codes", recipe, Save::all_codes},
+                                   {"quantized_auto", recipe, Save::activation_codes, nn::Compute::auto_}};
   const auto t = time_rounds(make, vs, 15, state);
   // Saved-for-backward bytes of one forward: activations as codes versus float32, with the
   // recipe as given (its first layer's input stays float32) and with every layer's input
@@ -139,6 +143,8 @@ void run(benchmark::State& state, Setup (*make)(const std::string&, Save), const
   state.counters["ms"] = median(t[1]);
   state.counters["vs_fp32"] = median_ratio(t, 1);
   state.counters["all_codes_vs_fp32"] = median_ratio(t, 2);
+  state.counters["auto_ms"] = median(t[3]);  // quant.compute = auto (docs/spec.md §7)
+  state.counters["auto_vs_fp32"] = median_ratio(t, 3);
   state.counters["act_saved_MiB"] = codes.ctx->saved_bytes.load() / 1048576.0;
   state.counters["act_saved_ratio"] =
       static_cast<double>(codes.ctx->saved_bytes.load()) / fl.ctx->saved_bytes.load();

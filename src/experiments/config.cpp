@@ -83,6 +83,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"train.flush_denormals", &c.train.flush_denormals},
       {"quant.recipe", &c.quant.recipe},
       {"quant.loss_scale", &c.quant.loss_scale},
+      {"quant.compute", &c.quant.compute},
   };
 }
 

@@ -223,6 +223,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::str
   ctx_ = std::make_shared<nn::QuantContext>();
   ctx_->seed = cfg.seed;
   ctx_->stats_interval = cfg.train.stats_interval;
+  ctx_->compute = nn::parse_compute(cfg.quant.compute);
   qm_ = nn::quantize_model(task_->module(), recipe, ctx_);
   scaler_.emplace(ls);
   optimizer_ = optimizers().at(cfg.optimizer.name)(cfg.optimizer, task_->module().parameters());
@@ -440,6 +441,13 @@ TrainResult Trainer::finish() {
   for (const auto& l : qm_.layers) {
     const auto c = l->counts();
     for (int k = 0; k < nn::kKinds; ++k) res.counts[k] += c[k];
+    // Which path each layer's products took: the share on bfloat16, in the run record.
+    const auto [fp32, bf16] = l->products();
+    res.products_fp32 += fp32;
+    res.products_bf16 += bf16;
+    if (fp32 + bf16 > 0)
+      record_.log_metric(state_.step, "bf16_product_share/" + l->name,
+                         static_cast<double>(bf16) / static_cast<double>(fp32 + bf16));
   }
   res.seconds = state_.seconds + seconds_since(started_);
   record_.log_metric(state_.step, "samples_per_second", res.samples_per_second);

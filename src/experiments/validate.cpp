@@ -8,6 +8,7 @@
 #include "fp8lab/data/images.hpp"
 #include "fp8lab/experiments/config.hpp"
 #include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/nn/compute.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 #include "fp8lab/nn/recipe.hpp"
 
@@ -65,6 +66,11 @@ void validate_quant(const QuantConfig& q) {
     (void)nn::parse_loss_scale(q.loss_scale);
   } catch (const Error& e) {
     throw Error(std::string("config: quant.loss_scale: ") + e.what());
+  }
+  try {
+    (void)nn::parse_compute(q.compute);
+  } catch (const Error& e) {
+    throw Error(std::string("config: quant.compute: ") + e.what());
   }
 }
 

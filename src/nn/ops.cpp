@@ -187,6 +187,13 @@ std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_s
   return {from_matrix(f.values, t.sizes(), fwd), saved};
 }
 
+torch::Tensor LayerState::product(const torch::Tensor& a, const torch::Tensor& b) {
+  Compute taken = Compute::fp32;
+  torch::Tensor y = matmul(a, b, ctx->compute, &taken);
+  ++(taken == Compute::bf16 ? bf16_products_ : fp32_products_);
+  return y;
+}
+
 torch::Tensor LayerState::restore(const SavedScaled& saved) const {
   const torch::Tensor m = saved.q.codes.defined() ? scaled_decode_matrix(saved.q, *quant[saved.kind]) : saved.q.values;
   return from_matrix(m, saved.shape, saved.view);
@@ -371,7 +378,12 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), true},
                                       {w, TensorKind::w, 0, last_dim(), second_last(2)});
     ctx->saved_data["bias"] = b.numel() > 0;
-    return torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor());
+    if (st->ctx->compute == Compute::fp32) return torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor());
+    // Other paths: the product through the compute layer, then the bias.
+    std::vector<std::int64_t> shape(xq.sizes().begin(), xq.sizes().end());
+    shape.back() = wq.size(0);
+    torch::Tensor y = st->product(xq.reshape({-1, wq.size(1)}), wq.t()).reshape(shape);
+    return b.numel() > 0 ? y.add_(b) : y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -388,15 +400,17 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
         st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call, backward_grad_refs(), true);
     // The same products libtorch's addmm/mm backward forms, so that with float32
     // quantizers the gradients are bit-identical to torch::linear's.
+    const bool fp32 = st->ctx->compute == Compute::fp32;
     if (ctx->needs_input_grad(0)) {
-      dx = g_for_dx.reshape({-1, out_f}).mm(wq);
+      dx = fp32 ? g_for_dx.reshape({-1, out_f}).mm(wq) : st->product(g_for_dx.reshape({-1, out_f}), wq);
       std::vector<std::int64_t> shape = g_shape;
       shape.back() = in_f;
       dx = dx.reshape(shape);
     }
     if (ctx->needs_input_grad(1)) {
       const torch::Tensor xq = xq_saved.reshape({-1, in_f});
-      dw = st->quantize_along(TensorKind::gw, xq.t().mm(g_for_dw.reshape({-1, out_f})).t().contiguous(),
+      const torch::Tensor gq = g_for_dw.reshape({-1, out_f});
+      dw = st->quantize_along(TensorKind::gw, (fp32 ? xq.t().mm(gq) : st->product(xq.t(), gq)).t().contiguous(),
                               last_dim(), call);
     }
     return {dx, dw, db, torch::Tensor()};

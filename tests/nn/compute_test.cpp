@@ -12,6 +12,8 @@
 #include "../common/torch_testutil.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/nn/compute.hpp"
+#include "fp8lab/nn/ops.hpp"
+#include "fp8lab/nn/recipe.hpp"
 
 namespace fp8lab::nn {
 namespace {
@@ -102,6 +104,47 @@ TEST(Compute, Bf16MatmulOfRandomBf16ValuesWithinTheSummationBound) {
                               (2.0 * static_cast<double>(k) * std::ldexp(1.0, -24));
   const torch::Tensor got = matmul_bf16(a, b)->to(torch::kDouble);
   EXPECT_TRUE(((got - want).abs() <= bound).all().item<bool>());
+}
+
+// A quantized linear layer with compute = bf16 (and auto) against compute = fp32 on
+// small-integer inputs, weights and output gradients with the paper's 8-bit recipe (whose
+// values on these inputs are the integers themselves): forward, grad_x and grad_w
+// bit-identical, every product counted on the path it took.
+TEST(Compute, LinearLayerOnBf16EqualsFloat32OnExactlySummableValues) {
+  const LayerQuant q = parse_recipe("a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31").base;
+  const torch::Tensor x0 = small_ints(6 * 5, 24, 7).reshape({6, 5, 24}), w0 = small_ints(16, 24, 8),
+                      b0 = small_ints(1, 16, 9).reshape({16}), r = small_ints(6 * 5, 16, 10).reshape({6, 5, 16});
+  struct Out {
+    torch::Tensor y, gx, gw, gb;
+    std::pair<std::int64_t, std::int64_t> products;
+  };
+  const auto run = [&](Compute c) {
+    auto ctx = std::make_shared<QuantContext>();
+    ctx->compute = c;
+    auto st = make_layer_state("lin", q, ctx);
+    const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(),
+                        b = b0.clone().requires_grad_();
+    Out o;
+    o.y = quant_linear(x, w, b, st);
+    const auto g = torch::autograd::grad({(o.y * r).sum()}, {x, w, b});
+    o.gx = g[0];
+    o.gw = g[1];
+    o.gb = g[2];
+    o.products = st->products();
+    return o;
+  };
+  const Out want = run(Compute::fp32);
+  EXPECT_EQ(want.products, std::make_pair(std::int64_t{0}, std::int64_t{0}));  // libtorch's own path
+  for (Compute c : {Compute::auto_, Compute::bf16}) {
+    if (c == Compute::bf16 && !bf16_products_available()) continue;
+    const Out got = run(c);
+    EXPECT_TRUE(test::bit_equal(got.y, want.y)) << to_string(c);
+    EXPECT_TRUE(test::bit_equal(got.gx, want.gx)) << to_string(c);
+    EXPECT_TRUE(test::bit_equal(got.gw, want.gw)) << to_string(c);
+    EXPECT_TRUE(test::bit_equal(got.gb, want.gb)) << to_string(c);
+    const std::int64_t on_bf16 = bf16_products_available() ? 3 : 0;
+    EXPECT_EQ(got.products, std::make_pair(3 - on_bf16, on_bf16)) << to_string(c);
+  }
 }
 
 }  // namespace

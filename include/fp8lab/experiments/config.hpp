@@ -98,6 +98,7 @@ struct TrainLoopConfig {
 struct QuantConfig {
   std::string recipe = "fp32";      // a preset name, a one-line recipe or a .toml file
   std::string loss_scale = "none";  // none, static:K, backoff[:...], logmax[:...]
+  std::string compute = "fp32";     // products of linear layers: fp32, bf16 or auto (docs/spec.md §7)
 };
 
 struct TrainConfig {

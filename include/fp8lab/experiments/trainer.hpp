@@ -45,6 +45,9 @@ struct TrainResult {
   std::uint64_t skipped_steps = 0;
   std::int64_t steps = 0, total_steps = 0;
   std::array<QuantCounts, nn::kKinds> counts{};  // summed over quantized layers and steps
+  // Products of the quantized layers by the path they took (quant.compute, docs/spec.md §7),
+  // summed over layers and steps of this call.
+  std::int64_t products_fp32 = 0, products_bf16 = 0;
   double seconds = 0;            // wall time, over every process a resumed run ran in
   double samples_per_second = 0; // training throughput of this call: the steps after its
                                  // first, without evaluation and checkpoint time

@@ -21,6 +21,7 @@
 
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/kernels/kernels.hpp"
+#include "fp8lab/nn/compute.hpp"
 #include "fp8lab/nn/recipe.hpp"
 #include "fp8lab/nn/tensor_quant.hpp"
 
@@ -78,6 +79,9 @@ struct QuantContext {
   std::atomic<std::int64_t> saved_bytes{0};         // activations saved for backward, bytes
   std::atomic<std::int64_t> saved_weight_bytes{0};  // weights' quantized copies, bytes
   std::atomic<std::int64_t> in_place{0};     // gradients quantized in their own memory
+  // How the products of linear layers run (docs/spec.md §7); fp32 is libtorch's float32
+  // product, bit for bit as before.
+  Compute compute = Compute::fp32;
 };
 
 // The per-layer state of a quantized op: its quantizers, its random streams and counts.
@@ -144,6 +148,12 @@ struct LayerState : torch::CustomClassHolder {
   // Q_k(t) of a tensor that is no product's operand (the weight gradient), blocks along `v`.
   torch::Tensor quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call);
 
+  // A product of this layer's quantized operands on the context's compute path, counted
+  // by the path it took.
+  torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b);
+  // Products run so far on each path: {float32, bfloat16}.
+  std::pair<std::int64_t, std::int64_t> products() const { return {fp32_products_.load(), bf16_products_.load()}; }
+
   // Delayed scaling's amax histories, one per kind and operand, as a checkpoint keeps them.
   struct History {
     TensorKind kind;
@@ -170,6 +180,7 @@ struct LayerState : torch::CustomClassHolder {
   std::array<QuantCounts, kKinds> counts_{};
   std::uint64_t call_step_ = ~std::uint64_t{0};
   std::uint32_t calls_ = 0;
+  std::atomic<std::int64_t> fp32_products_{0}, bf16_products_{0};
 };
 
 // How many references the autograd engine and the custom-function machinery hold to the
