@@ -26,8 +26,8 @@ dnnl::engine& engine() {
 // One matmul primitive per shape and operand layout (row strides of a and b; b may be
 // column-major, a transposed view), created once.
 struct MatmulKey {
-  std::int64_t m, k, n, a_rs, a_cs, b_rs, b_cs;
-  auto tie() const { return std::tie(m, k, n, a_rs, a_cs, b_rs, b_cs); }
+  std::int64_t batch, m, k, n, a_rs, a_cs, b_rs, b_cs;  // batch 0: plain 2-D matrices
+  auto tie() const { return std::tie(batch, m, k, n, a_rs, a_cs, b_rs, b_cs); }
   bool operator<(const MatmulKey& o) const { return tie() < o.tie(); }
 };
 
@@ -44,9 +44,15 @@ const MatmulPrim& matmul_primitive(const MatmulKey& key) {
   if (it != cache.end()) return it->second;
   using dt = dnnl::memory::data_type;
   MatmulPrim p;
-  p.a = dnnl::memory::desc({key.m, key.k}, dt::bf16, {key.a_rs, key.a_cs});
-  p.b = dnnl::memory::desc({key.k, key.n}, dt::bf16, {key.b_rs, key.b_cs});
-  p.c = dnnl::memory::desc({key.m, key.n}, dt::f32, {key.n, 1});
+  if (key.batch == 0) {
+    p.a = dnnl::memory::desc({key.m, key.k}, dt::bf16, {key.a_rs, key.a_cs});
+    p.b = dnnl::memory::desc({key.k, key.n}, dt::bf16, {key.b_rs, key.b_cs});
+    p.c = dnnl::memory::desc({key.m, key.n}, dt::f32, {key.n, 1});
+  } else {  // matrices back to back, each row- or column-major
+    p.a = dnnl::memory::desc({key.batch, key.m, key.k}, dt::bf16, {key.m * key.k, key.a_rs, key.a_cs});
+    p.b = dnnl::memory::desc({key.batch, key.k, key.n}, dt::bf16, {key.k * key.n, key.b_rs, key.b_cs});
+    p.c = dnnl::memory::desc({key.batch, key.m, key.n}, dt::f32, {key.m * key.n, key.n, 1});
+  }
   p.prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p.a, p.b, p.c), engine()));
   return cache.emplace(key, std::move(p)).first->second;
 }
@@ -54,7 +60,7 @@ const MatmulPrim& matmul_primitive(const MatmulKey& key) {
 // The bfloat16 form of a float32 matrix, laid out as it lies where it is row- or
 // column-major, or nullopt where some value is not a bfloat16 value.
 std::optional<torch::Tensor> exact_bf16(const torch::Tensor& t) {
-  const bool dense = t.is_contiguous() || t.t().is_contiguous();
+  const bool dense = t.is_contiguous() || t.transpose(-2, -1).is_contiguous();
   const torch::Tensor src = dense ? t : t.contiguous();
   torch::Tensor out = torch::empty_strided(src.sizes(), src.strides(), src.options().dtype(torch::kBFloat16));
   if (!kernels::to_bf16_exact(src.data_ptr<float>(), reinterpret_cast<std::uint16_t*>(out.data_ptr()),
@@ -102,7 +108,29 @@ std::optional<torch::Tensor> matmul_bf16(const torch::Tensor& a, const torch::Te
   if (!ab) return std::nullopt;
   const auto bb = exact_bf16(b);
   if (!bb) return std::nullopt;
-  const MatmulPrim& p = matmul_primitive({m, k, n, ab->stride(0), ab->stride(1), bb->stride(0), bb->stride(1)});
+  const MatmulPrim& p = matmul_primitive({0, m, k, n, ab->stride(0), ab->stride(1), bb->stride(0), bb->stride(1)});
+  dnnl::memory am(p.a, engine(), ab->data_ptr()), bm(p.b, engine(), bb->data_ptr()), cm(p.c, engine(), c.data_ptr());
+  dnnl::stream s(engine());
+  p.prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  s.wait();
+  return c;
+}
+
+std::optional<torch::Tensor> bmm_bf16(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!bf16_products_available()) throw Error("bfloat16 products: this CPU has none (AMX-BF16 or AVX512-BF16)");
+  TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
+              "bmm_bf16: [B, M, K] x [B, K, N] expected");
+  TORCH_CHECK(a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat, "bmm_bf16: float32 operands");
+  const std::int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
+  torch::Tensor c = torch::empty({batch, m, n}, a.options());
+  if (batch == 0 || m == 0 || n == 0) return c;
+  if (k == 0) return c.zero_();
+  const auto ab = exact_bf16(a);
+  if (!ab) return std::nullopt;
+  const auto bb = exact_bf16(b);
+  if (!bb) return std::nullopt;
+  const MatmulPrim& p =
+      matmul_primitive({batch, m, k, n, ab->stride(1), ab->stride(2), bb->stride(1), bb->stride(2)});
   dnnl::memory am(p.a, engine(), ab->data_ptr()), bm(p.b, engine(), bb->data_ptr()), cm(p.c, engine(), c.data_ptr());
   dnnl::stream s(engine());
   p.prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
@@ -111,8 +139,26 @@ std::optional<torch::Tensor> matmul_bf16(const torch::Tensor& a, const torch::Te
 }
 
 torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken) {
-  if (c != Compute::fp32 && (c == Compute::bf16 || bf16_products_available())) {
-    if (auto y = matmul_bf16(a, b)) {
+  // Batched products whose leading dimensions agree run as one batch of matrices; others
+  // (broadcast batches, vectors) take float32.
+  const bool plain = a.dim() == 2 && b.dim() == 2;
+  const bool batched = a.dim() >= 3 && a.dim() == b.dim() && a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2);
+  if (c == Compute::bf16 && !plain && !batched)
+    throw Error("compute = bf16: a product of broadcast batches or vectors (it runs in float32 only)");
+  if ((plain || batched) && c != Compute::fp32 && (c == Compute::bf16 || bf16_products_available())) {
+    std::optional<torch::Tensor> y;
+    if (plain) {
+      y = matmul_bf16(a, b);
+    } else {
+      const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+      y = bmm_bf16(a.reshape({-1, m, k}), b.reshape({-1, k, n}));
+      if (y) {
+        std::vector<std::int64_t> shape(a.sizes().begin(), a.sizes().end());
+        shape.back() = n;
+        y = y->reshape(shape);
+      }
+    }
+    if (y) {
       if (taken) *taken = Compute::bf16;
       return *y;
     }

@@ -475,7 +475,7 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
                                LayerStatePtr st) {
     auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim()), true},
                                       {b, TensorKind::a, 1, second_last(b.dim()), last_dim()});
-    return torch::matmul(aq, bq);
+    return st->ctx->compute == Compute::fp32 ? torch::matmul(aq, bq) : st->product(aq, bq);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -484,8 +484,11 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
     auto [g_for_da, g_for_db] =
         st->quantize_grad(std::move(grads[0]), last_dim(), second_last(g_dims), call, backward_grad_refs(), true);
     torch::Tensor da, db;
-    if (ctx->needs_input_grad(0)) da = at::sum_to(g_for_da.matmul(bq.transpose(-2, -1)), aq.sizes());
-    if (ctx->needs_input_grad(1)) db = at::sum_to(aq.transpose(-2, -1).matmul(g_for_db), bq.sizes());
+    const auto mm = [&](const torch::Tensor& x, const torch::Tensor& y) {
+      return st->ctx->compute == Compute::fp32 ? x.matmul(y) : st->product(x, y);
+    };
+    if (ctx->needs_input_grad(0)) da = at::sum_to(mm(g_for_da, bq.transpose(-2, -1)), aq.sizes());
+    if (ctx->needs_input_grad(1)) db = at::sum_to(mm(aq.transpose(-2, -1), g_for_db), bq.sizes());
     return {da, db, torch::Tensor()};
   }
 };

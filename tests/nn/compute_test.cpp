@@ -147,5 +147,40 @@ TEST(Compute, LinearLayerOnBf16EqualsFloat32OnExactlySummableValues) {
   }
 }
 
+// Batched products (attention's): [2, 3, M, K] x [2, 3, K, N] and transposed operands on
+// bf16 equal float32 on small integers; a broadcast batch takes float32 under auto.
+TEST(Compute, BatchedMatmulOnBf16EqualsFloat32OnExactlySummableValues) {
+  const torch::Tensor a = small_ints(2 * 3 * 5, 7, 11).reshape({2, 3, 5, 7}),
+                      b = small_ints(2 * 3 * 7, 4, 12).reshape({2, 3, 7, 4});
+  Compute taken = Compute::fp32;
+  EXPECT_TRUE(test::bit_equal(matmul(a, b, Compute::auto_, &taken), torch::matmul(a, b)));
+  EXPECT_EQ(taken, bf16_products_available() ? Compute::bf16 : Compute::fp32);
+  const torch::Tensor at = a.transpose(-2, -1).contiguous().transpose(-2, -1);  // column-major matrices
+  EXPECT_TRUE(test::bit_equal(matmul(at, b, Compute::auto_), torch::matmul(at, b)));
+  const torch::Tensor b1 = small_ints(7, 4, 13).reshape({1, 1, 7, 4});
+  EXPECT_TRUE(test::bit_equal(matmul(a, b1, Compute::auto_, &taken), torch::matmul(a, b1)));
+  EXPECT_EQ(taken, Compute::fp32);
+  EXPECT_NE(error_of([&] { (void)matmul(a, b1, Compute::bf16); }).find("broadcast"), std::string::npos);
+}
+
+// The attention product op with compute = auto against fp32, forward and both gradients.
+TEST(Compute, QuantMatmulOnBf16EqualsFloat32OnExactlySummableValues) {
+  const LayerQuant q = parse_recipe("a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31").base;
+  const torch::Tensor a0 = small_ints(2 * 4 * 6, 8, 14).reshape({2, 4, 6, 8}),
+                      b0 = small_ints(2 * 4 * 8, 6, 15).reshape({2, 4, 8, 6}),
+                      r = small_ints(2 * 4 * 6, 6, 16).reshape({2, 4, 6, 6});
+  const auto run = [&](Compute c) {
+    auto ctx = std::make_shared<QuantContext>();
+    ctx->compute = c;
+    auto st = make_layer_state("attn", q, ctx);
+    const torch::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+    const torch::Tensor y = quant_matmul(a, b, st);
+    const auto g = torch::autograd::grad({(y * r).sum()}, {a, b});
+    return std::vector<torch::Tensor>{y, g[0], g[1]};
+  };
+  const auto want = run(Compute::fp32), got = run(Compute::auto_);
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(test::bit_equal(got[i], want[i])) << i;
+}
+
 }  // namespace
 }  // namespace fp8lab::nn

@@ -37,8 +37,13 @@ bool exact_in_bf16(const Format& f);
 // per process. Throws Error if the CPU has no bfloat16 products.
 std::optional<torch::Tensor> matmul_bf16(const torch::Tensor& a, const torch::Tensor& b);
 
-// a [M, K] times b [K, N] on the path `c` asks for (above); `taken`, when given, receives
-// the path used (fp32 or bf16).
+// The same for batches of matrices: a [B, M, K] times b [B, K, N], each matrix row- or
+// column-major.
+std::optional<torch::Tensor> bmm_bf16(const torch::Tensor& a, const torch::Tensor& b);
+
+// torch::matmul(a, b) on the path `c` asks for (above): 2-D matrices, and batches whose
+// leading dimensions agree; broadcast batches and vectors run in float32 (bf16: an error).
+// `taken`, when given, receives the path used (fp32 or bf16).
 torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken = nullptr);
 
 }  // namespace fp8lab::nn
