@@ -315,11 +315,21 @@ std::string to_toml(const TrainConfig& cin) {
   return out;
 }
 
+// Keys added after runs were recorded, left out of the JSON at the default that reproduces
+// those runs bit for bit: a stored config, a sweep's run identity and a checkpoint's config
+// stay the same for every run that does not set them.
+namespace {
+bool left_out_at_default(const std::string& key, const TrainConfig& c) {
+  return key == "quant.compute" && c.quant.compute == QuantConfig{}.compute;
+}
+}  // namespace
+
 std::string to_json(const TrainConfig& cin) {
   TrainConfig c = cin;
   nlohmann::json j;
   j["schema"] = kConfigSchema;
   for (const auto& f : fields(c)) {
+    if (left_out_at_default(f.key, c)) continue;
     const auto dot = f.key.find('.');
     nlohmann::json& slot = dot == std::string::npos ? j[f.key] : j[f.key.substr(0, dot)][f.key.substr(dot + 1)];
     std::visit([&](auto* p) { slot = *p; }, f.ptr);

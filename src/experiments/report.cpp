@@ -496,8 +496,9 @@ std::string to_csv(const Sweep& s, const SweepReport& r) {
   return o.str();
 }
 
-// The metric of every point (mean +- sd over seeds) side by side, one marker per point
-// named in the legend (a '*' where it is worse than the baseline), with the baseline's band.
+// The metric of every point (mean +- sd over seeds) side by side, one marker per point at
+// an integer tick, numbered and named in the legend (a '*' where it is worse than the
+// baseline), with the baseline's band.
 std::optional<plt::Figure> points_plot(const Sweep& s, const SweepReport& rep, const PlotSpec& spec) {
   plt::Panel p;
   p.xlabel = "point (see legend)";
@@ -507,9 +508,10 @@ std::optional<plt::Figure> points_plot(const Sweep& s, const SweepReport& rep, c
     const SweepPoint& pt = s.points[static_cast<std::size_t>(pr.point)];
     if (!matches(pt, spec.where)) continue;
     plt::Series se;
-    se.label = pt.label() + (pr.significant ? " *" : "");
+    se.label = std::to_string(x) + ": " + pt.label() + (pr.significant ? " *" : "");
     se.line = false;
     se.color = x;
+    p.xticks.emplace_back(x, std::to_string(x));
     se.x.push_back(x++);
     se.y.push_back(pr.stats.n ? pr.stats.mean : std::nan(""));
     se.err.push_back(pr.stats.n > 1 ? pr.stats.sd : 0);

@@ -202,11 +202,14 @@ void draw_axes(List& l, const Panel& p, const Frame& f, double ox) {
     for (std::size_t i = 0; i < h.xs.size(); ++i) add_text(l, f.X(static_cast<double>(i)), f.bottom + 14, num(h.xs[i]), 11, 1);
     for (std::size_t i = 0; i < h.ys.size(); ++i) add_text(l, f.left - 6, f.Y(static_cast<double>(i)), num(h.ys[i]), 11, 2);
   } else {
-    for (double t : ticks(f.xr.lo, f.xr.hi)) {
+    std::vector<std::pair<double, std::string>> xt = p.xticks;
+    if (xt.empty())
+      for (double t : ticks(f.xr.lo, f.xr.hi)) xt.emplace_back(t, num(t));
+    for (const auto& [t, label] : xt) {
       if (t < f.xr.lo || t > f.xr.hi) continue;
       add_line(l, f.X(t), f.top, f.X(t), f.bottom, kGrid);
       add_line(l, f.X(t), f.bottom, f.X(t), f.bottom + 4, kBlack);
-      add_text(l, f.X(t), f.bottom + 14, num(t), 11, 1);
+      add_text(l, f.X(t), f.bottom + 14, label, 11, 1);
     }
     for (double t : ticks(f.yr.lo, f.yr.hi, 5)) {
       if (t < f.yr.lo || t > f.yr.hi) continue;

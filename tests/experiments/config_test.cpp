@@ -54,6 +54,23 @@ TEST(Config, TomlAndJsonRoundTrip) {
   EXPECT_NE(t.find("lr = 0.1234567890123\n"), std::string::npos) << t;
 }
 
+// quant.compute at its default (fp32: the products of every run recorded before the key
+// existed) is left out of the JSON, so stored configs, sweep identities and checkpoints
+// stay as they were; any other value is recorded, and a bad one is refused by name.
+TEST(Config, ComputeIsRecordedExceptAtItsDefault) {
+  const auto plain = parse_train_config("", "plain");
+  EXPECT_EQ(experiments::to_json(plain).find("compute"), std::string::npos);
+  const auto fp32 = parse_train_config("", "fp32", {"quant.compute=fp32"});
+  EXPECT_EQ(experiments::to_json(fp32), experiments::to_json(plain));
+  const auto with_auto = parse_train_config("", "auto", {"quant.compute=auto"});
+  EXPECT_NE(experiments::to_json(with_auto).find("\"compute\":\"auto\""), std::string::npos);
+  EXPECT_NE(experiments::to_toml(with_auto).find("compute = \"auto\""), std::string::npos);
+  experiments::TrainConfig bad = plain;
+  bad.quant.compute = "fp16";
+  const std::string e = test::error_of([&] { experiments::validate(bad); });
+  EXPECT_NE(e.find("quant.compute"), std::string::npos) << e;
+}
+
 TEST(Config, StringsAreUtf8TextAndRoundTripExactly) {
   // Non-ASCII text round-trips through TOML; control characters and bytes that are not
   // UTF-8 are refused (a NUL would cut a path short, a DEL cannot be written back).

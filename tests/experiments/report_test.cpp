@@ -189,6 +189,10 @@ file = "blocks"
   const std::string points((std::istreambuf_iterator<char>(points_in)), {});
   EXPECT_NE(points.find("baseline +- sd"), std::string::npos);
   EXPECT_NE(points.find(" *"), std::string::npos);  // bias 8: worse than the baseline
+  // One integer tick per point, numbered as in the legend; no fractional ticks.
+  EXPECT_NE(points.find(">1: "), std::string::npos) << points;
+  EXPECT_NE(points.find(">2</text>"), std::string::npos);
+  EXPECT_EQ(points.find(">0.5</text>"), std::string::npos);
 
   // A metric named in the sweep is the run's last logged value of it, not its final metric.
   experiments::Sweep named = s;

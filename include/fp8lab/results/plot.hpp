@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fp8lab::results::plot {
@@ -59,6 +60,7 @@ struct Panel {
   std::vector<Bars> bars;
   std::optional<Heat> heat;
   std::optional<double> xmin, xmax, ymin, ymax;  // fixed axis limits (default: the data)
+  std::vector<std::pair<double, std::string>> xticks;  // given x ticks and labels (default: nice numbers)
 };
 
 struct Figure {
