@@ -96,19 +96,26 @@ bool exact_in_bf16(const Format& f) {
   return f.man_bits <= 7 && f.min_positive() >= std::ldexp(1.0, -133) && f.max_finite() <= bf16_max;
 }
 
-std::optional<torch::Tensor> matmul_bf16(const torch::Tensor& a, const torch::Tensor& b) {
+namespace {
+
+// a b on bfloat16 operands: [M, K] x [K, N], or with `batched` [B, M, K] x [B, K, N].
+std::optional<torch::Tensor> product_bf16(const torch::Tensor& a, const torch::Tensor& b, bool batched) {
   if (!bf16_products_available()) throw Error("bfloat16 products: this CPU has none (AMX-BF16 or AVX512-BF16)");
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "matmul_bf16: [M, K] x [K, N] expected");
-  TORCH_CHECK(a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat, "matmul_bf16: float32 operands");
-  const std::int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  torch::Tensor c = torch::empty({m, n}, a.options());
-  if (m == 0 || n == 0) return c;
+  const std::int64_t dims = batched ? 3 : 2;
+  TORCH_CHECK(a.dim() == dims && b.dim() == dims && a.size(-1) == b.size(-2) && (!batched || a.size(0) == b.size(0)),
+              "bfloat16 product: [B,] M x K times [B,] K x N expected");
+  TORCH_CHECK(a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat,
+              "bfloat16 product: float32 operands expected");
+  const std::int64_t batch = batched ? a.size(0) : 0, m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  torch::Tensor c = batched ? torch::empty({batch, m, n}, a.options()) : torch::empty({m, n}, a.options());
+  if (c.numel() == 0) return c;
   if (k == 0) return c.zero_();
   const auto ab = exact_bf16(a);
   if (!ab) return std::nullopt;
   const auto bb = exact_bf16(b);
   if (!bb) return std::nullopt;
-  const MatmulPrim& p = matmul_primitive({0, m, k, n, ab->stride(0), ab->stride(1), bb->stride(0), bb->stride(1)});
+  const MatmulPrim& p =
+      matmul_primitive({batch, m, k, n, ab->stride(-2), ab->stride(-1), bb->stride(-2), bb->stride(-1)});
   dnnl::memory am(p.a, engine(), ab->data_ptr()), bm(p.b, engine(), bb->data_ptr()), cm(p.c, engine(), c.data_ptr());
   dnnl::stream s(engine());
   p.prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
@@ -116,26 +123,14 @@ std::optional<torch::Tensor> matmul_bf16(const torch::Tensor& a, const torch::Te
   return c;
 }
 
+}  // namespace
+
+std::optional<torch::Tensor> matmul_bf16(const torch::Tensor& a, const torch::Tensor& b) {
+  return product_bf16(a, b, false);
+}
+
 std::optional<torch::Tensor> bmm_bf16(const torch::Tensor& a, const torch::Tensor& b) {
-  if (!bf16_products_available()) throw Error("bfloat16 products: this CPU has none (AMX-BF16 or AVX512-BF16)");
-  TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
-              "bmm_bf16: [B, M, K] x [B, K, N] expected");
-  TORCH_CHECK(a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat, "bmm_bf16: float32 operands");
-  const std::int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
-  torch::Tensor c = torch::empty({batch, m, n}, a.options());
-  if (batch == 0 || m == 0 || n == 0) return c;
-  if (k == 0) return c.zero_();
-  const auto ab = exact_bf16(a);
-  if (!ab) return std::nullopt;
-  const auto bb = exact_bf16(b);
-  if (!bb) return std::nullopt;
-  const MatmulPrim& p =
-      matmul_primitive({batch, m, k, n, ab->stride(1), ab->stride(2), bb->stride(1), bb->stride(2)});
-  dnnl::memory am(p.a, engine(), ab->data_ptr()), bm(p.b, engine(), bb->data_ptr()), cm(p.c, engine(), c.data_ptr());
-  dnnl::stream s(engine());
-  p.prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-  s.wait();
-  return c;
+  return product_bf16(a, b, true);
 }
 
 torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken) {
