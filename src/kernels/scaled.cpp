@@ -437,8 +437,7 @@ float largest_finite(const float* x, std::size_t n) {
   std::mutex m;
   float result = 0;
   parallel_for(n, kChunk, [&](std::size_t b, std::size_t e) {
-    const std::uint32_t top = magnitude_top(x + b, e - b);
-    const float part = top < 0x7F800000u ? std::bit_cast<float>(top) : amax_of(x + b, e - b).value;
+    const float part = simd_amax(x + b, e - b).value;
     std::lock_guard<std::mutex> lk(m);
     result = std::max(result, part);
   });
@@ -592,8 +591,7 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
           pieces.push_back({r * cols + c, cend - c, group});
           if (per_block) {
             const float* xb = x + r * cols + c;
-            std::uint32_t top = 0;  // largest magnitude's bits
-            for (std::size_t i = 0; i < cend - c; ++i) top = std::max(top, std::bit_cast<std::uint32_t>(xb[i]) & 0x7FFFFFFFu);
+            const std::uint32_t top = magnitude_top(xb, cend - c);  // largest magnitude's bits
             if (const auto d = decide(top)) {  // the common case, decided from the bits
               ++w.counts.groups;
               w.counts.scale_overflow += d->overflow;
