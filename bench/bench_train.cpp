@@ -192,6 +192,19 @@ void profile(benchmark::State& state, Setup (*make)(const std::string&, Save)) {
   state.SetLabel(r ? r : "fp32");
 }
 
+// The best time of `reps` calls of fn, in units of Period (std::micro, std::milli).
+template <class Period, class Fn>
+double best_of(int reps, Fn&& fn) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto out = fn();
+    benchmark::DoNotOptimize(out);
+    best = std::min(best, std::chrono::duration<double, Period>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
 // The tensor passes the quantized ops make, on one ResNet-20 activation (32x16x32x32 after a
 // ReLU, 2 MiB: it stays in cache as it does between the layers of a step), on libtorch's
 // threads, beside x.clone() of the same tensor (a plain copy: the reference). Counters:
@@ -204,14 +217,7 @@ void tensor_passes(benchmark::State& state) {
   const auto codes = nn::encode_tensor(x, q, 1);
   auto time_us = [&](int threads, auto&& fn) {
     torch::set_num_threads(threads);
-    double best = 1e30;
-    for (int r = 0; r < 200; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      auto out = fn();
-      benchmark::DoNotOptimize(out);
-      best = std::min(best, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
+    return best_of<std::micro>(200, fn);
   };
   const int cores = torch::get_num_threads();
   auto copy = [&] { return x.clone(); };
@@ -244,20 +250,10 @@ void product(benchmark::State& state) {
   }
   const auto a = torch::randn({m, k}).to(torch::kBFloat16).to(torch::kFloat);
   const auto b = torch::randn({k, n}).to(torch::kBFloat16).to(torch::kFloat);
-  auto best_ms = [&](auto&& fn) {
-    double best = 1e30;
-    for (int r = 0; r < 20; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      auto out = fn();
-      benchmark::DoNotOptimize(out);
-      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return best;
-  };
   auto bf16 = [&] { return nn::matmul_bf16(a, b); };
   auto fp32 = [&] { return torch::matmul(a, b); };
   for (auto _ : state) benchmark::DoNotOptimize(bf16());
-  const double tf = best_ms(fp32), tb = best_ms(bf16);
+  const double tf = best_of<std::milli>(20, fp32), tb = best_of<std::milli>(20, bf16);
   state.counters["fp32_ms"] = tf;
   state.counters["bf16_ms"] = tb;
   state.counters["bf16_speedup"] = tf / tb;
