@@ -11,6 +11,7 @@
 //   build/bench_train --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -177,19 +178,26 @@ void breakdown(benchmark::State& state, Setup (*make)(const std::string&, Save),
 }
 
 // One recipe alone, for profilers: FP8LAB_BENCH_RECIPE (default fp32), FP8LAB_BENCH_CODES=0
-// to save float32 only, 2 to save weight codes too. perf record build/bench_train --benchmark_filter=profile_resnet20
+// to save float32 only, 2 to save weight codes too, FP8LAB_BENCH_COMPUTE the compute path
+// (default fp32), FP8LAB_BENCH_TRACE=FILE a chrome://tracing trace of ten more steps. perf record build/bench_train --benchmark_filter=profile_resnet20
 void profile(benchmark::State& state, Setup (*make)(const std::string&, Save)) {
   const char* r = std::getenv("FP8LAB_BENCH_RECIPE");
   const char* c = std::getenv("FP8LAB_BENCH_CODES");
   const std::string save = c ? c : "1";
   Setup s = make(r ? r : "fp32", save == "0" ? Save::float32 : save == "2" ? Save::all_codes
                                                                           : Save::activation_codes);
+  const char* compute = std::getenv("FP8LAB_BENCH_COMPUTE");
+  s.ctx->compute = nn::parse_compute(compute ? compute : "fp32");
   torch::optim::SGD opt(s.model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   step_ms(s, opt, 2);
   double best = 1e30;
   for (auto _ : state) best = std::min(best, step_ms(s, opt, 1));
   state.counters["best_ms"] = best;
   state.SetLabel(r ? r : "fp32");
+  if (const char* trace = std::getenv("FP8LAB_BENCH_TRACE")) {  // ten steps in libtorch's profiler
+    torch::autograd::profiler::RecordProfile guard(std::string{trace});
+    step_ms(s, opt, 10);
+  }
 }
 
 // The best time of `reps` calls of fn, in units of Period (std::micro, std::milli).

@@ -575,6 +575,26 @@ void DecodeRange16(const float* table, std::uint32_t mask, const std::uint16_t* 
   DecodeRangeT(table, mask, codes, y, n);
 }
 
+// Decode to bfloat16: the float32 look-up's top halves (the caller has checked that every
+// value of the table is a bfloat16 value).
+void DecodeBf16Range8(const float* table, std::uint32_t mask, const std::uint8_t* codes, std::uint16_t* y,
+                      std::size_t n) {
+  const D32 d;
+  const hn::Rebind<std::uint8_t, D32> d8;
+  const hn::Rebind<std::uint16_t, D32> d16;
+  const hn::RebindToSigned<D32> di;
+  const std::size_t N = hn::Lanes(d);
+  const V32 m = hn::Set(d, mask);
+  const auto* bits = reinterpret_cast<const std::uint32_t*>(table);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const V32 c = hn::And(hn::PromoteTo(d, hn::LoadU(d8, codes + i)), m);
+    const V32 v = hn::GatherIndex(d, bits, hn::BitCast(di, c));
+    hn::StoreU(hn::TruncateTo(d16, hn::ShiftRight<16>(v)), d16, y + i);
+  }
+  for (; i < n; ++i) y[i] = static_cast<std::uint16_t>(bits[codes[i] & mask] >> 16);
+}
+
 }  // namespace fp8lab::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -595,6 +615,7 @@ HWY_EXPORT(QuantizeEncodeRange8);
 HWY_EXPORT(EncodeRange16);
 HWY_EXPORT(DecodeRange8);
 HWY_EXPORT(DecodeRange16);
+HWY_EXPORT(DecodeBf16Range8);
 
 namespace {
 
@@ -736,6 +757,23 @@ void decode(const std::uint8_t* codes, float* y, std::size_t n, const Format& f)
 }
 void decode(const std::uint16_t* codes, float* y, std::size_t n, const Format& f) {
   decode_impl(codes, y, n, f);
+}
+
+bool decode_bf16(const std::uint8_t* codes, std::uint16_t* y, std::size_t n, const Format& f) {
+  validate(f);
+  require_codable(f);
+  if (f.width() > 8) throw Error("decode_bf16: format " + to_string(f) + " is wider than 8 bits");
+  const auto table = decode_table(f);
+  for (float v : *table) {
+    std::uint32_t b;
+    std::memcpy(&b, &v, 4);
+    if ((b & 0xFFFFu) != 0) return false;
+  }
+  const std::uint32_t mask = static_cast<std::uint32_t>(table->size() - 1) & 0xffu;
+  parallel_for(n, kAlign, [&](std::size_t b, std::size_t e) {
+    HWY_DYNAMIC_DISPATCH(DecodeBf16Range8)(table->data(), mask, codes + b, y + b, e - b);
+  });
+  return true;
 }
 
 std::uint64_t ExpHistogram::total() const {

@@ -9,7 +9,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "fp8lab/core/format.hpp"
-#include "fp8lab/kernels/kernels.hpp"
+#include "fp8lab/nn/tensor_quant.hpp"
+#include "dnnl_bridge.hpp"
 
 namespace fp8lab::nn {
 
@@ -18,10 +19,7 @@ namespace {
 constexpr std::pair<Compute, std::string_view> kNames[] = {
     {Compute::auto_, "auto"}, {Compute::fp32, "fp32"}, {Compute::bf16, "bf16"}};
 
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
+using detail::engine;
 
 // One matmul primitive per shape and operand layout (row strides of a and b; b may be
 // column-major, a transposed view), created once.
@@ -57,18 +55,6 @@ const MatmulPrim& matmul_primitive(const MatmulKey& key) {
   return cache.emplace(key, std::move(p)).first->second;
 }
 
-// The bfloat16 form of a float32 matrix, laid out as it lies where it is row- or
-// column-major, or nullopt where some value is not a bfloat16 value.
-std::optional<torch::Tensor> exact_bf16(const torch::Tensor& t) {
-  const bool dense = t.is_contiguous() || t.transpose(-2, -1).is_contiguous();
-  const torch::Tensor src = dense ? t : t.contiguous();
-  torch::Tensor out = torch::empty_strided(src.sizes(), src.strides(), src.options().dtype(torch::kBFloat16));
-  if (!kernels::to_bf16_exact(src.data_ptr<float>(), reinterpret_cast<std::uint16_t*>(out.data_ptr()),
-                              static_cast<std::size_t>(src.numel())))
-    return std::nullopt;
-  return out;
-}
-
 }  // namespace
 
 std::string_view to_string(Compute c) {
@@ -96,11 +82,25 @@ bool exact_in_bf16(const Format& f) {
   return f.man_bits <= 7 && f.min_positive() >= std::ldexp(1.0, -133) && f.max_finite() <= bf16_max;
 }
 
+namespace detail {
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+void require_bf16_products(const char* what) {
+  if (!bf16_products_available())
+    throw Error(std::string(what) + " on bfloat16: this CPU has no bfloat16 products (AMX-BF16 or AVX512-BF16)");
+}
+
+}  // namespace detail
+
 namespace {
 
 // a b on bfloat16 operands: [M, K] x [K, N], or with `batched` [B, M, K] x [B, K, N].
 std::optional<torch::Tensor> product_bf16(const torch::Tensor& a, const torch::Tensor& b, bool batched) {
-  if (!bf16_products_available()) throw Error("bfloat16 products: this CPU has none (AMX-BF16 or AVX512-BF16)");
+  detail::require_bf16_products("a matrix product");
   const std::int64_t dims = batched ? 3 : 2;
   TORCH_CHECK(a.dim() == dims && b.dim() == dims && a.size(-1) == b.size(-2) && (!batched || a.size(0) == b.size(0)),
               "bfloat16 product: [B,] M x K times [B,] K x N expected");
@@ -110,9 +110,13 @@ std::optional<torch::Tensor> product_bf16(const torch::Tensor& a, const torch::T
   torch::Tensor c = batched ? torch::empty({batch, m, n}, a.options()) : torch::empty({m, n}, a.options());
   if (c.numel() == 0) return c;
   if (k == 0) return c.zero_();
-  const auto ab = exact_bf16(a);
+  // Each matrix row- or column-major, matrices back to back.
+  const auto matrices = [](const torch::Tensor& t) {
+    return t.is_contiguous() || t.transpose(-2, -1).is_contiguous() ? t : t.contiguous();
+  };
+  const auto ab = exact_bf16(matrices(a));
   if (!ab) return std::nullopt;
-  const auto bb = exact_bf16(b);
+  const auto bb = exact_bf16(matrices(b));
   if (!bb) return std::nullopt;
   const MatmulPrim& p =
       matmul_primitive({batch, m, k, n, ab->stride(-2), ab->stride(-1), bb->stride(-2), bb->stride(-1)});
@@ -140,29 +144,22 @@ torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, 
   const bool batched = a.dim() >= 3 && a.dim() == b.dim() && a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2);
   if (c == Compute::bf16 && !plain && !batched)
     throw Error("compute = bf16: a product of broadcast batches or vectors (it runs in float32 only)");
-  if ((plain || batched) && c != Compute::fp32 && (c == Compute::bf16 || bf16_products_available())) {
-    std::optional<torch::Tensor> y;
-    if (plain) {
-      y = matmul_bf16(a, b);
-    } else {
-      const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
-      y = bmm_bf16(a.reshape({-1, m, k}), b.reshape({-1, k, n}));
-      if (y) {
+  if (!plain && !batched) {
+    if (taken) *taken = Compute::fp32;
+    return torch::matmul(a, b);
+  }
+  return detail::choose_path(
+      c, taken, "a matrix product",
+      [&]() -> std::optional<torch::Tensor> {
+        if (plain) return matmul_bf16(a, b);
+        const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+        std::optional<torch::Tensor> y = bmm_bf16(a.reshape({-1, m, k}), b.reshape({-1, k, n}));
+        if (!y) return y;
         std::vector<std::int64_t> shape(a.sizes().begin(), a.sizes().end());
         shape.back() = n;
-        y = y->reshape(shape);
-      }
-    }
-    if (y) {
-      if (taken) *taken = Compute::bf16;
-      return *y;
-    }
-    if (c == Compute::bf16)
-      throw Error("compute = bf16: an operand holds values that are not bfloat16 values (a format with more than "
-                  "7 mantissa bits, or scaled values past bfloat16's range)");
-  }
-  if (taken) *taken = Compute::fp32;
-  return torch::matmul(a, b);
+        return y->reshape(shape);
+      },
+      [&] { return torch::matmul(a, b); });
 }
 
 }  // namespace fp8lab::nn

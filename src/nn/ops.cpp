@@ -190,8 +190,23 @@ std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_s
 torch::Tensor LayerState::product(const torch::Tensor& a, const torch::Tensor& b) {
   Compute taken = Compute::fp32;
   torch::Tensor y = matmul(a, b, ctx->compute, &taken);
-  ++(taken == Compute::bf16 ? bf16_products_ : fp32_products_);
+  count_product(taken);
   return y;
+}
+
+torch::Tensor LayerState::conv(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g) {
+  Compute taken = Compute::fp32;
+  torch::Tensor y = conv2d(x, w, g, ctx->compute, &taken);
+  count_product(taken);
+  return y;
+}
+
+ConvGrads LayerState::conv_backward(const torch::Tensor& gy_dx, const torch::Tensor& gy_dw, const torch::Tensor& x,
+                                    const torch::Tensor& w, const ConvGeometry& g, bool want_dx, bool want_dw) {
+  ConvGrads r = conv2d_backward(gy_dx, gy_dw, x, w, g, ctx->compute, want_dx, want_dw);
+  if (want_dx) count_product(r.dx_path);
+  if (want_dw) count_product(r.dw_path);
+  return r;
 }
 
 torch::Tensor LayerState::restore(const SavedScaled& saved) const {
@@ -248,7 +263,9 @@ torch::Tensor LayerState::quantize_owned(TensorKind k, torch::Tensor t, std::uin
   // its storage (no view, no other node's input or saved tensor), and not on a statistics
   // step, whose histogram is of the values before quantization.
   const bool exclusive = t.defined() && t.use_count() <= refs && t.has_storage() &&
-                         t.storage().use_count() == 1 && t.is_contiguous() &&
+                         t.storage().use_count() == 1 &&
+                         (t.is_contiguous() || (t.is_non_overlapping_and_dense() && q &&
+                                                q->element.rounding != Rounding::stochastic)) &&
                          t.device().is_cpu() && t.scalar_type() == torch::kFloat32;
   if (!q || q->scaled() || !exclusive || stats_due(call)) return quantize(k, t, call);
   QuantCounts c;
@@ -280,6 +297,12 @@ std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_and_save(TensorKind
 torch::Tensor LayerState::restore(TensorKind k, const torch::Tensor& saved) const {
   if (saved.scalar_type() == torch::kFloat32) return saved;
   return decode_tensor(saved, quant[k]->element.format);
+}
+
+torch::Tensor LayerState::restore_for_product(TensorKind k, const torch::Tensor& saved) const {
+  if (ctx->compute != Compute::fp32 && saved.scalar_type() == torch::kUInt8 && bf16_products_available())
+    if (std::optional<torch::Tensor> b = decode_tensor_bf16(saved, quant[k]->element.format)) return *b;
+  return restore(k, saved);
 }
 
 namespace {
@@ -358,12 +381,17 @@ struct Saved {
   std::uint32_t call;
   torch::Tensor a, b;
 };
-Saved restore_operands(AutogradContext* ctx, TensorKind ka, TensorKind kb) {
+// `for_products`: the operands are read by the compute layer's products only, which take
+// them as bfloat16 where they may (LayerState::restore_for_product).
+Saved restore_operands(AutogradContext* ctx, TensorKind ka, TensorKind kb, bool for_products = false) {
   Saved s{state_of(ctx), static_cast<std::uint32_t>(ctx->saved_data["call"].toInt()), {}, {}};
   const auto saved = ctx->get_saved_variables();
   const auto restore = [&](int i, TensorKind k) {
     const auto it = ctx->saved_data.find(saved_key(i));
-    if (it == ctx->saved_data.end()) return s.st->restore(k, saved[static_cast<std::size_t>(i)]);
+    if (it == ctx->saved_data.end()) {
+      const torch::Tensor& t = saved[static_cast<std::size_t>(i)];
+      return for_products ? s.st->restore_for_product(k, t) : s.st->restore(k, t);
+    }
     return s.st->restore(*c10::static_intrusive_pointer_cast<SavedScaled>(it->second.toCapsule()));
   };
   s.a = restore(0, ka);
@@ -417,6 +445,11 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
   }
 };
 
+ConvGeometry geometry(const std::vector<std::int64_t>& stride, const std::vector<std::int64_t>& padding,
+                      const std::vector<std::int64_t>& dilation, std::int64_t groups) {
+  return {{stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups};
+}
+
 class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
@@ -431,19 +464,26 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["dilation"] = dilation;
     ctx->saved_data["groups"] = groups;
-    return torch::conv2d(xq, wq, b.numel() > 0 ? b : torch::Tensor(), stride, padding, dilation,
-                         groups);
+    if (st->ctx->compute == Compute::fp32)
+      return torch::conv2d(xq, wq, b.numel() > 0 ? b : torch::Tensor(), stride, padding, dilation, groups);
+    // Other paths: the product through the compute layer, then the bias.
+    torch::Tensor y = st->conv(xq, wq, geometry(stride, padding, dilation, groups));
+    return b.numel() > 0 ? y.add_(b.reshape({1, -1, 1, 1})) : y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto [st, call, xq, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w);
+    // With the compute layer, the saved operands are read by its products only.
+    const bool layer_products = state_of(ctx)->ctx->compute != Compute::fp32;
+    const auto [st, call, xq, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w, layer_products);
     torch::Tensor g = std::move(grads[0]);
     const auto stride = ctx->saved_data["stride"].toIntVector();
     const auto padding = ctx->saved_data["padding"].toIntVector();
     const auto dilation = ctx->saved_data["dilation"].toIntVector();
     const std::int64_t groups = ctx->saved_data["groups"].toInt();
     torch::Tensor db;
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) {
+    if (layer_products && ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) {
+      db = g.sum({0, 2, 3});  // of the float32 g, before it may be quantized in place
+    } else if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) {
       // libtorch's own bias reduction of the float32 g (so that float32 quantizers match
       // exactly), before g may be quantized in place.
       const std::vector<std::int64_t> bias_sizes{wq.size(0)};
@@ -457,7 +497,12 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
                                       groups, {want_dx, want_dw, false});
     };
     torch::Tensor dx, dw;
-    if (g_for_dx.is_same(g_for_dw)) {  // one quantized gradient: one call, as libtorch's own backward
+    if (st->ctx->compute != Compute::fp32) {  // the compute layer's products
+      ConvGrads r = st->conv_backward(g_for_dx, g_for_dw, xq, wq, geometry(stride, padding, dilation, groups),
+                                      ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+      dx = std::move(r.dx);
+      dw = std::move(r.dw);
+    } else if (g_for_dx.is_same(g_for_dw)) {  // one quantized gradient: one call, as libtorch's own backward
       std::tie(dx, dw, std::ignore) = backward(g_for_dx, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
     } else {
       if (ctx->needs_input_grad(0)) dx = std::get<0>(backward(g_for_dx, true, false));
@@ -505,6 +550,14 @@ class RefProbeFn : public torch::autograd::Function<RefProbeFn> {
   static inline std::int64_t probe_refs = 0;
 };
 
+// A convolution's per-axis parameter: two values, or one for both axes.
+std::vector<std::int64_t> pair_of(const std::vector<std::int64_t>& v, const char* what, const std::string& layer) {
+  if (v.size() == 1) return {v[0], v[0]};
+  if (v.size() != 2)
+    throw Error("quant_conv2d '" + layer + "': " + what + " takes one or two values, got " + std::to_string(v.size()));
+  return v;
+}
+
 void check_cpu_float(const torch::Tensor& t, const char* op, const char* what) {
   if (!t.defined()) return;
   if (!t.device().is_cpu() || t.scalar_type() != torch::kFloat32)
@@ -551,8 +604,11 @@ torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const
   if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1) * groups)
     throw Error("quant_conv2d '" + st->name + "': expected NCHW input with " +
                 std::to_string(w.size(1) * groups) + " channels");
-  return Conv2dFn::apply(x, w, b.defined() ? b : torch::empty({0}), std::move(stride), std::move(padding), std::move(dilation),
-                         groups, st);
+  if (groups < 1 || w.size(0) % groups != 0)
+    throw Error("quant_conv2d '" + st->name + "': groups " + std::to_string(groups) + " does not divide the " +
+                std::to_string(w.size(0)) + " output channels");
+  return Conv2dFn::apply(x, w, b.defined() ? b : torch::empty({0}), pair_of(stride, "stride", st->name),
+                         pair_of(padding, "padding", st->name), pair_of(dilation, "dilation", st->name), groups, st);
 }
 
 torch::Tensor quant_matmul(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st) {

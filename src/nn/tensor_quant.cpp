@@ -9,6 +9,7 @@
 #error "src/nn/tensor_quant.cpp must be compiled with OpenMP, or at::parallel_for is serial"
 #endif
 
+#include <atomic>
 #include <mutex>
 
 #include "fp8lab/core/random.hpp"
@@ -28,6 +29,19 @@ void check_float_cpu(const torch::Tensor& t, const char* what) {
 torch::Tensor float_input(const torch::Tensor& t, const char* what) {
   check_float_cpu(t, what);
   return t.contiguous();
+}
+// Whether an element-wise pass may run over t's memory in the order it lies (a dense
+// layout such as channels-last) instead of the row-major order: where no element's result
+// depends on its index, i.e. every rounding but stochastic's, whose random stream is
+// indexed by the row-major position.
+bool in_memory_order(const torch::Tensor& t, const QuantSpec& q) {
+  return q.rounding != Rounding::stochastic && t.is_non_overlapping_and_dense();
+}
+// The input of an element-wise pass under q: t as it lies where in_memory_order allows,
+// contiguous otherwise. Outputs are made like it (empty_like keeps a dense layout).
+torch::Tensor elementwise_input(const torch::Tensor& t, const QuantSpec& q, const char* what) {
+  check_float_cpu(t, what);
+  return in_memory_order(t, q) ? t : t.contiguous();
 }
 // Runs body(begin, end, counts*) over [0, n) on libtorch's threads, kernels serial inside.
 template <class Body>
@@ -59,8 +73,8 @@ void quantize_into(const float* in, float* out, std::int64_t n, const QuantSpec&
 
 torch::Tensor fake_quantize(const torch::Tensor& t, const QuantSpec& q_in, std::uint64_t seed,
                             QuantCounts* counts) {
-  const torch::Tensor x = float_input(t, "fake_quantize");
-  torch::Tensor y = torch::empty_like(x, torch::MemoryFormat::Contiguous);
+  const torch::Tensor x = elementwise_input(t, q_in, "fake_quantize");
+  torch::Tensor y = torch::empty_like(x, torch::MemoryFormat::Preserve);
   quantize_into(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), q_in, seed, counts);
   return y;
 }
@@ -68,27 +82,28 @@ torch::Tensor fake_quantize(const torch::Tensor& t, const QuantSpec& q_in, std::
 void fake_quantize_(torch::Tensor& t, const QuantSpec& q_in, std::uint64_t seed,
                     QuantCounts* counts) {
   check_float_cpu(t, "fake_quantize_");
-  if (!t.is_contiguous()) throw Error("fake_quantize_: the tensor must be contiguous");
+  if (!t.is_contiguous() && !in_memory_order(t, q_in))
+    throw Error("fake_quantize_: the tensor must be contiguous (or dense, without stochastic rounding)");
   float* p = t.data_ptr<float>();
   quantize_into(p, p, t.numel(), q_in, seed, counts);  // element-wise: in place is exact
 }
 
 torch::Tensor encode_tensor(const torch::Tensor& t, const QuantSpec& q_in, std::uint64_t seed,
                             QuantCounts* counts) {
-  const torch::Tensor x = float_input(t, "encode_tensor");
+  const torch::Tensor x = elementwise_input(t, q_in, "encode_tensor");
   QuantSpec q = q_in;
   q.seed = seed;
   require_codable(q.format);
   const float* in = x.data_ptr<float>();
   if (q.format.width() <= 8) {
-    torch::Tensor c = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kUInt8));
+    torch::Tensor c = torch::empty_like(x, torch::kUInt8);
     std::uint8_t* out = c.data_ptr<std::uint8_t>();
     torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* cc) {
       kernels::encode(in + b, out + b, e - b, q, b, cc);
     });
     return c;
   }
-  torch::Tensor c = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kInt16));
+  torch::Tensor c = torch::empty_like(x, torch::kInt16);
   auto* out = reinterpret_cast<std::uint16_t*>(c.data_ptr<std::int16_t>());
   torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* cc) {
     kernels::encode(in + b, out + b, e - b, q, b, cc);
@@ -97,8 +112,9 @@ torch::Tensor encode_tensor(const torch::Tensor& t, const QuantSpec& q_in, std::
 }
 
 torch::Tensor decode_tensor(const torch::Tensor& codes_in, const Format& f) {
-  const torch::Tensor codes = codes_in.contiguous();
-  torch::Tensor y = torch::empty(codes.sizes(), torch::TensorOptions().dtype(torch::kFloat32));
+  // Decoding is element-wise and index-free: codes are read as they lie where dense.
+  const torch::Tensor codes = codes_in.is_non_overlapping_and_dense() ? codes_in : codes_in.contiguous();
+  torch::Tensor y = torch::empty_like(codes, torch::kFloat32);
   float* out = y.data_ptr<float>();
   if (codes.scalar_type() == torch::kUInt8) {
     const std::uint8_t* in = codes.data_ptr<std::uint8_t>();
@@ -116,6 +132,37 @@ torch::Tensor decode_tensor(const torch::Tensor& codes_in, const Format& f) {
   return y;
 }
 
+std::optional<torch::Tensor> decode_tensor_bf16(const torch::Tensor& codes_in, const Format& f) {
+  if (codes_in.scalar_type() != torch::kUInt8)
+    throw Error("decode_tensor_bf16: codes must be uint8, got " + std::string(c10::toString(codes_in.scalar_type())));
+  const torch::Tensor codes = codes_in.is_non_overlapping_and_dense() ? codes_in : codes_in.contiguous();
+  torch::Tensor y = torch::empty_like(codes, torch::kBFloat16);
+  const std::uint8_t* in = codes.data_ptr<std::uint8_t>();
+  auto* out = reinterpret_cast<std::uint16_t*>(y.data_ptr());
+  std::atomic<bool> exact{true};
+  torch_parallel(codes.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*) {
+    if (!kernels::decode_bf16(in + b, out + b, e - b, f)) exact.store(false);  // the same answer in every range
+  });
+  if (!exact.load()) return std::nullopt;
+  return y;
+}
+
+std::optional<torch::Tensor> exact_bf16(const torch::Tensor& t) {
+  check_float_cpu(t, "exact_bf16");
+  const torch::Tensor src = t.is_non_overlapping_and_dense() ? t : t.contiguous();
+  torch::Tensor out = torch::empty_strided(src.sizes(), src.strides(), src.options().dtype(torch::kBFloat16));
+  const float* in = src.data_ptr<float>();
+  auto* bits = reinterpret_cast<std::uint16_t*>(out.data_ptr());
+  std::atomic<bool> exact{true};
+  at::parallel_for(0, src.numel(), 1 << 15, [&](std::int64_t b, std::int64_t e) {
+    kernels::SerialScope serial;
+    if (!kernels::to_bf16_exact(in + b, bits + b, static_cast<std::size_t>(e - b)))
+      exact.store(false, std::memory_order_relaxed);
+  });
+  if (!exact.load()) return std::nullopt;
+  return out;
+}
+
 }  // namespace fp8lab::nn
 
 namespace fp8lab::nn {
@@ -128,11 +175,11 @@ std::pair<torch::Tensor, torch::Tensor> quantize_and_encode_tensor(const torch::
     torch::Tensor codes = encode_tensor(t, q_in, seed, counts);
     return {decode_tensor(codes, q_in.format), codes};
   }
-  const torch::Tensor x = float_input(t, "quantize_and_encode_tensor");
+  const torch::Tensor x = elementwise_input(t, q_in, "quantize_and_encode_tensor");
   QuantSpec q = q_in;
   q.seed = seed;
-  torch::Tensor y = torch::empty_like(x, torch::MemoryFormat::Contiguous);
-  torch::Tensor c = torch::empty(x.sizes(), torch::TensorOptions().dtype(torch::kUInt8));
+  torch::Tensor y = torch::empty_like(x, torch::MemoryFormat::Preserve);
+  torch::Tensor c = torch::empty_like(x, torch::kUInt8);
   const float* in = x.data_ptr<float>();
   float* out = y.data_ptr<float>();
   std::uint8_t* codes = c.data_ptr<std::uint8_t>();

@@ -237,6 +237,34 @@ TEST_P(AllTargets, ToBf16ExactKeepsTopHalvesAndFindsEveryInexactValue) {
   }
 }
 
+// Codes straight to bfloat16: every code of every 8-bit format whose values are bfloat16
+// values (in vectors and the tail) gives decode()'s top half; a format with a value below
+// bfloat16's smallest subnormal gives false.
+TEST_P(AllTargets, DecodeBf16IsTheTopHalfOfEveryCodesValue) {
+  int formats = 0;
+  for (const char* name : {"e4m3fn", "e5m2", "e4m3fnuz", "1.4.3:10", "1.5.2:31", "1.0.7", "1.7.0", "e2m1fn"}) {
+    const Format f = parse_format(name);
+    std::vector<std::uint8_t> codes;
+    for (int rep = 0; rep < 3; ++rep)
+      for (std::uint32_t c = 0; c < (1u << f.width()); ++c) codes.push_back(static_cast<std::uint8_t>(c));
+    codes.resize(codes.size() - 5);  // a tail shorter than a vector
+    std::vector<std::uint16_t> y(codes.size());
+    ASSERT_TRUE(kernels::decode_bf16(codes.data(), y.data(), codes.size(), f)) << name;
+    for (std::size_t i = 0; i < codes.size(); ++i) {
+      const float v = decode(codes[i], f);
+      ASSERT_EQ(y[i], bits(v) >> 16) << name << " code " << int(codes[i]);
+      ASSERT_EQ(bits(v) & 0xFFFFu, 0u) << name << " code " << int(codes[i]);
+    }
+    ++formats;
+  }
+  EXPECT_EQ(formats, 8);
+  const Format tiny = parse_format("1.7.0:200");  // 2^-199: no bfloat16 value
+  std::vector<std::uint8_t> one{1};
+  std::vector<std::uint16_t> y(1, 0xABCD);
+  EXPECT_FALSE(kernels::decode_bf16(one.data(), y.data(), 1, tiny));
+  EXPECT_EQ(y[0], 0xABCD);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, AllTargets, ::testing::ValuesIn(kernels::available_targets()),
                          [](const auto& info) { return info.param; });
 

@@ -63,7 +63,7 @@ TEST(Compute, AutoTakesBf16OnlyWhereBothHold) {
     EXPECT_FALSE(matmul_bf16(inexact.t(), exact.t()));  // nothing computed
   } else {
     EXPECT_EQ(taken, Compute::fp32);
-    EXPECT_NE(error_of([&] { (void)matmul(exact, exact.t(), Compute::bf16); }).find("has none"), std::string::npos);
+    EXPECT_NE(error_of([&] { (void)matmul(exact, exact.t(), Compute::bf16); }).find("no bfloat16 products"), std::string::npos);
   }
 }
 
@@ -180,6 +180,130 @@ TEST(Compute, QuantMatmulOnBf16EqualsFloat32OnExactlySummableValues) {
   };
   const auto want = run(Compute::fp32), got = run(Compute::auto_);
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(test::bit_equal(got[i], want[i])) << i;
+}
+
+// Convolutions of every geometry the ops take: plain, strided with right-edge rounding,
+// dilated, grouped, depthwise (with a channel multiplier), 1x1, 5x5.
+struct Conv {
+  std::int64_t n, c, h, w, o, k;
+  ConvGeometry g;
+};
+const Conv kConvs[] = {
+    {2, 3, 8, 8, 4, 3, {{1, 1}, {1, 1}, {1, 1}, 1}},  {2, 4, 9, 7, 6, 3, {{2, 2}, {0, 0}, {1, 1}, 2}},
+    {1, 8, 10, 10, 8, 3, {{1, 1}, {2, 2}, {2, 2}, 8}}, {3, 16, 6, 6, 32, 1, {{1, 1}, {0, 0}, {1, 1}, 1}},
+    {2, 5, 7, 9, 5, 5, {{3, 2}, {2, 1}, {1, 2}, 1}},   {2, 6, 5, 5, 12, 3, {{1, 1}, {1, 1}, {1, 1}, 6}},
+    {4, 32, 12, 12, 64, 3, {{1, 1}, {1, 1}, {1, 1}, 1}}};
+
+std::string name_of(const Conv& c) {
+  return std::to_string(c.n) + "x" + std::to_string(c.c) + "x" + std::to_string(c.h) + "x" + std::to_string(c.w) +
+         " -> " + std::to_string(c.o) + " k" + std::to_string(c.k) + " s" + std::to_string(c.g.stride[0]) + " p" +
+         std::to_string(c.g.padding[0]) + " d" + std::to_string(c.g.dilation[0]) + " g" + std::to_string(c.g.groups);
+}
+
+std::vector<std::int64_t> v2(const std::array<std::int64_t, 2>& a) { return {a[0], a[1]}; }
+
+// libtorch's float32 forward, backward-data and backward-weights of one convolution.
+std::array<torch::Tensor, 3> float32_conv(const Conv& c, const torch::Tensor& x, const torch::Tensor& w,
+                                          const torch::Tensor& gy) {
+  const torch::Tensor y = torch::conv2d(x, w, {}, v2(c.g.stride), v2(c.g.padding), v2(c.g.dilation), c.g.groups);
+  auto [gx, gw, unused] = at::convolution_backward(gy, x, w, c10::nullopt, v2(c.g.stride), v2(c.g.padding),
+                                                   v2(c.g.dilation), false, {0, 0}, c.g.groups, {true, true, false});
+  return {y, gx, gw};
+}
+
+torch::Tensor ints(at::IntArrayRef sizes, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  return torch::randint(-8, 9, sizes).to(torch::kFloat);
+}
+
+TEST(Compute, Bf16ConvolutionsOfExactlySummableValuesAreFloat32s) {
+  if (!bf16_products_available()) GTEST_SKIP() << "no bfloat16 products on this CPU (covered by the fp32 path)";
+  for (const Conv& c : kConvs) {
+    const torch::Tensor x = ints({c.n, c.c, c.h, c.w}, 21), w = ints({c.o, c.c / c.g.groups, c.k, c.k}, 22);
+    const torch::Tensor y0 = torch::conv2d(x, w, {}, v2(c.g.stride), v2(c.g.padding), v2(c.g.dilation), c.g.groups);
+    const torch::Tensor gy = ints(y0.sizes(), 23);
+    const auto want = float32_conv(c, x, w, gy);
+    for (int again = 0; again < 2; ++again) {  // the second time from the cached primitives
+      EXPECT_TRUE(test::bit_equal(*conv2d_bf16(x, w, c.g), want[0])) << name_of(c);
+      EXPECT_TRUE(test::bit_equal(*conv2d_input_grad_bf16(gy, w, x.sizes(), c.g), want[1])) << name_of(c);
+      EXPECT_TRUE(test::bit_equal(*conv2d_weight_grad_bf16(gy, x, w.sizes(), c.g), want[2])) << name_of(c);
+    }
+  }
+}
+
+// Random bfloat16 values: within k 2^-23 sum |x_i w_i| of the exact sum (k the reduction's
+// length), the bound of the matrix products above.
+TEST(Compute, Bf16ConvolutionsOfRandomBf16ValuesWithinTheSummationBound) {
+  if (!bf16_products_available()) GTEST_SKIP() << "no bfloat16 products on this CPU";
+  const Conv c = kConvs[6];
+  torch::manual_seed(24);
+  const auto bf = [](at::IntArrayRef s) { return torch::randn(s).to(torch::kBFloat16).to(torch::kFloat); };
+  const torch::Tensor x = bf({c.n, c.c, c.h, c.w}), w = bf({c.o, c.c, c.k, c.k}), gy = bf({c.n, c.o, c.h, c.w});
+  const auto d = [](const torch::Tensor& t) { return t.to(torch::kDouble); };
+  const auto exact = [&](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& g) {
+    return float32_conv(c, d(a), d(b), d(g));
+  };
+  const auto want = exact(x, w, gy), magnitude = exact(x.abs(), w.abs(), gy.abs());
+  const double k_fwd = static_cast<double>(c.c * c.k * c.k), k_gx = static_cast<double>(c.o * c.k * c.k),
+               k_gw = static_cast<double>(c.n * c.h * c.w), u = std::ldexp(1.0, -23);
+  const torch::Tensor got[3] = {*conv2d_bf16(x, w, c.g), *conv2d_input_grad_bf16(gy, w, x.sizes(), c.g),
+                                *conv2d_weight_grad_bf16(gy, x, w.sizes(), c.g)};
+  const double k[3] = {k_fwd, k_gx, k_gw};
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(((d(got[i]) - want[static_cast<std::size_t>(i)]).abs() <= magnitude[static_cast<std::size_t>(i)] * (k[i] * u))
+                    .all()
+                    .item<bool>())
+        << i;
+}
+
+// Operands that are not bfloat16 values: nothing computed, auto takes float32, bf16 refuses.
+TEST(Compute, ConvolutionOfNonBf16ValuesTakesFloat32UnderAuto) {
+  const Conv c = kConvs[0];
+  const torch::Tensor x = torch::full({c.n, c.c, c.h, c.w}, 1.0f + 0x1p-12f), w = ints({c.o, c.c, c.k, c.k}, 25);
+  Compute taken = Compute::bf16;
+  EXPECT_TRUE(test::bit_equal(conv2d(x, w, c.g, Compute::auto_, &taken),
+                              torch::conv2d(x, w, {}, v2(c.g.stride), v2(c.g.padding), v2(c.g.dilation))));
+  EXPECT_EQ(taken, Compute::fp32);
+  if (bf16_products_available()) {
+    EXPECT_FALSE(conv2d_bf16(x, w, c.g));
+    EXPECT_NE(error_of([&] { (void)conv2d(x, w, c.g, Compute::bf16); }).find("not bfloat16 values"), std::string::npos);
+  } else {
+    EXPECT_NE(error_of([&] { (void)conv2d(w, w, c.g, Compute::bf16); }).find("no bfloat16 products"),
+              std::string::npos);
+  }
+}
+
+// The quantized convolution op with compute = auto and bf16 against fp32 on small
+// integers, every geometry: forward, grad_x, grad_w and the bias gradient bit-identical,
+// each of the three products counted on the path it took.
+TEST(Compute, ConvolutionLayerOnBf16EqualsFloat32OnExactlySummableValues) {
+  const LayerQuant q = parse_recipe("a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31").base;
+  for (const Conv& c : kConvs) {
+    const torch::Tensor x0 = ints({c.n, c.c, c.h, c.w}, 26), w0 = ints({c.o, c.c / c.g.groups, c.k, c.k}, 27),
+                        b0 = ints({c.o}, 28);
+    const torch::Tensor r =
+        ints(torch::conv2d(x0, w0, {}, v2(c.g.stride), v2(c.g.padding), v2(c.g.dilation), c.g.groups).sizes(), 29);
+    const auto run = [&](Compute compute) {
+      auto ctx = std::make_shared<QuantContext>();
+      ctx->compute = compute;
+      auto st = make_layer_state("conv", q, ctx);
+      const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(),
+                          b = b0.clone().requires_grad_();
+      const torch::Tensor y =
+          quant_conv2d(x, w, b, v2(c.g.stride), v2(c.g.padding), v2(c.g.dilation), c.g.groups, st);
+      const auto g = torch::autograd::grad({(y * r).sum()}, {x, w, b});
+      return std::make_pair(std::vector<torch::Tensor>{y, g[0], g[1], g[2]}, st->products());
+    };
+    const auto want = run(Compute::fp32);
+    for (Compute compute : {Compute::auto_, Compute::bf16}) {
+      if (compute == Compute::bf16 && !bf16_products_available()) continue;
+      const auto got = run(compute);
+      for (std::size_t i = 0; i < 4; ++i)
+        EXPECT_TRUE(test::bit_equal(got.first[i], want.first[i])) << name_of(c) << " " << to_string(compute) << " " << i;
+      const std::int64_t on_bf16 = bf16_products_available() ? 3 : 0;
+      EXPECT_EQ(got.second, std::make_pair(3 - on_bf16, on_bf16)) << name_of(c);
+    }
+  }
 }
 
 }  // namespace

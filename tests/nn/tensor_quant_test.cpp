@@ -98,8 +98,37 @@ TEST(TensorQuant, StochasticStreamsDependOnTheSeedOnly) {
 TEST(TensorQuant, RejectsWhatItCannotQuantize) {
   const QuantSpec q = spec("1.4.3", Rounding::nearest_even);
   EXPECT_THROW(nn::fake_quantize(torch::zeros({4}, torch::kFloat64), q, 0), Error);
-  auto strided = torch::zeros({4, 4}).t();
-  EXPECT_THROW(nn::fake_quantize_(strided, q, 0), Error);
+  auto gaps = torch::zeros({4, 8}).slice(1, 0, 8, 2);  // not dense: every other column
+  EXPECT_THROW(nn::fake_quantize_(gaps, q, 0), Error);
+  auto transposed = torch::zeros({4, 4}).t();  // dense: fine, but not for stochastic rounding
+  EXPECT_NO_THROW(nn::fake_quantize_(transposed, q, 0));
+  EXPECT_THROW(nn::fake_quantize_(transposed, spec("1.4.3", Rounding::stochastic), 0), Error);
+}
+
+// Dense layouts other than row-major (channels-last, the compute layer's): without
+// stochastic rounding read as they lie and the results laid out alike; with it, the
+// row-major stream order, so the values never depend on the layout.
+TEST(TensorQuant, ChannelsLastKeepsItsLayoutAndTheValues) {
+  const torch::Tensor x = inputs(2 * 8 * 5 * 3).reshape({2, 8, 5, 3});
+  const torch::Tensor xcl = x.contiguous(torch::MemoryFormat::ChannelsLast);
+  for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic}) {
+    const QuantSpec q = spec("1.4.3", r);
+    const torch::Tensor want = nn::fake_quantize(x, q, 9), got = nn::fake_quantize(xcl, q, 9);
+    EXPECT_TRUE(torch::equal(got.nan_to_num(0), want.nan_to_num(0))) << to_string(r);
+    EXPECT_EQ(got.is_contiguous(torch::MemoryFormat::ChannelsLast), r != Rounding::stochastic) << to_string(r);
+    const auto [y, codes] = nn::quantize_and_encode_tensor(xcl, q, 9);
+    EXPECT_TRUE(torch::equal(y.nan_to_num(0), want.nan_to_num(0))) << to_string(r);
+    EXPECT_TRUE(torch::equal(nn::decode_tensor(codes, q.format).nan_to_num(0), want.nan_to_num(0)));
+    const auto b16 = nn::decode_tensor_bf16(codes, q.format);  // 1.4.3's values are bfloat16 values
+    ASSERT_TRUE(b16);
+    EXPECT_TRUE(torch::equal(b16->to(torch::kFloat).nan_to_num(0), want.nan_to_num(0)));
+    EXPECT_EQ(b16->strides(), codes.strides());
+    EXPECT_TRUE(torch::equal(nn::encode_tensor(xcl, q, 9), nn::encode_tensor(x, q, 9)));
+    if (r == Rounding::stochastic) continue;
+    torch::Tensor in_place = xcl.clone();
+    nn::fake_quantize_(in_place, q, 9);
+    EXPECT_TRUE(torch::equal(in_place.nan_to_num(0), want.nan_to_num(0))) << to_string(r);
+  }
 }
 
 TEST(TorchSettings, ScopedSettingsAreRestored) {

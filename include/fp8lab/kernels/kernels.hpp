@@ -64,6 +64,9 @@ bool to_bf16_exact(const float* x, std::uint16_t* y, std::size_t n);
 // y[i] = decode(codes[i], f). Bits above the format's width are ignored.
 void decode(const std::uint8_t* codes, float* y, std::size_t n, const Format& f);
 void decode(const std::uint16_t* codes, float* y, std::size_t n, const Format& f);
+// y[i] = the bfloat16 bits of decode(codes[i], f), for formats of at most 8 bits; false,
+// with nothing written, where some value of f is not a bfloat16 value.
+bool decode_bf16(const std::uint8_t* codes, std::uint16_t* y, std::size_t n, const Format& f);
 
 // Histogram of floor(log2 |x|) over every float32 exponent, -149 (smallest subnormal) to
 // 127, plus zeros, infinities and NaNs.

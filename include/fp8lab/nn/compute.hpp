@@ -5,6 +5,8 @@
 // exact in float32, so the result is the float32 product's up to the order of summation.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <optional>
 #include <string_view>
 
@@ -45,5 +47,43 @@ std::optional<torch::Tensor> bmm_bf16(const torch::Tensor& a, const torch::Tenso
 // leading dimensions agree; broadcast batches and vectors run in float32 (bf16: an error).
 // `taken`, when given, receives the path used (fp32 or bf16).
 torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken = nullptr);
+
+// A 2-D convolution's geometry, as torch::conv2d takes it.
+struct ConvGeometry {
+  std::array<std::int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  std::int64_t groups = 1;
+};
+
+// torch::conv2d(x, w) (no bias; x NCHW, w [O, C/groups, kh, kw]) on bfloat16 inputs with
+// float32 accumulation and a channels-last float32 output (the layout of the matrix
+// engine's convolutions, which the next layer then reads without a reorder), or nullopt where an operand holds a value that is not a
+// bfloat16 value. Every geometry torch::conv2d takes (stride, padding, dilation, groups,
+// depthwise). The oneDNN primitive of each shape, and the reorders into the layouts it
+// prefers, are created once per process. Throws Error if the CPU has no bfloat16 products.
+std::optional<torch::Tensor> conv2d_bf16(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g);
+
+// The convolution's gradient with respect to its input (sizes `x_sizes`; channels-last)
+// from the output's gradient `gy`, and with respect to its weights (sizes `w_sizes`;
+// contiguous): the backward-data and backward-weights products, on bfloat16 operands as
+// above.
+std::optional<torch::Tensor> conv2d_input_grad_bf16(const torch::Tensor& gy, const torch::Tensor& w,
+                                                    at::IntArrayRef x_sizes, const ConvGeometry& g);
+std::optional<torch::Tensor> conv2d_weight_grad_bf16(const torch::Tensor& gy, const torch::Tensor& x,
+                                                     at::IntArrayRef w_sizes, const ConvGeometry& g);
+
+// The convolution on the path `c` asks for, as matmul() above; fp32 is libtorch's
+// torch::conv2d, with channels-last activations. Operands may be given as bfloat16.
+torch::Tensor conv2d(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g, Compute c,
+                     Compute* taken = nullptr);
+
+// Its two backward products on the paths `c` asks for: grad_x from `gy_dx` and grad_w from
+// `gy_dw` (often the same tensor, then converted to bfloat16 once), each where wanted, with
+// the path each took; fp32 is libtorch's at::convolution_backward.
+struct ConvGrads {
+  torch::Tensor dx, dw;
+  Compute dx_path = Compute::fp32, dw_path = Compute::fp32;
+};
+ConvGrads conv2d_backward(const torch::Tensor& gy_dx, const torch::Tensor& gy_dw, const torch::Tensor& x,
+                          const torch::Tensor& w, const ConvGeometry& g, Compute c, bool want_dx, bool want_dw);
 
 }  // namespace fp8lab::nn

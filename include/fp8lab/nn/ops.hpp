@@ -149,8 +149,16 @@ struct LayerState : torch::CustomClassHolder {
   torch::Tensor quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call);
 
   // A product of this layer's quantized operands on the context's compute path, counted
-  // by the path it took.
+  // by the path it took: a matmul, and a convolution's forward, backward-data and
+  // backward-weights products.
   torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b);
+  torch::Tensor conv(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g);
+  ConvGrads conv_backward(const torch::Tensor& gy_dx, const torch::Tensor& gy_dw, const torch::Tensor& x,
+                          const torch::Tensor& w, const ConvGeometry& g, bool want_dx, bool want_dw);
+  // A saved operand restored for this layer's products: bfloat16 where the compute path may
+  // take bfloat16 and the operand was saved as 8-bit codes of a format whose values are all
+  // bfloat16 values (decoded straight to bfloat16), float32 otherwise (as restore()).
+  torch::Tensor restore_for_product(TensorKind k, const torch::Tensor& saved) const;
   // Products run so far on each path: {float32, bfloat16}.
   std::pair<std::int64_t, std::int64_t> products() const { return {fp32_products_.load(), bf16_products_.load()}; }
 
@@ -180,6 +188,7 @@ struct LayerState : torch::CustomClassHolder {
   std::array<QuantCounts, kKinds> counts_{};
   std::uint64_t call_step_ = ~std::uint64_t{0};
   std::uint32_t calls_ = 0;
+  void count_product(Compute taken) { ++(taken == Compute::bf16 ? bf16_products_ : fp32_products_); }
   std::atomic<std::int64_t> fp32_products_{0}, bf16_products_{0};
 };
 

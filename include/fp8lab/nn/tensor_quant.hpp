@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "fp8lab/core/codec.hpp"
@@ -16,11 +17,14 @@ namespace fp8lab::nn {
 // The work is split over libtorch's own threads (at::parallel_for), so that the kernels
 // do not compete with libtorch's pool for the cores; results do not depend on the split.
 //
-// A new contiguous float32 tensor: every element fake-quantized with q (its seed replaced
-// by `seed`; element i of the flattened tensor uses stream index i).
+// A new float32 tensor: every element fake-quantized with q (its seed replaced by `seed`;
+// element i of the flattened tensor uses stream index i). Without stochastic rounding a
+// dense input (channels-last, say) is read as it lies and the result laid out like it;
+// with stochastic rounding the result is contiguous. The same for the functions below.
 torch::Tensor fake_quantize(const torch::Tensor& t, const QuantSpec& q, std::uint64_t seed,
                             QuantCounts* counts = nullptr);
-// fake_quantize in place: t (a contiguous float32 CPU tensor) is overwritten by Q(t).
+// fake_quantize in place: t (a float32 CPU tensor, contiguous, or dense without stochastic
+// rounding) is overwritten by Q(t).
 void fake_quantize_(torch::Tensor& t, const QuantSpec& q, std::uint64_t seed,
                     QuantCounts* counts = nullptr);
 // Codes of the same shape: uint8 for formats up to 8 bits, int16 (holding the uint16
@@ -28,6 +32,14 @@ void fake_quantize_(torch::Tensor& t, const QuantSpec& q, std::uint64_t seed,
 torch::Tensor encode_tensor(const torch::Tensor& t, const QuantSpec& q, std::uint64_t seed,
                             QuantCounts* counts = nullptr);
 torch::Tensor decode_tensor(const torch::Tensor& codes, const Format& f);
+// The bfloat16 form of a float32 tensor, with its sizes and strides where it is dense as it
+// lies (contiguous, channels-last, a matrix's transpose, ...; other layouts are made
+// contiguous first), or nullopt where some value is not a bfloat16 value (the compute
+// layer's check that an operand may take the bfloat16 path, docs/spec.md §7).
+std::optional<torch::Tensor> exact_bf16(const torch::Tensor& t);
+// decode_tensor to bfloat16, for 8-bit codes: nullopt where some value of f is not a
+// bfloat16 value.
+std::optional<torch::Tensor> decode_tensor_bf16(const torch::Tensor& codes, const Format& f);
 // fake_quantize and encode_tensor in one pass: {float32 Q(t), its codes}.
 std::pair<torch::Tensor, torch::Tensor> quantize_and_encode_tensor(const torch::Tensor& t,
                                                                    const QuantSpec& q,

@@ -1,0 +1,41 @@
+// What the compute layer's matmul and convolution share (internal to src/nn): oneDNN's CPU
+// engine, the bfloat16 check and the choice of path.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <torch/torch.h>
+
+#include "fp8lab/core/format.hpp"
+#include "fp8lab/nn/compute.hpp"
+
+namespace fp8lab::nn::detail {
+
+// The process's oneDNN CPU engine.
+dnnl::engine& engine();
+
+// Throws Error if this CPU has no bfloat16 products (`what` names the product).
+void require_bf16_products(const char* what);
+
+// The path choice of every product (docs/spec.md §7): `bf16()` (nullopt: an operand is not
+// bfloat16) where `c` allows and the CPU has bfloat16 products, `fp32()` otherwise; bf16
+// forced on an operand that is not bfloat16 is an Error naming `what`.
+template <class Bf16, class Fp32>
+torch::Tensor choose_path(Compute c, Compute* taken, const char* what, const Bf16& bf16, const Fp32& fp32) {
+  if (c != Compute::fp32 && (c == Compute::bf16 || bf16_products_available())) {
+    if (std::optional<torch::Tensor> y = bf16()) {
+      if (taken) *taken = Compute::bf16;
+      return *y;
+    }
+    if (c == Compute::bf16)
+      throw Error(std::string("compute = bf16: ") + what +
+                  " operand holds values that are not bfloat16 values (a format with more than 7 mantissa bits, "
+                  "or scaled values past bfloat16's range)");
+  }
+  if (taken) *taken = Compute::fp32;
+  return fp32();
+}
+
+}  // namespace fp8lab::nn::detail
