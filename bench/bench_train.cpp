@@ -23,6 +23,7 @@
 #include "fp8lab/nn/compute.hpp"
 #include "fp8lab/nn/runtime.hpp"
 #include "fp8lab/kernels/kernels.hpp"
+#include "fp8lab/models/bert.hpp"
 #include "fp8lab/models/resnet.hpp"
 #include "fp8lab/models/transformer.hpp"
 #include "fp8lab/nn/tensor_quant.hpp"
@@ -45,7 +46,7 @@ void set_save(nn::QuantContext& ctx, Save s) {
   ctx.save_weight_codes = s == Save::all_codes;
 }
 
-template <int kWidth>
+template <int kWidth, int kBatch = 32>
 Setup resnet(const std::string& recipe, Save save) {
   torch::manual_seed(0);
   models::CifarResNetOptions o;
@@ -55,8 +56,8 @@ Setup resnet(const std::string& recipe, Save save) {
   auto ctx = std::make_shared<nn::QuantContext>();
   set_save(*ctx, save);
   nn::quantize_model(*m, nn::parse_recipe(recipe), ctx);
-  auto x = torch::randn({32, 3, 32, 32});
-  auto t = torch::randint(0, 10, {32});
+  auto x = torch::randn({kBatch, 3, 32, 32});
+  auto t = torch::randint(0, 10, {kBatch});
   return {m.ptr(), [m, x, t]() mutable { return torch::nn::functional::cross_entropy(m->forward(x), t); }, ctx};
 }
 
@@ -68,6 +69,28 @@ Setup transformer(const std::string& recipe, Save save) {
   nn::quantize_model(*m, nn::parse_recipe(recipe), ctx);
   auto x = torch::randn({8, 32, 512});
   return {m.ptr(), [m, x]() mutable { return m->forward(x).pow(2).mean(); }, ctx};
+}
+
+// BERT-tiny pre-training on random tokens: 32 sequences of 128, MLM over every position
+// and NSP.
+Setup bert_tiny(const std::string& recipe, Save save) {
+  torch::manual_seed(0);
+  auto o = models::bert_preset("bert-tiny");
+  o.dropout = 0.0;
+  auto m = models::Bert(o);
+  auto ctx = std::make_shared<nn::QuantContext>();
+  set_save(*ctx, save);
+  nn::quantize_model(*m, nn::parse_recipe(recipe), ctx);
+  auto ids = torch::randint(1, o.vocab, {32, 128});
+  auto segments = (torch::arange(128) >= 64).to(torch::kLong).expand({32, 128}).contiguous();
+  auto nsp = torch::randint(0, 2, {32});
+  return {m.ptr(),
+          [m, ids, segments, nsp]() mutable {
+            auto [mlm, next] = m->forward(ids, segments);
+            return torch::nn::functional::cross_entropy(mlm.reshape({-1, mlm.size(-1)}), ids.reshape({-1})) +
+                   torch::nn::functional::cross_entropy(next, nsp);
+          },
+          ctx};
 }
 
 double step_ms(Setup& s, torch::optim::SGD& opt, int reps) {
@@ -290,6 +313,9 @@ BENCHMARK_CAPTURE(run, resnet20_cifar_b32_sr, resnet<16>,
 BENCHMARK_CAPTURE(run, resnet20x4_cifar_b32, resnet<64>, "resnet32-mixed")->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK_CAPTURE(run, transformer_layer_d512_b8x32, transformer, "transformer-mixed")
     ->Unit(benchmark::kMillisecond)->Iterations(5);
+BENCHMARK_CAPTURE(run, resnet20_cifar_b128, (resnet<16, 128>), "resnet32-mixed")
+    ->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(run, bert_tiny_b32x128, bert_tiny, "bert-mixed")->Unit(benchmark::kMillisecond)->Iterations(3);
 // Scaled recipes (docs/spec.md §6.6): every operand quantized along each product's
 // reduction dimension, so twice per tensor where the paper's recipe quantizes once.
 BENCHMARK_CAPTURE(run, resnet20_cifar_b32_mxfp8, resnet<16>, "mxfp8")->Unit(benchmark::kMillisecond)->Iterations(5);

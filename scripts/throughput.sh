@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Training throughput of every model preset, float32 against the paper's 8-bit recipe for
-# that model. Image models train on synthetic data of their usual input size (no data set
+# that model, the latter with its products in float32 (quant.compute = fp32) and on the
+# compute layer's choice (auto: bfloat16 on AMX where the CPU has it, docs/spec.md §7). Image models train on synthetic data of their usual input size (no data set
 # needed); the Transformers and BERTs on the Bible corpus (prepared from Debian's SWORD
 # modules into data/bible-en-es on first use). Prints a Markdown table of samples/s of the
 # training loop (the first step, evaluation and checkpoints excluded). Both recipes run with
@@ -34,17 +35,22 @@ rows=(
   "bert-base bert 128 16 bert-mixed"
   "bert-large bert 128 4 bert-mixed"
 )
-echo "| model | input | batch | recipe | fp32 samples/s | 8-bit samples/s | 8-bit / fp32 time |"
-echo "|---|---|---|---|---|---|---|"
+echo "| model | input | batch | recipe | fp32 samples/s | 8-bit samples/s | 8-bit / fp32 time | 8-bit auto samples/s | 8-bit auto / fp32 time |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for row in "${rows[@]}"; do
   read -r model task size batch recipe <<<"$row"
   if [ $# -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$model"; then continue; fi
-  declare -A sps=([fp32]=0 [$recipe]=0)
+  # variant: recipe/compute
+  variants=("fp32/fp32" "$recipe/fp32" "$recipe/auto")
+  declare -A sps=()
+  for v in "${variants[@]}"; do sps[$v]=0; done
   for round in $(seq "$ROUNDS"); do
-  for r in fp32 "$recipe"; do
+  for v in "${variants[@]}"; do
+    r=${v%/*}
+    compute=${v#*/}
     common=(--no-progress --db "$T/t.db" --set name=tp --set model.name="$model" --set train.batch="$batch"
-            --set train.steps=$((STEPS + 1)) --set quant.recipe="$r" --set "train.checkpoint=$T/c.ckpt"
-            --set train.flush_denormals=true)
+            --set train.steps=$((STEPS + 1)) --set quant.recipe="$r" --set quant.compute="$compute"
+            --set "train.checkpoint=$T/c.ckpt" --set train.flush_denormals=true)
     case $task in
       image) extra=(--set data.name=synthetic --set data.image_size="$size" --set data.synthetic_classes=10
                     --set data.synthetic_train=$((batch * (STEPS + 1))) --set data.synthetic_test=$batch) ;;
@@ -55,10 +61,12 @@ for row in "${rows[@]}"; do
     esac
     out=$("$FP8LAB" train "${common[@]}" "${extra[@]}" 2>/dev/null)
     # The best round: a shared machine's noise only ever slows a run down.
-    sps[$r]=$(awk -v best="${sps[$r]}" 'NR==3 { v = $(NF-1); print (v > best ? v : best) }' <<<"$out")
+    sps[$v]=$(awk -v best="${sps[$v]}" 'NR==3 { v = $(NF-1); print (v > best ? v : best) }' <<<"$out")
   done
   done
-  ratio=$(awk -v a="${sps[fp32]}" -v b="${sps[$recipe]}" 'BEGIN { printf "%.2f", a / b }')
+  ratio() { awk -v a="${sps[fp32/fp32]}" -v b="${sps[$1]}" 'BEGIN { printf "%.2f", a / b }'; }
   case $task in image) input="${size}x${size}" ;; *) input="verses, <= $size tokens" ;; esac
-  echo "| $model | $input | $batch | $recipe | ${sps[fp32]} | ${sps[$recipe]} | $ratio |"
+  echo "| $model | $input | $batch | $recipe | ${sps[fp32/fp32]} | ${sps[$recipe/fp32]} | $(ratio "$recipe/fp32") |" \
+       "${sps[$recipe/auto]} | $(ratio "$recipe/auto") |"
+  unset sps
 done

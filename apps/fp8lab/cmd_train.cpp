@@ -56,9 +56,10 @@ int run_train(const TrainArgs& a) {
          "2^" + std::to_string(r.final_log2_scale), std::to_string(r.skipped_steps), pct(ovf, tot), pct(und, tot),
          fmt_f(r.samples_per_second, 1), fmt_f(r.seconds, 1)});
   t.print(false);
-  if (r.products_bf16 > 0 || cfg.quant.compute != "fp32")
-    std::fprintf(stderr, "products (quant.compute = %s): %lld on bfloat16, %lld on float32\n", cfg.quant.compute.c_str(),
-                 static_cast<long long>(r.products_bf16), static_cast<long long>(r.products_fp32));
+  if (r.products_bf16 > 0 || cfg.quant.compute != "fp32" || cfg.quant.accumulate != "fp32")
+    std::fprintf(stderr, "products (quant.compute = %s, quant.accumulate = %s): %lld on bfloat16, %lld on float32\n",
+                 cfg.quant.compute.c_str(), cfg.quant.accumulate.c_str(), static_cast<long long>(r.products_bf16),
+                 static_cast<long long>(r.products_fp32));
   if (r.status == results::RunStatus::stopped) {
     std::fprintf(stderr, "stopped at step %lld; checkpoint %s. Continue with: fp8lab train %s%s --resume\n",
                  static_cast<long long>(r.steps), r.checkpoint.c_str(), a.config.c_str(),

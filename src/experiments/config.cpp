@@ -84,6 +84,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"quant.recipe", &c.quant.recipe},
       {"quant.loss_scale", &c.quant.loss_scale},
       {"quant.compute", &c.quant.compute},
+      {"quant.accumulate", &c.quant.accumulate},
   };
 }
 
@@ -320,7 +321,8 @@ std::string to_toml(const TrainConfig& cin) {
 // stay the same for every run that does not set them.
 namespace {
 bool left_out_at_default(const std::string& key, const TrainConfig& c) {
-  return key == "quant.compute" && c.quant.compute == QuantConfig{}.compute;
+  return (key == "quant.compute" && c.quant.compute == QuantConfig{}.compute) ||
+         (key == "quant.accumulate" && c.quant.accumulate == QuantConfig{}.accumulate);
 }
 }  // namespace
 

@@ -224,6 +224,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::str
   ctx_->seed = cfg.seed;
   ctx_->stats_interval = cfg.train.stats_interval;
   ctx_->compute = nn::parse_compute(cfg.quant.compute);
+  ctx_->accumulate = nn::parse_accumulation(cfg.quant.accumulate);
   qm_ = nn::quantize_model(task_->module(), recipe, ctx_);
   scaler_.emplace(ls);
   optimizer_ = optimizers().at(cfg.optimizer.name)(cfg.optimizer, task_->module().parameters());

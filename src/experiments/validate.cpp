@@ -72,6 +72,11 @@ void validate_quant(const QuantConfig& q) {
   } catch (const Error& e) {
     throw Error(std::string("config: quant.compute: ") + e.what());
   }
+  try {
+    (void)nn::parse_accumulation(q.accumulate);
+  } catch (const Error& e) {
+    throw Error(std::string("config: quant.accumulate: ") + e.what());
+  }
 }
 
 }  // namespace

@@ -104,19 +104,26 @@ std::optional<torch::Tensor> product_bf16(const torch::Tensor& a, const torch::T
   const std::int64_t dims = batched ? 3 : 2;
   TORCH_CHECK(a.dim() == dims && b.dim() == dims && a.size(-1) == b.size(-2) && (!batched || a.size(0) == b.size(0)),
               "bfloat16 product: [B,] M x K times [B,] K x N expected");
-  TORCH_CHECK(a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat,
-              "bfloat16 product: float32 operands expected");
+  const auto float_like = [](const torch::Tensor& t) {
+    return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
+  };
+  TORCH_CHECK(float_like(a) && float_like(b), "bfloat16 product: float32 or bfloat16 operands expected");
   const std::int64_t batch = batched ? a.size(0) : 0, m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  torch::Tensor c = batched ? torch::empty({batch, m, n}, a.options()) : torch::empty({m, n}, a.options());
+  const auto f32 = a.options().dtype(torch::kFloat);
+  torch::Tensor c = batched ? torch::empty({batch, m, n}, f32) : torch::empty({m, n}, f32);
   if (c.numel() == 0) return c;
   if (k == 0) return c.zero_();
   // Each matrix row- or column-major, matrices back to back.
   const auto matrices = [](const torch::Tensor& t) {
     return t.is_contiguous() || t.transpose(-2, -1).is_contiguous() ? t : t.contiguous();
   };
-  const auto ab = exact_bf16(matrices(a));
+  const auto form = [&](const torch::Tensor& t) {  // a bfloat16 operand is its own form
+    const torch::Tensor m = matrices(t);
+    return m.scalar_type() == torch::kBFloat16 ? std::optional<torch::Tensor>(m) : exact_bf16(m);
+  };
+  const auto ab = form(a);
   if (!ab) return std::nullopt;
-  const auto bb = exact_bf16(matrices(b));
+  const auto bb = form(b);
   if (!bb) return std::nullopt;
   const MatmulPrim& p =
       matmul_primitive({batch, m, k, n, ab->stride(-2), ab->stride(-1), bb->stride(-2), bb->stride(-1)});
@@ -137,16 +144,75 @@ std::optional<torch::Tensor> bmm_bf16(const torch::Tensor& a, const torch::Tenso
   return product_bf16(a, b, true);
 }
 
-torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken) {
+std::string to_string(const Accumulation& a) {
+  return a.chunked() ? to_string(a.partial) + "@" + std::to_string(a.chunk) : "fp32";
+}
+
+Accumulation parse_accumulation(std::string_view s) {
+  if (s == "fp32") return {};
+  const std::size_t at = s.rfind('@');
+  if (at == std::string_view::npos)
+    throw Error("accumulation '" + std::string(s) + "': expected fp32 or FORMAT@CHUNK (e.g. 1.8.10@128)");
+  Accumulation a;
+  const std::string chunk(s.substr(at + 1));
+  std::size_t used = 0;
+  try {
+    a.chunk = std::stoll(chunk, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != chunk.size() || chunk.empty() || a.chunk < 1)
+    throw Error("accumulation '" + std::string(s) + "': chunk '" + chunk + "' is not a positive integer");
+  try {
+    a.partial = parse_format(s.substr(0, at));
+  } catch (const Error& e) {
+    throw Error("accumulation '" + std::string(s) + "': " + e.what());
+  }
+  return a;
+}
+
+namespace {
+
+// Chunked accumulation (docs/spec.md §7.3): one product per chunk of the reduction
+// dimension, each rounded to the partial format, added in chunk order.
+torch::Tensor chunked_matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken,
+                             const Accumulation& acc) {
+  QuantSpec round;
+  round.format = acc.partial;
+  round.rounding = Rounding::nearest_even;
+  round.overflow = Overflow::saturate;
+  const std::int64_t k = a.size(-1);
+  if (k == 0) return matmul(a, b, c, taken);  // an empty sum: zeros
+  torch::Tensor sum;  // starts as the first chunk's rounded sum
+  Compute path = Compute::bf16;  // bf16 only where every chunk took it
+  for (std::int64_t at = 0; at < k; at += acc.chunk) {
+    const std::int64_t len = std::min(acc.chunk, k - at);
+    Compute chunk_path = Compute::fp32;
+    const torch::Tensor part = fake_quantize(matmul(a.narrow(-1, at, len), b.narrow(-2, at, len), c, &chunk_path),
+                                             round, 0);
+    if (chunk_path == Compute::fp32) path = Compute::fp32;
+    sum = sum.defined() ? sum.add_(part) : part;
+  }
+  if (taken) *taken = path;
+  return sum;
+}
+
+}  // namespace
+
+torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken,
+                     const Accumulation& acc) {
+  if (acc.chunked()) return chunked_matmul(a, b, c, taken, acc);
   // Batched products whose leading dimensions agree run as one batch of matrices; others
   // (broadcast batches, vectors) take float32.
   const bool plain = a.dim() == 2 && b.dim() == 2;
   const bool batched = a.dim() >= 3 && a.dim() == b.dim() && a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2);
   if (c == Compute::bf16 && !plain && !batched)
     throw Error("compute = bf16: a product of broadcast batches or vectors (it runs in float32 only)");
+  // The float32 path's operands: a bfloat16 one widened (exactly).
+  const auto f32 = [](const torch::Tensor& t) { return t.scalar_type() == torch::kFloat ? t : t.to(torch::kFloat); };
   if (!plain && !batched) {
     if (taken) *taken = Compute::fp32;
-    return torch::matmul(a, b);
+    return torch::matmul(f32(a), f32(b));
   }
   return detail::choose_path(
       c, taken, "a matrix product",
@@ -159,7 +225,7 @@ torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, 
         shape.back() = n;
         return y->reshape(shape);
       },
-      [&] { return torch::matmul(a, b); });
+      [&] { return torch::matmul(f32(a), f32(b)); });
 }
 
 }  // namespace fp8lab::nn

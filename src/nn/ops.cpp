@@ -189,7 +189,7 @@ std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_s
 
 torch::Tensor LayerState::product(const torch::Tensor& a, const torch::Tensor& b) {
   Compute taken = Compute::fp32;
-  torch::Tensor y = matmul(a, b, ctx->compute, &taken);
+  torch::Tensor y = matmul(a, b, ctx->compute, &taken, ctx->accumulate);
   count_product(taken);
   return y;
 }
@@ -216,8 +216,13 @@ torch::Tensor LayerState::restore(const SavedScaled& saved) const {
 
 std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_grad(torch::Tensor g, const MatrixView& for_dx,
                                                                   const MatrixView& for_dw, std::uint32_t call,
-                                                                  std::int64_t refs, bool hadamard) {
+                                                                  std::int64_t refs, bool hadamard,
+                                                                  bool for_products) {
   if (!scaled(TensorKind::gx)) {
+    if (for_products && bf16_codes(TensorKind::gx)) {  // no float32 copy: codes, then bfloat16
+      torch::Tensor q = encode_for_products(TensorKind::gx, g, call, 0, false).first;
+      return {q, q};
+    }
     torch::Tensor q = quantize_owned(TensorKind::gx, std::move(g), call, refs);
     return {q, q};
   }
@@ -275,13 +280,36 @@ torch::Tensor LayerState::quantize_owned(TensorKind k, torch::Tensor t, std::uin
   return t;
 }
 
+bool LayerState::bf16_codes(TensorKind k) const {
+  const KindQuant& q = quant[k];
+  return ctx->compute != Compute::fp32 && q && !q->scaled() && q->element.format.codable() &&
+         q->element.format.width() <= 8 && exact_in_bf16(q->element.format) && bf16_products_available();
+}
+
+// Q_k(t) as bfloat16 and, with `codes`, its 8-bit codes (bf16_codes(k) holds).
+std::pair<torch::Tensor, torch::Tensor> LayerState::encode_for_products(TensorKind k, const torch::Tensor& t,
+                                                                        std::uint32_t call, std::uint32_t operand,
+                                                                        bool codes) {
+  QuantCounts c;
+  std::optional<BfQuantized> q = quantize_bf16_tensor(t, quant[k]->element, seed_for(k, call, operand), codes, &c);
+  if (!q) throw Error("layer '" + name + "': " + std::string(to_string(k)) + " values are not bfloat16 values");
+  record(k, t, c, call);
+  return {q->values, q->codes};
+}
+
 std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_and_save(TensorKind k,
                                                                       const torch::Tensor& t,
                                                                       std::uint32_t call,
-                                                                      std::uint32_t operand) {
+                                                                      std::uint32_t operand,
+                                                                      bool for_products) {
   const KindQuant& q = quant[k];
   const bool weight = k == TensorKind::w;
   std::atomic<std::int64_t>& bytes = weight ? ctx->saved_weight_bytes : ctx->saved_bytes;
+  if (for_products && bf16_codes(k) && (weight ? ctx->save_weight_codes : ctx->save_codes)) {
+    auto [values, codes] = encode_for_products(k, t, call, operand, true);
+    bytes += codes.numel();
+    return {values, codes};
+  }
   if (!q || q->scaled() || !(weight ? ctx->save_weight_codes : ctx->save_codes) || !q->element.format.codable()) {
     torch::Tensor y = quantize(k, t, call, operand);
     bytes += static_cast<std::int64_t>(y.numel()) * 4;
@@ -354,9 +382,11 @@ std::string saved_key(int i) { return "scaled" + std::to_string(i); }
 
 // Forward prologue shared by the ops: Q(first), Q(second), and what backward needs (the
 // saved forms, the layer state, the call number). Returns the two quantized operands.
+// `for_products`: the op's products all go through the compute layer, which then may
+// receive bfloat16 operands (LayerState::quantize_and_save).
 std::pair<torch::Tensor, torch::Tensor> quantize_operands(AutogradContext* ctx,
                                                           const LayerStatePtr& st, Operand a,
-                                                          Operand b) {
+                                                          Operand b, bool for_products) {
   const std::uint32_t call = st->begin_call();
   std::array<torch::Tensor, 2> q, saved;
   for (int i = 0; i < 2; ++i) {
@@ -366,7 +396,7 @@ std::pair<torch::Tensor, torch::Tensor> quantize_operands(AutogradContext* ctx,
       q[i] = std::move(y);
       ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(std::move(keep));
     } else {
-      std::tie(q[i], saved[i]) = st->quantize_and_save(o.kind, o.t, call, o.index);
+      std::tie(q[i], saved[i]) = st->quantize_and_save(o.kind, o.t, call, o.index, for_products);
     }
   }
   ctx->save_for_backward({saved[0], saved[1]});
@@ -404,9 +434,9 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b, LayerStatePtr st) {
     auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), true},
-                                      {w, TensorKind::w, 0, last_dim(), second_last(2)});
+                                      {w, TensorKind::w, 0, last_dim(), second_last(2)}, st->ctx->layer_products());
     ctx->saved_data["bias"] = b.numel() > 0;
-    if (st->ctx->compute == Compute::fp32) return torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor());
+    if (!st->ctx->layer_products()) return torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor());
     // Other paths: the product through the compute layer, then the bias.
     std::vector<std::int64_t> shape(xq.sizes().begin(), xq.sizes().end());
     shape.back() = wq.size(0);
@@ -415,7 +445,8 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto [st, call, xq_saved, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w);
+    const bool layer_products = state_of(ctx)->ctx->layer_products();
+    const auto [st, call, xq_saved, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w, layer_products);
     torch::Tensor g = std::move(grads[0]);
     const std::int64_t out_f = wq.size(0), in_f = wq.size(1);
     torch::Tensor dx, dw, db;
@@ -424,11 +455,11 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
       db = g.reshape({-1, out_f}).sum(0);
     const std::vector<std::int64_t> g_shape(g.sizes().begin(), g.sizes().end());
     const std::int64_t g_dims = g.dim();
-    auto [g_for_dx, g_for_dw] =
-        st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call, backward_grad_refs(), true);
+    auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call,
+                                                  backward_grad_refs(), true, layer_products);
     // The same products libtorch's addmm/mm backward forms, so that with float32
     // quantizers the gradients are bit-identical to torch::linear's.
-    const bool fp32 = st->ctx->compute == Compute::fp32;
+    const bool fp32 = !st->ctx->layer_products();
     if (ctx->needs_input_grad(0)) {
       dx = fp32 ? g_for_dx.reshape({-1, out_f}).mm(wq) : st->product(g_for_dx.reshape({-1, out_f}), wq);
       std::vector<std::int64_t> shape = g_shape;
@@ -458,7 +489,8 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
                                std::vector<std::int64_t> dilation, std::int64_t groups,
                                LayerStatePtr st) {
     auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(), batch_positions()},
-                                      {w, TensorKind::w, 0, weight_forward(), weight_grad_x(w, groups)});
+                                      {w, TensorKind::w, 0, weight_forward(), weight_grad_x(w, groups)},
+                                      st->ctx->compute != Compute::fp32);
     ctx->saved_data["bias"] = b.numel() > 0;
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
@@ -490,8 +522,8 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
       db = std::get<2>(at::convolution_backward(g, xq, wq, bias_sizes, stride, padding, dilation,
                                                 false, {0, 0}, groups, {false, false, true}));
     }
-    auto [g_for_dx, g_for_dw] =
-        st->quantize_grad(std::move(g), channels(), batch_positions(), call, backward_grad_refs());
+    auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(), batch_positions(), call,
+                                                  backward_grad_refs(), false, layer_products);
     const auto backward = [&](const torch::Tensor& gq, bool want_dx, bool want_dw) {
       return at::convolution_backward(gq, xq, wq, c10::nullopt, stride, padding, dilation, false, {0, 0},
                                       groups, {want_dx, want_dw, false});
@@ -519,18 +551,20 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
                                LayerStatePtr st) {
     auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim()), true},
-                                      {b, TensorKind::a, 1, second_last(b.dim()), last_dim()});
-    return st->ctx->compute == Compute::fp32 ? torch::matmul(aq, bq) : st->product(aq, bq);
+                                      {b, TensorKind::a, 1, second_last(b.dim()), last_dim()},
+                                      st->ctx->layer_products());
+    return st->ctx->layer_products() ? st->product(aq, bq) : torch::matmul(aq, bq);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto [st, call, aq, bq] = restore_operands(ctx, TensorKind::a, TensorKind::a);
+    const bool layer_products = state_of(ctx)->ctx->layer_products();
+    const auto [st, call, aq, bq] = restore_operands(ctx, TensorKind::a, TensorKind::a, layer_products);
     const std::int64_t g_dims = grads[0].dim();
-    auto [g_for_da, g_for_db] =
-        st->quantize_grad(std::move(grads[0]), last_dim(), second_last(g_dims), call, backward_grad_refs(), true);
+    auto [g_for_da, g_for_db] = st->quantize_grad(std::move(grads[0]), last_dim(), second_last(g_dims), call,
+                                                  backward_grad_refs(), true, layer_products);
     torch::Tensor da, db;
     const auto mm = [&](const torch::Tensor& x, const torch::Tensor& y) {
-      return st->ctx->compute == Compute::fp32 ? x.matmul(y) : st->product(x, y);
+      return st->ctx->layer_products() ? st->product(x, y) : x.matmul(y);
     };
     if (ctx->needs_input_grad(0)) da = at::sum_to(mm(g_for_da, bq.transpose(-2, -1)), aq.sizes());
     if (ctx->needs_input_grad(1)) db = at::sum_to(mm(aq.transpose(-2, -1), g_for_db), bq.sizes());
@@ -607,6 +641,9 @@ torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const
   if (groups < 1 || w.size(0) % groups != 0)
     throw Error("quant_conv2d '" + st->name + "': groups " + std::to_string(groups) + " does not divide the " +
                 std::to_string(w.size(0)) + " output channels");
+  if (st->ctx->accumulate.chunked())
+    throw Error("quant_conv2d '" + st->name + "': chunked accumulation (" + to_string(st->ctx->accumulate) +
+                ") applies to linear and attention products; convolutions accumulate in float32 only");
   return Conv2dFn::apply(x, w, b.defined() ? b : torch::empty({0}), pair_of(stride, "stride", st->name),
                          pair_of(padding, "padding", st->name), pair_of(dilation, "dilation", st->name), groups, st);
 }

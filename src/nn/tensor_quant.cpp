@@ -132,6 +132,27 @@ torch::Tensor decode_tensor(const torch::Tensor& codes_in, const Format& f) {
   return y;
 }
 
+std::optional<BfQuantized> quantize_bf16_tensor(const torch::Tensor& t, const QuantSpec& q_in, std::uint64_t seed,
+                                                bool with_codes, QuantCounts* counts) {
+  const torch::Tensor x = elementwise_input(t, q_in, "quantize_bf16_tensor");
+  QuantSpec q = q_in;
+  q.seed = seed;
+  if (with_codes && q.format.width() > 8)
+    throw Error("quantize_bf16_tensor: codes of " + to_string(q.format) + " do not fit 8 bits");
+  BfQuantized r;
+  r.values = torch::empty_like(x, torch::kBFloat16);
+  if (with_codes) r.codes = torch::empty_like(x, torch::kUInt8);
+  const float* in = x.data_ptr<float>();
+  auto* out = reinterpret_cast<std::uint16_t*>(r.values.data_ptr());
+  std::uint8_t* codes = with_codes ? r.codes.data_ptr<std::uint8_t>() : nullptr;
+  std::atomic<bool> exact{true};
+  torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
+    if (!kernels::quantize_bf16(in + b, out + b, codes ? codes + b : nullptr, e - b, q, b, c)) exact.store(false);
+  });
+  if (!exact.load()) return std::nullopt;
+  return r;
+}
+
 std::optional<torch::Tensor> decode_tensor_bf16(const torch::Tensor& codes_in, const Format& f) {
   if (codes_in.scalar_type() != torch::kUInt8)
     throw Error("decode_tensor_bf16: codes must be uint8, got " + std::string(c10::toString(codes_in.scalar_type())));

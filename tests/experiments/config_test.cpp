@@ -71,6 +71,22 @@ TEST(Config, ComputeIsRecordedExceptAtItsDefault) {
   EXPECT_NE(e.find("quant.compute"), std::string::npos) << e;
 }
 
+// quant.accumulate likewise (fp32 by default, docs/spec.md §7.3).
+TEST(Config, AccumulateIsRecordedExceptAtItsDefault) {
+  const auto plain = parse_train_config("", "plain");
+  EXPECT_EQ(experiments::to_json(plain).find("accumulate"), std::string::npos);
+  const auto fp32 = parse_train_config("", "fp32", {"quant.accumulate=fp32"});
+  EXPECT_EQ(experiments::to_json(fp32), experiments::to_json(plain));
+  const auto chunked = parse_train_config("", "chunked", {"quant.accumulate=1.8.10@128"});
+  EXPECT_NE(experiments::to_json(chunked).find("\"accumulate\":\"1.8.10@128\""), std::string::npos);
+  EXPECT_NE(experiments::to_toml(chunked).find("accumulate = \"1.8.10@128\""), std::string::npos);
+  experiments::TrainConfig bad = plain;
+  bad.quant.accumulate = "1.8.10@0";
+  const std::string e = test::error_of([&] { experiments::validate(bad); });
+  EXPECT_NE(e.find("quant.accumulate"), std::string::npos) << e;
+  EXPECT_NE(e.find("positive integer"), std::string::npos) << e;
+}
+
 TEST(Config, StringsAreUtf8TextAndRoundTripExactly) {
   // Non-ASCII text round-trips through TOML; control characters and bytes that are not
   // UTF-8 are refused (a NUL would cut a path short, a DEL cannot be written back).

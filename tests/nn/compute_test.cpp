@@ -308,3 +308,97 @@ TEST(Compute, ConvolutionLayerOnBf16EqualsFloat32OnExactlySummableValues) {
 
 }  // namespace
 }  // namespace fp8lab::nn
+
+namespace fp8lab::nn {
+namespace {
+
+TEST(Accumulation, NamesParseAndPrintBack) {
+  for (const char* s : {"fp32", "1.5.2:ieee@32", "1.8.10@128", "1.5.2:14@1"})  // canonical names print back
+    EXPECT_EQ(to_string(parse_accumulation(s)), s);
+  EXPECT_EQ(parse_accumulation("e5m2@32"), parse_accumulation("1.5.2:ieee@32"));
+  EXPECT_FALSE(parse_accumulation("fp32").chunked());
+  EXPECT_EQ(parse_accumulation("1.8.10@128").chunk, 128);
+  for (const char* bad : {"e5m2", "e5m2@0", "e5m2@-3", "e5m2@x", "e5m2@", "bogus@4", "@4"}) {
+    const std::string e = error_of([&] { (void)parse_accumulation(bad); });
+    EXPECT_NE(e.find(std::string("'") + bad + "'"), std::string::npos) << e;
+  }
+}
+
+// The slow reference of docs/spec.md §7.3 for integer-valued operands (every chunk's sum
+// is exact in double and in float32): per output, each chunk's sum rounded by the scalar
+// quantizer, the rounded sums added in float32 in chunk order.
+torch::Tensor chunked_reference(const torch::Tensor& a, const torch::Tensor& b, const Accumulation& acc) {
+  QuantSpec q;
+  q.format = acc.partial;
+  const auto A = a.accessor<float, 2>(), B = b.accessor<float, 2>();
+  const std::int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  torch::Tensor y = torch::empty({m, n});
+  auto Y = y.accessor<float, 2>();
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      float sum = 0;
+      for (std::int64_t at = 0; at < k; at += acc.chunk) {
+        double part = 0;
+        for (std::int64_t t = at; t < std::min(k, at + acc.chunk); ++t) part += double(A[i][t]) * double(B[t][j]);
+        const float rounded = quantize(static_cast<float>(part), q, 0);
+        sum = at == 0 ? rounded : sum + rounded;
+      }
+      Y[i][j] = sum;
+    }
+  return y;
+}
+
+TEST(Accumulation, ChunkedProductsEqualTheSlowReference) {
+  const Accumulation acc = parse_accumulation("1.5.2:15@8");  // 2 mantissa bits: partial sums round
+  const torch::Tensor a = small_ints(9, 37, 31), b = small_ints(37, 6, 32);  // 4 chunks of 8 and one of 5
+  const torch::Tensor want = chunked_reference(a, b, acc);
+  EXPECT_FALSE(torch::equal(want, torch::matmul(a, b)));  // the rounding of the chunks shows
+  for (Compute c : {Compute::fp32, Compute::auto_, Compute::bf16}) {
+    if (c == Compute::bf16 && !bf16_products_available()) continue;
+    Compute taken = Compute::auto_;
+    EXPECT_TRUE(test::bit_equal(matmul(a, b, c, &taken, acc), want)) << to_string(c);
+    EXPECT_EQ(taken, c == Compute::fp32 || !bf16_products_available() ? Compute::fp32 : Compute::bf16);
+    // Transposed operands and batches of matrices: the same chunks of the same sums.
+    EXPECT_TRUE(test::bit_equal(matmul(a.t().contiguous().t(), b.t().contiguous().t(), c, nullptr, acc), want));
+    const torch::Tensor batched = matmul(torch::stack({a, a}), torch::stack({b, b}), c, nullptr, acc);
+    EXPECT_TRUE(test::bit_equal(batched[1], want)) << to_string(c);
+  }
+  // One chunk covering the whole sum: the float32 product rounded once.
+  const Accumulation whole = parse_accumulation("1.5.2:15@64");
+  QuantSpec q;
+  q.format = whole.partial;
+  EXPECT_TRUE(test::bit_equal(matmul(a, b, Compute::fp32, nullptr, whole), fake_quantize(torch::matmul(a, b), q, 0)));
+}
+
+// A linear layer under a chunked accumulation: its three products (forward over the input
+// features, grad_x over the output features, grad_w over the batch) each as the reference.
+TEST(Accumulation, LinearLayerAccumulatesEveryProductInChunks) {
+  // Formats that hold every small integer (no saturation), so that the operands are x0,
+  // w0 and r themselves.
+  const LayerQuant q = parse_recipe("a=1.4.3:10,w=1.4.3:10,gx=1.5.2:15,gw=fp32").base;
+  const Accumulation acc = parse_accumulation("1.4.3:7@5");
+  const torch::Tensor x0 = small_ints(12, 23, 33), w0 = small_ints(7, 23, 34), r = small_ints(12, 7, 35);
+  auto ctx = std::make_shared<QuantContext>();
+  ctx->accumulate = acc;
+  auto st = make_layer_state("lin", q, ctx);
+  const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  const torch::Tensor y = quant_linear(x, w, torch::Tensor(), st);
+  const auto g = torch::autograd::grad({(y * r).sum()}, {x, w});
+  EXPECT_TRUE(test::bit_equal(y, chunked_reference(x0, w0.t().contiguous(), acc)));
+  EXPECT_TRUE(test::bit_equal(g[0], chunked_reference(r, w0, acc)));
+  EXPECT_TRUE(test::bit_equal(g[1], chunked_reference(r.t().contiguous(), x0, acc)));
+  EXPECT_EQ(st->products().first + st->products().second, 3);
+}
+
+TEST(Accumulation, ConvolutionsRefuseAChunkedAccumulation) {
+  auto ctx = std::make_shared<QuantContext>();
+  ctx->accumulate = parse_accumulation("e5m2@16");
+  auto st = make_layer_state("stem.conv", parse_recipe("a=e4m3fn,w=e4m3fn").base, ctx);
+  const std::string e = error_of(
+      [&] { (void)quant_conv2d(torch::ones({1, 2, 4, 4}), torch::ones({3, 2, 3, 3}), {}, {1, 1}, {1, 1}, {1, 1}, 1, st); });
+  EXPECT_NE(e.find("'stem.conv'"), std::string::npos) << e;
+  EXPECT_NE(e.find("@16"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace fp8lab::nn

@@ -60,6 +60,12 @@ void block_magnitude_tops(const float* x, std::size_t count, std::size_t block, 
 // Returns whether every x[i] is one (the bottom 16 bits of all are zero); y is written
 // either way.
 bool to_bf16_exact(const float* x, std::uint16_t* y, std::size_t n);
+// Q(x) as bfloat16 bits in y and, where `codes` is given, its 8-bit codes (as
+// quantize_and_encode), in one pass over x: each chunk is quantized into an L1-resident
+// float32 buffer and its top halves stored. Returns whether every Q(x) was a bfloat16
+// value (where not, y is incomplete).
+bool quantize_bf16(const float* x, std::uint16_t* y, std::uint8_t* codes, std::size_t n, const QuantSpec& q,
+                   std::uint64_t index_offset = 0, QuantCounts* counts = nullptr);
 
 // y[i] = decode(codes[i], f). Bits above the format's width are ignored.
 void decode(const std::uint8_t* codes, float* y, std::size_t n, const Format& f);

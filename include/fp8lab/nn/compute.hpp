@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include <torch/torch.h>
@@ -22,6 +23,23 @@ namespace fp8lab::nn {
 enum class Compute { auto_, fp32, bf16 };
 std::string_view to_string(Compute c);
 Compute parse_compute(std::string_view s);  // throws Error naming the accepted values
+
+// How a product's sums accumulate (docs/spec.md §7.3). Plain (chunk 0): one float32 sum per
+// output, in whatever order the engine takes. Chunked: the reduction dimension is cut into
+// chunks of `chunk` consecutive elements (the last may be shorter); each chunk's sum is
+// formed in float32, rounded to `partial` (nearest-even, saturating at its largest
+// finite value), and the rounded chunk sums are added in float32 in chunk order.
+struct Accumulation {
+  std::int64_t chunk = 0;
+  Format partial{};
+  bool chunked() const { return chunk > 0; }
+  friend bool operator==(const Accumulation& a, const Accumulation& b) {
+    return a.chunk == b.chunk && (a.chunk == 0 || a.partial == b.partial);
+  }
+};
+// "fp32" (plain), or "FORMAT@CHUNK" such as "1.8.10@128" or "e5m2@32".
+std::string to_string(const Accumulation& a);
+Accumulation parse_accumulation(std::string_view s);  // throws Error naming the problem
 
 // Whether this CPU runs bfloat16 products natively (AMX-BF16 or AVX512-BF16), as oneDNN
 // sees it: ONEDNN_MAX_CPU_ISA set below AVX512_CORE_BF16 hides them.
@@ -45,8 +63,11 @@ std::optional<torch::Tensor> bmm_bf16(const torch::Tensor& a, const torch::Tenso
 
 // torch::matmul(a, b) on the path `c` asks for (above): 2-D matrices, and batches whose
 // leading dimensions agree; broadcast batches and vectors run in float32 (bf16: an error).
-// `taken`, when given, receives the path used (fp32 or bf16).
-torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken = nullptr);
+// `taken`, when given, receives the path used (fp32 or bf16). With a chunked accumulation
+// the sums over a's last dimension (b's second-last) accumulate as `acc` says, each
+// chunk's product on the path `c` asks for.
+torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken = nullptr,
+                     const Accumulation& acc = {});
 
 // A 2-D convolution's geometry, as torch::conv2d takes it.
 struct ConvGeometry {

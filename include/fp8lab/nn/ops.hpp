@@ -79,9 +79,14 @@ struct QuantContext {
   std::atomic<std::int64_t> saved_bytes{0};         // activations saved for backward, bytes
   std::atomic<std::int64_t> saved_weight_bytes{0};  // weights' quantized copies, bytes
   std::atomic<std::int64_t> in_place{0};     // gradients quantized in their own memory
-  // How the products of linear layers run (docs/spec.md §7); fp32 is libtorch's float32
+  // How the products of quantized layers run (docs/spec.md §7); fp32 is libtorch's float32
   // product, bit for bit as before.
   Compute compute = Compute::fp32;
+  // How the sums of linear and attention products accumulate (docs/spec.md §7.3); plain is
+  // float32. Convolutions refuse a chunked accumulation.
+  Accumulation accumulate;
+  // Whether products go through the compute layer rather than libtorch's own float32 ops.
+  bool layer_products() const { return compute != Compute::fp32 || accumulate.chunked(); }
 };
 
 // The per-layer state of a quantized op: its quantizers, its random streams and counts.
@@ -114,9 +119,17 @@ struct LayerState : torch::CustomClassHolder {
   torch::Tensor quantize_owned(TensorKind k, torch::Tensor t, std::uint32_t call,
                                std::int64_t refs = 1);
   // Q_k(t) for the forward pass and what to save for backward (codes when possible).
+  // With `for_products` (the op's products all go through the compute layer), where the
+  // kind's values reach the products as bfloat16 (bf16_codes()), Q_k(t) is the bfloat16
+  // tensor decoded from the codes: no float32 copy is made.
   std::pair<torch::Tensor, torch::Tensor> quantize_and_save(TensorKind k, const torch::Tensor& t,
                                                             std::uint32_t call,
-                                                            std::uint32_t operand = 0);
+                                                            std::uint32_t operand = 0,
+                                                            bool for_products = false);
+  // Whether Q_k's values reach this layer's products as bfloat16 decoded from 8-bit codes:
+  // the compute path may take bfloat16 on this CPU, and k's quantizer is an element
+  // format of at most 8 bits whose values are all bfloat16 values (docs/spec.md §7.2).
+  bool bf16_codes(TensorKind k) const;
   // Inverse of the saved form: float32 Q_k(t).
   torch::Tensor restore(TensorKind k, const torch::Tensor& saved) const;
 
@@ -137,9 +150,12 @@ struct LayerState : torch::CustomClassHolder {
   // tensor quantize_owned() gives, twice.
   // `hadamard`: the op's grad_w is a product over the columns of both operands' matrices
   // (linear, matmul; not convolution), so the transform may apply.
+  // `for_products`: both go to the compute layer's products only; where bf16_codes(gx),
+  // they are the bfloat16 tensor decoded from g's codes.
   std::pair<torch::Tensor, torch::Tensor> quantize_grad(torch::Tensor g, const MatrixView& for_dx,
                                                         const MatrixView& for_dw, std::uint32_t call,
-                                                        std::int64_t refs, bool hadamard = false);
+                                                        std::int64_t refs, bool hadamard = false,
+                                                        bool for_products = false);
   // Whether the random Hadamard transform applies to this layer's grad_w operands: asked
   // for, and both the activation and the gradient quantizers scaled.
   bool hadamard_applies() const { return quant.hadamard > 0 && scaled(TensorKind::a) && scaled(TensorKind::gx); }
@@ -188,6 +204,8 @@ struct LayerState : torch::CustomClassHolder {
   std::array<QuantCounts, kKinds> counts_{};
   std::uint64_t call_step_ = ~std::uint64_t{0};
   std::uint32_t calls_ = 0;
+  std::pair<torch::Tensor, torch::Tensor> encode_for_products(TensorKind k, const torch::Tensor& t,
+                                                              std::uint32_t call, std::uint32_t operand, bool codes);
   void count_product(Compute taken) { ++(taken == Compute::bf16 ? bf16_products_ : fp32_products_); }
   std::atomic<std::int64_t> fp32_products_{0}, bf16_products_{0};
 };

@@ -37,6 +37,14 @@ torch::Tensor decode_tensor(const torch::Tensor& codes, const Format& f);
 // contiguous first), or nullopt where some value is not a bfloat16 value (the compute
 // layer's check that an operand may take the bfloat16 path, docs/spec.md §7).
 std::optional<torch::Tensor> exact_bf16(const torch::Tensor& t);
+// fake_quantize with a bfloat16 result (and, with `with_codes`, the 8-bit codes too), in
+// one pass over t: no float32 copy of Q(t) is made. nullopt where some value of Q(t) is not
+// a bfloat16 value (not for a format exact in bfloat16).
+struct BfQuantized {
+  torch::Tensor values, codes;  // codes undefined without with_codes
+};
+std::optional<BfQuantized> quantize_bf16_tensor(const torch::Tensor& t, const QuantSpec& q, std::uint64_t seed,
+                                                bool with_codes, QuantCounts* counts = nullptr);
 // decode_tensor to bfloat16, for 8-bit codes: nullopt where some value of f is not a
 // bfloat16 value.
 std::optional<torch::Tensor> decode_tensor_bf16(const torch::Tensor& codes, const Format& f);
