@@ -237,6 +237,53 @@ TEST_P(AllTargets, ToBf16ExactKeepsTopHalvesAndFindsEveryInexactValue) {
   }
 }
 
+// Quantization straight to bfloat16 (with and without codes): the scalar quantizer's values'
+// top halves and its codes and counts, for every rounding (the stochastic stream indexed
+// as in quantize()), over more than one chunk, with a tail; a format whose values are not
+// all bfloat16 values is reported.
+TEST_P(AllTargets, QuantizeBf16IsTheScalarQuantizersTopHalves) {
+  const std::size_t n = 3 * 4096 + 77;
+  const std::uint64_t offset = 991;
+  int formats = 0;
+  for (const char* name : {"e4m3fn", "e5m2", "1.4.3:10", "1.5.2:33", "e2m1fn"}) {
+    const Format f = parse_format(name);
+    const auto x = inputs(f, n, static_cast<std::uint64_t>(f.bias) * 7 + 3);
+    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic}) {
+      QuantSpec q;
+      q.format = f;
+      q.rounding = r;
+      q.seed = 5;
+      SCOPED_TRACE(std::string(name) + " " + std::string(to_string(r)));
+      std::vector<std::uint16_t> want(n);
+      std::vector<std::uint8_t> want_codes(n);
+      QuantCounts want_counts;
+      for (std::size_t i = 0; i < n; ++i) {
+        want[i] = static_cast<std::uint16_t>(bits(quantize(x[i], q, offset + i, &want_counts)) >> 16);
+        want_codes[i] = static_cast<std::uint8_t>(encode(x[i], q, offset + i));
+      }
+      for (bool with_codes : {false, true}) {
+        std::vector<std::uint16_t> y(n);
+        std::vector<std::uint8_t> codes(n);
+        QuantCounts counts;
+        ASSERT_TRUE(kernels::quantize_bf16(x.data(), y.data(), with_codes ? codes.data() : nullptr, n, q, offset,
+                                           &counts));
+        for (std::size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(y[i], want[i]) << "i=" << i << " x=" << std::hexfloat << x[i];
+          if (with_codes) ASSERT_EQ(codes[i], want_codes[i]) << "i=" << i;
+        }
+        EXPECT_EQ(counts, want_counts);
+      }
+    }
+    ++formats;
+  }
+  EXPECT_EQ(formats, 5);
+  QuantSpec wide;
+  wide.format = parse_format("1.5.10");
+  const std::vector<float> x(100, 1.0f + 0x1p-9f);
+  std::vector<std::uint16_t> y(100);
+  EXPECT_FALSE(kernels::quantize_bf16(x.data(), y.data(), nullptr, x.size(), wide));
+}
+
 // Codes straight to bfloat16: every code of every 8-bit format whose values are bfloat16
 // values (in vectors and the tail) gives decode()'s top half; a format with a value below
 // bfloat16's smallest subnormal gives false.

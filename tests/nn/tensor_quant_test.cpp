@@ -124,6 +124,10 @@ TEST(TensorQuant, ChannelsLastKeepsItsLayoutAndTheValues) {
     EXPECT_TRUE(torch::equal(b16->to(torch::kFloat).nan_to_num(0), want.nan_to_num(0)));
     EXPECT_EQ(b16->strides(), codes.strides());
     EXPECT_TRUE(torch::equal(nn::encode_tensor(xcl, q, 9), nn::encode_tensor(x, q, 9)));
+    const auto bq = nn::quantize_bf16_tensor(xcl, q, 9, true);  // straight to bfloat16, the same stream
+    ASSERT_TRUE(bq);
+    EXPECT_TRUE(torch::equal(bq->values.to(torch::kFloat).nan_to_num(0), want.nan_to_num(0))) << to_string(r);
+    EXPECT_TRUE(torch::equal(bq->codes, nn::encode_tensor(x, q, 9))) << to_string(r);
     if (r == Rounding::stochastic) continue;
     torch::Tensor in_place = xcl.clone();
     nn::fake_quantize_(in_place, q, 9);
