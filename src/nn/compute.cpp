@@ -104,10 +104,8 @@ std::optional<torch::Tensor> product_bf16(const torch::Tensor& a, const torch::T
   const std::int64_t dims = batched ? 3 : 2;
   TORCH_CHECK(a.dim() == dims && b.dim() == dims && a.size(-1) == b.size(-2) && (!batched || a.size(0) == b.size(0)),
               "bfloat16 product: [B,] M x K times [B,] K x N expected");
-  const auto float_like = [](const torch::Tensor& t) {
-    return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
-  };
-  TORCH_CHECK(float_like(a) && float_like(b), "bfloat16 product: float32 or bfloat16 operands expected");
+  TORCH_CHECK(detail::float_or_bf16(a) && detail::float_or_bf16(b),
+              "bfloat16 product: float32 or bfloat16 operands expected");
   const std::int64_t batch = batched ? a.size(0) : 0, m = a.size(-2), k = a.size(-1), n = b.size(-1);
   const auto f32 = a.options().dtype(torch::kFloat);
   torch::Tensor c = batched ? torch::empty({batch, m, n}, f32) : torch::empty({m, n}, f32);
@@ -208,11 +206,10 @@ torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, 
   const bool batched = a.dim() >= 3 && a.dim() == b.dim() && a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2);
   if (c == Compute::bf16 && !plain && !batched)
     throw Error("compute = bf16: a product of broadcast batches or vectors (it runs in float32 only)");
-  // The float32 path's operands: a bfloat16 one widened (exactly).
-  const auto f32 = [](const torch::Tensor& t) { return t.scalar_type() == torch::kFloat ? t : t.to(torch::kFloat); };
+  using detail::widened;
   if (!plain && !batched) {
     if (taken) *taken = Compute::fp32;
-    return torch::matmul(f32(a), f32(b));
+    return torch::matmul(widened(a), widened(b));
   }
   return detail::choose_path(
       c, taken, "a matrix product",
@@ -225,7 +222,7 @@ torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, 
         shape.back() = n;
         return y->reshape(shape);
       },
-      [&] { return torch::matmul(f32(a), f32(b)); });
+      [&] { return torch::matmul(widened(a), widened(b)); });
 }
 
 }  // namespace fp8lab::nn

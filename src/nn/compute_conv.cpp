@@ -220,10 +220,8 @@ class Forms {
 std::optional<torch::Tensor> convolve(const ConvKey& k, const torch::Tensor& a, const torch::Tensor& b,
                                       at::IntArrayRef out_sizes, Forms& forms) {
   detail::require_bf16_products("a convolution");
-  const auto float_like = [](const torch::Tensor& t) {
-    return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
-  };
-  TORCH_CHECK(float_like(a) && float_like(b), "convolution: float32 or bfloat16 operands expected");
+  TORCH_CHECK(detail::float_or_bf16(a) && detail::float_or_bf16(b),
+              "convolution: float32 or bfloat16 operands expected");
   const bool weight_grad = k.pass == Pass::weight_grad;
   torch::Tensor out = torch::empty(
       out_sizes, a.options().dtype(torch::kFloat).memory_format(weight_grad ? torch::MemoryFormat::Contiguous
@@ -271,8 +269,8 @@ std::vector<std::int64_t> vec(const std::array<std::int64_t, 2>& a) { return {a[
 // The float32 path's operands: float32 (a bfloat16 operand widened, exactly), and
 // channels-last activations, so that a network whose layers take both paths keeps one
 // layout (element-wise ops on mixed layouts are several times slower than on either).
-torch::Tensor f32(const torch::Tensor& t) { return t.scalar_type() == torch::kFloat ? t : t.to(torch::kFloat); }
-torch::Tensor cl(const torch::Tensor& t) { return f32(t).contiguous(torch::MemoryFormat::ChannelsLast); }
+using detail::widened;
+torch::Tensor cl(const torch::Tensor& t) { return widened(t).contiguous(torch::MemoryFormat::ChannelsLast); }
 
 }  // namespace
 
@@ -292,14 +290,14 @@ torch::Tensor conv2d(const torch::Tensor& x, const torch::Tensor& w, const ConvG
                      Compute* taken) {
   return detail::choose_path(
       c, taken, "a convolution", [&] { return conv2d_bf16(x, w, g); },
-      [&] { return torch::conv2d(cl(x), f32(w), {}, vec(g.stride), vec(g.padding), vec(g.dilation), g.groups); });
+      [&] { return torch::conv2d(cl(x), widened(w), {}, vec(g.stride), vec(g.padding), vec(g.dilation), g.groups); });
 }
 
 ConvGrads conv2d_backward(const torch::Tensor& gy_dx, const torch::Tensor& gy_dw, const torch::Tensor& x,
                           const torch::Tensor& w, const ConvGeometry& g, Compute c, bool want_dx, bool want_dw) {
   Forms forms;  // shared: gy_dx is often gy_dw, and each is converted once
   const auto fp32 = [&](const torch::Tensor& gy, bool dx) {
-    return at::convolution_backward(cl(gy), cl(x), f32(w), c10::nullopt, vec(g.stride), vec(g.padding),
+    return at::convolution_backward(cl(gy), cl(x), widened(w), c10::nullopt, vec(g.stride), vec(g.padding),
                                     vec(g.dilation), false, {0, 0}, g.groups, {dx, !dx, false});
   };
   ConvGrads out;

@@ -19,6 +19,16 @@ dnnl::engine& engine();
 // Throws Error if this CPU has no bfloat16 products (`what` names the product).
 void require_bf16_products(const char* what);
 
+// The dtypes the compute layer's products take: float32, or bfloat16 given as such.
+inline bool float_or_bf16(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16;
+}
+
+// A float32 path's operand: a bfloat16 one widened (exactly).
+inline torch::Tensor widened(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kFloat ? t : t.to(torch::kFloat);
+}
+
 // The path choice of every product (docs/spec.md §7): `bf16()` (nullopt: an operand is not
 // bfloat16) where `c` allows and the CPU has bfloat16 products, `fp32()` otherwise; bf16
 // forced on an operand that is not bfloat16 is an Error naming `what`.

@@ -328,7 +328,7 @@ torch::Tensor LayerState::restore(TensorKind k, const torch::Tensor& saved) cons
 }
 
 torch::Tensor LayerState::restore_for_product(TensorKind k, const torch::Tensor& saved) const {
-  if (ctx->compute != Compute::fp32 && saved.scalar_type() == torch::kUInt8 && bf16_products_available())
+  if (saved.scalar_type() == torch::kUInt8 && bf16_codes(k))
     if (std::optional<torch::Tensor> b = decode_tensor_bf16(saved, quant[k]->element.format)) return *b;
   return restore(k, saved);
 }
