@@ -175,10 +175,8 @@ std::optional<torch::Tensor> exact_bf16(const torch::Tensor& t) {
   const float* in = src.data_ptr<float>();
   auto* bits = reinterpret_cast<std::uint16_t*>(out.data_ptr());
   std::atomic<bool> exact{true};
-  at::parallel_for(0, src.numel(), 1 << 15, [&](std::int64_t b, std::int64_t e) {
-    kernels::SerialScope serial;
-    if (!kernels::to_bf16_exact(in + b, bits + b, static_cast<std::size_t>(e - b)))
-      exact.store(false, std::memory_order_relaxed);
+  torch_parallel(src.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*) {
+    if (!kernels::to_bf16_exact(in + b, bits + b, e - b)) exact.store(false, std::memory_order_relaxed);
   });
   if (!exact.load()) return std::nullopt;
   return out;
