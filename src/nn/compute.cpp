@@ -1,10 +1,12 @@
 #include "fp8lab/nn/compute.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -171,8 +173,14 @@ Accumulation parse_accumulation(std::string_view s) {
 
 namespace {
 
-// Chunked accumulation (docs/spec.md §7.3): one product per chunk of the reduction
-// dimension, each rounded to the partial format, added in chunk order.
+// Chunked accumulation (docs/spec.md §7.3). The reduction dimension is cut into chunks,
+// the chunks become a batch dimension (a [..., M, K] as [..., chunks, M, chunk], b
+// [..., K, N] as [..., chunks, chunk, N]; zero terms fill the last chunk, which changes no
+// sum), one batched product gives every chunk's sum, one pass rounds them all, and the
+// rounded sums are added in chunk order. Chunks go in groups whose partial sums fit
+// kPartialBudget values, so that small chunks of long reductions stay within memory.
+constexpr std::int64_t kPartialBudget = std::int64_t{1} << 23;
+
 torch::Tensor chunked_matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken,
                              const Accumulation& acc) {
   QuantSpec round;
@@ -181,15 +189,27 @@ torch::Tensor chunked_matmul(const torch::Tensor& a, const torch::Tensor& b, Com
   round.overflow = Overflow::saturate;
   const std::int64_t k = a.size(-1);
   if (k == 0) return matmul(a, b, c, taken);  // an empty sum: zeros
+  const std::int64_t chunks = (k + acc.chunk - 1) / acc.chunk, padded = chunks * acc.chunk;
+  const torch::Tensor ap = padded == k ? a : torch::constant_pad_nd(a, {0, padded - k});
+  const torch::Tensor bp = padded == k ? b : torch::constant_pad_nd(b, {0, 0, 0, padded - k});
+  std::vector<std::int64_t> a_shape(ap.sizes().begin(), ap.sizes().end() - 1);
+  a_shape.insert(a_shape.end(), {chunks, acc.chunk});
+  std::vector<std::int64_t> b_shape(bp.sizes().begin(), bp.sizes().end() - 2);
+  b_shape.insert(b_shape.end(), {chunks, acc.chunk, bp.size(-1)});
+  const torch::Tensor ac = ap.view(a_shape).movedim(-2, -3);  // [..., chunks, M, chunk]
+  const torch::Tensor bc = bp.view(b_shape);                  // [..., chunks, chunk, N]
+  const std::int64_t per_chunk = std::max<std::int64_t>(1, ac.numel() / ac.size(-1) / chunks * bp.size(-1));
+  const std::int64_t group = std::clamp<std::int64_t>(kPartialBudget / per_chunk, 1, chunks);
   torch::Tensor sum;  // starts as the first chunk's rounded sum
-  Compute path = Compute::bf16;  // bf16 only where every chunk took it
-  for (std::int64_t at = 0; at < k; at += acc.chunk) {
-    const std::int64_t len = std::min(acc.chunk, k - at);
-    Compute chunk_path = Compute::fp32;
-    const torch::Tensor part = fake_quantize(matmul(a.narrow(-1, at, len), b.narrow(-2, at, len), c, &chunk_path),
-                                             round, 0);
-    if (chunk_path == Compute::fp32) path = Compute::fp32;
-    sum = sum.defined() ? sum.add_(part) : part;
+  Compute path = Compute::bf16;  // bf16 only where every group took it
+  for (std::int64_t at = 0; at < chunks; at += group) {
+    const std::int64_t len = std::min(group, chunks - at);
+    Compute group_path = Compute::fp32;
+    const torch::Tensor parts =
+        fake_quantize(matmul(ac.narrow(-3, at, len), bc.narrow(-3, at, len), c, &group_path), round, 0);
+    if (group_path == Compute::fp32) path = Compute::fp32;
+    for (std::int64_t i = 0; i < len; ++i)
+      sum = sum.defined() ? sum.add_(parts.select(-3, i)) : parts.select(-3, i).clone();
   }
   if (taken) *taken = path;
   return sum;

@@ -196,14 +196,14 @@ torch::Tensor LayerState::product(const torch::Tensor& a, const torch::Tensor& b
 
 torch::Tensor LayerState::conv(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g) {
   Compute taken = Compute::fp32;
-  torch::Tensor y = conv2d(x, w, g, ctx->compute, &taken);
+  torch::Tensor y = conv2d(x, w, g, ctx->compute, &taken, ctx->accumulate);
   count_product(taken);
   return y;
 }
 
 ConvGrads LayerState::conv_backward(const torch::Tensor& gy_dx, const torch::Tensor& gy_dw, const torch::Tensor& x,
                                     const torch::Tensor& w, const ConvGeometry& g, bool want_dx, bool want_dw) {
-  ConvGrads r = conv2d_backward(gy_dx, gy_dw, x, w, g, ctx->compute, want_dx, want_dw);
+  ConvGrads r = conv2d_backward(gy_dx, gy_dw, x, w, g, ctx->compute, want_dx, want_dw, ctx->accumulate);
   if (want_dx) count_product(r.dx_path);
   if (want_dw) count_product(r.dw_path);
   return r;
@@ -490,13 +490,13 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
                                LayerStatePtr st) {
     auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(), batch_positions()},
                                       {w, TensorKind::w, 0, weight_forward(), weight_grad_x(w, groups)},
-                                      st->ctx->compute != Compute::fp32);
+                                      st->ctx->layer_products());
     ctx->saved_data["bias"] = b.numel() > 0;
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["dilation"] = dilation;
     ctx->saved_data["groups"] = groups;
-    if (st->ctx->compute == Compute::fp32)
+    if (!st->ctx->layer_products())
       return torch::conv2d(xq, wq, b.numel() > 0 ? b : torch::Tensor(), stride, padding, dilation, groups);
     // Other paths: the product through the compute layer, then the bias.
     torch::Tensor y = st->conv(xq, wq, geometry(stride, padding, dilation, groups));
@@ -505,7 +505,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     // With the compute layer, the saved operands are read by its products only.
-    const bool layer_products = state_of(ctx)->ctx->compute != Compute::fp32;
+    const bool layer_products = state_of(ctx)->ctx->layer_products();
     const auto [st, call, xq, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w, layer_products);
     torch::Tensor g = std::move(grads[0]);
     const auto stride = ctx->saved_data["stride"].toIntVector();
@@ -529,7 +529,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
                                       groups, {want_dx, want_dw, false});
     };
     torch::Tensor dx, dw;
-    if (st->ctx->compute != Compute::fp32) {  // the compute layer's products
+    if (layer_products) {  // the compute layer's products
       ConvGrads r = st->conv_backward(g_for_dx, g_for_dw, xq, wq, geometry(stride, padding, dilation, groups),
                                       ctx->needs_input_grad(0), ctx->needs_input_grad(1));
       dx = std::move(r.dx);
@@ -641,9 +641,6 @@ torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const
   if (groups < 1 || w.size(0) % groups != 0)
     throw Error("quant_conv2d '" + st->name + "': groups " + std::to_string(groups) + " does not divide the " +
                 std::to_string(w.size(0)) + " output channels");
-  if (st->ctx->accumulate.chunked())
-    throw Error("quant_conv2d '" + st->name + "': chunked accumulation (" + to_string(st->ctx->accumulate) +
-                ") applies to linear and attention products; convolutions accumulate in float32 only");
   return Conv2dFn::apply(x, w, b.defined() ? b : torch::empty({0}), pair_of(stride, "stride", st->name),
                          pair_of(padding, "padding", st->name), pair_of(dilation, "dilation", st->name), groups, st);
 }

@@ -4,9 +4,12 @@
 // products: there auto must take float32 and bf16 be refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "../common/testutil.hpp"
 #include "../common/torch_testutil.hpp"
@@ -390,14 +393,148 @@ TEST(Accumulation, LinearLayerAccumulatesEveryProductInChunks) {
   EXPECT_EQ(st->products().first + st->products().second, 3);
 }
 
-TEST(Accumulation, ConvolutionsRefuseAChunkedAccumulation) {
-  auto ctx = std::make_shared<QuantContext>();
-  ctx->accumulate = parse_accumulation("e5m2@16");
-  auto st = make_layer_state("stem.conv", parse_recipe("a=e4m3fn,w=e4m3fn").base, ctx);
-  const std::string e = error_of(
-      [&] { (void)quant_conv2d(torch::ones({1, 2, 4, 4}), torch::ones({3, 2, 3, 3}), {}, {1, 1}, {1, 1}, {1, 1}, 1, st); });
-  EXPECT_NE(e.find("'stem.conv'"), std::string::npos) << e;
-  EXPECT_NE(e.find("@16"), std::string::npos) << e;
+// The slow reference of a chunked sum (docs/spec.md §7.3) of integer-valued terms: each
+// chunk's sum (exact in double and in float32) rounded by the scalar quantizer, the rounded
+// sums added in float32 in chunk order.
+float chunked_sum(const std::vector<double>& terms, const Accumulation& acc) {
+  QuantSpec q;
+  q.format = acc.partial;
+  float sum = 0;
+  for (std::size_t at = 0; at < terms.size(); at += static_cast<std::size_t>(acc.chunk)) {
+    double part = 0;
+    for (std::size_t t = at; t < std::min(terms.size(), at + static_cast<std::size_t>(acc.chunk)); ++t) part += terms[t];
+    const float rounded = quantize(static_cast<float>(part), q, 0);
+    sum = at == 0 ? rounded : sum + rounded;
+  }
+  return sum;
+}
+
+// A convolution's three products with a chunked accumulation, by direct loops over the
+// definition of docs/spec.md §7.3 (no im2col): the forward sums over (channel, ky, kx) of
+// the output's group; grad_w's over (image, output row, output column); grad_x's over the
+// output channels of the group, one sum per kernel tap that reads the input position, the
+// taps' sums added in float32 in (ky, kx) order.
+std::array<torch::Tensor, 3> chunked_conv_reference(const Conv& c, const torch::Tensor& x, const torch::Tensor& w,
+                                                    const torch::Tensor& gy, const Accumulation& acc) {
+  const std::int64_t cg = c.c / c.g.groups, og = c.o / c.g.groups, ho = gy.size(2), wo = gy.size(3);
+  const auto X = x.accessor<float, 4>(), W = w.accessor<float, 4>(), G = gy.accessor<float, 4>();
+  // The input a tap meets at an output position (0 in the padding).
+  const auto input = [&](std::int64_t n, std::int64_t ch, std::int64_t oy, std::int64_t ox, std::int64_t ky,
+                         std::int64_t kx) -> double {
+    const std::int64_t iy = oy * c.g.stride[0] - c.g.padding[0] + ky * c.g.dilation[0];
+    const std::int64_t ix = ox * c.g.stride[1] - c.g.padding[1] + kx * c.g.dilation[1];
+    return iy < 0 || iy >= c.h || ix < 0 || ix >= c.w ? 0.0 : X[n][ch][iy][ix];
+  };
+  torch::Tensor y = torch::empty(gy.sizes()), dx = torch::empty(x.sizes()), dw = torch::empty(w.sizes());
+  auto Y = y.accessor<float, 4>(), DX = dx.accessor<float, 4>(), DW = dw.accessor<float, 4>();
+  std::vector<double> terms;
+  for (std::int64_t n = 0; n < c.n; ++n)
+    for (std::int64_t o = 0; o < c.o; ++o)
+      for (std::int64_t oy = 0; oy < ho; ++oy)
+        for (std::int64_t ox = 0; ox < wo; ++ox) {
+          terms.clear();
+          for (std::int64_t ci = 0; ci < cg; ++ci)
+            for (std::int64_t ky = 0; ky < c.k; ++ky)
+              for (std::int64_t kx = 0; kx < c.k; ++kx)
+                terms.push_back(W[o][ci][ky][kx] * input(n, o / og * cg + ci, oy, ox, ky, kx));
+          Y[n][o][oy][ox] = chunked_sum(terms, acc);
+        }
+  for (std::int64_t o = 0; o < c.o; ++o)
+    for (std::int64_t ci = 0; ci < cg; ++ci)
+      for (std::int64_t ky = 0; ky < c.k; ++ky)
+        for (std::int64_t kx = 0; kx < c.k; ++kx) {
+          terms.clear();
+          for (std::int64_t n = 0; n < c.n; ++n)
+            for (std::int64_t oy = 0; oy < ho; ++oy)
+              for (std::int64_t ox = 0; ox < wo; ++ox)
+                terms.push_back(G[n][o][oy][ox] * input(n, o / og * cg + ci, oy, ox, ky, kx));
+          DW[o][ci][ky][kx] = chunked_sum(terms, acc);
+        }
+  // The output position (or -1) from which tap k reads input position i along one axis.
+  const auto reader = [&](std::int64_t i, std::int64_t k, int axis, std::int64_t out) -> std::int64_t {
+    const std::int64_t at = i + c.g.padding[axis] - k * c.g.dilation[axis];
+    if (at < 0 || at % c.g.stride[axis] != 0 || at / c.g.stride[axis] >= out) return -1;
+    return at / c.g.stride[axis];
+  };
+  for (std::int64_t n = 0; n < c.n; ++n)
+    for (std::int64_t ch = 0; ch < c.c; ++ch)
+      for (std::int64_t iy = 0; iy < c.h; ++iy)
+        for (std::int64_t ix = 0; ix < c.w; ++ix) {
+          float total = 0;
+          for (std::int64_t ky = 0; ky < c.k; ++ky)
+            for (std::int64_t kx = 0; kx < c.k; ++kx) {
+              const std::int64_t oy = reader(iy, ky, 0, ho), ox = reader(ix, kx, 1, wo);
+              if (oy < 0 || ox < 0) continue;
+              terms.clear();
+              for (std::int64_t ol = 0; ol < og; ++ol) {
+                const std::int64_t o = ch / cg * og + ol;
+                terms.push_back(double(W[o][ch % cg][ky][kx]) * G[n][o][oy][ox]);
+              }
+              total += chunked_sum(terms, acc);
+            }
+          DX[n][ch][iy][ix] = total;
+        }
+  return {y, dx, dw};
+}
+
+// Every geometry, each compute path: the three products bit-identical to the reference,
+// each on the path it reports.
+TEST(Accumulation, ChunkedConvolutionsEqualTheSlowReference) {
+  const Accumulation acc = parse_accumulation("1.5.2:15@5");
+  for (const Conv& c : kConvs) {
+    const torch::Tensor x = ints({c.n, c.c, c.h, c.w}, 41), w = ints({c.o, c.c / c.g.groups, c.k, c.k}, 42);
+    const torch::Tensor gy = ints(
+        torch::conv2d(x, w, {}, v2(c.g.stride), v2(c.g.padding), v2(c.g.dilation), c.g.groups).sizes(), 43);
+    const auto want = chunked_conv_reference(c, x, w, gy, acc);
+    if (c.c == 32) {  // the rounding of the chunks shows in all three
+      const auto plain = float32_conv(c, x, w, gy);
+      for (std::size_t i = 0; i < 3; ++i) EXPECT_FALSE(torch::equal(want[i], plain[i])) << i;
+    }
+    for (Compute compute : {Compute::fp32, Compute::auto_, Compute::bf16}) {
+      if (compute == Compute::bf16 && !bf16_products_available()) continue;
+      const Compute expect = compute == Compute::fp32 || !bf16_products_available() ? Compute::fp32 : Compute::bf16;
+      Compute taken = Compute::auto_;
+      const torch::Tensor y = conv2d(x, w, c.g, compute, &taken, acc);
+      EXPECT_TRUE(test::bit_equal(y, want[0])) << name_of(c) << " " << to_string(compute);
+      EXPECT_TRUE(y.is_contiguous(torch::MemoryFormat::ChannelsLast)) << name_of(c);
+      EXPECT_EQ(taken, expect);
+      const ConvGrads g = conv2d_backward(gy, gy, x, w, c.g, compute, true, true, acc);
+      EXPECT_TRUE(test::bit_equal(g.dx, want[1])) << name_of(c) << " " << to_string(compute);
+      EXPECT_TRUE(test::bit_equal(g.dw, want[2])) << name_of(c) << " " << to_string(compute);
+      EXPECT_EQ(g.dx_path, expect);
+      EXPECT_EQ(g.dw_path, expect);
+    }
+  }
+}
+
+// The quantized convolution op under a chunked accumulation, with compute = fp32 (which
+// then runs through the compute layer too): forward, grad_x and grad_w as the reference,
+// the bias gradient the float32 sum of the gradient, three products counted.
+TEST(Accumulation, ConvolutionLayerAccumulatesEveryProductInChunks) {
+  // Formats that hold every small integer, so that the operands are x0, w0 and r themselves.
+  const LayerQuant q = parse_recipe("a=1.4.3:10,w=1.4.3:10,gx=1.5.2:15,gw=fp32").base;
+  const Accumulation acc = parse_accumulation("1.4.3:7@4");
+  const Conv c = kConvs[1];  // strided, grouped, with a right edge the stride leaves out
+  const torch::Tensor x0 = ints({c.n, c.c, c.h, c.w}, 44), w0 = ints({c.o, c.c / c.g.groups, c.k, c.k}, 45),
+                      b0 = ints({c.o}, 46);
+  const torch::Tensor r =
+      ints(torch::conv2d(x0, w0, {}, v2(c.g.stride), v2(c.g.padding), v2(c.g.dilation), c.g.groups).sizes(), 47);
+  const auto want = chunked_conv_reference(c, x0, w0, r, acc);
+  for (Compute compute : {Compute::fp32, Compute::auto_}) {
+    auto ctx = std::make_shared<QuantContext>();
+    ctx->compute = compute;
+    ctx->accumulate = acc;
+    auto st = make_layer_state("stem.conv", q, ctx);
+    const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(),
+                        b = b0.clone().requires_grad_();
+    const torch::Tensor y = quant_conv2d(x, w, b, v2(c.g.stride), v2(c.g.padding), v2(c.g.dilation), c.g.groups, st);
+    const auto g = torch::autograd::grad({(y * r).sum()}, {x, w, b});
+    EXPECT_TRUE(test::bit_equal(y, want[0] + b0.reshape({1, -1, 1, 1}))) << to_string(compute);
+    EXPECT_TRUE(test::bit_equal(g[0], want[1])) << to_string(compute);
+    EXPECT_TRUE(test::bit_equal(g[1], want[2])) << to_string(compute);
+    EXPECT_TRUE(test::bit_equal(g[2], r.sum({0, 2, 3}))) << to_string(compute);
+    EXPECT_EQ(st->products().first + st->products().second, 3);
+  }
 }
 
 }  // namespace

@@ -99,7 +99,7 @@ struct QuantConfig {
   std::string recipe = "fp32";      // a preset name, a one-line recipe or a .toml file
   std::string loss_scale = "none";  // none, static:K, backoff[:...], logmax[:...]
   std::string compute = "fp32";     // how products run: fp32, bf16 or auto (docs/spec.md §7)
-  std::string accumulate = "fp32";  // how linear and attention sums accumulate: fp32 or FORMAT@CHUNK (§7.3)
+  std::string accumulate = "fp32";  // how the products' sums accumulate: fp32 or FORMAT@CHUNK (§7.3)
 };
 
 struct TrainConfig {

@@ -93,18 +93,23 @@ std::optional<torch::Tensor> conv2d_weight_grad_bf16(const torch::Tensor& gy, co
                                                      at::IntArrayRef w_sizes, const ConvGeometry& g);
 
 // The convolution on the path `c` asks for, as matmul() above; fp32 is libtorch's
-// torch::conv2d, with channels-last activations. Operands may be given as bfloat16.
+// torch::conv2d, with channels-last activations. Operands may be given as bfloat16. With a
+// chunked accumulation the convolution runs as im2col matrix products, one per group, whose
+// sums over (channel, ky, kx) accumulate as `acc` says (docs/spec.md §7.3).
 torch::Tensor conv2d(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g, Compute c,
-                     Compute* taken = nullptr);
+                     Compute* taken = nullptr, const Accumulation& acc = {});
 
 // Its two backward products on the paths `c` asks for: grad_x from `gy_dx` and grad_w from
 // `gy_dw` (often the same tensor, then converted to bfloat16 once), each where wanted, with
-// the path each took; fp32 is libtorch's at::convolution_backward.
+// the path each took; fp32 is libtorch's at::convolution_backward. With a chunked
+// accumulation, grad_x's sums over output channels and grad_w's over (image, output
+// position) accumulate as `acc` says (docs/spec.md §7.3).
 struct ConvGrads {
   torch::Tensor dx, dw;
   Compute dx_path = Compute::fp32, dw_path = Compute::fp32;
 };
 ConvGrads conv2d_backward(const torch::Tensor& gy_dx, const torch::Tensor& gy_dw, const torch::Tensor& x,
-                          const torch::Tensor& w, const ConvGeometry& g, Compute c, bool want_dx, bool want_dw);
+                          const torch::Tensor& w, const ConvGeometry& g, Compute c, bool want_dx, bool want_dw,
+                          const Accumulation& acc = {});
 
 }  // namespace fp8lab::nn

@@ -82,8 +82,7 @@ struct QuantContext {
   // How the products of quantized layers run (docs/spec.md §7); fp32 is libtorch's float32
   // product, bit for bit as before.
   Compute compute = Compute::fp32;
-  // How the sums of linear and attention products accumulate (docs/spec.md §7.3); plain is
-  // float32. Convolutions refuse a chunked accumulation.
+  // How the sums of products accumulate (docs/spec.md §7.3); plain is float32.
   Accumulation accumulate;
   // Whether products go through the compute layer rather than libtorch's own float32 ops.
   bool layer_products() const { return compute != Compute::fp32 || accumulate.chunked(); }
