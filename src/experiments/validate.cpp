@@ -79,12 +79,51 @@ void validate_quant(const QuantConfig& q) {
   }
 }
 
+// The canonical name of a config's quant.compute or quant.accumulate value.
+std::string canonical(std::string_view key, const std::string& value) {
+  return key == "compute" ? std::string(nn::to_string(nn::parse_compute(value)))
+                          : nn::to_string(nn::parse_accumulation(value));
+}
+
+// Whether the config's `value` of quant.`key` agrees with the recipe file's `file_value`
+// (empty: the file does not set it); throws Error naming both where they differ.
+void check_against_recipe(std::string_view key, const std::string& value, const std::string& file_value,
+                          const std::string& recipe) {
+  if (file_value.empty() || canonical(key, value) == file_value) return;
+  throw Error("config: quant." + std::string(key) + " = '" + value + "' differs from " + std::string(key) +
+              " = '" + file_value + "' in the recipe file " + recipe +
+              " (remove one, or set them alike)");
+}
+
+nn::Recipe recipe_of(const QuantConfig& q) {
+  try {
+    return nn::load_recipe(q.recipe);
+  } catch (const Error& e) {
+    throw Error(std::string("config: quant.recipe: ") + e.what());
+  }
+}
+
 }  // namespace
+
+void adopt_recipe_settings(TrainConfig& c) {
+  const nn::Recipe r = recipe_of(c.quant);
+  const QuantConfig defaults;
+  if (!r.compute.empty() && c.quant.compute == defaults.compute) c.quant.compute = r.compute;
+  if (!r.accumulate.empty() && c.quant.accumulate == defaults.accumulate) c.quant.accumulate = r.accumulate;
+}
+
+void complete_config(TrainConfig& c) {
+  adopt_recipe_settings(c);
+  validate(c);
+}
 
 void validate(const TrainConfig& c) {
   check_ranges(c);
   validate_task(c);
   validate_quant(c.quant);
+  const nn::Recipe recipe = recipe_of(c.quant);
+  check_against_recipe("compute", c.quant.compute, recipe.compute, c.quant.recipe);
+  check_against_recipe("accumulate", c.quant.accumulate, recipe.accumulate, c.quant.recipe);
   try {
     data::parse_augment(c.data.augment);
   } catch (const Error& e) {
@@ -99,13 +138,13 @@ void validate(const TrainConfig& c) {
 TrainConfig parse_train_config(const std::string& text, const std::string& source,
                                const std::vector<std::string>& overrides) {
   TrainConfig c = read_train_config(text, source, overrides);
-  validate(c);
+  complete_config(c);
   return c;
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
   TrainConfig c = read_train_config(read_file(path), path, overrides, true);
-  validate(c);
+  complete_config(c);
   return c;
 }
 

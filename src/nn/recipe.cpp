@@ -1,5 +1,6 @@
 #include "fp8lab/core/toml_parse.hpp"
 #include "fp8lab/core/text.hpp"
+#include "fp8lab/nn/compute.hpp"
 #include "fp8lab/nn/recipe.hpp"
 
 #include <fstream>
@@ -319,6 +320,15 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
       const auto h = v.value<std::int64_t>();
       if (!h || (*h != 0 && *h != 16)) throw Error(where(source, v) + "'hadamard' must be 0 or 16");
       r.hadamard = static_cast<int>(*h);
+    } else if (key == "compute" || key == "accumulate") {
+      const auto text = v.value<std::string>();
+      if (!text) throw Error(where(source, v) + "'" + key + "' must be a string");
+      try {
+        if (key == "compute") r.compute = std::string(to_string(parse_compute(*text)));
+        else r.accumulate = to_string(parse_accumulation(*text));
+      } catch (const Error& e) {
+        throw Error(where(source, v) + "'" + key + "': " + e.what());
+      }
     } else if (key == "override") {
       const auto* arr = v.as_array();
       if (!arr) throw Error(where(source, v) + "'override' must be an array of tables ([[override]])");
@@ -353,7 +363,7 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
         kind = parse_kind(key);
       } catch (const Error&) {
         throw Error(where(source, v) + "unknown key '" + key +
-                    "' (expected name, a, w, gx, gw, exempt_first, keep_last, hadamard, override)");
+                    "' (expected name, a, w, gx, gw, exempt_first, keep_last, hadamard, compute, accumulate, override)");
       }
       r.base[kind] = kind_from_toml(v, source, key);
     }

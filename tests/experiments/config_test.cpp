@@ -87,6 +87,31 @@ TEST(Config, AccumulateIsRecordedExceptAtItsDefault) {
   EXPECT_NE(e.find("positive integer"), std::string::npos) << e;
 }
 
+// A recipe file's compute and accumulate complete the config where it leaves them at their
+// defaults (so the run records them); a config value that differs is an error naming both.
+TEST(Config, RecipeFileComputeAndAccumulateCompleteTheConfig) {
+  const auto dir = test::temp_dir("fp8lab_config_recipe");
+  const std::string recipe = (dir / "deepseek.toml").string();
+  std::ofstream(recipe) << "a = \"e4m3fn\"\nw = \"e4m3fn\"\ncompute = \"auto\"\naccumulate = \"1.8.10@128\"\n";
+  const auto c = parse_train_config("", "t", {"quant.recipe=" + recipe});
+  EXPECT_EQ(c.quant.compute, "auto");
+  EXPECT_EQ(c.quant.accumulate, "1.8.10@128");
+  EXPECT_NE(experiments::to_json(c).find("\"accumulate\":\"1.8.10@128\""), std::string::npos);
+  // The same values given again (by any name) agree; different ones are refused.
+  EXPECT_NO_THROW(parse_train_config("", "t", {"quant.recipe=" + recipe, "quant.compute=auto"}));
+  const std::string e = error_of([&] { parse_train_config("", "t", {"quant.recipe=" + recipe, "quant.compute=bf16"}); });
+  EXPECT_NE(e.find("quant.compute = 'bf16'"), std::string::npos) << e;
+  EXPECT_NE(e.find("compute = 'auto'"), std::string::npos) << e;
+  EXPECT_NE(e.find(recipe), std::string::npos) << e;
+  // A config built in code and never completed is refused by validate, not run silently.
+  experiments::TrainConfig raw;
+  raw.quant.recipe = recipe;
+  EXPECT_NE(error_of([&] { experiments::validate(raw); }).find("quant.compute = 'fp32'"), std::string::npos);
+  experiments::complete_config(raw);
+  EXPECT_EQ(raw.quant.compute, "auto");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Config, StringsAreUtf8TextAndRoundTripExactly) {
   // Non-ASCII text round-trips through TOML; control characters and bytes that are not
   // UTF-8 are refused (a NUL would cut a path short, a DEL cannot be written back).

@@ -140,6 +140,23 @@ TEST(Recipe, TomlErrorsNameLineAndKey) {
             std::string::npos);
 }
 
+// A recipe file may say how its products run and accumulate (docs/spec.md §4.2, §7): kept
+// by canonical name, empty where the file leaves them to the config.
+TEST(Recipe, TomlComputeAndAccumulate) {
+  const Recipe r = parse_recipe_toml("a = \"e4m3fn\"\ncompute = \"auto\"\naccumulate = \"e5m2@32\"\n", "r.toml");
+  EXPECT_EQ(r.compute, "auto");
+  EXPECT_EQ(r.accumulate, "1.5.2:ieee@32");
+  const Recipe none = parse_recipe_toml("a = \"e4m3fn\"\n", "r.toml");
+  EXPECT_TRUE(none.compute.empty() && none.accumulate.empty());
+  const std::string e = error_of([] { parse_recipe_toml("a = \"e4m3fn\"\ncompute = \"tf32\"\n", "r.toml"); });
+  EXPECT_NE(e.find("r.toml:2: 'compute'"), std::string::npos) << e;
+  EXPECT_NE(e.find("'tf32'"), std::string::npos) << e;
+  EXPECT_NE(error_of([] { parse_recipe_toml("accumulate = 128\n", "r.toml"); }).find("r.toml:1: 'accumulate' must be a string"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_recipe_toml("accumulate = \"e5m2@0\"\n", "r.toml"); }).find("positive integer"),
+            std::string::npos);
+}
+
 TEST(Recipe, Glob) {
   EXPECT_TRUE(glob_match("layer1.*", "layer1.0.conv1"));
   EXPECT_TRUE(glob_match("*.conv?", "layer1.0.conv1"));

@@ -127,11 +127,18 @@ void check_ranges(const TrainConfig& c);
 // check_ranges, then what needs the registries and the other layers (src/experiments/validate.cpp).
 void validate(const TrainConfig& c);
 
-// read_train_config, then validate.
+// A recipe file's `compute` and `accumulate` (docs/spec.md §4.2) into the config's
+// quant.compute and quant.accumulate where the config leaves them at their defaults
+// (validate() then refuses a config value that differs from the file's, naming both).
+void adopt_recipe_settings(TrainConfig& c);
+// adopt_recipe_settings, then validate: what every config read from text goes through.
+void complete_config(TrainConfig& c);
+
+// read_train_config, then complete_config.
 TrainConfig parse_train_config(const std::string& toml_text, const std::string& source,
                                const std::vector<std::string>& overrides = {});
 // A config file: a regular file whose TOML has a `schema` line (an empty file, a folder or a
-// device is an error, never the defaults), read and validated.
+// device is an error, never the defaults), read, completed from its recipe file and validated.
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // The full configuration as TOML (every field; reads back to the same config) and JSON

@@ -68,13 +68,13 @@ struct Sweep {
   std::vector<SweepRun> runs;  // points x seeds, point-major
 };
 
-// Parses and expands a sweep; every run's config is built and checked here (by `check`:
-// validate, or check_ranges where the registries are not linked, as in the fuzz target), so
-// a bad key or value is reported (with the grid and variable it came from) before anything
-// runs.
-using ConfigCheck = void (*)(const TrainConfig&);
+// Parses and expands a sweep; every run's config is built, completed and checked here (by
+// `check`: complete_config, or only its ranges where the registries are not linked, as in
+// the fuzz target), so a bad key or value is reported (with the grid and variable it came
+// from) before anything runs.
+using ConfigCheck = void (*)(TrainConfig&);
 Sweep parse_sweep(const std::string& toml_text, const std::string& source, const std::string& base_dir,
-                  ConfigCheck check = validate);
+                  ConfigCheck check = complete_config);
 Sweep load_sweep(const std::string& path);
 
 // Where a run stands in a store: done (finished or diverged: skip), running (in another

@@ -58,6 +58,9 @@ struct Recipe {
   // The last quantized layer (a classifier, a language-model head) entirely float32.
   bool keep_last = false;
   int hadamard = 0;  // 0 or 16: LayerQuant::hadamard of every layer
+  // A recipe file's `compute` and `accumulate` (docs/spec.md §7), by their canonical names;
+  // empty where the file leaves them to the run's config (quant.compute, quant.accumulate).
+  std::string compute, accumulate;
 
   // The quantizers of layer `index` of `count` with module path `path`: the base, the
   // first-layer exemption, then every matching override in order.
@@ -71,8 +74,9 @@ struct Recipe {
 // "hadamard=16" turns the transform on), or a preset name.
 Recipe parse_recipe(std::string_view text);
 // TOML: top-level or [recipe] keys name, a, w, gx, gw (string, or a table with format,
-// rounding, overflow, random_bits), exempt_first, keep_last, hadamard, and [[override]] tables with `match`
-// and any of a, w, gx, gw. Errors name the source, line and key.
+// rounding, overflow, random_bits), exempt_first, keep_last, hadamard, compute, accumulate,
+// and [[override]] tables with `match` and any of a, w, gx, gw. Errors name the source, line
+// and key.
 Recipe parse_recipe_toml(std::string_view toml, const std::string& source = "recipe");
 Recipe load_recipe(const std::string& path_or_line);  // a .toml file, a preset or a line
 
