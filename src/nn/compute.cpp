@@ -18,9 +18,6 @@ namespace fp8lab::nn {
 
 namespace {
 
-constexpr std::pair<Compute, std::string_view> kNames[] = {
-    {Compute::auto_, "auto"}, {Compute::fp32, "fp32"}, {Compute::bf16, "bf16"}};
-
 using detail::engine;
 
 // One matmul primitive per shape and operand layout (row strides of a and b; b may be
@@ -58,18 +55,6 @@ const MatmulPrim& matmul_primitive(const MatmulKey& key) {
 }
 
 }  // namespace
-
-std::string_view to_string(Compute c) {
-  for (const auto& [v, name] : kNames)
-    if (v == c) return name;
-  return "?";
-}
-
-Compute parse_compute(std::string_view s) {
-  for (const auto& [v, name] : kNames)
-    if (s == name) return v;
-  throw Error("unknown compute path '" + std::string(s) + "': expected auto, fp32 or bf16");
-}
 
 bool bf16_products_available() {
   static const bool available = [] {
@@ -142,33 +127,6 @@ std::optional<torch::Tensor> matmul_bf16(const torch::Tensor& a, const torch::Te
 
 std::optional<torch::Tensor> bmm_bf16(const torch::Tensor& a, const torch::Tensor& b) {
   return product_bf16(a, b, true);
-}
-
-std::string to_string(const Accumulation& a) {
-  return a.chunked() ? to_string(a.partial) + "@" + std::to_string(a.chunk) : "fp32";
-}
-
-Accumulation parse_accumulation(std::string_view s) {
-  if (s == "fp32") return {};
-  const std::size_t at = s.rfind('@');
-  if (at == std::string_view::npos)
-    throw Error("accumulation '" + std::string(s) + "': expected fp32 or FORMAT@CHUNK (e.g. 1.8.10@128)");
-  Accumulation a;
-  const std::string chunk(s.substr(at + 1));
-  std::size_t used = 0;
-  try {
-    a.chunk = std::stoll(chunk, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != chunk.size() || chunk.empty() || a.chunk < 1)
-    throw Error("accumulation '" + std::string(s) + "': chunk '" + chunk + "' is not a positive integer");
-  try {
-    a.partial = parse_format(s.substr(0, at));
-  } catch (const Error& e) {
-    throw Error("accumulation '" + std::string(s) + "': " + e.what());
-  }
-  return a;
 }
 
 namespace {

@@ -1,6 +1,6 @@
 #include "fp8lab/core/toml_parse.hpp"
 #include "fp8lab/core/text.hpp"
-#include "fp8lab/nn/compute.hpp"
+#include "fp8lab/nn/compute_spec.hpp"
 #include "fp8lab/nn/recipe.hpp"
 
 #include <fstream>
