@@ -112,6 +112,15 @@ TEST(Config, RecipeFileComputeAndAccumulateCompleteTheConfig) {
   std::filesystem::remove_all(dir);
 }
 
+// The shipped recipe file of DeepSeek-V3's FP8 recipe: its tiles, blocks, compute path and
+// accumulation reach the run's config.
+TEST(Config, ShippedDeepSeekRecipeSetsComputeAndAccumulation) {
+  const std::string recipe = std::string(FP8LAB_SOURCE_DIR) + "/configs/recipes/deepseek-v3.toml";
+  const auto c = parse_train_config("", "t", {"quant.recipe=" + recipe});
+  EXPECT_EQ(c.quant.compute, "auto");
+  EXPECT_EQ(c.quant.accumulate, "1.8.13@128");
+}
+
 TEST(Config, StringsAreUtf8TextAndRoundTripExactly) {
   // Non-ASCII text round-trips through TOML; control characters and bytes that are not
   // UTF-8 are refused (a NUL would cut a path short, a DEL cannot be written back).
