@@ -54,31 +54,6 @@ void validate_task(const TrainConfig& c) {
   if (c.task == "bert") check(c.data.max_tokens >= 8, "data.max_tokens must be in 8..4096 for BERT");
 }
 
-// The recipe and loss scaling parse (a recipe file is read): a run that could not start is
-// refused before anything is recorded.
-void validate_quant(const QuantConfig& q) {
-  try {
-    (void)nn::load_recipe(q.recipe);
-  } catch (const Error& e) {
-    throw Error(std::string("config: quant.recipe: ") + e.what());
-  }
-  try {
-    (void)nn::parse_loss_scale(q.loss_scale);
-  } catch (const Error& e) {
-    throw Error(std::string("config: quant.loss_scale: ") + e.what());
-  }
-  try {
-    (void)nn::parse_compute(q.compute);
-  } catch (const Error& e) {
-    throw Error(std::string("config: quant.compute: ") + e.what());
-  }
-  try {
-    (void)nn::parse_accumulation(q.accumulate);
-  } catch (const Error& e) {
-    throw Error(std::string("config: quant.accumulate: ") + e.what());
-  }
-}
-
 // The canonical name of a config's quant.compute or quant.accumulate value.
 std::string canonical(std::string_view key, const std::string& value) {
   return key == "compute" ? std::string(nn::to_string(nn::parse_compute(value)))
@@ -103,6 +78,30 @@ nn::Recipe recipe_of(const QuantConfig& q) {
   }
 }
 
+// The recipe and loss scaling parse (a recipe file is read, and the compute and
+// accumulation it may set agree with the config's): a run that could not start is refused
+// before anything is recorded.
+void validate_quant(const QuantConfig& q) {
+  const nn::Recipe recipe = recipe_of(q);
+  try {
+    (void)nn::parse_loss_scale(q.loss_scale);
+  } catch (const Error& e) {
+    throw Error(std::string("config: quant.loss_scale: ") + e.what());
+  }
+  try {
+    (void)nn::parse_compute(q.compute);
+  } catch (const Error& e) {
+    throw Error(std::string("config: quant.compute: ") + e.what());
+  }
+  try {
+    (void)nn::parse_accumulation(q.accumulate);
+  } catch (const Error& e) {
+    throw Error(std::string("config: quant.accumulate: ") + e.what());
+  }
+  check_against_recipe("compute", q.compute, recipe.compute, q.recipe);
+  check_against_recipe("accumulate", q.accumulate, recipe.accumulate, q.recipe);
+}
+
 }  // namespace
 
 void adopt_recipe_settings(TrainConfig& c) {
@@ -121,9 +120,6 @@ void validate(const TrainConfig& c) {
   check_ranges(c);
   validate_task(c);
   validate_quant(c.quant);
-  const nn::Recipe recipe = recipe_of(c.quant);
-  check_against_recipe("compute", c.quant.compute, recipe.compute, c.quant.recipe);
-  check_against_recipe("accumulate", c.quant.accumulate, recipe.accumulate, c.quant.recipe);
   try {
     data::parse_augment(c.data.augment);
   } catch (const Error& e) {
