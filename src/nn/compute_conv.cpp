@@ -22,6 +22,7 @@ namespace fp8lab::nn {
 namespace {
 
 using detail::engine;
+using detail::out_size;
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 using dims = dnnl::memory::dims;
@@ -180,10 +181,6 @@ void run(const ConvPrim& p, const torch::Tensor& in0, const torch::Tensor& in1, 
   s.wait();
 }
 
-std::int64_t out_size(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t pad, std::int64_t dil) {
-  return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
-}
-
 ConvKey key_of(Pass pass, at::IntArrayRef x, at::IntArrayRef w, const ConvGeometry& g) {
   TORCH_CHECK(x.size() == 4 && w.size() == 4 && g.groups >= 1 && x[1] == w[1] * g.groups && w[0] % g.groups == 0,
               "convolution: NCHW input and [O, C/groups, kh, kw] weights expected");
@@ -265,13 +262,11 @@ std::optional<torch::Tensor> weight_grad(const torch::Tensor& gy, const torch::T
   return convolve(k, gy, x, w_sizes, forms);
 }
 
-std::vector<std::int64_t> vec(const std::array<std::int64_t, 2>& a) { return {a[0], a[1]}; }
-
 // The float32 path's operands: float32 (a bfloat16 operand widened, exactly), and
-// channels-last activations, so that a network whose layers take both paths keeps one
-// layout (element-wise ops on mixed layouts are several times slower than on either).
+// channels-last activations.
+using detail::cl;
+using detail::vec;
 using detail::widened;
-torch::Tensor cl(const torch::Tensor& t) { return widened(t).contiguous(torch::MemoryFormat::ChannelsLast); }
 
 }  // namespace
 

@@ -12,8 +12,6 @@ namespace fp8lab::nn::detail {
 
 namespace {
 
-std::vector<std::int64_t> vec(const std::array<std::int64_t, 2>& a) { return {a[0], a[1]}; }
-
 // The im2col shape of one convolution: N images, G groups, K = (C/G)*kh*kw rows per group
 // (ordered channel, kernel row, kernel column) and L output positions per image.
 struct Lowering {
@@ -28,8 +26,7 @@ Lowering lowering(at::IntArrayRef x, at::IntArrayRef w, const ConvGeometry& g) {
   s.k = w[1] * w[2] * w[3];
   s.out_per_group = w[0] / g.groups;
   s.kernel = {w[2], w[3]};
-  for (int d = 0; d < 2; ++d)
-    s.out[d] = (x[2 + d] + 2 * g.padding[d] - g.dilation[d] * (w[2 + d] - 1) - 1) / g.stride[d] + 1;
+  for (int d = 0; d < 2; ++d) s.out[d] = out_size(x[2 + d], w[2 + d], g.stride[d], g.padding[d], g.dilation[d]);
   s.l = s.out[0] * s.out[1];
   return s;
 }
@@ -55,8 +52,6 @@ torch::Tensor weight_matrix(const torch::Tensor& w, const Lowering& s) {
   return widened(w).contiguous().view({s.groups, s.out_per_group, s.k});
 }
 
-torch::Tensor channels_last(const torch::Tensor& t) { return t.contiguous(torch::MemoryFormat::ChannelsLast); }
-
 }  // namespace
 
 torch::Tensor chunked_conv2d(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g, Compute c,
@@ -64,7 +59,7 @@ torch::Tensor chunked_conv2d(const torch::Tensor& x, const torch::Tensor& w, con
   const Lowering s = lowering(x.sizes(), w.sizes(), g);
   // [G, O/G, K] x [G, K, N*L]: the sums over (c, ky, kx) chunked.
   const torch::Tensor y = matmul(weight_matrix(w, s), columns(x, s, g), c, taken, acc);
-  return channels_last(
+  return cl(
       y.view({w.size(0), s.n, s.l}).permute({1, 0, 2}).reshape({s.n, w.size(0), s.out[0], s.out[1]}));
 }
 
@@ -80,7 +75,7 @@ ConvGrads chunked_conv2d_backward(const torch::Tensor& gy_dx, const torch::Tenso
         matmul(weight_matrix(w, s).transpose(1, 2), output_matrix(gy_dx, s), c, &out.dx_path, acc);
     const torch::Tensor cols_nchw =
         cols.view({s.groups, s.k, s.n, s.l}).permute({2, 0, 1, 3}).reshape({s.n, s.groups * s.k, s.l});
-    out.dx = channels_last(at::col2im(cols_nchw, {x.size(2), x.size(3)}, vec(s.kernel), vec(g.dilation),
+    out.dx = cl(at::col2im(cols_nchw, {x.size(2), x.size(3)}, vec(s.kernel), vec(g.dilation),
                                       vec(g.padding), vec(g.stride)));
   }
   if (want_dw) {

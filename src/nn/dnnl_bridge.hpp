@@ -2,8 +2,11 @@
 // engine, the bfloat16 check and the choice of path.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <torch/torch.h>
@@ -27,6 +30,20 @@ inline bool float_or_bf16(const torch::Tensor& t) {
 // A float32 path's operand: a bfloat16 one widened (exactly).
 inline torch::Tensor widened(const torch::Tensor& t) {
   return t.scalar_type() == torch::kFloat ? t : t.to(torch::kFloat);
+}
+
+// A channels-last float32 activation (a bfloat16 one widened): the float32 paths keep one
+// layout, so that a network whose layers take both paths never mixes layouts (element-wise
+// ops on mixed layouts are several times slower than on either).
+inline torch::Tensor cl(const torch::Tensor& t) { return widened(t).contiguous(torch::MemoryFormat::ChannelsLast); }
+
+// A convolution's geometry pair as libtorch takes it.
+inline std::vector<std::int64_t> vec(const std::array<std::int64_t, 2>& a) { return {a[0], a[1]}; }
+
+// A convolution's output size along one axis (torch's, rounding down).
+inline std::int64_t out_size(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t pad,
+                             std::int64_t dil) {
+  return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
 }
 
 // The path choice of every product (docs/spec.md §7): `bf16()` (nullopt: an operand is not
