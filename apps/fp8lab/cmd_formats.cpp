@@ -21,7 +21,7 @@ void run_formats(const FormatsArgs& a) {
   std::vector<std::string> names = a.formats;
   if (a.presets)
     for (const auto& p : presets()) names.emplace_back(p.name);
-  if (names.empty()) names = {"fp32", "fp16", "bf16", "dlfloat16", "1.5.2", "1.4.3", "1.3.4"};
+  if (names.empty()) names.assign(table1_format_names().begin(), table1_format_names().end());
   Table t({"name", "format", "E", "M", "bias", "policy", "subnormals", "max", "min_normal",
            "min_positive", "dynamic_range_db", "snr_db"});
   for (const auto& n : names) {

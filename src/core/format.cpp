@@ -355,4 +355,9 @@ void validate(const QuantSpec& q) {
                 std::to_string(q.random_bits) + ")");
 }
 
+const std::vector<std::string_view>& table1_format_names() {
+  static const std::vector<std::string_view> names = {"fp32", "fp16", "bf16", "dlfloat16", "1.5.2", "1.4.3", "1.3.4"};
+  return names;
+}
+
 }  // namespace fp8lab

@@ -85,41 +85,8 @@ double evaluate(Task& task, nn::QuantContext& ctx, bool final) {
 // {"lo": e_lo, "counts": [n(e_lo), ..., n(e_hi)]}: the histogram's bins from its lowest to
 // its highest nonzero exponent (lo 0 and no counts when empty).
 nlohmann::json exponent_range(const kernels::ExpHistogram& hist) {
-  int lo = kernels::ExpHistogram::kMaxExp + 1, hi = kernels::ExpHistogram::kMinExp - 1;
-  for (int e = kernels::ExpHistogram::kMinExp; e <= kernels::ExpHistogram::kMaxExp; ++e)
-    if (hist.at(e)) lo = std::min(lo, e), hi = std::max(hi, e);
-  std::vector<std::uint64_t> c;
-  for (int e = lo; e <= hi; ++e) c.push_back(hist.at(e));
-  return {{"lo", lo <= hi ? lo : 0}, {"counts", c}};
-}
-
-std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records) {
-  std::vector<results::Store::StatRow> rows;
-  for (const auto& s : records) {
-    results::Store::StatRow r;
-    r.step = static_cast<std::int64_t>(s.step);
-    r.layer = s.layer;
-    r.kind = std::string(nn::to_string(s.kind));
-    r.total = s.counts.total;
-    r.overflow = s.counts.overflow;
-    r.underflow = s.counts.underflow;
-    r.nan = s.counts.nan;
-    r.absmax = s.absmax;
-    nlohmann::json h = exponent_range(s.hist);
-    h["zero"] = s.hist.zero;
-    h["inf"] = s.hist.inf;
-    h["nan"] = s.hist.nan;
-    if (s.scaled) {  // block-level figures (docs/spec.md §6.6)
-      const ScaledCounts& g = s.groups;
-      h["groups"] = {{"total", g.groups},       {"saturated", g.saturated_groups},
-                     {"zero", g.zero_groups},   {"nan", g.nan_groups},
-                     {"scale_underflow", g.scale_underflow}, {"scale_overflow", g.scale_overflow}};
-      h["scales"] = exponent_range(s.scale_hist);
-    }
-    r.histogram = h.dump();
-    rows.push_back(std::move(r));
-  }
-  return rows;
+  const kernels::ExpRange r = kernels::nonzero_range(hist);
+  return {{"lo", r.lo}, {"counts", r.counts}};
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -144,13 +111,8 @@ Plan plan_of(const TrainConfig& cfg, std::int64_t examples) {
 
 // The loss scaling of the config, with LogMax's target taken from the recipe's gradient format.
 nn::LossScaleConfig loss_scaling_of(const TrainConfig& cfg, const nn::Recipe& recipe, bool warn) {
-  nn::LossScaleConfig ls = nn::parse_loss_scale(cfg.quant.loss_scale);
-  const auto& g = recipe.base[nn::TensorKind::gx];
-  // A scaled gradient quantizer has no fixed range for LogMax to aim at: its block scales
-  // follow the gradient, so the default target stays.
-  const bool fixed = g && !g->scaled();
-  if (ls.method == nn::LossScaleMethod::logmax && fixed) ls.grad_format_max = g->element.format.max_finite();
-  if (ls.method == nn::LossScaleMethod::backoff && fixed && g->element.overflow == Overflow::saturate && warn)
+  const nn::LossScaleConfig ls = nn::with_recipe_target(nn::parse_loss_scale(cfg.quant.loss_scale), recipe);
+  if (warn && nn::backoff_blind_to_overflow(ls, recipe))
     std::fprintf(stderr,
                  "warning: Backoff loss scaling only sees overflow as NaN/Inf, but this recipe's gradient "
                  "quantizer saturates: the scale will only grow. Use overflow nan (e.g. gx=1.5.2:33/rne/nan) "
@@ -486,6 +448,35 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
     record.finish(RunStatus::failed, std::nullopt, "", 0);
     throw;
   }
+}
+
+std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records) {
+  std::vector<results::Store::StatRow> rows;
+  for (const auto& s : records) {
+    results::Store::StatRow r;
+    r.step = static_cast<std::int64_t>(s.step);
+    r.layer = s.layer;
+    r.kind = std::string(nn::to_string(s.kind));
+    r.total = s.counts.total;
+    r.overflow = s.counts.overflow;
+    r.underflow = s.counts.underflow;
+    r.nan = s.counts.nan;
+    r.absmax = s.absmax;
+    nlohmann::json h = exponent_range(s.hist);
+    h["zero"] = s.hist.zero;
+    h["inf"] = s.hist.inf;
+    h["nan"] = s.hist.nan;
+    if (s.scaled) {  // block-level figures (docs/spec.md §6.6)
+      const ScaledCounts& g = s.groups;
+      h["groups"] = {{"total", g.groups},       {"saturated", g.saturated_groups},
+                     {"zero", g.zero_groups},   {"nan", g.nan_groups},
+                     {"scale_underflow", g.scale_underflow}, {"scale_overflow", g.scale_overflow}};
+      h["scales"] = exponent_range(s.scale_hist);
+    }
+    r.histogram = h.dump();
+    rows.push_back(std::move(r));
+  }
+  return rows;
 }
 
 }  // namespace fp8lab::experiments

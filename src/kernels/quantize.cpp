@@ -790,6 +790,17 @@ ExpHistogram& ExpHistogram::operator+=(const ExpHistogram& o) {
   return *this;
 }
 
+ExpRange nonzero_range(const ExpHistogram& h) {
+  int lo = ExpHistogram::kMaxExp + 1, hi = ExpHistogram::kMinExp - 1;
+  for (int e = ExpHistogram::kMinExp; e <= ExpHistogram::kMaxExp; ++e)
+    if (h.at(e)) lo = std::min(lo, e), hi = std::max(hi, e);
+  ExpRange r;
+  if (lo > hi) return r;
+  r.lo = lo;
+  for (int e = lo; e <= hi; ++e) r.counts.push_back(h.at(e));
+  return r;
+}
+
 ExpHistogram exponent_histogram(const float* x, std::size_t n) {
   ExpHistogram total;
   std::mutex m;

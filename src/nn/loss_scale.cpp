@@ -200,4 +200,15 @@ LossScaleStep LossScaler::update(const std::vector<torch::Tensor>& grads) {
   return update_from(l, overflow);
 }
 
+LossScaleConfig with_recipe_target(LossScaleConfig c, const Recipe& recipe) {
+  const auto& g = recipe.base[TensorKind::gx];
+  if (c.method == LossScaleMethod::logmax && g && !g->scaled()) c.grad_format_max = g->element.format.max_finite();
+  return c;
+}
+
+bool backoff_blind_to_overflow(const LossScaleConfig& c, const Recipe& recipe) {
+  const auto& g = recipe.base[TensorKind::gx];
+  return c.method == LossScaleMethod::backoff && g && !g->scaled() && g->element.overflow == Overflow::saturate;
+}
+
 }  // namespace fp8lab::nn

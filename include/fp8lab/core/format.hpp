@@ -109,6 +109,8 @@ struct Preset {
   std::string_view note;
 };
 const std::vector<Preset>& presets();
+// The formats of the paper's Table 1: fp32 fp16 bf16 dlfloat16 1.5.2 1.4.3 1.3.4.
+const std::vector<std::string_view>& table1_format_names();
 
 // The quantizer a tensor gets: a format plus how to round into it.
 struct QuantSpec {

@@ -23,6 +23,10 @@
 #include "fp8lab/nn/recipe.hpp"
 #include "fp8lab/results/store.hpp"
 
+namespace fp8lab::nn {
+struct TensorStats;  // fp8lab/nn/ops.hpp
+}
+
 namespace fp8lab::experiments {
 
 struct TrainOptions {
@@ -63,6 +67,9 @@ TrainResult train(const TrainConfig& cfg, results::Store* store = nullptr, const
 
 // Asks running trainers to stop at the next step boundary with a checkpoint (what the
 // CLI's SIGINT handler calls; async-signal-safe).
+// The statistics hooks' records as rows of the results store (histograms as JSON).
+std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records);
+
 void request_stop();
 bool stop_requested();
 void clear_stop_request();

@@ -89,6 +89,13 @@ struct ExpHistogram {
   friend bool operator==(const ExpHistogram&, const ExpHistogram&) = default;
 };
 ExpHistogram exponent_histogram(const float* x, std::size_t n);
+// The bins from the lowest to the highest exponent with a count: counts[i] is the count of
+// exponent lo + i ({0, {}} for a histogram without finite nonzero values).
+struct ExpRange {
+  int lo = 0;
+  std::vector<std::uint64_t> counts;
+};
+ExpRange nonzero_range(const ExpHistogram& h);
 
 // Threads used by the kernels (default: the hardware's). Above kParallelThreshold
 // elements a call is split over the threads.

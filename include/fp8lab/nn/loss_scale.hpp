@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "fp8lab/nn/recipe.hpp"
+
 namespace fp8lab::nn {
 
 enum class LossScaleMethod : std::uint8_t { none, fixed, backoff, logmax };
@@ -33,6 +35,14 @@ struct LossScaleConfig {
 // "none", "static:22", "backoff", "backoff:init=16,interval=2000", "logmax:c=1,init=10", ...
 LossScaleConfig parse_loss_scale(std::string_view text);
 std::string to_string(const LossScaleConfig& c);
+
+// LogMax aims at the largest value of the recipe's gradient format (grad_x's, when it has a
+// fixed bias); a scaled gradient quantizer has no fixed range to aim at, so the configured
+// target stays.
+LossScaleConfig with_recipe_target(LossScaleConfig c, const Recipe& recipe);
+// Backoff only sees overflow as NaN/Inf: with a fixed-bias gradient quantizer that
+// saturates, the scale can only grow.
+bool backoff_blind_to_overflow(const LossScaleConfig& c, const Recipe& recipe);
 
 struct LossScaleStep {
   double scale = 1;         // alpha the gradients were scaled by (and are now unscaled from)

@@ -1,0 +1,1 @@
+"""Quantized training of PyTorch models on the C++ library (docs/python.md)."""

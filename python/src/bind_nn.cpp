@@ -1,0 +1,252 @@
+// fp8lab._core, nn: recipes, the quantization context and per-layer state, the quantized
+// ops as autograd functions (the C++ library's own: tensors cross from Python without
+// copies and the backward runs in libtorch's engine), and the loss scaler.
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "fp8lab/core/format.hpp"
+#include "fp8lab/nn/compute_spec.hpp"
+#include "fp8lab/nn/loss_scale.hpp"
+#include "fp8lab/nn/ops.hpp"
+#include "fp8lab/nn/recipe.hpp"
+
+namespace fp8lab::python {
+
+namespace {
+
+using nn::LayerState;
+using nn::LayerStatePtr;
+using nn::QuantContext;
+using nn::TensorKind;
+
+// {"a": "1.4.3", "w": ..., "gx": ..., "gw": ...} with "fp32" for a float32 kind.
+py::dict layer_quant_dict(const nn::LayerQuant& q) {
+  py::dict d;
+  for (TensorKind k : nn::kAllKinds) d[py::str(std::string(nn::to_string(k)))] = nn::to_string(q[k]);
+  return d;
+}
+
+py::dict stats_record(const nn::TensorStats& s) {
+  py::dict d;
+  d["step"] = s.step;
+  d["layer"] = s.layer;
+  d["kind"] = std::string(nn::to_string(s.kind));
+  d["counts"] = counts_dict(s.counts);
+  d["absmax"] = s.absmax;
+  d["histogram"] = histogram_dict(s.hist);
+  if (s.scaled) {
+    py::dict g;
+    g["groups"] = s.groups.groups;
+    g["saturated"] = s.groups.saturated_groups;
+    g["zero"] = s.groups.zero_groups;
+    g["nan"] = s.groups.nan_groups;
+    g["scale_underflow"] = s.groups.scale_underflow;
+    g["scale_overflow"] = s.groups.scale_overflow;
+    d["groups"] = g;
+    d["scale_histogram"] = histogram_dict(s.scale_hist);
+  }
+  return d;
+}
+
+void bind_recipe(py::module_& m) {
+  py::class_<nn::LayerQuant>(m, "LayerQuant", "The quantizers of one layer: a, w, gx, gw (None: float32)")
+      .def("__getitem__", [](const nn::LayerQuant& q, const std::string& kind) {
+        return nn::to_string(q[nn::parse_kind(kind)]);
+      })
+      .def("as_dict", &layer_quant_dict)
+      .def_property_readonly("hadamard", [](const nn::LayerQuant& q) { return q.hadamard; })
+      .def("__eq__", [](const nn::LayerQuant& a, const nn::LayerQuant& b) { return a == b; })
+      .def("__repr__", [](const nn::LayerQuant& q) {
+        std::string s;
+        for (TensorKind k : nn::kAllKinds)
+          s += (s.empty() ? "" : ", ") + std::string(nn::to_string(k)) + "=" + nn::to_string(q[k]);
+        return "LayerQuant(" + s + ")";
+      });
+  m.def("layer_quant", [](const py::dict& kinds) {
+        nn::LayerQuant q;
+        for (auto item : kinds)
+          q[nn::parse_kind(py::cast<std::string>(item.first))] = nn::parse_kind_quant(py::cast<std::string>(item.second));
+        return q;
+      },
+      py::arg("kinds"), "A LayerQuant from {'a': '1.4.3', 'gx': '1.5.2/stochastic', ...}");
+
+  py::class_<nn::Recipe>(m, "Recipe", "Quantizers for the four tensor kinds of every layer, with per-layer overrides")
+      .def(py::init([](const std::string& text) { return nn::load_recipe(text); }), py::arg("text"),
+           "A preset name (fp32, resnet32-152, mxfp8, ...), a line 'a=1.4.3,w=1.4.3,gx=1.5.2' or a .toml file")
+      .def_readonly("name", &nn::Recipe::name)
+      .def_property_readonly("base", [](const nn::Recipe& r) { return r.base; })
+      .def_readonly("exempt_first", &nn::Recipe::exempt_first)
+      .def_readonly("keep_last", &nn::Recipe::keep_last)
+      .def_readonly("compute", &nn::Recipe::compute)
+      .def_readonly("accumulate", &nn::Recipe::accumulate)
+      .def("resolve", &nn::Recipe::resolve, py::arg("path"), py::arg("index"), py::arg("count"),
+           "The quantizers of layer `index` of `count` at module path `path`")
+      .def("check_overrides", [](const nn::Recipe& r, const std::vector<std::string>& paths) {
+             nn::check_overrides(r, paths);
+           },
+           py::arg("paths"), "Raises ValueError naming every override that matches none of the paths")
+      .def("to_line", &nn::Recipe::to_line)
+      .def("__repr__", [](const nn::Recipe& r) { return "Recipe('" + (r.name.empty() ? r.to_line() : r.name) + "')"; });
+  m.def("recipe_presets", [] {
+    py::list l;
+    for (const auto& p : nn::recipe_presets()) {
+      py::dict d;
+      d["name"] = std::string(p.name);
+      d["recipe"] = std::string(p.line);
+      d["note"] = std::string(p.note);
+      l.append(d);
+    }
+    return l;
+  });
+}
+
+void bind_context(py::module_& m) {
+  py::class_<QuantContext, std::shared_ptr<QuantContext>>(m, "QuantContext",
+                                                         "Shared by every quantized layer of a model")
+      .def(py::init([](std::uint64_t seed, const std::string& compute, const std::string& accumulate,
+                       int stats_interval, bool save_codes) {
+             auto c = std::make_shared<QuantContext>();
+             c->seed = seed;
+             c->compute = nn::parse_compute(compute);
+             c->accumulate = nn::parse_accumulation(accumulate);
+             if (stats_interval < 0) throw Error("stats_interval must be >= 0");
+             c->stats_interval = stats_interval;
+             c->save_codes = save_codes;
+             return c;
+           }),
+           py::kw_only(), py::arg("seed") = 0, py::arg("compute") = "fp32", py::arg("accumulate") = "fp32",
+           py::arg("stats_interval") = 0, py::arg("save_codes") = true)
+      .def_property_readonly("seed", [](const QuantContext& c) { return c.seed; })
+      .def_property("step", [](const QuantContext& c) { return c.step.load(); },
+                    [](QuantContext& c, std::uint64_t s) { c.step = s; })
+      .def_readwrite("recording", &QuantContext::recording)
+      .def_readwrite("stats_interval", &QuantContext::stats_interval)
+      .def_property_readonly("compute", [](const QuantContext& c) { return std::string(nn::to_string(c.compute)); })
+      .def_property_readonly("accumulate", [](const QuantContext& c) { return nn::to_string(c.accumulate); })
+      .def_property_readonly("saved_bytes", [](const QuantContext& c) { return c.saved_bytes.load(); })
+      .def_property_readonly("in_place", [](const QuantContext& c) { return c.in_place.load(); },
+                             "Gradients quantized in their own memory so far")
+      .def("take_stats", [](QuantContext& c) {
+             py::list l;
+             for (const auto& s : c.stats->take()) l.append(stats_record(s));
+             return l;
+           },
+           "The statistics records since the last call (and clears them)")
+      .def("take_stat_rows", [](QuantContext& c) { return c.stats->take(); },
+           "The same records as C++ objects, for RunStore.log_stats");
+  py::class_<nn::TensorStats>(m, "TensorStats").def("as_dict", &stats_record);
+
+  py::class_<LayerState, LayerStatePtr>(m, "LayerState", "One quantized layer: its quantizers, streams and counts")
+      .def(py::init([](const std::string& name, const nn::LayerQuant& q, std::shared_ptr<QuantContext> ctx, int index) {
+             if (!ctx) throw Error("a layer needs a QuantContext");
+             return nn::make_layer_state(name, q, std::move(ctx), index);
+           }),
+           py::arg("name"), py::arg("quant"), py::arg("context"), py::arg("index") = 0)
+      .def_readonly("name", &LayerState::name)
+      .def_readonly("index", &LayerState::index)
+      .def_property_readonly("quant", [](const LayerState& s) { return s.quant; })
+      .def_property_readonly("context", [](const LayerState& s) { return s.ctx; })
+      .def("counts", [](const LayerState& s) {
+        py::dict d;
+        const auto c = s.counts();
+        for (TensorKind k : nn::kAllKinds) d[py::str(std::string(nn::to_string(k)))] = counts_dict(c[static_cast<int>(k)]);
+        return d;
+      })
+      .def("reset_counts", &LayerState::reset_counts)
+      .def("products", [](const LayerState& s) {
+             const auto [f, b] = s.products();
+             py::dict d;
+             d["fp32"] = f;
+             d["bf16"] = b;
+             return d;
+           },
+           "Products run so far on each compute path")
+      .def("seed_for", [](const LayerState& s, const std::string& kind, std::uint32_t call, std::uint32_t operand) {
+             return s.seed_for(nn::parse_kind(kind), call, operand);
+           },
+           py::arg("kind"), py::arg("call"), py::arg("operand") = 0,
+           "The stochastic-rounding stream of one tensor in the current step")
+      .def("__repr__", [](const LayerState& s) { return "LayerState('" + s.name + "')"; });
+}
+
+void bind_ops(py::module_& m) {
+  m.def("quant_linear",
+        [](const torch::Tensor& x, const torch::Tensor& w, const std::optional<torch::Tensor>& b, const LayerStatePtr& st) {
+          require_float32(x, "linear input");
+          require_float32(w, "linear weight");
+          py::gil_scoped_release nogil;
+          return nn::quant_linear(x, w, b ? *b : torch::Tensor(), st);
+        },
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("layer"));
+  m.def("quant_conv2d",
+        [](const torch::Tensor& x, const torch::Tensor& w, const std::optional<torch::Tensor>& b,
+           std::vector<std::int64_t> stride, std::vector<std::int64_t> padding, std::vector<std::int64_t> dilation,
+           std::int64_t groups, const LayerStatePtr& st) {
+          require_float32(x, "conv2d input");
+          require_float32(w, "conv2d weight");
+          if (x.dim() != 4) throw Error("conv2d: expected an NCHW input, got " + std::to_string(x.dim()) + " dimensions");
+          py::gil_scoped_release nogil;
+          return nn::quant_conv2d(x, w, b ? *b : torch::Tensor(), std::move(stride), std::move(padding),
+                                  std::move(dilation), groups, st);
+        },
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
+        py::arg("groups"), py::arg("layer"));
+  m.def("quant_matmul",
+        [](const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st) {
+          require_float32(a, "matmul a");
+          require_float32(b, "matmul b");
+          py::gil_scoped_release nogil;
+          return nn::quant_matmul(a, b, st);
+        },
+        py::arg("a"), py::arg("b"), py::arg("layer"));
+}
+
+void bind_loss_scale(py::module_& m) {
+  py::class_<nn::LossScaler>(m, "LossScalerCore", "Loss scaling (static, Backoff, LogMax) as the C++ trainer runs it")
+      .def(py::init([](const std::string& text, std::optional<nn::Recipe> recipe) {
+             nn::LossScaleConfig c = nn::parse_loss_scale(text);
+             if (recipe) c = nn::with_recipe_target(c, *recipe);
+             return nn::LossScaler(c);
+           }),
+           py::arg("text"), py::arg("recipe") = py::none())
+      .def("scale", &nn::LossScaler::scale)
+      .def("log2_scale", &nn::LossScaler::log2_scale)
+      .def("update",
+           [](nn::LossScaler& s, const std::vector<torch::Tensor>& grads) {
+             nn::LossScaleStep r;
+             {
+               py::gil_scoped_release nogil;
+               r = s.update(grads);
+             }
+             py::dict d;
+             d["scale"] = r.scale;
+             d["overflow"] = r.overflow;
+             d["skipped"] = r.skipped;
+             d["log2_max_grad"] = r.log2_max_grad;
+             return d;
+           },
+           py::arg("grads"), "Unscales the gradients in place and decides the step and the next scale")
+      .def("skipped_steps", &nn::LossScaler::skipped_steps)
+      .def("steps", &nn::LossScaler::steps)
+      .def("state", &nn::LossScaler::state)
+      .def("set_state", &nn::LossScaler::set_state)
+      .def("describe", [](const nn::LossScaler& s) { return nn::to_string(s.config()); })
+      .def_property_readonly("method", [](const nn::LossScaler& s) { return std::string(nn::to_string(s.config().method)); })
+      .def_property_readonly("target_max", [](const nn::LossScaler& s) { return s.config().grad_format_max; });
+  m.def("backoff_blind_to_overflow",
+        [](const std::string& text, const nn::Recipe& r) {
+          return nn::backoff_blind_to_overflow(nn::parse_loss_scale(text), r);
+        },
+        py::arg("text"), py::arg("recipe"));
+}
+
+}  // namespace
+
+void bind_nn(py::module_& m) {
+  bind_recipe(m);
+  bind_context(m);
+  bind_ops(m);
+  bind_loss_scale(m);
+}
+
+}  // namespace fp8lab::python

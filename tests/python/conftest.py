@@ -1,0 +1,30 @@
+"""Shared fixtures of the pytest suite (run by CTest with PYTHONPATH=<build>/python)."""
+import os
+import pathlib
+import subprocess
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BUILD = pathlib.Path(os.environ.get("FP8LAB_BUILD", REPO / "build"))
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """Runs the fp8lab command-line program of the same build: cli('quantize', ...)."""
+    exe = BUILD / "fp8lab"
+    if not exe.exists():
+        pytest.fail(f"{exe} is missing: build the project first (cmake --build build)")
+
+    def run(*args):
+        r = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise AssertionError(f"fp8lab {' '.join(map(str, args))} failed:\n{r.stderr}")
+        return r.stdout
+    return run
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(12345)
