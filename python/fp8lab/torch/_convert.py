@@ -1,0 +1,280 @@
+"""quantize_model: a user's torch.nn.Module trained with a recipe's quantizers.
+
+Every torch.nn.Linear and Conv2d anywhere in the module tree becomes a QuantLinear /
+QuantConv2d holding the same parameter tensors; torch.nn.MultiheadAttention becomes
+QuantMultiheadAttention; and where the model traces with torch.fx, products written in its
+forward as torch.matmul, torch.bmm or `@` between two activations become QuantMatmul
+modules. Each quantized layer gets a LayerState with the recipe's quantizers for its module
+path and position (docs/spec.md §4), so the per-layer overrides of a recipe file apply by
+qualified name, exactly as in the C++ library.
+"""
+from __future__ import annotations
+
+import collections
+import operator
+import warnings
+from typing import Dict, List, Optional, Tuple, Union
+
+import torch
+import torch.fx
+
+from .. import _core
+from . import _functional as fn
+from ._modules import LayerSlot, QuantConv2d, QuantLinear, QuantMatmul, QuantMultiheadAttention
+
+_LEAVES = (QuantLinear, QuantConv2d, QuantMatmul, LayerSlot)
+# Evaluation runs under its own step number, as the C++ trainer's (it must not shift the
+# stochastic-rounding streams of training).
+_EVAL_STEP = (1 << 64) - 2
+# Modules with products that have no quantized op here: left float32, and said so.
+_UNSUPPORTED = (torch.nn.Conv1d, torch.nn.Conv3d, torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d,
+                torch.nn.ConvTranspose3d, torch.nn.Bilinear, torch.nn.RNNBase, torch.nn.Transformer)
+
+
+class QuantState:
+    """What quantize_model did to a model, and its quantization state while it trains.
+
+    layers: module path -> LayerState, in model order. skipped: (path, reason) of products
+    left float32. The model's forward advances `step` once per call in training mode
+    (stochastic rounding streams and statistics intervals follow it); in evaluation mode it
+    quantizes under a separate step number and records neither counts nor statistics."""
+
+    def __init__(self, ctx, recipe, layers, skipped, traced: Optional[str]):
+        self.context = ctx
+        self.recipe = recipe
+        self.layers: Dict[str, _core.LayerState] = layers
+        self.skipped: List[Tuple[str, str]] = skipped
+        self.traced = traced  # None: not traced; else what tracing did
+        self.auto_step = True
+        self._next = 0
+        self._saved = None
+
+    # -- step bookkeeping (forward hooks of the quantized model) -----------------------------
+    def _before_forward(self, module, args):
+        if module.training:
+            if self.auto_step:
+                self.context.step = self._next
+                self._next += 1
+        else:
+            self._saved = (self.context.step, self.context.recording)
+            self.context.step = _EVAL_STEP
+            self.context.recording = False
+
+    def _after_forward(self, module, args, out):
+        if not module.training and self._saved is not None:
+            self.context.step, self.context.recording = self._saved
+            self._saved = None
+
+    @property
+    def step(self) -> int:
+        """The step the next training forward pass runs as."""
+        return self._next
+
+    @step.setter
+    def step(self, s: int) -> None:
+        self._next = int(s)
+        self.context.step = int(s)
+
+    # -- what the layers did ------------------------------------------------------------------
+    def counts(self) -> Dict[str, dict]:
+        """Per layer and kind: values quantized, overflows, underflows, NaNs since the last
+        reset_counts()."""
+        return {p: l.counts() for p, l in self.layers.items()}
+
+    def reset_counts(self) -> None:
+        for l in self.layers.values():
+            l.reset_counts()
+
+    def products(self) -> Dict[str, dict]:
+        """Per layer: products run on the float32 and bfloat16 paths."""
+        return {p: l.products() for p, l in self.layers.items()}
+
+    def stats(self) -> List[dict]:
+        """The statistics records since the last call (context stats_interval > 0): per step,
+        layer and kind, the exponent histogram of the tensor before quantization, the counts
+        and the largest magnitude."""
+        return self.context.take_stats()
+
+    def quantizers(self) -> Dict[str, dict]:
+        return {p: l.quant.as_dict() for p, l in self.layers.items()}
+
+    def __repr__(self) -> str:
+        lines = [f"QuantState(recipe={self.recipe!r}, {len(self.layers)} quantized layers, step {self._next})"]
+        for p, l in self.layers.items():
+            q = l.quant.as_dict()
+            lines.append(f"  {p}: " + " ".join(f"{k}={v}" for k, v in q.items()))
+        for p, why in self.skipped:
+            lines.append(f"  {p}: float32 ({why})")
+        return "\n".join(lines)
+
+
+def quant_state(model: torch.nn.Module) -> QuantState:
+    """The QuantState of a model quantize_model returned."""
+    s = getattr(model, "_fp8lab_state", None)
+    if s is None:
+        raise ValueError("this model was not made by fp8lab.torch.quantize_model")
+    return s
+
+
+def _recipe(recipe) -> _core.Recipe:
+    return recipe if isinstance(recipe, _core.Recipe) else _core.Recipe(str(recipe))
+
+
+def _settings(r: _core.Recipe, compute: Optional[str], accumulate: Optional[str]) -> Tuple[str, str]:
+    """The run's compute and accumulation: the arguments, else the recipe file's, else
+    float32; an argument that contradicts the recipe file is an error naming both."""
+    out = []
+    for what, arg, from_file in (("compute", compute, r.compute), ("accumulate", accumulate, r.accumulate)):
+        if arg is not None and from_file and arg != from_file:
+            raise ValueError(f"{what}={arg!r} contradicts the recipe's {what} = {from_file!r}")
+        out.append(arg if arg is not None else (from_file or "fp32"))
+    return out[0], out[1]
+
+
+def _convert_children(module: torch.nn.Module, prefix: str, attention: bool, skipped: list) -> None:
+    """Replaces plain layers by quantized ones in place, depth first."""
+    for name, child in list(module.named_children()):
+        path = f"{prefix}.{name}" if prefix else name
+        if isinstance(child, _LEAVES):
+            continue
+        if type(child) in (torch.nn.Linear, torch.nn.modules.linear.NonDynamicallyQuantizableLinear):
+            setattr(module, name, QuantLinear.adopt(child))
+        elif type(child) is torch.nn.Conv2d:
+            setattr(module, name, QuantConv2d.adopt(child))
+        elif isinstance(child, torch.nn.MultiheadAttention):
+            if attention:
+                setattr(module, name, QuantMultiheadAttention(child))
+            else:
+                skipped.append((path, "MultiheadAttention left as it is (attention=False)"))
+        elif isinstance(child, (torch.nn.Linear, torch.nn.Conv2d)):
+            skipped.append((path, f"{type(child).__name__} subclasses {type(child).__mro__[1].__name__} with "
+                                  "its own code; replace it with a QuantLinear/QuantConv2d yourself"))
+        elif isinstance(child, _UNSUPPORTED):
+            skipped.append((path, f"{type(child).__name__} has no quantized op"))
+        else:
+            _convert_children(child, path, attention, skipped)
+
+
+class _Tracer(torch.fx.Tracer):
+    """Traces with fp8lab's modules as leaves, noting the module path each node comes from."""
+
+    def __init__(self):
+        super().__init__()
+        self.paths = [""]
+
+    def is_leaf_module(self, m, qualname):
+        return isinstance(m, (*_LEAVES, QuantMultiheadAttention)) or super().is_leaf_module(m, qualname)
+
+    def call_module(self, m, forward, args, kwargs):
+        self.paths.append(self.path_of_module(m))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            self.paths.pop()
+
+    def create_node(self, *args, **kwargs):
+        node = super().create_node(*args, **kwargs)
+        node.meta["fp8lab_path"] = self.paths[-1]
+        return node
+
+
+_MATMUL_FUNCTIONS = (torch.matmul, torch.bmm, operator.matmul)
+_MATMUL_METHODS = ("matmul", "bmm", "__matmul__")
+
+
+def _is_matmul(node) -> bool:
+    return ((node.op == "call_function" and node.target in _MATMUL_FUNCTIONS)
+            or (node.op == "call_method" and node.target in _MATMUL_METHODS))
+
+
+def _from_parameter(node) -> bool:
+    """Whether a value comes straight from a parameter or buffer (through views)."""
+    while node.op == "call_method" and node.target in ("t", "transpose", "permute", "view", "reshape", "contiguous"):
+        node = node.args[0]
+    return node.op == "get_attr"
+
+
+def _trace_matmuls(model: torch.nn.Module, skipped: list):
+    """A GraphModule whose activation products are QuantMatmul modules, or (model, note)."""
+    tracer = _Tracer()
+    graph = tracer.trace(model)
+    gm = torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+    used = collections.Counter()
+    replaced = 0
+    for node in list(gm.graph.nodes):
+        if not _is_matmul(node):
+            continue
+        owner = node.meta.get("fp8lab_path", "")
+        a, b = node.args[0], node.args[1]
+        if _from_parameter(a) or _from_parameter(b):
+            skipped.append((f"{owner or '<model>'}:{node.name}", "a product with a parameter is left float32: "
+                            "write it as a torch.nn.Linear to quantize it"))
+            continue
+        base = "matmul"
+        n = used[owner]
+        used[owner] += 1
+        target = f"{owner}.{base}" if owner else base
+        if n:
+            target += f"_{n}"
+        gm.add_submodule(target, QuantMatmul())
+        with gm.graph.inserting_after(node):
+            new = gm.graph.call_module(target, (a, b))
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        replaced += 1
+    if not replaced:
+        return model, "traced: no product between activations in the forward"
+    gm.graph.lint()
+    gm.recompile()
+    return gm, f"traced: {replaced} torch.matmul/bmm/@ products became QuantMatmul modules"
+
+
+def quantize_model(model: torch.nn.Module, recipe: Union[str, _core.Recipe] = "fp32", *, seed: int = 0,
+                   compute: Optional[str] = None, accumulate: Optional[str] = None, stats_interval: int = 0,
+                   save_codes: bool = True, attention: bool = True, trace: str = "auto") -> torch.nn.Module:
+    """Quantizes `model` with `recipe` (a preset, a line 'a=1.4.3,w=1.4.3,gx=1.5.2:24,gw=fp32'
+    or a recipe .toml file with per-layer overrides) and returns it.
+
+    The model is changed in place (its parameters stay the same tensors, so an optimizer
+    built before keeps working), except that a model whose forward calls torch.matmul,
+    torch.bmm or `@` on two activations is returned as a torch.fx.GraphModule with those
+    products quantized (trace='auto', when the model traces; trace='off' skips tracing;
+    trace='require' makes a model that does not trace an error). Where the model does not
+    trace, such products stay float32, and the returned model's QuantState says so.
+
+    seed: the run seed of stochastic rounding. compute / accumulate: the products' path and
+    accumulation (docs/spec.md §7), else the recipe file's, else fp32. stats_interval:
+    record exponent histograms every N steps. fp8lab.torch.quant_state(model) gives the
+    layers, counts and statistics.
+    """
+    if trace not in ("auto", "off", "require"):
+        raise ValueError(f"trace must be 'auto', 'off' or 'require' (got {trace!r})")
+    if getattr(model, "_fp8lab_state", None) is not None:
+        raise ValueError("this model is quantized already; quantize the original model once")
+    r = _recipe(recipe)
+    comp, acc = _settings(r, compute, accumulate)
+    ctx = fn.context(seed=seed, compute=comp, accumulate=acc, stats_interval=stats_interval, save_codes=save_codes)
+    skipped: list = []
+    _convert_children(model, "", attention, skipped)
+    traced = None
+    if trace != "off":
+        try:
+            model, traced = _trace_matmuls(model, skipped)
+        except Exception as e:  # torch.fx raises many kinds on models it cannot trace
+            if trace == "require":
+                raise ValueError(f"the model does not trace with torch.fx: {e}") from e
+            traced = (f"not traced ({type(e).__name__}: {e}); torch.matmul/bmm/@ products in its forward "
+                      "stay float32: use fp8lab.torch.QuantMatmul or fp8lab.torch.matmul there")
+            warnings.warn(f"fp8lab.torch.quantize_model: the model is {traced}", stacklevel=2)
+    sites = [(p, m) for p, m in model.named_modules() if isinstance(m, _LEAVES)]
+    paths = [p for p, _ in sites]
+    r.check_overrides(paths)
+    layers = collections.OrderedDict()
+    for i, (p, m) in enumerate(sites):
+        m.layer = _core.LayerState(p, r.resolve(p, i, len(sites)), ctx, i)
+        layers[p] = m.layer
+    state = QuantState(ctx, r.name or r.to_line(), layers, skipped, traced)
+    model._fp8lab_state = state
+    model.register_forward_pre_hook(state._before_forward)
+    model.register_forward_hook(state._after_forward)
+    return model

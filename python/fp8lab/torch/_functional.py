@@ -1,0 +1,66 @@
+"""Quantized products as functions: the C++ library's autograd functions (docs/spec.md §4).
+
+    y = f(Q_a(x), Q_w(w)) + b         dL/dx = f_x'(Q_gx(g), Q_w(w))
+    dL/dw = Q_gw(f_w'(Q_a(x), Q_gx(g)))   dL/db = sum of g (float32)
+
+`layer` is a LayerState: its quantizers, its stochastic-rounding streams (fresh per step
+and call), its counts and statistics. The tensors saved for backward are the 8-bit codes
+of Q_a(x), decoded in backward; gradients are quantized in their own memory where nothing
+else holds them.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .. import _core
+
+LayerState = _core.LayerState
+QuantContext = _core.QuantContext
+
+
+def context(*, seed: int = 0, compute: str = "fp32", accumulate: str = "fp32", stats_interval: int = 0,
+            save_codes: bool = True) -> QuantContext:
+    """The state every quantized layer of a model shares: the run seed, the step number
+    (stochastic rounding streams derive from both), the compute path of the products
+    (fp32, auto or bf16, docs/spec.md §7), their accumulation (fp32 or FORMAT@CHUNK) and how
+    often statistics are recorded (every N steps; 0: never)."""
+    return QuantContext(seed=seed, compute=compute, accumulate=accumulate, stats_interval=stats_interval,
+                        save_codes=save_codes)
+
+
+def layer(name: str, ctx: Optional[QuantContext] = None, *, index: int = 0, a: str = "fp32", w: str = "fp32",
+          gx: str = "fp32", gw: str = "fp32") -> LayerState:
+    """A LayerState with quantizers given per kind: a format, a scaled format or fp32, with an
+    optional /ROUNDING and /OVERFLOW ("1.5.2:24/stochastic", "mxfp8_e4m3", "e5m2/rne/nan")."""
+    q = _core.layer_quant({"a": a, "w": w, "gx": gx, "gw": gw})
+    return LayerState(name, q, ctx if ctx is not None else context(), index)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: LayerState) -> torch.Tensor:
+    """torch.nn.functional.linear with quantized operands and gradients."""
+    return _core.quant_linear(x, weight, bias, layer)
+
+
+def _pair(v: Union[int, Sequence[int]]) -> list:
+    return [int(v), int(v)] if isinstance(v, int) else [int(i) for i in v]
+
+
+def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: LayerState, stride=1,
+           padding=0, dilation=1, groups: int = 1) -> torch.Tensor:
+    """torch.nn.functional.conv2d (NCHW or unbatched CHW, numeric padding) with quantized
+    operands and gradients."""
+    if isinstance(padding, str):
+        raise ValueError(f"conv2d: padding={padding!r}; give the padding as numbers "
+                         "(QuantConv2d converts 'same' and 'valid')")
+    unbatched = x.dim() == 3
+    y = _core.quant_conv2d(x.unsqueeze(0) if unbatched else x, weight, bias, _pair(stride), _pair(padding),
+                           _pair(dilation), int(groups), layer)
+    return y.squeeze(0) if unbatched else y
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, layer: LayerState) -> torch.Tensor:
+    """torch.matmul of two activations (attention's Q K^T and A V): both operands take the
+    activation quantizer, the gradients grad_x's."""
+    return _core.quant_matmul(a, b, layer)

@@ -1,0 +1,422 @@
+"""fp8lab.torch: quantized ops, modules, quantize_model, loss scaling and the results store.
+
+The ops are checked against the composition of torch's own float32 ops with
+fp8lab.quantize (docs/spec.md §4), quantize_model against the C++ library's quantize_model
+on the same weights and inputs (tests/python/cpp_reference.cpp), and the float32 path
+against torch's own layers.
+"""
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fp8lab
+import fp8lab.torch as ft
+from conftest import BUILD
+
+A, W, GX, GW = "1.4.3:10", "1.4.3:14", "1.5.2:24", "1.5.2:33"
+
+
+def q(t, fmt, layer=None, kind=None, operand=0, call=0):
+    """Q(t) as the layer quantizes it: stochastic rounding draws the layer's stream."""
+    name, _, rounding = fmt.partition("/")
+    seed = layer.seed_for(kind, call, operand) if rounding == "stochastic" else 0
+    return fp8lab.quantize(t.detach().contiguous(), name, rounding=rounding or "nearest-even", seed=seed)
+
+
+def same(a, b):
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("sr", ["", "/stochastic"])
+def test_linear_is_the_composition_of_torch_and_quantize(sr):
+    torch.manual_seed(0)
+    lay = ft.layer("fc", a=A + sr, w=W + sr, gx=GX + sr, gw=GW + sr)
+    x = torch.randn(6, 5, 32, requires_grad=True)
+    w = (torch.randn(24, 32) * 0.1).requires_grad_()
+    b = torch.randn(24, requires_grad=True)
+    g = torch.randn(6, 5, 24) * 1e-3
+    y = ft.linear(x, w, b, lay)
+    y.backward(g)
+    xq, wq = q(x, A + sr, lay, "a"), q(w, W + sr, lay, "w")
+    same(y, F.linear(xq, wq, b.detach()))
+    gq = q(g, GX + sr, lay, "gx")
+    same(x.grad, gq.reshape(-1, 24).mm(wq).reshape(6, 5, 32))
+    same(w.grad, q(xq.reshape(-1, 32).t().mm(gq.reshape(-1, 24)).t().contiguous(), GW + sr, lay, "gw"))
+    same(b.grad, g.reshape(-1, 24).sum(0))
+    c = lay.counts()
+    assert c["a"]["total"] == x.numel() and c["gw"]["total"] == w.numel()
+
+
+@pytest.mark.parametrize("geometry", [dict(stride=1, padding=1, dilation=1, groups=1),
+                                      dict(stride=2, padding=0, dilation=2, groups=2),
+                                      dict(stride=1, padding=1, dilation=1, groups=8)])
+def test_conv2d_is_the_composition_of_torch_and_quantize(geometry):
+    torch.manual_seed(1)
+    lay = ft.layer("conv", a=A, w=W, gx=GX, gw=GW)
+    cin = 8
+    x = torch.randn(2, cin, 9, 9, requires_grad=True)
+    w = (torch.randn(8, cin // geometry["groups"], 3, 3) * 0.2).requires_grad_()
+    b = torch.randn(8, requires_grad=True)
+    y = ft.conv2d(x, w, b, lay, **geometry)
+    g = torch.randn_like(y) * 1e-3
+    y.backward(g)
+    xq, wq, gq = q(x, A), q(w, W), q(g, GX)
+    xr = xq.clone().requires_grad_()
+    wr = wq.clone().requires_grad_()
+    yr = F.conv2d(xr, wr, b.detach(), **geometry)
+    same(y, yr)
+    yr.backward(gq)
+    same(x.grad, xr.grad)
+    same(w.grad, q(wr.grad, GW))
+    br = b.detach().clone().requires_grad_()  # libtorch's bias reduction of the float32 gradient
+    F.conv2d(xq, wq, br, **geometry).backward(g)
+    same(b.grad, br.grad)
+
+
+def test_matmul_quantizes_both_operands_as_activations():
+    torch.manual_seed(2)
+    lay = ft.layer("scores", a=A + "/stochastic", gx=GX + "/stochastic")
+    a = torch.randn(4, 7, 16, requires_grad=True)
+    b = torch.randn(4, 16, 9, requires_grad=True)
+    y = ft.matmul(a, b, lay)
+    g = torch.randn(4, 7, 9) * 1e-2
+    y.backward(g)
+    aq, bq = q(a, A + "/stochastic", lay, "a", 0), q(b, A + "/stochastic", lay, "a", 1)
+    same(y, torch.matmul(aq, bq))
+    gq = q(g, GX + "/stochastic", lay, "gx")
+    same(a.grad, torch.matmul(gq, bq.transpose(1, 2)))
+    same(b.grad, torch.matmul(aq.transpose(1, 2), gq))
+
+
+def test_float32_layers_equal_torch_bit_for_bit():
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(8 * 6 * 6, 5))
+    ref = torch.nn.Sequential(*[m for m in model])  # the same parameter tensors
+    x = torch.randn(4, 3, 6, 6)
+    y_ref = ref(x)
+    y_ref.sum().backward()
+    grads = [p.grad.clone() for p in ref.parameters()]
+    model.zero_grad()
+    qm = ft.quantize_model(model, "fp32")
+    y = qm(x)
+    y.sum().backward()
+    same(y, y_ref)
+    for p, g in zip(qm.parameters(), grads):
+        same(p.grad, g)
+
+
+@pytest.mark.filterwarnings("ignore:Input #:UserWarning")
+def test_gradcheck_with_float32_quantizers():
+    lay = ft.layer("l")  # every kind float32: the ops are differentiable exactly
+    x = torch.randn(3, 5, dtype=torch.float32, requires_grad=True)
+    w = torch.randn(4, 5, requires_grad=True)
+    b = torch.randn(4, requires_grad=True)
+    # gradcheck needs float64, which fp8lab does not take: compare the analytic gradients
+    # with central differences in float32 at a tolerance for float32 rounding.
+    assert torch.autograd.gradcheck(lambda x, w, b: ft.linear(x, w, b, lay), (x, w, b), eps=1e-2, atol=1e-2,
+                                    rtol=1e-2, check_undefined_grad=False)
+    xc = torch.randn(1, 2, 5, 5, requires_grad=True)
+    wc = torch.randn(3, 2, 3, 3, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: ft.conv2d(x, w, None, lay, padding=1), (xc, wc), eps=1e-2,
+                                    atol=2e-2, rtol=1e-2, check_undefined_grad=False)
+    a = torch.randn(2, 3, 4, requires_grad=True)
+    bm = torch.randn(2, 4, 3, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: ft.matmul(a, b, lay), (a, bm), eps=1e-2, atol=1e-2, rtol=1e-2,
+                                    check_undefined_grad=False)
+
+
+# ---- quantize_model against the C++ library -----------------------------------------------
+
+def cnn():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=2), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+
+
+@pytest.mark.parametrize("recipe", ["resnet32-152",
+                                    "a=1.4.3:10/stochastic,w=1.4.3:14,gx=1.5.2:24/stochastic,gw=1.5.2:33/stochastic",
+                                    "mxfp8"])
+def test_quantize_model_equals_the_cpp_library(tmp_path, recipe):
+    torch.manual_seed(4)
+    model = cnn()
+    for i in (0, 2, 5, 7):
+        np.save(tmp_path / f"p{i}w.npy", model[i].weight.detach().numpy())
+        np.save(tmp_path / f"p{i}b.npy", model[i].bias.detach().numpy())
+    steps = 3
+    for k in range(steps):
+        np.save(tmp_path / f"x{k}.npy", torch.randn(4, 1, 8, 8).numpy())
+        np.save(tmp_path / f"r{k}.npy", torch.randn(4, 10).numpy())
+    subprocess.run([str(BUILD / "fp8lab_python_reference"), str(tmp_path), recipe, "11", str(steps), "fp32"],
+                   check=True)
+    qm = ft.quantize_model(model, recipe, seed=11)
+    for k in range(steps):
+        x = torch.from_numpy(np.load(tmp_path / f"x{k}.npy")).requires_grad_()
+        y = qm(x)
+        (y * torch.from_numpy(np.load(tmp_path / f"r{k}.npy"))).sum().backward()
+        same(y.detach(), torch.from_numpy(np.load(tmp_path / f"y{k}.npy")))
+        same(x.grad, torch.from_numpy(np.load(tmp_path / f"gx{k}.npy")))
+        for i in (0, 2, 5, 7):
+            same(qm[i].weight.grad, torch.from_numpy(np.load(tmp_path / f"p{i}w_g{k}.npy")))
+            same(qm[i].bias.grad, torch.from_numpy(np.load(tmp_path / f"p{i}b_g{k}.npy")))
+        qm.zero_grad()
+    assert ft.quant_state(qm).step == steps
+
+
+# ---- quantize_model on arbitrary module trees ------------------------------------------------
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.conv = torch.nn.Conv2d(2, 2, 3, padding="same", padding_mode="reflect")
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 16)
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+        self.rnn = torch.nn.GRU(16, 16)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = torch.relu(b(h))
+        return self.head(h)
+
+
+def test_quantize_model_replaces_every_layer_by_qualified_name(tmp_path):
+    net = Net()
+    params = {n: p for n, p in net.named_parameters()}
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)  # built before: must keep working
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('name = "mine"\na = "1.4.3"\nw = "1.4.3"\ngx = "1.5.2"\n'
+                      '[[override]]\nmatch = "blocks.1.*"\nw = "1.5.2:20"\n'
+                      '[[override]]\nmatch = "last"\na = "fp32"\nw = "fp32"\n')
+    qm = ft.quantize_model(net, str(recipe))
+    st = ft.quant_state(qm)
+    assert list(st.layers) == ["embed", "blocks.0.proj", "blocks.0.conv", "blocks.1.proj", "blocks.1.conv", "head"]
+    assert st.quantizers()["blocks.1.proj"]["w"] == "1.5.2:20"
+    assert st.quantizers()["blocks.0.proj"]["w"] == "1.4.3"
+    assert st.quantizers()["head"]["w"] == "fp32"
+    assert st.quantizers()["embed"]["a"] == "fp32"  # the first layer's input stays float32
+    assert ("rnn", "GRU has no quantized op") in st.skipped
+    assert isinstance(qm.blocks[0].proj, ft.QuantLinear)
+    assert {n: p for n, p in qm.named_parameters()} == params  # the same tensors, the same names
+    assert set(qm.state_dict()) == set(Net().state_dict())
+    x = torch.randn(5, 8)
+    qm(x).sum().backward()
+    before = qm.head.weight.detach().clone()
+    opt.step()
+    assert not torch.equal(before, qm.head.weight)
+    y = qm.blocks[0].conv(torch.randn(1, 2, 5, 5))  # padding 'same' with reflection
+    assert y.shape == (1, 2, 5, 5)
+    with pytest.raises(ValueError, match="nomatch"):
+        bad = tmp_path / "bad.toml"
+        bad.write_text('a = "1.4.3"\n[[override]]\nmatch = "nomatch.*"\nw = "fp32"\n')
+        ft.quantize_model(Net(), str(bad))
+
+
+def test_quantize_model_reflect_and_same_padding_match_torch():
+    torch.manual_seed(5)
+    conv = torch.nn.Conv2d(2, 3, 3, padding="same", padding_mode="reflect")
+    x = torch.randn(1, 2, 6, 6)
+    want = conv(x)
+    m = ft.quantize_model(torch.nn.Sequential(conv), "fp32")
+    same(m(x), want)
+
+
+class Attention(torch.nn.Module):
+    """Attention written with torch.matmul and @, as users write it."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.out = torch.nn.Linear(d, d)
+        self.scale = torch.nn.Parameter(torch.ones(d, d))
+
+    def forward(self, x):
+        qkv = self.qkv(x)
+        d = qkv.shape[-1] // 3
+        q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
+        a = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) / 4.0, dim=-1)
+        h = (a @ v) @ self.scale  # the last product has a parameter: stays float32
+        return self.out(h)
+
+
+def test_traced_matmuls_become_quantized_and_params_are_reported():
+    torch.manual_seed(6)
+    m = Attention()
+    x = torch.randn(2, 5, 16)
+    want = m(x)
+    qm = ft.quantize_model(m, "fp32")
+    st = ft.quant_state(qm)
+    assert [p for p in st.layers if "matmul" in p] == ["matmul", "matmul_1"]
+    assert any("parameter" in why for _, why in st.skipped)
+    same(qm(x), want)  # float32 quantizers: torch's own result
+    qm8 = ft.quantize_model(Attention(), "a=1.4.3,w=1.4.3,gx=1.5.2")
+    qm8(x).sum().backward()
+    assert ft.quant_state(qm8).counts()["matmul"]["a"]["total"] == 2 * (2 * 5 * 16)
+
+
+class Untraceable(Attention):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: torch.fx cannot trace it
+            x = x * 2
+        return super().forward(x)
+
+
+def test_models_that_do_not_trace_say_so():
+    with pytest.warns(UserWarning, match="stay float32"):
+        qm = ft.quantize_model(Untraceable(), "a=1.4.3,w=1.4.3")
+    st = ft.quant_state(qm)
+    assert "not traced" in st.traced
+    assert list(st.layers) == ["qkv", "out"]
+    with pytest.raises(ValueError, match="does not trace"):
+        ft.quantize_model(Untraceable(), "fp32", trace="require")
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_multihead_attention_equals_torch_in_float32(batch_first):
+    torch.manual_seed(7)
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=batch_first)
+    x = torch.randn(5, 3, 16) if not batch_first else torch.randn(3, 5, 16)
+    mem = torch.randn(7, 3, 16) if not batch_first else torch.randn(3, 7, 16)
+    causal = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[0, -2:] = True
+    want_self, w_self = mha(x, x, x, attn_mask=causal)
+    want_cross, _ = mha(x, mem, mem, key_padding_mask=pad)
+    model = torch.nn.Sequential(mha)
+    qm = ft.quantize_model(model, "fp32")
+    got_self, g_self = qm[0](x, x, x, attn_mask=causal)
+    got_cross, _ = qm[0](x, mem, mem, key_padding_mask=pad)
+    torch.testing.assert_close(got_self, want_self, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g_self, w_self, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_cross, want_cross, rtol=1e-5, atol=1e-6)
+    assert list(ft.quant_state(qm).layers) == ["0.in_proj", "0.scores", "0.context", "0.out_proj"]
+
+
+def test_multihead_attention_quantized_counts_every_product():
+    mha = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
+    qm = ft.quantize_model(torch.nn.Sequential(mha), "a=1.4.3,w=1.4.3,gx=1.5.2,first=0")
+    x = torch.randn(2, 6, 16)
+    qm(x).sum().backward()
+    c = ft.quant_state(qm).counts()
+    assert c["0.self_attn.scores"]["a"]["total"] == 2 * (2 * 4 * 6 * 4)
+    assert c["0.self_attn.in_proj"]["w"]["total"] == 3 * 16 * 16
+    assert c["0.linear1"]["gx"]["total"] == 2 * 6 * 32
+
+
+# ---- steps, evaluation, statistics ------------------------------------------------------------
+
+def test_steps_advance_in_training_and_evaluation_leaves_them_alone():
+    torch.manual_seed(8)
+    qm = ft.quantize_model(cnn(), "a=1.4.3/stochastic,w=1.4.3/stochastic,first=0", stats_interval=2)
+    st = ft.quant_state(qm)
+    x = torch.randn(2, 1, 8, 8)
+    y0 = qm(x)
+    y1 = qm(x)
+    assert not torch.equal(y0, y1)  # fresh streams at each step
+    assert st.step == 2
+    recs = st.stats()
+    assert {r["step"] for r in recs} == {0}  # every second step
+    assert {r["layer"] for r in recs} == {"0", "2", "5", "7"}
+    qm.eval()
+    e0 = qm(x)
+    assert st.step == 2 and st.stats() == []  # evaluation neither advances nor records
+    qm.train()
+    st.step = 1
+    same(qm(x), y1)  # the same step draws the same streams
+    qm.eval()
+    same(qm(x), e0)  # each evaluation starts from the same streams
+    qm.train()
+    h = recs[0]["histogram"]
+    assert sum(h["counts"]) + h["zero"] > 0
+
+
+def test_loss_scaler_is_used_like_grad_scaler():
+    torch.manual_seed(9)
+    model = ft.quantize_model(cnn(), "a=1.4.3,w=1.4.3,gx=1.5.2:15/rne/nan,gw=1.5.2")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = ft.LossScaler("backoff:init=40,interval=2", recipe="a=1.4.3,w=1.4.3,gx=1.5.2:15/rne/nan,gw=1.5.2")
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    for _ in range(12):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        before = model[7].weight.detach().clone()
+        scaler.step(opt)
+        assert torch.equal(before, model[7].weight) == scaler.last["skipped"]  # a skipped step changes nothing
+        scaler.update()
+    assert scaler.skipped_steps > 0  # 2^40 overflows the gradient format
+    assert scaler.get_scale() < 2.0 ** 40
+    assert [t[2] for t in scaler.trace].count(True) == scaler.skipped_steps
+    state = scaler.state_dict()
+    other = ft.LossScaler("backoff:init=40,interval=2")
+    other.load_state_dict(state)
+    assert other.get_scale() == scaler.get_scale()
+    with pytest.raises(RuntimeError):
+        scaler.update()
+
+
+def test_logmax_aims_at_the_recipe_gradient_format():
+    s = ft.LossScaler("logmax:c=1", recipe="a=1.4.3,w=1.4.3,gx=1.5.2:24,gw=fp32")
+    assert s._core.target_max == fp8lab.Format("1.5.2:24").max
+    with pytest.warns(UserWarning, match="saturates"):
+        ft.LossScaler("backoff", recipe="a=1.4.3,gx=1.5.2")
+
+
+def test_runs_land_in_the_results_store(tmp_path, cli):
+    db = tmp_path / "r.db"
+    qm = ft.quantize_model(cnn(), "resnet32-152", stats_interval=1)
+    scaler = ft.LossScaler("static:4")
+    opt = torch.optim.SGD(qm.parameters(), lr=0.01)
+    with ft.RunRecorder(db, "python-cnn", model=qm, scaler=scaler, seed=3, config={"lr": 0.01}) as run:
+        for step in range(3):
+            opt.zero_grad()
+            loss = qm(torch.randn(2, 1, 8, 8)).square().mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            run.log(step + 1, loss=loss.item())
+        run.finish(0.5, "test_accuracy")
+    rows = json.loads(cli("runs", "--db", db, "--json"))
+    assert len(rows) == 1
+    r = rows[0]
+    assert (r["name"], r["status"], r["recipe"], r["final_metric"]) == ("python-cnn", "finished", "resnet32-152", 0.5)
+    store = fp8lab._core.Store(str(db))
+    assert [v for _, v in store.metric(run.id, "loss")] and len(store.loss_scale_trace(run.id)) == 3
+    assert {s["layer"] for s in store.stats(run.id)} == {"0", "2", "5", "7"}
+    with pytest.raises(ZeroDivisionError):
+        with ft.RunRecorder(db, "broken") as run2:
+            1 / 0
+    assert store.runs(name="broken")[0]["status"] == "failed"
+
+
+def test_errors_are_python_exceptions():
+    lay = ft.layer("l", a="1.4.3")
+    with pytest.raises(TypeError, match="float32"):
+        ft.linear(torch.randn(2, 3, dtype=torch.float64), torch.randn(4, 3), None, lay)
+    with pytest.raises(ValueError, match="recipe|format|'nonsense'"):
+        ft.quantize_model(cnn(), "nonsense")
+    with pytest.raises(ValueError):
+        ft.layer("l", a="1.9.9")
+    with pytest.raises(ValueError, match="contradicts"):
+        ft.quantize_model(cnn(), str(BUILD.parent / "configs/recipes/deepseek-v3.toml"), compute="fp32")
+    with pytest.raises(ValueError, match="already"):
+        m = ft.quantize_model(cnn(), "fp32")
+        ft.quantize_model(m, "fp32")
+    with pytest.raises(ValueError):  # shapes that do not fit: libtorch's message, not a crash
+        ft.linear(torch.randn(2, 3), torch.randn(4, 5), None, lay)
