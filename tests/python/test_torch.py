@@ -309,14 +309,22 @@ def test_multihead_attention_equals_torch_in_float32(batch_first):
 
 
 def test_multihead_attention_quantized_counts_every_product():
-    mha = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
-    qm = ft.quantize_model(torch.nn.Sequential(mha), "a=1.4.3,w=1.4.3,gx=1.5.2,first=0")
+    torch.manual_seed(10)
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True), 1)
     x = torch.randn(2, 6, 16)
+    enc.eval()
+    with torch.no_grad():
+        plain = enc(x)
+    qm = ft.quantize_model(torch.nn.Sequential(enc), "a=1.4.3,w=1.4.3,gx=1.5.2,first=0")
+    qm.eval()
+    with torch.no_grad():  # libtorch's fused inference path must not bypass the quantizers
+        assert not torch.allclose(qm(x), plain, atol=1e-3)
+    qm.train()
     qm(x).sum().backward()
     c = ft.quant_state(qm).counts()
-    assert c["0.self_attn.scores"]["a"]["total"] == 2 * (2 * 4 * 6 * 4)
-    assert c["0.self_attn.in_proj"]["w"]["total"] == 3 * 16 * 16
-    assert c["0.linear1"]["gx"]["total"] == 2 * 6 * 32
+    assert c["0.layers.0.self_attn.scores"]["a"]["total"] == 2 * (2 * 4 * 6 * 4)
+    assert c["0.layers.0.self_attn.in_proj"]["w"]["total"] == 3 * 16 * 16
+    assert c["0.layers.0.linear1"]["gx"]["total"] == 2 * 6 * 32
 
 
 # ---- steps, evaluation, statistics ------------------------------------------------------------

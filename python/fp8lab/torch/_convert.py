@@ -152,6 +152,10 @@ def _convert_children(module: torch.nn.Module, prefix: str, attention: bool, ski
         elif isinstance(child, _UNSUPPORTED):
             skipped.append((path, f"{type(child).__name__} has no quantized op"))
         else:
+            if isinstance(child, torch.nn.TransformerEncoderLayer):
+                # libtorch's fused inference path of encoder layers (eval mode, no grad) reads
+                # the weights directly and would bypass the quantized layers: turn it off.
+                child.activation_relu_or_gelu = 0
             _convert_children(child, path, attention, skipped)
 
 

@@ -134,9 +134,13 @@ class QuantMultiheadAttention(torch.nn.Module):
         super().__init__()
         if mha.bias_k is not None or mha.add_zero_attn:
             raise ValueError("QuantMultiheadAttention: add_bias_kv and add_zero_attn are not supported")
+        # torch.nn.MultiheadAttention's attributes, which code around attention reads.
         self.embed_dim, self.num_heads, self.head_dim = mha.embed_dim, mha.num_heads, mha.head_dim
+        self.kdim, self.vdim = mha.kdim, mha.vdim
         self.batch_first, self.dropout = mha.batch_first, mha.dropout
-        self.packed = mha._qkv_same_embed_dim
+        self.bias_k = self.bias_v = None
+        self.add_zero_attn = False
+        self.packed = self._qkv_same_embed_dim = mha._qkv_same_embed_dim
         if self.packed:
             self.in_proj_weight = mha.in_proj_weight
         else:
