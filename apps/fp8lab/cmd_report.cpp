@@ -1,6 +1,7 @@
 // fp8lab report SWEEP.toml [--out DIR]: the sweep's table (mean +- sd per point, one-sided
 // Mann-Whitney U against the baseline, asterisks) printed and written as Markdown and CSV,
-// and its plots as SVG and PNG.
+// and its plots as SVG and PNG. fp8lab report --name NAME: the same table over every run of
+// that name, grouped by recipe and loss scaling (runs trained from Python, say).
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -14,15 +15,22 @@ namespace fp8lab::cli {
 
 namespace {
 struct ReportArgs {
-  std::string sweep, db = "results.db", out;
+  std::string sweep, name, db = "results.db", out;
 };
 
 void run_report(const ReportArgs& a) {
-  const experiments::Sweep s = experiments::load_sweep(a.sweep);
+  if (a.sweep.empty() == a.name.empty()) throw Error("report: give a sweep file or --name NAME (one of them)");
   if (!std::filesystem::exists(a.db)) throw Error(a.db + ": no results store here (run the sweep first, or pass --db)");
   const results::Store store(a.db);
+  experiments::Sweep s;
+  experiments::SweepReport rep;
+  if (a.name.empty()) {
+    s = experiments::load_sweep(a.sweep);
+    rep = experiments::analyse(s, store);
+  } else {
+    rep = experiments::analyse_named(store, a.name, s);
+  }
   const std::string out = a.out.empty() ? "reports/" + s.name : a.out;
-  const auto rep = experiments::analyse(s, store);
   const auto files = experiments::write_report(s, rep, store, out);
   std::fputs(experiments::to_markdown(s, rep).c_str(), stdout);
   for (const auto& f : files) std::fprintf(stderr, "wrote %s\n", f.c_str());
@@ -32,7 +40,8 @@ void run_report(const ReportArgs& a) {
 void register_report(CLI::App& app) {
   auto args = std::make_shared<ReportArgs>();
   auto* cmd = app.add_subcommand("report", "Tables (Markdown, CSV) and plots (SVG, PNG) of a sweep's results");
-  cmd->add_option("sweep", args->sweep, "Sweep file (TOML)")->required();
+  cmd->add_option("sweep", args->sweep, "Sweep file (TOML)");
+  cmd->add_option("--name", args->name, "Instead of a sweep: every run of this name, by recipe and loss scaling");
   cmd->add_option("--db", args->db, "Results store (SQLite)")->capture_default_str();
   cmd->add_option("--out", args->out, "Output folder (default reports/<sweep name>)");
   cmd->callback([args] { run_report(*args); });

@@ -331,6 +331,59 @@ std::string paper_notation(const nn::KindQuant& q) {
   return s;
 }
 
+namespace {
+
+// Adds one run's mean log2 scale (each trace point weighted by the steps it held) and its
+// skipped steps to a point's sums {sum of run means, runs} and skipped steps.
+void add_trace(const std::vector<std::tuple<std::int64_t, int, bool>>& trace, std::pair<double, double>& scale_sum,
+               double& skipped_sum) {
+  if (trace.empty()) return;
+  double sum = 0, steps = 0, skipped = 0;
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    const double len = i + 1 < trace.size() ? static_cast<double>(std::get<0>(trace[i + 1]) - std::get<0>(trace[i])) : 1.0;
+    sum += std::get<1>(trace[i]) * len, steps += len;
+    skipped += std::get<2>(trace[i]);
+  }
+  scale_sum.first += sum / steps;
+  scale_sum.second += 1;
+  skipped_sum += skipped;
+}
+
+// The figures of every point once its runs are in: loss-scale means, the metric's name and
+// direction, mean +- sd, and the test against the baseline.
+void conclude(const Sweep& s, SweepReport& rep, const std::set<std::string>& metric_names,
+              const std::map<int, std::pair<double, double>>& scale_sums, const std::map<int, double>& skipped_sums) {
+  for (const auto& [pt, acc] : scale_sums) {
+    if (acc.second == 0) continue;
+    rep.points[static_cast<std::size_t>(pt)].mean_log2_scale = acc.first / acc.second;
+    rep.points[static_cast<std::size_t>(pt)].skipped_steps = skipped_sums.at(pt) / acc.second;
+  }
+  rep.metric = !s.metric.empty() ? s.metric : metric_names.empty() ? "metric" : *metric_names.begin();
+  const bool higher = s.better.empty() ? rep.metric.find("loss") == std::string::npos : s.better == "higher";
+  rep.higher_is_better = higher;
+  for (auto& pr : rep.points) pr.stats = results::mean_sd(pr.values);
+  if (s.baseline >= 0) {
+    const auto& base = rep.points[static_cast<std::size_t>(s.baseline)].values;
+    for (auto& pr : rep.points) {
+      if (pr.point == s.baseline || pr.values.empty() || base.empty()) continue;
+      // One-sided: is this point worse than the baseline?
+      pr.test = results::mann_whitney_u(pr.values, base, higher ? results::Alternative::less : results::Alternative::greater);
+      pr.significant = pr.test->p < rep.alpha;
+    }
+  }
+}
+
+void kinds_of(PointResult& pr) {
+  try {
+    const nn::Recipe rec = nn::load_recipe(pr.recipe);
+    for (int k = 0; k < 4; ++k) pr.kinds[k] = paper_notation(rec.base.q[static_cast<std::size_t>(k)]);
+  } catch (const Error&) {
+    for (auto& k : pr.kinds) k = "?";
+  }
+}
+
+}  // namespace
+
 SweepReport analyse(const Sweep& s, const results::Store& store) {
   SweepReport rep;
   const auto rows = store.runs({.name = s.name});
@@ -344,12 +397,7 @@ SweepReport analyse(const Sweep& s, const results::Store& store) {
     if (pr.recipe.empty()) {
       pr.recipe = r.cfg.quant.recipe;
       pr.loss_scale = r.cfg.quant.loss_scale;
-      try {
-        const nn::Recipe rec = nn::load_recipe(r.cfg.quant.recipe);
-        for (int k = 0; k < 4; ++k) pr.kinds[k] = paper_notation(rec.base.q[static_cast<std::size_t>(k)]);
-      } catch (const Error&) {
-        for (auto& k : pr.kinds) k = "?";
-      }
+      kinds_of(pr);
     }
     const RunState st = run_state(r, rows, "");
     if (st.kind != RunState::done) {
@@ -375,39 +423,60 @@ SweepReport analyse(const Sweep& s, const results::Store& store) {
     }
     if (std::isfinite(v)) pr.values.push_back(v);
     else ++pr.missing;
-    if (r.cfg.quant.loss_scale != "none") {
-      // Each trace point holds the scale from its step on: weight it by the steps it held.
-      const auto trace = store.loss_scale_trace(st.row->id);
-      if (!trace.empty()) {
-        double sum = 0, steps = 0, skipped = 0;
-        for (std::size_t i = 0; i < trace.size(); ++i) {
-          const double len = i + 1 < trace.size() ? static_cast<double>(std::get<0>(trace[i + 1]) - std::get<0>(trace[i])) : 1.0;
-          sum += std::get<1>(trace[i]) * len, steps += len;
-          skipped += std::get<2>(trace[i]);
-        }
-        scale_sums[r.point].first += sum / steps;
-        scale_sums[r.point].second += 1;
-        skipped_sums[r.point] += skipped;
-      }
+    if (r.cfg.quant.loss_scale != "none") add_trace(store.loss_scale_trace(st.row->id), scale_sums[r.point], skipped_sums[r.point]);
+  }
+  conclude(s, rep, metric_names, scale_sums, skipped_sums);
+  return rep;
+}
+
+SweepReport analyse_named(const results::Store& store, const std::string& name, Sweep& s) {
+  s = Sweep{};
+  s.name = name;
+  s.variables = {"recipe", "loss_scale"};
+  SweepReport rep;
+  std::map<std::pair<std::string, std::string>, int> point_of;
+  std::set<std::string> metric_names;
+  std::map<int, std::pair<double, double>> scale_sums;
+  std::map<int, double> skipped_sums;
+  auto rows = store.runs({.name = name});
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  for (const auto& r : rows) {
+    auto [it, fresh] = point_of.try_emplace({r.recipe, r.loss_scale}, static_cast<int>(s.points.size()));
+    if (fresh) {
+      s.points.push_back({{{"recipe", r.recipe}, {"loss_scale", r.loss_scale}}, {}});
+      PointResult pr;
+      pr.point = it->second;
+      pr.recipe = r.recipe;
+      pr.loss_scale = r.loss_scale;
+      kinds_of(pr);
+      rep.points.push_back(std::move(pr));
+      if (r.recipe == "fp32" && r.loss_scale == "none") s.baseline = it->second;
     }
-  }
-  for (const auto& [pt, acc] : scale_sums) {
-    rep.points[static_cast<std::size_t>(pt)].mean_log2_scale = acc.first / acc.second;
-    rep.points[static_cast<std::size_t>(pt)].skipped_steps = skipped_sums[pt] / acc.second;
-  }
-  rep.metric = !s.metric.empty() ? s.metric : metric_names.empty() ? "metric" : *metric_names.begin();
-  const bool higher = s.better.empty() ? rep.metric.find("loss") == std::string::npos : s.better == "higher";
-  rep.higher_is_better = higher;
-  for (auto& pr : rep.points) pr.stats = results::mean_sd(pr.values);
-  if (s.baseline >= 0) {
-    const auto& base = rep.points[static_cast<std::size_t>(s.baseline)].values;
-    for (auto& pr : rep.points) {
-      if (pr.point == s.baseline || pr.values.empty() || base.empty()) continue;
-      // One-sided: is this point worse than the baseline?
-      pr.test = results::mann_whitney_u(pr.values, base, higher ? results::Alternative::less : results::Alternative::greater);
-      pr.significant = pr.test->p < rep.alpha;
+    PointResult& pr = rep.points[static_cast<std::size_t>(it->second)];
+    if (!results::has_outcome(r.status)) {
+      ++pr.missing;
+      continue;
     }
+    pr.run_ids.push_back(r.id);
+    if (r.status == results::RunStatus::diverged) {
+      ++pr.diverged;
+      continue;
+    }
+    if (!r.final_metric || !std::isfinite(*r.final_metric)) {
+      ++pr.missing;
+      continue;
+    }
+    pr.values.push_back(*r.final_metric);
+    metric_names.insert(r.metric_name);
+    if (r.loss_scale != "none") add_trace(store.loss_scale_trace(r.id), scale_sums[pr.point], skipped_sums[pr.point]);
   }
+  if (metric_names.size() > 1) {
+    std::string list;
+    for (const auto& m : metric_names) list += (list.empty() ? "" : ", ") + m;
+    throw Error("runs named '" + name + "' report different final metrics (" + list + "): they cannot share a table");
+  }
+  if (s.points.empty()) throw Error("no run named '" + name + "' in " + store.path());
+  conclude(s, rep, metric_names, scale_sums, skipped_sums);
   return rep;
 }
 

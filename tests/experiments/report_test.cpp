@@ -203,3 +203,39 @@ file = "blocks"
   EXPECT_NEAR(rep2.points[1].stats.mean, 1082, 1e-9);
 }
 
+
+TEST(Report, RunsOfANameGroupByRecipeAndLossScaling) {
+  const fs::path db = dir() / "named.db";
+  fs::remove(db);
+  results::Store store(db.string());
+  auto add = [&](const std::string& name, const std::string& recipe, const std::string& ls, double metric,
+                 const std::string& metric_name = "test_accuracy",
+                 results::RunStatus status = results::RunStatus::finished) {
+    const auto id = store.begin_run({name, "python", "{}", recipe, ls, 0});
+    if (ls != "none") store.log_loss_scale(id, {{0, 4, false}, {10, 3, true}});
+    store.finish_run(id, status, metric, metric_name, 1.0);
+  };
+  for (double v : {90.0, 91.0, 92.0, 93.0, 94.0}) add("py", "fp32", "none", v);
+  for (double v : {80.0, 81.0, 82.0, 83.0, 84.0}) add("py", "resnet32-152", "backoff", v);
+  add("py", "resnet32-152", "backoff", 0, "test_accuracy", results::RunStatus::diverged);
+  add("other", "fp32", "none", 10);
+  experiments::Sweep s;
+  const auto rep = experiments::analyse_named(store, "py", s);
+  ASSERT_EQ(rep.points.size(), 2u);
+  EXPECT_EQ(s.baseline, 0);
+  EXPECT_EQ(rep.metric, "test_accuracy");
+  EXPECT_DOUBLE_EQ(rep.points[0].stats.mean, 92.0);
+  EXPECT_DOUBLE_EQ(rep.points[1].stats.mean, 82.0);
+  EXPECT_EQ(rep.points[1].diverged, 1);
+  EXPECT_EQ(rep.points[1].kinds[0], "1.5.2 b24");
+  ASSERT_TRUE(rep.points[1].test.has_value());
+  EXPECT_TRUE(rep.points[1].significant);  // every 8-bit run below every float32 run
+  EXPECT_DOUBLE_EQ(*rep.points[1].mean_log2_scale, 43.0 / 11);  // 2^4 held for 10 steps, 2^3 for the last
+  EXPECT_DOUBLE_EQ(*rep.points[1].skipped_steps, 1.0);
+  const std::string md = experiments::to_markdown(s, rep);
+  EXPECT_NE(md.find("| fp32 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("baseline"), std::string::npos) << md;
+  EXPECT_THROW(experiments::analyse_named(store, "nobody", s), Error);
+  add("py", "fp32", "none", 1.5, "test_loss");
+  EXPECT_THROW(experiments::analyse_named(store, "py", s), Error);
+}

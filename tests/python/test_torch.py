@@ -404,6 +404,9 @@ def test_runs_land_in_the_results_store(tmp_path, cli):
     assert len(rows) == 1
     r = rows[0]
     assert (r["name"], r["status"], r["recipe"], r["final_metric"]) == ("python-cnn", "finished", "resnet32-152", 0.5)
+    report = cli("report", "--name", "python-cnn", "--db", db, "--out", tmp_path / "report")
+    assert "| resnet32-152 | static:4 |" in report and "0.50" in report, report
+    assert (tmp_path / "report" / "table.md").exists()
     store = fp8lab._core.Store(str(db))
     assert [v for _, v in store.metric(run.id, "loss")] and len(store.loss_scale_trace(run.id)) == 3
     assert {s["layer"] for s in store.stats(run.id)} == {"0", "2", "5", "7"}

@@ -39,6 +39,12 @@ struct SweepReport {
 };
 
 SweepReport analyse(const Sweep& s, const results::Store& store);
+// The same for every run named `name` whatever made it (a Python script through
+// fp8lab.torch.RunRecorder, fp8lab train): one point per recipe and loss scaling, each
+// run's final metric, the baseline the fp32 runs without loss scaling. Sets `s` to the
+// sweep those points form (for to_markdown, to_csv and write_report). Throws Error when no
+// run has the name or the runs report different metrics.
+SweepReport analyse_named(const results::Store& store, const std::string& name, Sweep& s);
 std::string to_markdown(const Sweep& s, const SweepReport& r);
 std::string to_csv(const Sweep& s, const SweepReport& r);
 
