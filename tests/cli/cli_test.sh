@@ -282,6 +282,8 @@ TOML
   check "report table" grep -q '^| fp32 | fp32 | fp32 | fp32 | fp32 | .* | 2 | baseline |$' <<<"$out"
   check "report files" [ -s "$T/rep/table.md" ] && [ -s "$T/rep/table.csv" ] && [ -s "$T/rep/snr.svg" ] && [ -s "$T/rep/snr.png" ]
   check "report: a metric plot of a non-numeric x is skipped" grep -q "plot 'plot1-metric' (metric) has no data" "$T/err"
+  expect_fail "report without a sweep or a name" "give a sweep file or --name NAME" "$FP8LAB" report --db "$T/sw.db"
+  expect_fail "report --name of no run" "no run named 'nobody'" "$FP8LAB" report --name nobody --db "$T/sw.db"
   # A path the system refuses (a file where a folder must be, a name too long) is the
   # user's error: exit 2 with the operation and the path, never an internal error.
   touch "$T/afile"
