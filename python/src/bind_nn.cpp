@@ -56,6 +56,21 @@ void bind_recipe(py::module_& m) {
       .def("as_dict", &layer_quant_dict)
       .def_property_readonly("hadamard", [](const nn::LayerQuant& q) { return q.hadamard; })
       .def("__eq__", [](const nn::LayerQuant& a, const nn::LayerQuant& b) { return a == b; })
+      .def(py::pickle(
+          [](const nn::LayerQuant& q) {
+            std::vector<std::string> kinds;
+            for (TensorKind k : nn::kAllKinds) kinds.push_back(nn::to_string(q[k]));
+            return py::make_tuple(kinds, q.hadamard);
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 2) throw Error("LayerQuant: bad pickled state");
+            const auto kinds = t[0].cast<std::vector<std::string>>();
+            if (kinds.size() != nn::kKinds) throw Error("LayerQuant: bad pickled state");
+            nn::LayerQuant q;
+            for (int k = 0; k < nn::kKinds; ++k) q.q[static_cast<std::size_t>(k)] = nn::parse_kind_quant(kinds[static_cast<std::size_t>(k)]);
+            q.hadamard = t[1].cast<int>();
+            return q;
+          }))
       .def("__repr__", [](const nn::LayerQuant& q) {
         std::string s;
         for (TensorKind k : nn::kAllKinds)
@@ -126,6 +141,25 @@ void bind_context(py::module_& m) {
       .def_property_readonly("saved_bytes", [](const QuantContext& c) { return c.saved_bytes.load(); })
       .def_property_readonly("in_place", [](const QuantContext& c) { return c.in_place.load(); },
                              "Gradients quantized in their own memory so far")
+      // Pickled (and deep-copied) as its settings and step; statistics not yet taken stay behind.
+      .def(py::pickle(
+          [](const QuantContext& c) {
+            return py::make_tuple(c.seed, std::string(nn::to_string(c.compute)), nn::to_string(c.accumulate),
+                                  c.stats_interval, c.save_codes, c.save_weight_codes, c.step.load(), c.recording);
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 8) throw Error("QuantContext: bad pickled state");
+            auto c = std::make_shared<QuantContext>();
+            c->seed = t[0].cast<std::uint64_t>();
+            c->compute = nn::parse_compute(t[1].cast<std::string>());
+            c->accumulate = nn::parse_accumulation(t[2].cast<std::string>());
+            c->stats_interval = t[3].cast<int>();
+            c->save_codes = t[4].cast<bool>();
+            c->save_weight_codes = t[5].cast<bool>();
+            c->step = t[6].cast<std::uint64_t>();
+            c->recording = t[7].cast<bool>();
+            return c;
+          }))
       .def("take_stats", [](QuantContext& c) {
              py::list l;
              for (const auto& s : c.stats->take()) l.append(stats_record(s));
@@ -166,6 +200,15 @@ void bind_context(py::module_& m) {
            },
            py::arg("kind"), py::arg("call"), py::arg("operand") = 0,
            "The stochastic-rounding stream of one tensor in the current step")
+      // Pickled (and deep-copied) as its name, quantizers, context and position; its counts start
+      // again from zero, and delayed scaling's amax histories are not carried.
+      .def(py::pickle(
+          [](const LayerState& s) { return py::make_tuple(s.name, s.quant, s.ctx, s.index); },
+          [](const py::tuple& t) {
+            if (t.size() != 4) throw Error("LayerState: bad pickled state");
+            return nn::make_layer_state(t[0].cast<std::string>(), t[1].cast<nn::LayerQuant>(),
+                                        t[2].cast<std::shared_ptr<QuantContext>>(), t[3].cast<int>());
+          }))
       .def("__repr__", [](const LayerState& s) { return "LayerState('" + s.name + "')"; });
 }
 

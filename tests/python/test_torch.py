@@ -420,6 +420,8 @@ def test_errors_are_python_exceptions():
     lay = ft.layer("l", a="1.4.3")
     with pytest.raises(TypeError, match="float32"):
         ft.linear(torch.randn(2, 3, dtype=torch.float64), torch.randn(4, 3), None, lay)
+    with pytest.raises(TypeError, match="CPU"):
+        ft.linear(torch.empty(2, 3, device="meta"), torch.randn(4, 3), None, lay)
     with pytest.raises(ValueError, match="recipe|format|'nonsense'"):
         ft.quantize_model(cnn(), "nonsense")
     with pytest.raises(ValueError):
@@ -431,3 +433,26 @@ def test_errors_are_python_exceptions():
         ft.quantize_model(m, "fp32")
     with pytest.raises(ValueError):  # shapes that do not fit: libtorch's message, not a crash
         ft.linear(torch.randn(2, 3), torch.randn(4, 5), None, lay)
+
+
+def test_quantized_models_copy_and_pickle():
+    import copy
+    import io
+    torch.manual_seed(11)
+    m = ft.quantize_model(cnn(), "a=1.4.3/stochastic,w=1.4.3,gx=1.5.2", seed=5)
+    x = torch.randn(2, 1, 8, 8)
+    m(x)
+    c = copy.deepcopy(m)
+    st, sc = ft.quant_state(m), ft.quant_state(c)
+    assert sc.context is not st.context and sc.context.seed == 5
+    assert all(l.context is sc.context for l in sc.layers.values())  # one context, shared as before
+    assert c[0].layer is sc.layers["0"]
+    assert sc.quantizers() == st.quantizers() and sc.step == st.step
+    same(c(x), m(x))  # the same step and streams: the same values
+    assert st.step == 2 and sc.step == 2  # each copy steps on its own
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    loaded = torch.load(buf)
+    assert ft.quant_state(loaded).quantizers() == st.quantizers()
+    same(loaded(x), c(x))
