@@ -318,27 +318,9 @@ void bind_tables(py::module_& m) {
     for (auto n : table1_format_names()) v.emplace_back(n);
     return v;
   });
-  m.def("presets", [] {
-    py::list l;
-    for (const auto& p : presets()) {
-      py::dict d;
-      d["name"] = std::string(p.name);
-      d["format"] = to_string(p.format);
-      d["note"] = std::string(p.note);
-      l.append(d);
-    }
-    return l;
-  });
+  m.def("presets", [] { return preset_rows(presets(), "format", [](const Preset& p) { return to_string(p.format); }); });
   m.def("scaled_presets", [] {
-    py::list l;
-    for (const auto& p : scaled_presets()) {
-      py::dict d;
-      d["name"] = std::string(p.name);
-      d["format"] = std::string(p.spec);
-      d["note"] = std::string(p.note);
-      l.append(d);
-    }
-    return l;
+    return preset_rows(scaled_presets(), "format", [](const ScaledPreset& p) { return std::string(p.spec); });
   });
   m.def("kernel_target", [] { return kernels::current_target(); }, "The SIMD target the kernels run on");
 }

@@ -103,15 +103,7 @@ void bind_recipe(py::module_& m) {
       .def("to_line", &nn::Recipe::to_line)
       .def("__repr__", [](const nn::Recipe& r) { return "Recipe('" + (r.name.empty() ? r.to_line() : r.name) + "')"; });
   m.def("recipe_presets", [] {
-    py::list l;
-    for (const auto& p : nn::recipe_presets()) {
-      py::dict d;
-      d["name"] = std::string(p.name);
-      d["recipe"] = std::string(p.line);
-      d["note"] = std::string(p.note);
-      l.append(d);
-    }
-    return l;
+    return preset_rows(nn::recipe_presets(), "recipe", [](const nn::RecipePreset& p) { return std::string(p.line); });
   });
 }
 

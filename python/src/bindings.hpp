@@ -22,6 +22,20 @@ void bind_bench(py::module_& m);
 // Throws TypeError unless t is a float32 CPU tensor (`what` names the argument).
 void require_float32(const torch::Tensor& t, const char* what);
 
+// A table of presets as rows {"name": ..., key: value(item), "note": ...}.
+template <class Range, class Value>
+py::list preset_rows(const Range& items, const char* key, Value value) {
+  py::list l;
+  for (const auto& p : items) {
+    py::dict d;
+    d["name"] = std::string(p.name);
+    d[key] = value(p);
+    d["note"] = std::string(p.note);
+    l.append(d);
+  }
+  return l;
+}
+
 // {"total", "overflow", "underflow", "nan"}
 py::dict counts_dict(const QuantCounts& c);
 // {"lo": e, "counts": [n(e), n(e + 1), ...], "zero", "inf", "nan"}: counts of floor(log2|x|)
