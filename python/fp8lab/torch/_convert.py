@@ -11,6 +11,7 @@ qualified name, exactly as in the C++ library.
 from __future__ import annotations
 
 import collections
+import copy
 import operator
 import warnings
 from typing import Dict, List, Optional, Tuple, Union
@@ -182,6 +183,35 @@ class _Tracer(torch.fx.Tracer):
         return node
 
 
+def _attach(model: torch.nn.Module, state: QuantState) -> torch.nn.Module:
+    """Makes `state` the model's QuantState, stepping with its forward passes."""
+    model._fp8lab_state = state
+    model.register_forward_pre_hook(state._before_forward)
+    model.register_forward_hook(state._after_forward)
+    return model
+
+
+def _restore_traced(reduce_fn, args, state):
+    return _attach(reduce_fn(*args), state)
+
+
+class QuantGraphModule(torch.fx.GraphModule):
+    """The torch.fx.GraphModule quantize_model returns for a model whose matmul products it
+    traced: GraphModule's own copy and pickling keep only the graph's modules, these also
+    keep the QuantState."""
+
+    def __deepcopy__(self, memo):
+        fake = torch.nn.Module()
+        fake.__dict__ = copy.deepcopy(self.__dict__, memo)
+        new = QuantGraphModule(fake, fake.__dict__["_graph"], type(self).__mro__[1].__name__)
+        state = fake.__dict__.get("_fp8lab_state")
+        return _attach(new, state) if state is not None else new
+
+    def __reduce__(self):
+        fn, args = super().__reduce__()
+        return (_restore_traced, (fn, args, self.__dict__.get("_fp8lab_state")))
+
+
 _MATMUL_FUNCTIONS = (torch.matmul, torch.bmm, operator.matmul)
 _MATMUL_METHODS = ("matmul", "bmm", "__matmul__")
 
@@ -202,7 +232,7 @@ def _trace_matmuls(model: torch.nn.Module, skipped: list):
     """A GraphModule whose activation products are QuantMatmul modules, or (model, note)."""
     tracer = _Tracer()
     graph = tracer.trace(model)
-    gm = torch.fx.GraphModule(tracer.root, graph, model.__class__.__name__)
+    gm = QuantGraphModule(tracer.root, graph, model.__class__.__name__)
     used = collections.Counter()
     replaced = 0
     for node in list(gm.graph.nodes):
@@ -277,8 +307,4 @@ def quantize_model(model: torch.nn.Module, recipe: Union[str, _core.Recipe] = "f
     for i, (p, m) in enumerate(sites):
         m.layer = _core.LayerState(p, r.resolve(p, i, len(sites)), ctx, i)
         layers[p] = m.layer
-    state = QuantState(ctx, r.name or r.to_line(), layers, skipped, traced)
-    model._fp8lab_state = state
-    model.register_forward_pre_hook(state._before_forward)
-    model.register_forward_hook(state._after_forward)
-    return model
+    return _attach(model, QuantState(ctx, r.name or r.to_line(), layers, skipped, traced))
