@@ -19,6 +19,8 @@ FormatLike = Union[str, "_core.Format", "_core.ScaledFormat"]
 
 def _tensor(x, what: str, *, writable: bool = False):
     """(a CPU tensor over x's memory, whether x was a NumPy array)."""
+    if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array
+        x = np.asarray(x)
     if isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             raise TypeError(f"{what}: fp8lab works on CPU tensors, got one on {x.device}; use .cpu()")
@@ -61,7 +63,11 @@ def _axis(t: torch.Tensor, axis: int) -> int:
 
 def _matrix(t: torch.Tensor, axis: int) -> torch.Tensor:
     """The tensor as [rows, len(axis)]: the groups of a scaled format run along `axis`."""
-    return torch.movedim(t, axis, -1).reshape(-1, t.shape[axis]).contiguous()
+    rows = 1
+    for i, n in enumerate(t.shape):
+        if i != axis:
+            rows *= n
+    return torch.movedim(t, axis, -1).reshape(rows, t.shape[axis]).contiguous()
 
 
 def _unmatrix(m: torch.Tensor, shape, axis: int) -> torch.Tensor:

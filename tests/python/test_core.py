@@ -187,6 +187,21 @@ def test_in_place_through_strided_views(rng):
     np.testing.assert_array_equal(big[:, ::2].numpy(), fp8lab.quantize(np.ascontiguousarray(x[:, ::2]), "1.4.3"))
 
 
+@pytest.mark.parametrize("fmt", ["1.4.3", "e5m2", "mxfp4", "nvfp4"])
+def test_empty_and_zero_dimensional_inputs(fmt):
+    for shape in [(0,), (0, 5), (5, 0), (3, 0, 2)]:
+        x = np.zeros(shape, np.float32)
+        assert fp8lab.quantize(x, fmt).shape == shape
+        enc = fp8lab.encode(x, fmt)
+        assert fp8lab.decode(enc, None if hasattr(enc, "scales") else fmt).shape == shape
+    if fmt in ("1.4.3", "e5m2"):
+        assert fp8lab.quantize(np.array(3.3, np.float32), fmt).shape == ()
+        assert float(fp8lab.quantize(np.float32(3.3), fmt)) == float(fp8lab.quantize(np.float32([3.3]), fmt)[0])
+    else:
+        with pytest.raises(ValueError, match="dimension"):
+            fp8lab.quantize(np.array(3.3, np.float32), fmt)
+
+
 def test_wide_codes_are_uint16(rng):
     x = rng.standard_normal(1000).astype(np.float32)
     c = fp8lab.encode(x, "fp16")
