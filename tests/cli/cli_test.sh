@@ -229,7 +229,7 @@ TOML
   # Ctrl-C: a checkpoint at the next step, status stopped, exit 130.
   "$FP8LAB" train "$T/syn.toml" "${S[@]}" --set name=syn3 --set "train.checkpoint=$T/s3.ckpt" --set train.epochs=400 >/dev/null 2>&1 &
   pid=$!
-  for _ in $(seq 1 100); do [ -s "$T/s3.ckpt" ] && break; sleep 0.1; done
+  for _ in $(seq 1 600); do [ -s "$T/s3.ckpt" ] && break; sleep 0.1; done  # up to 60 s on a loaded machine
   kill -INT $pid
   wait $pid; rc=$?
   check "Ctrl-C exits 130 (got $rc)" [ $rc -eq 130 ]
@@ -308,7 +308,7 @@ TOML
   W=(--db "$T/sw.db" --dir "$T/stopruns" --no-progress)
   "$FP8LAB" sweep "$T/stop.toml" "${W[@]}" --jobs 2 >/dev/null 2>"$T/err" &
   pid=$!
-  for _ in $(seq 1 200); do [ "$(ls "$T/stopruns" 2>/dev/null | grep -c '\.ckpt$')" -ge 2 ] && break; sleep 0.1; done
+  for _ in $(seq 1 600); do [ "$(ls "$T/stopruns" 2>/dev/null | grep -c '\.ckpt$')" -ge 2 ] && break; sleep 0.1; done
   kill -INT $pid
   wait $pid; rc=$?
   check "sweep Ctrl-C exits 130 (got $rc)" [ $rc -eq 130 ]
