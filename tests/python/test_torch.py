@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import fp8lab
 import fp8lab.torch as ft
-from conftest import BUILD
+from conftest import BUILD, REPO
 
 A, W, GX, GW = "1.4.3:10", "1.4.3:14", "1.5.2:24", "1.5.2:33"
 
@@ -427,7 +427,7 @@ def test_errors_are_python_exceptions():
     with pytest.raises(ValueError):
         ft.layer("l", a="1.9.9")
     with pytest.raises(ValueError, match="contradicts"):
-        ft.quantize_model(cnn(), str(BUILD.parent / "configs/recipes/deepseek-v3.toml"), compute="fp32")
+        ft.quantize_model(cnn(), str(REPO / "configs/recipes/deepseek-v3.toml"), compute="fp32")
     with pytest.raises(ValueError, match="already"):
         m = ft.quantize_model(cnn(), "fp32")
         ft.quantize_model(m, "fp32")
