@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "commands.hpp"
@@ -16,7 +17,7 @@ namespace fp8lab::cli {
 
 namespace {
 struct SweepArgs {
-  std::string sweep, db = "results.db", dir;
+  std::string sweep, db = "results.db", dir, shard;
   int jobs = 1;
   bool dry_run = false, no_progress = false;
 };
@@ -32,7 +33,13 @@ extern "C" void on_sweep_sigint(int) {
 }
 
 int run_sweep_cmd(const SweepArgs& a) {
-  const experiments::Sweep s = experiments::load_sweep(a.sweep);
+  experiments::Sweep s = experiments::load_sweep(a.sweep);
+  const std::size_t all_runs = s.runs.size();
+  std::optional<experiments::Shard> shard;
+  if (!a.shard.empty()) {
+    shard = experiments::parse_shard(a.shard);
+    experiments::keep_shard(s, *shard);
+  }
   results::Store store(a.db);
   experiments::SweepOptions opt;
   opt.jobs = a.jobs;
@@ -49,7 +56,10 @@ int run_sweep_cmd(const SweepArgs& a) {
     return experiments::launch_process(args, log);
   };
   std::fprintf(stderr, "sweep %s: %zu points x %zu seeds = %zu runs, store %s\n", s.name.c_str(), s.points.size(),
-               s.seeds.size(), s.runs.size(), a.db.c_str());
+               s.seeds.size(), all_runs, a.db.c_str());
+  if (shard)
+    std::fprintf(stderr, "sweep %s: shard %s holds %zu of the %zu runs\n", s.name.c_str(), to_string(*shard).c_str(),
+                 s.runs.size(), all_runs);
   experiments::clear_stop_request();
   std::signal(SIGINT, on_sweep_sigint);
   const auto sum = experiments::run_sweep(s, store, opt);
@@ -77,6 +87,8 @@ void register_sweep(CLI::App& app) {
   cmd->add_option("sweep", args->sweep, "Sweep file (TOML; see docs/experiments.md)")->required();
   cmd->add_option("--db", args->db, "Results store (SQLite)")->capture_default_str();
   cmd->add_option("--jobs,-j", args->jobs, "Runs at once (each gets cores/jobs threads)")->check(CLI::Range(1, 64))->capture_default_str();
+  cmd->add_option("--shard", args->shard,
+                  "Run only shard I of N (I/N, 0 <= I < N): a deterministic share of the runs, for N jobs or machines");
   cmd->add_option("--dir", args->dir, "Run configs, logs and checkpoints (default runs/<sweep name>)");
   cmd->add_flag("--dry-run", args->dry_run, "List what would run");
   cmd->add_flag("--no-progress", args->no_progress, "No progress bar");

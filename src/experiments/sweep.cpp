@@ -21,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/files.hpp"
@@ -67,6 +68,45 @@ RunState run_state(const SweepRun& run, const std::vector<results::RunRow>& rows
            fs::exists(checkpoint))
     st.kind = RunState::resume;
   return st;
+}
+
+// --- shards ----------------------------------------------------------------------------
+
+Shard parse_shard(std::string_view text) {
+  const auto bad = [&](const std::string& why) {
+    return Error("--shard '" + std::string(text) + "': " + why + " (expected I/N with 0 <= I < N, e.g. 0/4)");
+  };
+  const std::size_t slash = text.find('/');
+  if (slash == std::string_view::npos) throw bad("no '/'");
+  const auto number = [&](std::string_view part, const char* what) {
+    int v = 0;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (part.empty() || ec != std::errc() || end != part.data() + part.size())
+      throw bad(std::string(what) + " '" + std::string(part) + "' is not a whole number");
+    return v;
+  };
+  Shard s{number(text.substr(0, slash), "I"), number(text.substr(slash + 1), "N")};
+  if (s.count < 1) throw bad("N must be at least 1");
+  if (s.index < 0 || s.index >= s.count) throw bad("I must be in 0.." + std::to_string(s.count - 1));
+  return s;
+}
+
+std::string to_string(const Shard& s) { return std::to_string(s.index) + "/" + std::to_string(s.count); }
+
+void keep_shard(Sweep& sweep, const Shard& s) {
+  std::vector<std::size_t> order(sweep.runs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const SweepRun &x = sweep.runs[a], &y = sweep.runs[b];
+    return std::tie(x.key, x.seed) < std::tie(y.key, y.seed);
+  });
+  std::vector<bool> keep(sweep.runs.size(), false);
+  for (std::size_t pos = static_cast<std::size_t>(s.index); pos < order.size(); pos += static_cast<std::size_t>(s.count))
+    keep[order[pos]] = true;
+  std::vector<SweepRun> runs;
+  for (std::size_t i = 0; i < sweep.runs.size(); ++i)
+    if (keep[i]) runs.push_back(std::move(sweep.runs[i]));
+  sweep.runs = std::move(runs);
 }
 
 // --- running ---------------------------------------------------------------------------

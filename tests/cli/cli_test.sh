@@ -277,6 +277,14 @@ TOML
   "$FP8LAB" sweep "$T/sw.toml" "${W[@]}" 2>"$T/err"; rc=$?
   check "sweep again exits 0 (got $rc)" [ $rc -eq 0 ]
   check "sweep again skips all" grep -q '4 runs: 4 already done, 0 started' "$T/err"
+  # Shards: each holds half the runs, and together they hold each run once.
+  for i in 0 1; do
+    "$FP8LAB" sweep "$T/sw.toml" --db "$T/shard.db" --dir "$T/shardruns" --shard $i/2 --dry-run 2>"$T/shard$i"
+  done
+  check "shard 0/2 holds 2 of 4" grep -q 'shard 0/2 holds 2 of the 4 runs' "$T/shard0"
+  check "shard 1/2 holds 2 of 4" grep -q 'shard 1/2 holds 2 of the 4 runs' "$T/shard1"
+  check "shards together hold each run once" [ "$(cat "$T/shard0" "$T/shard1" | grep '^start' | sort -u | wc -l)" -eq 4 ]
+  expect_fail "sweep --shard out of range" "--shard '2/2': I must be in 0..1" "$FP8LAB" sweep "$T/sw.toml" --db "$T/shard.db" --shard 2/2
   out=$("$FP8LAB" report "$T/sw.toml" --db "$T/sw.db" --out "$T/rep" 2>"$T/err"); rc=$?
   check "report exits 0 (got $rc)" [ $rc -eq 0 ]
   check "report table" grep -q '^| fp32 | fp32 | fp32 | fp32 | fp32 | .* | 2 | baseline |$' <<<"$out"

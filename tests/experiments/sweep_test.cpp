@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "../common/testutil.hpp"
 #include "fp8lab/experiments/report.hpp"
@@ -219,4 +220,46 @@ TEST(Sweep, ShippedSweepsParse) {
     ++n;
   }
   EXPECT_GE(n, 5);
+}
+
+TEST(Sweep, ShardsAreDisjointCoverTheRunsAndBalance) {
+  const std::string body = R"(
+seeds = [1, 2, 3]
+[[grid]]
+recipe = ["fp32", "resnet32-mixed", "resnet32-152", "a=1.4.3"]
+"quant.recipe" = "{recipe}"
+)";
+  const auto all = parse(body);
+  ASSERT_EQ(all.runs.size(), 12u);
+  for (int n : {1, 2, 5, 12, 13}) {
+    std::multiset<std::pair<std::string, std::uint64_t>> seen;
+    std::size_t smallest = all.runs.size(), largest = 0;
+    for (int i = 0; i < n; ++i) {
+      auto s = parse(body);
+      experiments::keep_shard(s, experiments::parse_shard(std::to_string(i) + "/" + std::to_string(n)));
+      for (const auto& r : s.runs) seen.insert({r.key, r.seed});
+      smallest = std::min(smallest, s.runs.size());
+      largest = std::max(largest, s.runs.size());
+    }
+    EXPECT_EQ(seen.size(), all.runs.size()) << n;  // every run in some shard ...
+    for (const auto& r : all.runs) EXPECT_EQ(seen.count({r.key, r.seed}), 1u) << n;  // ... in exactly one
+    EXPECT_LE(largest - smallest, 1u) << n;
+  }
+  // The order of the points in the file does not change the shards.
+  auto a = parse(body);
+  auto b = parse(R"(
+seeds = [3, 1, 2]
+[[grid]]
+recipe = ["a=1.4.3", "resnet32-152", "fp32", "resnet32-mixed"]
+"quant.recipe" = "{recipe}"
+)");
+  experiments::keep_shard(a, {1, 3});
+  experiments::keep_shard(b, {1, 3});
+  std::set<std::pair<std::string, std::uint64_t>> ka, kb;
+  for (const auto& r : a.runs) ka.insert({r.key, r.seed});
+  for (const auto& r : b.runs) kb.insert({r.key, r.seed});
+  EXPECT_EQ(ka, kb);
+  for (const char* bad : {"1", "3/3", "-1/2", "0/0", "a/2", "1/2x", "/2"})
+    EXPECT_THROW(experiments::parse_shard(bad), Error) << bad;
+  EXPECT_EQ(experiments::to_string(experiments::parse_shard("2/7")), "2/7");
 }

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fp8lab/experiments/config.hpp"
@@ -89,6 +90,19 @@ RunState run_state(const SweepRun& run, const std::vector<results::RunRow>& rows
 // The newest row of the store whose config is `run`'s (any status).
 std::optional<results::RunRow> find_run(const SweepRun& run, const std::vector<results::RunRow>& rows);
 std::string identity_of(const std::string& config_json);  // canonical form of a stored config
+
+// One of `count` deterministic shares of a sweep's runs (`fp8lab sweep --shard I/N`), for
+// running a sweep as N jobs on any scheduler: the runs ordered by key (the hash of their
+// config) and seed, every N-th from position `index`. Shards never overlap, together hold
+// every run, and differ in size by at most one, whatever order the sweep file lists its
+// points in. Changing the grid may move runs between shards.
+struct Shard {
+  int index = 0, count = 1;
+};
+Shard parse_shard(std::string_view text);  // "I/N" with 0 <= I < N; throws Error naming the text
+std::string to_string(const Shard& s);      // "I/N"
+// Keeps only the runs of shard `s`.
+void keep_shard(Sweep& sweep, const Shard& s);
 
 struct SweepOptions {
   int jobs = 1;
