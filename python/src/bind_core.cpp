@@ -18,15 +18,20 @@ namespace fp8lab::python {
 
 namespace {
 
+// Checked before it narrows to QuantSpec's byte, where 257 would pass as 1.
+std::uint8_t random_bits_of(int random_bits) {
+  if (random_bits < 1 || random_bits > 32)
+    throw Error("random_bits must be 1..32 (got " + std::to_string(random_bits) + ")");
+  return static_cast<std::uint8_t>(random_bits);
+}
+
 QuantSpec make_spec(const Format& f, const std::string& rounding, const std::string& overflow, int random_bits,
                     std::uint64_t seed) {
   QuantSpec q;
   q.format = f;
   q.rounding = parse_rounding(rounding);
   q.overflow = parse_overflow(overflow);
-  if (random_bits < 1 || random_bits > 32)
-    throw Error("random_bits must be 1..32 (got " + std::to_string(random_bits) + ")");
-  q.random_bits = static_cast<std::uint8_t>(random_bits);
+  q.random_bits = random_bits_of(random_bits);
   q.seed = seed;
   validate(q);
   return q;
@@ -203,9 +208,7 @@ void bind_tensor_functions(py::module_& m) {
         require_float32(mat, "quantize");
         ScaledSpec s = s_in;
         s.element.rounding = parse_rounding(rounding);
-        if (random_bits < 1 || random_bits > 32)
-          throw Error("random_bits must be 1..32 (got " + std::to_string(random_bits) + ")");
-        s.element.random_bits = static_cast<std::uint8_t>(random_bits);
+        s.element.random_bits = random_bits_of(random_bits);
         validate(s);
         if (codes && s.element.format.width() > 8)
           throw Error("codes of scaled formats take elements of at most 8 bits (" + to_string(s.element.format) + ")");

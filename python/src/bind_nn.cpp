@@ -5,6 +5,7 @@
 
 #include "bindings.hpp"
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/nn/compute_spec.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 #include "fp8lab/nn/ops.hpp"
@@ -23,28 +24,6 @@ using nn::TensorKind;
 py::dict layer_quant_dict(const nn::LayerQuant& q) {
   py::dict d;
   for (TensorKind k : nn::kAllKinds) d[py::str(std::string(nn::to_string(k)))] = nn::to_string(q[k]);
-  return d;
-}
-
-py::dict stats_record(const nn::TensorStats& s) {
-  py::dict d;
-  d["step"] = s.step;
-  d["layer"] = s.layer;
-  d["kind"] = std::string(nn::to_string(s.kind));
-  d["counts"] = counts_dict(s.counts);
-  d["absmax"] = s.absmax;
-  d["histogram"] = histogram_dict(s.hist);
-  if (s.scaled) {
-    py::dict g;
-    g["groups"] = s.groups.groups;
-    g["saturated"] = s.groups.saturated_groups;
-    g["zero"] = s.groups.zero_groups;
-    g["nan"] = s.groups.nan_groups;
-    g["scale_underflow"] = s.groups.scale_underflow;
-    g["scale_overflow"] = s.groups.scale_overflow;
-    d["groups"] = g;
-    d["scale_histogram"] = histogram_dict(s.scale_hist);
-  }
   return d;
 }
 
@@ -152,15 +131,8 @@ void bind_context(py::module_& m) {
             c->recording = t[7].cast<bool>();
             return c;
           }))
-      .def("take_stats", [](QuantContext& c) {
-             py::list l;
-             for (const auto& s : c.stats->take()) l.append(stats_record(s));
-             return l;
-           },
-           "The statistics records since the last call (and clears them)")
-      .def("take_stat_rows", [](QuantContext& c) { return c.stats->take(); },
-           "The same records as C++ objects, for RunStore.log_stats");
-  py::class_<nn::TensorStats>(m, "TensorStats").def("as_dict", &stats_record);
+      .def("take_stat_rows", [](QuantContext& c) { return experiments::stat_rows(c.stats->take()); },
+           "The statistics records since the last call, as the results store's rows (and clears them)");
 
   py::class_<LayerState, LayerStatePtr>(m, "LayerState", "One quantized layer: its quantizers, streams and counts")
       .def(py::init([](const std::string& name, const nn::LayerQuant& q, std::shared_ptr<QuantContext> ctx, int index) {

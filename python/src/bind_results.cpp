@@ -3,8 +3,6 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
-#include "fp8lab/experiments/trainer.hpp"
-#include "fp8lab/nn/ops.hpp"
 #include "fp8lab/results/store.hpp"
 
 namespace fp8lab::python {
@@ -35,6 +33,18 @@ py::dict run_row(const results::RunRow& r) {
 }  // namespace
 
 void bind_results(py::module_& m) {
+  using Row = Store::StatRow;
+  py::class_<Row>(m, "StatRow", "One statistics record: a tensor kind of a layer at a step")
+      .def_readonly("step", &Row::step)
+      .def_readonly("layer", &Row::layer)
+      .def_readonly("kind", &Row::kind)
+      .def_readonly("total", &Row::total)
+      .def_readonly("overflow", &Row::overflow)
+      .def_readonly("underflow", &Row::underflow)
+      .def_readonly("nan", &Row::nan)
+      .def_readonly("absmax", &Row::absmax)
+      .def_readonly("histogram_json", &Row::histogram,
+                    "{\"lo\", \"counts\", \"zero\", \"inf\", \"nan\"}, and \"groups\", \"scales\" for scaled kinds");
   py::class_<Store>(m, "Store", "The results store (SQLite) of fp8lab runs")
       .def(py::init<const std::string&>(), py::arg("path"))
       .def_property_readonly("path", &Store::path)
@@ -48,11 +58,8 @@ void bind_results(py::module_& m) {
       .def("log_metric", &Store::log_metric, py::arg("run"), py::arg("step"), py::arg("name"), py::arg("value"))
       .def("log_loss_scale", &Store::log_loss_scale, py::arg("run"), py::arg("trace"),
            "Points (step, log2 scale, skipped)")
-      .def("log_stats",
-           [](Store& s, std::int64_t run, std::vector<nn::TensorStats> records) {
-             s.log_stats(run, experiments::stat_rows(std::move(records)));
-           },
-           py::arg("run"), py::arg("records"), "Statistics records of QuantContext.take_stat_rows()")
+      .def("log_stats", &Store::log_stats, py::arg("run"), py::arg("rows"),
+           "Statistics rows (QuantContext.take_stat_rows())")
       .def("finish_run",
            [](Store& s, std::int64_t run, const std::string& status, std::optional<double> metric,
               const std::string& metric_name, double seconds) {
@@ -72,25 +79,7 @@ void bind_results(py::module_& m) {
            py::kw_only(), py::arg("status") = py::none(), py::arg("recipe") = "", py::arg("name") = "")
       .def("metric", &Store::metric, py::arg("run"), py::arg("name"))
       .def("loss_scale_trace", &Store::loss_scale_trace, py::arg("run"))
-      .def("stats",
-           [](const Store& s, std::int64_t run) {
-             py::list l;
-             for (const auto& r : s.stats(run)) {
-               py::dict d;
-               d["step"] = r.step;
-               d["layer"] = r.layer;
-               d["kind"] = r.kind;
-               d["total"] = r.total;
-               d["overflow"] = r.overflow;
-               d["underflow"] = r.underflow;
-               d["nan"] = r.nan;
-               d["absmax"] = r.absmax;
-               d["histogram_json"] = r.histogram;
-               l.append(d);
-             }
-             return l;
-           },
-           py::arg("run"))
+      .def("stats", &Store::stats, py::arg("run"))
       .def("check", &Store::check)
       .def_static("code_version", &Store::code_version);
 }

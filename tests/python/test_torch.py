@@ -409,7 +409,7 @@ def test_runs_land_in_the_results_store(tmp_path, cli):
     assert (tmp_path / "report" / "table.md").exists()
     store = fp8lab._core.Store(str(db))
     assert [v for _, v in store.metric(run.id, "loss")] and len(store.loss_scale_trace(run.id)) == 3
-    assert {s["layer"] for s in store.stats(run.id)} == {"0", "2", "5", "7"}
+    assert {s.layer for s in store.stats(run.id)} == {"0", "2", "5", "7"}
     with pytest.raises(ZeroDivisionError):
         with ft.RunRecorder(db, "broken") as run2:
             1 / 0

@@ -65,11 +65,11 @@ struct TrainResult {
 // diverged (not an exception).
 TrainResult train(const TrainConfig& cfg, results::Store* store = nullptr, const TrainOptions& opt = {});
 
-// Asks running trainers to stop at the next step boundary with a checkpoint (what the
-// CLI's SIGINT handler calls; async-signal-safe).
 // The statistics hooks' records as rows of the results store (histograms as JSON).
 std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records);
 
+// Asks running trainers to stop at the next step boundary with a checkpoint (what the
+// CLI's SIGINT handler calls; async-signal-safe).
 void request_stop();
 bool stop_requested();
 void clear_stop_request();

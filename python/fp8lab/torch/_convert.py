@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import json
 import operator
 import warnings
 from typing import Dict, List, Optional, Tuple, Union
@@ -92,9 +93,12 @@ class QuantState:
 
     def stats(self) -> List[dict]:
         """The statistics records since the last call (context stats_interval > 0): per step,
-        layer and kind, the exponent histogram of the tensor before quantization, the counts
-        and the largest magnitude."""
-        return self.context.take_stats()
+        layer and kind, the exponent histogram of the tensor before quantization (and, for
+        scaled kinds, the group figures and the scales' histogram), the counts and the
+        largest magnitude, as the results store holds them."""
+        return [{"step": r.step, "layer": r.layer, "kind": r.kind, "absmax": r.absmax,
+                 "counts": {"total": r.total, "overflow": r.overflow, "underflow": r.underflow, "nan": r.nan},
+                 "histogram": json.loads(r.histogram_json)} for r in self.context.take_stat_rows()]
 
     def quantizers(self) -> Dict[str, dict]:
         return {p: l.quant.as_dict() for p, l in self.layers.items()}
