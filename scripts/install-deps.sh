@@ -7,7 +7,7 @@ pkgs=(
   build-essential cmake ninja-build ccache pkg-config clang libclang-rt-14-dev
   libhwy-dev libcli11-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libsqlite3-dev libstb-dev fonts-dejavu-core
   libgtest-dev libgmock-dev libbenchmark-dev
-  libtorch-dev libdnnl-dev libopenblas0-pthread zlib1g-dev
+  libtorch-dev libdnnl-dev libopenblas0-pthread zlib1g-dev libgloo-dev
   python3-dev pybind11-dev python3-torch python3-numpy python3-pytest python3-setuptools python3-pip
   dataset-fashion-mnist
   sword-text-kjv sword-text-sparv libsword-utils sentencepiece

@@ -1,7 +1,13 @@
 // fp8lab train [CONFIG.toml] [--set key=value ...] [--resume]: one training run from a config
 // file (or from the built-in defaults when none is given), recorded in the results store,
 // checkpointed, resumable. Ctrl-C stops at the next step with a checkpoint.
+//
+// Data-parallel (docs/training.md): `--nproc N` runs the run as N processes on this machine
+// (ranks.hpp); a process started with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (by
+// torchrun, a Slurm script or --nproc) is one rank of a run and joins the others.
 #include <csignal>
+#include <cstdlib>
+#include <thread>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -10,6 +16,8 @@
 #include "commands.hpp"
 #include "fp8lab/experiments/config.hpp"
 #include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/experiments/world.hpp"
+#include "ranks.hpp"
 #include "table.hpp"
 
 namespace fp8lab::cli {
@@ -21,7 +29,32 @@ struct TrainArgs {
   bool resume = false, restart = false, print_config = false, no_progress = false;
   std::int64_t stop_after = 0;
   std::string db = "results.db";
+  int nproc = 1;
+  double timeout = 600;
 };
+
+std::optional<std::string> env(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  return v ? std::optional<std::string>(v) : std::nullopt;
+}
+
+// The arguments a rank of `--nproc` runs with: these, less --nproc, with the config's
+// thread count set to the rank's share of the cores where the config leaves it to all cores.
+std::vector<std::string> rank_arguments(const TrainArgs& a, const experiments::TrainConfig& cfg) {
+  std::vector<std::string> args = {"train"};
+  if (!a.config.empty()) args.push_back(a.config);
+  for (const auto& x : a.set) args.insert(args.end(), {"--set", x});
+  if (cfg.threads == 0) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    args.insert(args.end(), {"--set", "threads=" + std::to_string(std::max(1, cores / a.nproc))});
+  }
+  if (a.resume) args.push_back("--resume");
+  if (a.restart) args.push_back("--restart");
+  if (a.stop_after > 0) args.insert(args.end(), {"--stop-after", std::to_string(a.stop_after)});
+  if (a.no_progress) args.push_back("--no-progress");
+  args.insert(args.end(), {"--db", a.db, "--timeout", std::to_string(a.timeout)});
+  return args;
+}
 
 extern "C" void on_sigint(int) {
   experiments::request_stop();
@@ -35,16 +68,35 @@ int run_train(const TrainArgs& a) {
     std::fputs(experiments::to_toml(cfg).c_str(), stdout);
     return 0;
   }
-  results::Store store(a.db);
+  const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout * 1000));
+  const std::optional<experiments::WorldConfig> wc = experiments::world_from_variables(env, timeout);
+  if (a.nproc > 1) {
+    if (wc) throw Error("--nproc starts its own processes, but this one is already rank " + std::to_string(wc->rank) +
+                        " of a launched run (RANK is set): give --nproc or the launcher's variables, not both");
+    if (cfg.train.micro_batches % a.nproc != 0)
+      throw Error("train.micro_batches = " + std::to_string(cfg.train.micro_batches) + " cannot be shared by " +
+                  std::to_string(a.nproc) + " processes: add --set train.micro_batches=" + std::to_string(a.nproc) +
+                  " (the global batch as " + std::to_string(a.nproc) +
+                  " shards: the same run on any process count that divides it)");
+    return run_ranks(a.nproc, rank_arguments(a, cfg), a.timeout);
+  }
+  std::optional<experiments::World> world;
+  if (wc && wc->size > 1) world.emplace(*wc);
+  const bool writer = !world || world->rank() == 0;
+  std::optional<results::Store> store;
+  if (writer) store.emplace(a.db);
   experiments::TrainOptions opt;
   opt.resume = a.resume;
   opt.restart = a.restart;
   opt.stop_after = a.stop_after;
-  opt.progress = !a.no_progress;
+  opt.progress = !a.no_progress && writer;
+  opt.world = world ? &*world : nullptr;
   experiments::clear_stop_request();
   std::signal(SIGINT, on_sigint);
-  const experiments::TrainResult r = experiments::train(cfg, &store, opt);
+  const experiments::TrainResult r = experiments::train(cfg, store ? &*store : nullptr, opt);
   std::signal(SIGINT, SIG_DFL);
+  if (!writer)  // rank 0 reports the run
+    return r.status == results::RunStatus::finished ? 0 : r.status == results::RunStatus::stopped ? (a.stop_after > 0 ? 0 : 130) : 1;
 
   Table t({"run", "status", "model", "steps", r.metric_name, "train_loss", "loss_scale", "skipped",
            "overflow_pct", "underflow_pct", "samples_per_s", "seconds"});
@@ -70,8 +122,11 @@ int run_train(const TrainArgs& a) {
                  }().c_str());
     return a.stop_after > 0 ? 0 : 130;
   }
-  std::fprintf(stderr, "recorded as run %lld in %s; weights in %s\n", static_cast<long long>(r.run_id),
-               a.db.c_str(), r.checkpoint.c_str());
+  if (r.processes > 1)
+    std::fprintf(stderr, "%d processes: %.1f ms and %.0f kB per step in collectives (this rank)\n", r.processes,
+                 1e3 * r.comm_seconds_per_step, r.comm_bytes_per_step / 1e3);
+  std::fprintf(stderr, "recorded as run %lld in %s; weights in %s (fnv1a64 %016llx)\n", static_cast<long long>(r.run_id),
+               a.db.c_str(), r.checkpoint.c_str(), static_cast<unsigned long long>(r.weights_fnv));
   return r.status == results::RunStatus::finished ? 0 : 1;
 }
 }  // namespace
@@ -88,6 +143,14 @@ void register_train(CLI::App& app) {
   cmd->add_option("--db", args->db, "Results store (SQLite)")->capture_default_str();
   cmd->add_flag("--print-config", args->print_config, "Print the full config (all defaults filled in) and exit");
   cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
+  cmd->add_option("--nproc", args->nproc,
+                  "Data-parallel: run as N processes on this machine (train.micro_batches a multiple of N)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--timeout", args->timeout,
+                  "Data-parallel: seconds a process waits for the others at any exchange before it fails the run")
+      ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
   cmd->callback([args] {
     const int rc = run_train(*args);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -69,6 +69,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"train.epochs", &c.train.epochs},
       {"train.steps", &c.train.steps},
       {"train.batch", &c.train.batch},
+      {"train.micro_batches", &c.train.micro_batches},
       {"train.label_smoothing", &c.train.label_smoothing},
       {"train.mixup", &c.train.mixup},
       {"train.cutmix", &c.train.cutmix},
@@ -212,6 +213,8 @@ void check_ranges(const TrainConfig& c) {
   check(t.epochs >= 1 || t.steps > 0, "train.epochs must be >= 1 (or train.steps > 0)");
   check(t.steps >= 0, "train.steps must be >= 0");
   check(t.batch >= 1, "train.batch must be >= 1");
+  check(t.micro_batches >= 1 && t.micro_batches <= t.batch,
+        "train.micro_batches must be in 1..train.batch (" + std::to_string(t.batch) + ")");
   check(t.label_smoothing >= 0 && t.label_smoothing < 1, "train.label_smoothing must be in [0, 1)");
   check(t.mixup >= 0 && t.cutmix >= 0, "train.mixup and train.cutmix must be >= 0");
   check(t.ema >= 0 && t.ema < 1, "train.ema must be in [0, 1)");

@@ -184,6 +184,16 @@ std::string config_difference(const std::string& a, const std::string& b) {
 Checkpoint::Checkpoint(const std::string& path, const std::string& config_json) : path_(path) {
   if (!fs::exists(path)) throw Error(path + ": no checkpoint to resume from");
   bytes_ = unframed(path);
+  read(config_json);
+}
+
+Checkpoint::Checkpoint(Archive, const std::string& name, std::string archive, const std::string& config_json)
+    : path_(name), bytes_(std::move(archive)) {
+  read(config_json);
+}
+
+void Checkpoint::read(const std::string& config_json) {
+  const std::string& path = path_;
   json meta;
   try {
     archive_.load_from(bytes_.data(), bytes_.size());

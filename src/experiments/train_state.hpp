@@ -54,12 +54,21 @@ class Checkpoint {
   // of another schema (naming both versions), finished, or written with a config other
   // than `config_json` (naming the keys that differ).
   Checkpoint(const std::string& path, const std::string& config_json);
+  // The same checks on a checkpoint's archive already in memory (bytes() of another
+  // process's Checkpoint); `name` stands for the file in errors.
+  struct Archive {};
+  static constexpr Archive kArchive{};
+  Checkpoint(Archive, const std::string& name, std::string archive, const std::string& config_json);
+
+  const std::string& bytes() const { return bytes_; }  // the archive, checked
 
   const TrainState& state() const { return state_; }
   // Loads the model's and the optimizer's state.
   void restore(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
 
  private:
+  void read(const std::string& config_json);
+
   std::string path_;
   std::string bytes_;  // the archive's bytes, which archive_ reads from
   torch::serialize::InputArchive archive_;

@@ -10,15 +10,19 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <optional>
 
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/core/random.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/experiments/progress.hpp"
 #include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/experiments/world.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 #include "fp8lab/nn/modules.hpp"
 #include "fp8lab/nn/runtime.hpp"
+#include "micro_batches.hpp"
 #include "run_record.hpp"
 #include "task.hpp"
 #include "train_state.hpp"
@@ -143,8 +147,11 @@ class Trainer {
 
  private:
   bool stop_now() const;
+  bool stop_after_step() const;
   torch::Tensor batch_of(std::int64_t step);
   RunStatus train_step();
+  double micro_step(const torch::Tensor& idx, std::uint64_t step_seed);
+  std::vector<std::array<QuantCounts, nn::kKinds>> run_counts();
   void update_ema();
   void after_step(double lr);
   void evaluate_now();
@@ -155,6 +162,8 @@ class Trainer {
 
   const TrainConfig& cfg_;
   const TrainOptions opt_;
+  World* const world_;
+  const bool writer_;  // writes the store and checkpoints: the only process, or rank 0
   const std::string config_json_;
   RunRecord& record_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
@@ -163,6 +172,8 @@ class Trainer {
   std::shared_ptr<nn::QuantContext> ctx_;
   nn::QuantizedModel qm_;
   std::optional<nn::LossScaler> scaler_;
+  std::optional<MicroBatches> micro_;  // the step as micro-batches (train.micro_batches > 1 or a world)
+  bool agreed_stop_ = false;           // a data-parallel run's processes agreed to stop
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   Plan plan_;
   TrainState state_;
@@ -177,7 +188,12 @@ class Trainer {
 };
 
 Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::string& config_json, RunRecord& record)
-    : cfg_(cfg), opt_(opt), config_json_(config_json), record_(record) {
+    : cfg_(cfg),
+      opt_(opt),
+      world_(opt.world),
+      writer_(!opt.world || opt.world->rank() == 0),
+      config_json_(config_json),
+      record_(record) {
   const nn::Recipe recipe = nn::load_recipe(cfg.quant.recipe);
   const nn::LossScaleConfig ls = loss_scaling_of(cfg, recipe, opt.progress);
   torch::manual_seed(cfg.seed);  // the model's initial weights
@@ -188,6 +204,14 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::str
   ctx_->compute = nn::parse_compute(cfg.quant.compute);
   ctx_->accumulate = nn::parse_accumulation(cfg.quant.accumulate);
   qm_ = nn::quantize_model(task_->module(), recipe, ctx_);
+  if (cfg.train.micro_batches > 1 || world_) {
+    for (const auto& l : qm_.layers)
+      for (const auto& q : l->quant.q)
+        if (q && q->history > 0)
+          throw Error("layer '" + l->name + "': delayed scaling (amax history) with train.micro_batches > 1 or " +
+                      "several processes is not supported: each shard would keep its own history");
+    micro_.emplace(task_->module(), cfg.train.micro_batches, world_);
+  }
   scaler_.emplace(ls);
   optimizer_ = optimizers().at(cfg.optimizer.name)(cfg.optimizer, task_->module().parameters());
   plan_ = plan_of(cfg, task_->train_size());
@@ -210,7 +234,7 @@ void Trainer::resume(Checkpoint& checkpoint) {
   scaler_->set_state(state_.scaler);
   ctx_->step = static_cast<std::uint64_t>(state_.step);
   for (std::size_t i = 0; i < qm_.layers.size(); ++i) {
-    qm_.layers[i]->add_counts(state_.counts[i]);
+    if (writer_) qm_.layers[i]->add_counts(state_.counts[i]);  // the others' counts are added to rank 0's
     try {
       if (!state_.histories.empty()) qm_.layers[i]->restore_histories(state_.histories[i]);
     } catch (const Error& e) {
@@ -220,7 +244,14 @@ void Trainer::resume(Checkpoint& checkpoint) {
 }
 
 bool Trainer::stop_now() const {
+  if (world_) return agreed_stop_;
   return (opt_.stop_after > 0 && state_.step - first_step_ >= opt_.stop_after) || stop_requested();
+}
+
+// This process's wish to stop once the current step is taken (a data-parallel run's
+// processes stop together, at the first step after which any of them wishes it).
+bool Trainer::stop_after_step() const {
+  return (opt_.stop_after > 0 && state_.step + 1 - first_step_ >= opt_.stop_after) || stop_requested();
 }
 
 // The example indices of `step`: a slice of its epoch's permutation, drawn from (seed, epoch).
@@ -233,6 +264,54 @@ torch::Tensor Trainer::batch_of(std::int64_t step) {
     perm_epoch_ = epoch;
   }
   return perm_.slice(0, within * plan_.batch, std::min(plan_.examples, (within + 1) * plan_.batch));
+}
+
+// The step's gradients from its micro-batches: this process's shards of the batch `idx`,
+// each from the step's starting buffers with its own streams, then the exchange and the sum
+// (micro_batches.hpp). Returns the batch's mean loss (NaN when a shard's is not finite).
+double Trainer::micro_step(const torch::Tensor& idx, std::uint64_t step_seed) {
+  micro_->begin_step();
+  const bool stop = stop_after_step();
+  for (int m = micro_->first(); m < micro_->first() + micro_->count(); ++m) {
+    micro_->before(m);
+    const auto [begin, end] = micro_range(idx.size(0), cfg_.train.micro_batches, m);
+    double loss = 0;
+    if (end > begin) {
+      const std::uint64_t seed = micro_seed(step_seed, m);
+      torch::manual_seed(seed);
+      ctx_->micro = static_cast<std::uint32_t>(m);
+      const torch::Tensor l = task_->loss(idx.slice(0, begin, end), seed);
+      (l * scaler_->scale()).backward();
+      loss = l.item<double>();
+    }
+    micro_->after(m, loss, end - begin, stop);
+  }
+  ctx_->micro = 0;
+  const MicroBatches::Step r = micro_->reduce();
+  agreed_stop_ = r.stop;
+  return r.loss_finite ? r.loss : std::numeric_limits<double>::quiet_NaN();
+}
+
+// The quantized layers' counts of the whole run: this process's, plus the other processes'
+// in a data-parallel run (summed exactly, as integers).
+std::vector<std::array<QuantCounts, nn::kKinds>> Trainer::run_counts() {
+  std::vector<std::array<QuantCounts, nn::kKinds>> counts;
+  for (const auto& l : qm_.layers) counts.push_back(l->counts());
+  if (!world_) return counts;
+  std::vector<std::int64_t> flat;
+  for (const auto& layer : counts)
+    for (const auto& c : layer)
+      for (std::uint64_t v : {c.total, c.overflow, c.underflow, c.nan}) flat.push_back(static_cast<std::int64_t>(v));
+  const std::vector<std::int64_t> sum = world_->sum(flat, "the sum of the quantizers' counts");
+  std::size_t i = 0;
+  for (auto& layer : counts)
+    for (auto& c : layer) {
+      c.total = static_cast<std::uint64_t>(sum[i++]);
+      c.overflow = static_cast<std::uint64_t>(sum[i++]);
+      c.underflow = static_cast<std::uint64_t>(sum[i++]);
+      c.nan = static_cast<std::uint64_t>(sum[i++]);
+    }
+  return counts;
 }
 
 void Trainer::update_ema() {
@@ -254,15 +333,20 @@ RunStatus Trainer::train_step() {
   const double lr = learning_rate(cfg_, step, plan_.total, plan_.steps_per_epoch);
   for (auto& g : optimizer_->param_groups()) g.options().set_lr(lr);
   const torch::Tensor idx = batch_of(step);
-  optimizer_->zero_grad();
-  const torch::Tensor loss = task_->loss(idx, step_seed);
-  (loss * scaler_->scale()).backward();
+  double lv = 0;
+  if (micro_) {
+    lv = micro_step(idx, step_seed);
+  } else {
+    optimizer_->zero_grad();
+    const torch::Tensor loss = task_->loss(idx, step_seed);
+    (loss * scaler_->scale()).backward();
+    lv = loss.item<double>();
+  }
   std::vector<torch::Tensor> grads;
   for (auto& p : task_->module().parameters())
     if (p.grad().defined()) grads.push_back(p.grad());
   const nn::LossScaleStep s = scaler_->update(grads);
   state_.trace.emplace_back(step, static_cast<int>(std::lround(std::log2(s.scale))), s.skipped);
-  const double lv = loss.item<double>();
   // The loss is computed before scaling: a NaN/Inf here is a forward-pass divergence that no
   // loss scale can recover.
   if (!std::isfinite(lv)) return RunStatus::diverged;
@@ -312,11 +396,11 @@ void Trainer::checkpoint_now() {
 
 // The trace into the store, then (with checkpoints on) the run's state to its checkpoint.
 void Trainer::save() {
+  state_.counts = run_counts();  // a collective: every process of a data-parallel run calls save()
   record_.flush_trace(state_.trace);
-  if (!opt_.checkpoints) return;
+  if (!writer_) state_.trace.clear();  // rank 0 keeps the trace
+  if (!opt_.checkpoints || !writer_) return;
   state_.scaler = scaler_->state();
-  state_.counts.clear();
-  for (const auto& l : qm_.layers) state_.counts.push_back(l->counts());
   state_.histories.clear();
   for (const auto& l : qm_.layers) state_.histories.push_back(l->histories());
   const double before = state_.seconds;
@@ -344,12 +428,17 @@ void Trainer::run() {
   loop_started_ = std::chrono::steady_clock::now();
   if (opt_.progress) {
     const std::string blas = nn::blas_core();
-    std::fprintf(stderr, "%s: %s, recipe %s, loss scaling %s, %lld steps, seed %llu%s; %d threads%s\n",
+    const std::string procs = world_ ? std::to_string(world_->size()) + " processes x " : "";
+    const std::string micro = cfg_.train.micro_batches > 1
+                                  ? ", batch " + std::to_string(cfg_.train.batch) + " as " +
+                                        std::to_string(cfg_.train.micro_batches) + " micro-batches"
+                                  : "";
+    std::fprintf(stderr, "%s: %s, recipe %s, loss scaling %s, %lld steps, seed %llu%s%s; %s%d threads%s\n",
                  cfg_.name.c_str(), task_->description().c_str(), cfg_.quant.recipe.c_str(),
                  cfg_.quant.loss_scale.c_str(), static_cast<long long>(plan_.total),
-                 static_cast<unsigned long long>(cfg_.seed),
+                 static_cast<unsigned long long>(cfg_.seed), micro.c_str(),
                  first_step_ > 0 ? (" (resumed at step " + std::to_string(first_step_) + ")").c_str() : "",
-                 nn::current_torch_settings().threads, blas.empty() ? "" : (", OpenBLAS " + blas).c_str());
+                 procs.c_str(), nn::current_torch_settings().threads, blas.empty() ? "" : (", OpenBLAS " + blas).c_str());
     bar_.emplace(cfg_.name.size() > 24 ? cfg_.name.substr(0, 24) : cfg_.name, plan_.total, "steps", first_step_);
   }
   while (state_.step < plan_.total) {
@@ -391,6 +480,7 @@ TrainResult Trainer::finish() {
   if (status_ == RunStatus::stopped) save();
   if (status_ == RunStatus::finished) res.final_metric = final_metric();
   record_.flush_trace(state_.trace);
+  const std::vector<std::array<QuantCounts, nn::kKinds>> counts = run_counts();
   if (opt_.progress)
     bar_->finish(status_ == RunStatus::finished ? res.metric_name + " " + fixed(res.final_metric, 3)
                                                 : std::string(to_string(status_)));
@@ -401,16 +491,36 @@ TrainResult Trainer::finish() {
   res.steps = state_.step;
   res.total_steps = plan_.total;
   res.run_id = record_.id();
+  res.weights_fnv = kFnvBasis;
+  for (const torch::Tensor& t : state_tensors(task_->module())) {
+    const torch::Tensor c = t.detach().contiguous();
+    res.weights_fnv = fnv1a(res.weights_fnv, c.data_ptr(), static_cast<std::size_t>(c.nbytes()));
+  }
+  std::vector<std::int64_t> products;  // per layer: float32, bfloat16
   for (const auto& l : qm_.layers) {
-    const auto c = l->counts();
-    for (int k = 0; k < nn::kKinds; ++k) res.counts[k] += c[k];
-    // Which path each layer's products took: the share on bfloat16, in the run record.
     const auto [fp32, bf16] = l->products();
+    products.push_back(fp32);
+    products.push_back(bf16);
+  }
+  if (world_) products = world_->sum(products, "the sum of the product counts");
+  for (std::size_t i = 0; i < qm_.layers.size(); ++i) {
+    for (int k = 0; k < nn::kKinds; ++k) res.counts[k] += counts[i][k];
+    // Which path each layer's products took: the share on bfloat16, in the run record.
+    const std::int64_t fp32 = products[2 * i], bf16 = products[2 * i + 1];
     res.products_fp32 += fp32;
     res.products_bf16 += bf16;
     if (fp32 + bf16 > 0)
-      record_.log_metric(state_.step, "bf16_product_share/" + l->name,
+      record_.log_metric(state_.step, "bf16_product_share/" + qm_.layers[i]->name,
                          static_cast<double>(bf16) / static_cast<double>(fp32 + bf16));
+  }
+  if (world_) {
+    const std::int64_t steps = std::max<std::int64_t>(1, state_.step - first_step_);
+    res.processes = world_->size();
+    res.comm_seconds_per_step = world_->stats().seconds / static_cast<double>(steps);
+    res.comm_bytes_per_step = static_cast<double>(world_->stats().bytes_sent) / static_cast<double>(steps);
+    record_.log_metric(state_.step, "processes", world_->size());
+    record_.log_metric(state_.step, "comm_seconds_per_step", res.comm_seconds_per_step);
+    record_.log_metric(state_.step, "comm_bytes_per_step", res.comm_bytes_per_step);
   }
   res.seconds = state_.seconds + seconds_since(started_);
   record_.log_metric(state_.step, "samples_per_second", res.samples_per_second);
@@ -425,19 +535,54 @@ TrainResult Trainer::finish() {
 
 }  // namespace
 
+namespace {
+
+// Rank 0's checks before a data-parallel run starts (the checkpoint lock, the checkpoint to
+// resume from or the refusal to overwrite one), agreed by every process: each either gets
+// the checkpoint's bytes from rank 0 or throws rank 0's error. The processes' configs must
+// be the same.
+void start_together(World& world, const std::string& config_json, std::string error, std::string checkpoint_bytes,
+                    std::optional<Checkpoint>& checkpoint, const std::string& path) {
+  world.require_same(fnv1a(kFnvBasis, config_json.data(), config_json.size()), "config");
+  const std::string verdict = world.broadcast(error, "the start of the run");
+  if (!verdict.empty()) throw Error(world.rank() == 0 ? verdict : "rank 0: " + verdict);
+  checkpoint_bytes = world.broadcast(checkpoint_bytes, "the checkpoint to resume from");
+  if (world.rank() != 0 && !checkpoint_bytes.empty())
+    checkpoint.emplace(Checkpoint::kArchive, path + " (from rank 0)", std::move(checkpoint_bytes), config_json);
+}
+
+}  // namespace
+
 TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOptions& opt) {
   validate(cfg);
   if (opt.resume && !opt.checkpoints) throw Error("--resume needs checkpoints");
   if (opt.resume && opt.restart) throw Error("--resume and --restart exclude each other");
+  World* const world = opt.world;
+  const bool writer = !world || world->rank() == 0;
+  if (world && cfg.train.micro_batches % world->size() != 0)
+    throw Error("train.micro_batches = " + std::to_string(cfg.train.micro_batches) + " cannot be shared by " +
+                std::to_string(world->size()) + " processes: set it to a multiple of " + std::to_string(world->size()) +
+                " (the same run on any process count that divides it)");
+  if (!writer && store) throw Error("a data-parallel run's rank " + std::to_string(world->rank()) +
+                                    " writes no store: only rank 0 records the run");
   const nn::ScopedTorchSettings settings({cfg.threads, cfg.train.flush_denormals});
   const std::string config_json = to_json(cfg);
   std::optional<CheckpointLock> lock;
   std::optional<Checkpoint> checkpoint;
-  if (opt.checkpoints) {
-    lock.emplace(checkpoint_path(cfg));
-    if (opt.resume) checkpoint.emplace(checkpoint_path(cfg), config_json);
-    else if (!opt.restart) refuse_unfinished_checkpoint(checkpoint_path(cfg));
+  std::string error;
+  if (opt.checkpoints && writer) {
+    try {
+      lock.emplace(checkpoint_path(cfg));
+      if (opt.resume) checkpoint.emplace(checkpoint_path(cfg), config_json);
+      else if (!opt.restart) refuse_unfinished_checkpoint(checkpoint_path(cfg));
+    } catch (const Error& e) {
+      if (!world) throw;
+      error = e.what();
+    }
   }
+  if (world)
+    start_together(*world, config_json, error, checkpoint ? checkpoint->bytes() : std::string(), checkpoint,
+                   checkpoint_path(cfg));
   RunRecord record(store, cfg, config_json, checkpoint ? &checkpoint->state() : nullptr);
   try {
     Trainer trainer(cfg, opt, config_json, record);

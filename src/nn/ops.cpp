@@ -56,8 +56,10 @@ void LayerState::reset_counts() {
 std::uint32_t LayerState::begin_call() {
   std::lock_guard<std::mutex> lk(m_);
   const std::uint64_t step = ctx->step.load();
-  if (step != call_step_) {
+  const std::uint32_t micro = ctx->micro.load();
+  if (step != call_step_ || micro != call_micro_) {
     call_step_ = step;
+    call_micro_ = micro;
     calls_ = 0;
   }
   return calls_++;
@@ -65,14 +67,16 @@ std::uint32_t LayerState::begin_call() {
 
 std::uint64_t LayerState::seed_for(TensorKind k, std::uint32_t call, std::uint32_t operand) const {
   const std::uint64_t step = ctx->step.load();
+  const std::uint32_t micro = ctx->micro.load();
   return mix64(layer_seed ^ mix64(step) ^
                mix64((static_cast<std::uint64_t>(call) << 8) | (operand << 4) |
-                     static_cast<std::uint64_t>(k)));
+                     static_cast<std::uint64_t>(k)) ^
+               (micro == 0 ? 0 : mix64(0x3C6EF372FE94F82BULL + micro)));
 }
 
 bool LayerState::stats_due(std::uint32_t call) const {
   const int every = ctx->stats_interval;
-  return ctx->recording && every > 0 && call == 0 &&
+  return ctx->recording && every > 0 && call == 0 && ctx->micro.load() == 0 &&
          ctx->step.load() % static_cast<std::uint64_t>(every) == 0;
 }
 

@@ -235,6 +235,53 @@ TOML
   check "Ctrl-C exits 130 (got $rc)" [ $rc -eq 130 ]
   check "Ctrl-C leaves a stopped run" grep -q ',syn3,.*,stopped,' <<<"$("$FP8LAB" runs --db "$T/t.db" --csv)"
   check "no checkpoint temporaries" [ -z "$(ls "$T" | grep 'ckpt.tmp')" ]
+  # --- data-parallel: --nproc ---------------------------------------------------------------
+  # Two processes give the weights of one (the same shards, summed in the same order).
+  P=(--set train.micro_batches=2 --db "$T/dp.db" --no-progress)
+  fnv() { grep -o 'fnv1a64 [0-9a-f]*' "$1"; }
+  "$FP8LAB" train "$T/syn.toml" "${P[@]}" --set threads=1 --set name=dp --set "train.checkpoint=$T/dp1.ckpt" >/dev/null 2>"$T/dp1"; rc=$?
+  check "micro-batched train exits 0 (got $rc)" [ $rc -eq 0 ]
+  "$FP8LAB" train "$T/syn.toml" "${P[@]}" --set name=dp --set "train.checkpoint=$T/dp2.ckpt" --nproc 2 >"$T/dp2out" 2>"$T/dp2"; rc=$?
+  check "train --nproc 2 exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "--nproc 2 gives the weights of one process" [ -n "$(fnv "$T/dp1")" ] && [ "$(fnv "$T/dp1")" = "$(fnv "$T/dp2")" ]
+  check "--nproc 2 names its processes" grep -q '^fp8lab: 2 processes on this machine (ranks 0..1: pids ' "$T/dp2"
+  check "--nproc 2 reports its collectives" grep -q '^2 processes: .* per step in collectives' "$T/dp2"
+  check "--nproc 2 prints one table" [ "$(grep -c '^run ' "$T/dp2out")" -eq 1 ]
+  expect_fail "--nproc with one micro-batch" "add --set train.micro_batches=2" "$FP8LAB" train "$T/syn.toml" --nproc 2 --db "$T/dp.db"
+  expect_fail "half a launcher's variables" "RANK, WORLD_SIZE set but MASTER_ADDR, MASTER_PORT not" env RANK=0 WORLD_SIZE=2 "$FP8LAB" train "$T/syn.toml" --db "$T/dp.db"
+  # A rank killed mid-run ends the other at once; the run is marked failed, and resumes to
+  # the weights of the uninterrupted run.
+  K=(--set name=dpk --set train.epochs=40 --set "train.checkpoint=$T/dpk.ckpt")
+  "$FP8LAB" train "$T/syn.toml" "${P[@]}" "${K[@]}" --set threads=1 --set "train.checkpoint=$T/dpk1.ckpt" >/dev/null 2>"$T/dpk1"
+  rank_pid() { sed -n "s/^fp8lab: 2 processes on this machine (ranks 0..1: pids \([0-9]*\) \([0-9]*\)).*/\\$(($1 + 1))/p" "$2"; }
+  "$FP8LAB" train "$T/syn.toml" "${P[@]}" "${K[@]}" --nproc 2 --timeout 30 >/dev/null 2>"$T/dpk" &
+  pid=$!
+  for _ in $(seq 1 600); do [ -s "$T/dpk.ckpt" ] && break; sleep 0.1; done
+  r1=$(rank_pid 1 "$T/dpk")
+  t0=$(date +%s)
+  kill -KILL "$r1"
+  wait $pid; rc=$?
+  check "a killed rank fails the run (got $rc)" [ $rc -ne 0 ]
+  check "... well within the timeout" [ $(($(date +%s) - t0)) -lt 20 ]
+  check "... naming the rank and the signal" grep -q 'rank 1 of 2 was killed by signal 9' "$T/dpk"
+  check "... and rank 0's failed exchange" grep -q 'data-parallel rank 0 of 2: .* failed' "$T/dpk"
+  check "... marked failed in the store" [ "$("$FP8LAB" runs --db "$T/dp.db" --name dpk --csv | grep -c ',failed,')" -eq 1 ]
+  "$FP8LAB" train "$T/syn.toml" "${P[@]}" "${K[@]}" --nproc 2 --resume >/dev/null 2>"$T/dpk2"; rc=$?
+  check "the killed run resumes (got $rc)" [ $rc -eq 0 ]
+  check "... to the uninterrupted run's weights" [ -n "$(fnv "$T/dpk1")" ] && [ "$(fnv "$T/dpk1")" = "$(fnv "$T/dpk2")" ]
+  check "... recorded once: the resumed run and the uninterrupted one, both finished" [ "$("$FP8LAB" runs --db "$T/dp.db" --name dpk --csv | grep -c ',finished,')" -eq 2 ] && [ "$("$FP8LAB" runs --db "$T/dp.db" --name dpk --csv | wc -l)" -eq 3 ]
+  # A rank that hangs (stopped): the other gives up after --timeout, and the launcher ends it.
+  "$FP8LAB" train "$T/syn.toml" "${P[@]}" --set name=dph --set train.epochs=400 --set "train.checkpoint=$T/dph.ckpt" --nproc 2 --timeout 3 >/dev/null 2>"$T/dph" &
+  pid=$!
+  for _ in $(seq 1 600); do [ -s "$T/dph.ckpt" ] && break; sleep 0.1; done
+  r1=$(rank_pid 1 "$T/dph")
+  t0=$(date +%s)
+  kill -STOP "$r1"
+  wait $pid; rc=$?
+  check "a hung rank fails the run (got $rc)" [ $rc -ne 0 ]
+  check "... after the timeout" [ $(($(date +%s) - t0)) -lt 20 ]
+  check "... saying so" grep -q 'did not answer within 3.0 s' "$T/dph"
+  check "... and the hung rank is gone" [ ! -d "/proc/$r1" ] || grep -q '^State:.*Z' "/proc/$r1/status"
   out=$("$FP8LAB" train "$T/syn.toml" --set train.epochs=9 --print-config); rc=$?
   check "print-config" grep -q '^epochs = 9$' <<<"$out"
   printf 'schema = 1\n[train]\nepochs = 2\nbach = 3\n' >"$T/bad.toml"

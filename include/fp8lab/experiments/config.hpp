@@ -79,6 +79,11 @@ struct TrainLoopConfig {
   int epochs = 2;
   std::int64_t steps = 0;  // > 0: train this many steps instead of `epochs`
   int batch = 128;
+  // The global batch as this many shards of (nearly) equal size, each with its own forward
+  // and backward (batch norm sees its shard), their gradients summed in shard order. The
+  // run is then the same, bit for bit, on any number of processes that divides it
+  // (`fp8lab train --nproc N`, docs/training.md); 1: the batch in one piece.
+  int micro_batches = 1;
   double label_smoothing = 0;
   double mixup = 0;   // Beta(alpha, alpha) mixing of pairs of examples; 0: off
   double cutmix = 0;  // Beta(alpha, alpha) box pasting; 0: off (with both, half the batches each)

@@ -29,6 +29,8 @@ struct TensorStats;  // fp8lab/nn/ops.hpp
 
 namespace fp8lab::experiments {
 
+class World;  // world.hpp
+
 struct TrainOptions {
   bool resume = false;          // continue from the checkpoint (an error if there is none)
   bool restart = false;         // start afresh even over an unfinished run's checkpoint
@@ -37,6 +39,11 @@ struct TrainOptions {
                                 // checkpoint and status stopped (resume later)
   bool progress = true;         // the progress bar on stderr
   bool checkpoints = true;      // write checkpoints (false: a run that cannot be resumed)
+  // The processes of a data-parallel run (world.hpp), every one calling train() with the
+  // same config; null: this process alone. Rank 0 alone writes the store and checkpoints
+  // (the others pass no store) and reads the checkpoint to resume from, which it sends to
+  // the others. train.micro_batches must be a multiple of the world's size.
+  World* world = nullptr;
 };
 
 struct TrainResult {
@@ -55,6 +62,14 @@ struct TrainResult {
   double seconds = 0;            // wall time, over every process a resumed run ran in
   double samples_per_second = 0; // training throughput of this call: the steps after its
                                  // first, without evaluation and checkpoint time
+  // Data-parallel runs: this process's time in collectives and bytes it sent, per step of
+  // this call (0 for one process).
+  double comm_seconds_per_step = 0;
+  double comm_bytes_per_step = 0;
+  int processes = 1;
+  // FNV-1a 64 over the final model's parameters and buffers, in module order: two runs
+  // ended with the same weights exactly when these agree (up to hash collisions).
+  std::uint64_t weights_fnv = 0;
   std::int64_t run_id = 0;       // in the store, when one was given
   std::string model_description;
   std::string checkpoint;        // the checkpoint file written, if any

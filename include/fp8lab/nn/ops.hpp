@@ -67,6 +67,11 @@ class StatsLog {
 struct QuantContext {
   std::uint64_t seed = 0;             // run seed: stochastic rounding streams derive from it
   std::atomic<std::uint64_t> step{0}; // the trainer advances it once per optimizer step
+  // The shard of the step's batch being computed when a step runs its batch as several
+  // micro-batches (train.micro_batches): each draws its own streams and numbers its own
+  // calls, so a shard's quantization is the same on whichever process computes it. 0 is the
+  // whole batch's streams; statistics record shard 0 only.
+  std::atomic<std::uint32_t> micro{0};
   // What the ops keep for backward. Activations (whose memory grows with the batch): their
   // 8-bit codes, else float32 Q(x). Weights: float32 Q(w) unless save_weight_codes (one
   // copy of the model, held from forward to backward; codes cost a decode pass per step).
@@ -202,6 +207,7 @@ struct LayerState : torch::CustomClassHolder {
   mutable std::mutex m_;
   std::array<QuantCounts, kKinds> counts_{};
   std::uint64_t call_step_ = ~std::uint64_t{0};
+  std::uint32_t call_micro_ = 0;
   std::uint32_t calls_ = 0;
   std::pair<torch::Tensor, torch::Tensor> encode_for_products(TensorKind k, const torch::Tensor& t,
                                                               std::uint32_t call, std::uint32_t operand, bool codes);

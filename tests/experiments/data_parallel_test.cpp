@@ -1,0 +1,357 @@
+// Data-parallel training (docs/training.md): N processes give the run one process gives,
+// bit for bit. The test program starts copies of itself as the ranks (FP8LAB_TEST_RANK_OF
+// names the case; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT the world, as any launcher
+// sets them), each a plain call of experiments::train with a World; rank 0 writes the store
+// and checkpoint, every rank writes what train() returned to a file the test reads.
+#include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "../../src/experiments/micro_batches.hpp"
+#include "../common/testutil.hpp"
+#include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/experiments/world.hpp"
+#include "fp8lab/results/store.hpp"
+
+using namespace fp8lab;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Every source of randomness and state: augmentation, mixup, cutmix, EMA, checkpoint
+// averaging, AdamW, warm-up, stochastic rounding, Backoff (which skips steps here), statistics.
+experiments::TrainConfig busy(const std::string& name, const fs::path& dir, const std::string& model) {
+  experiments::TrainConfig c;
+  c.name = name;
+  c.model.name = model;
+  c.model.width = 4;
+  if (model.rfind("efficientnet", 0) == 0) {  // dropout and stochastic depth: unused parameters
+    c.model.width = 0;
+    c.model.width_mult = 0.25;
+    c.model.depth_mult = 0.3;
+    c.model.dropout = 0.3;
+  }
+  c.data.name = "synthetic";
+  c.data.image_size = 8;
+  c.data.synthetic_train = 120;  // 8 batches of 16 per epoch, the last of 8
+  c.data.synthetic_test = 64;
+  c.data.synthetic_classes = 2;
+  c.data.synthetic_channels = 1;
+  c.data.augment = "crop:1+flip";
+  c.train.epochs = 2;
+  c.train.batch = 16;
+  c.train.micro_batches = 2;
+  c.train.mixup = 0.4;
+  c.train.cutmix = 1.0;
+  c.train.ema = 0.9;
+  c.train.average_last = 2;
+  c.train.eval_interval = 5;
+  c.train.checkpoint_interval = 4;
+  c.train.stats_interval = 3;
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 0.01;
+  c.schedule.name = "linear";
+  c.schedule.warmup_steps = 3;
+  c.threads = 1;
+  c.quant.recipe = "a=1.4.3:10/sr,w=1.4.3:14,gx=1.5.2:33/sr/nan,gw=1.5.2:31";
+  c.quant.loss_scale = "backoff:init=4,interval=5";
+  c.train.checkpoint = (dir / (name + ".ckpt")).string();
+  return c;
+}
+
+// What a test case hands its ranks: the config, and what to do.
+struct Case {
+  experiments::TrainConfig cfg;
+  std::int64_t stop_after = 0;
+  bool resume = false;
+  std::uint64_t rank1_seed = 0;  // > 0: rank 1's config has this seed instead
+};
+
+json to_json(const experiments::TrainResult& r) {
+  json counts = json::array();
+  for (const auto& c : r.counts) counts.push_back({c.total, c.overflow, c.underflow, c.nan});
+  return {{"status", std::string(results::to_string(r.status))},
+          {"metric", r.final_metric},
+          {"evals", r.evals},
+          {"loss", r.final_train_loss},
+          {"log2_scale", r.final_log2_scale},
+          {"skipped", r.skipped_steps},
+          {"steps", r.steps},
+          {"counts", counts},
+          {"weights", r.weights_fnv},
+          {"processes", r.processes},
+          {"comm_bytes", r.comm_bytes_per_step}};
+}
+
+// --- the rank side ---------------------------------------------------------------------------
+
+int run_rank(const std::string& case_file) {
+  std::ifstream in(case_file);
+  const json j = json::parse(in);
+  experiments::TrainConfig cfg = experiments::parse_train_config(j.at("config").get<std::string>(), case_file);
+  const auto wc = experiments::world_from_variables(
+      [](const std::string& n) {
+        const char* v = std::getenv(n.c_str());
+        return v ? std::optional<std::string>(v) : std::nullopt;
+      },
+      std::chrono::seconds(60));
+  experiments::World world(*wc);
+  if (world.rank() == 1 && j.at("rank1_seed").get<std::uint64_t>() > 0) cfg.seed = j.at("rank1_seed").get<std::uint64_t>();
+  std::optional<results::Store> store;
+  if (world.rank() == 0) store.emplace(j.at("db").get<std::string>());
+  experiments::TrainOptions o;
+  o.progress = false;
+  o.world = &world;
+  o.stop_after = j.at("stop_after").get<std::int64_t>();
+  o.resume = j.at("resume").get<bool>();
+  json out;
+  try {
+    out = to_json(experiments::train(cfg, store ? &*store : nullptr, o));
+  } catch (const std::exception& e) {
+    out = {{"error", e.what()}};
+  }
+  std::ofstream(case_file + ".rank" + std::to_string(world.rank())) << out.dump();
+  return 0;
+}
+
+// --- the test side ---------------------------------------------------------------------------
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Runs `c` as `n` ranks (copies of this program) and returns what each rank's train() gave.
+std::vector<json> run_ranks(const Case& c, int n, const fs::path& db) {
+  const fs::path file = fs::path(c.cfg.train.checkpoint).parent_path() / (c.cfg.name + ".case");
+  std::ofstream(file) << json{{"config", experiments::to_toml(c.cfg)}, {"db", db.string()},
+                              {"stop_after", c.stop_after}, {"resume", c.resume}, {"rank1_seed", c.rank1_seed}}
+                             .dump();
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    // Everything the child needs is made before fork (the process has threads).
+    std::vector<std::string> vars = {"FP8LAB_TEST_RANK_OF=" + file.string(), "RANK=" + std::to_string(r),
+                                     "WORLD_SIZE=" + std::to_string(n), "MASTER_ADDR=127.0.0.1",
+                                     "MASTER_PORT=" + std::to_string(port)};
+    std::vector<char*> envp;
+    for (auto& v : vars) envp.push_back(v.data());
+    for (char** e = environ; *e; ++e) envp.push_back(*e);
+    envp.push_back(nullptr);
+    char self[] = "/proc/self/exe";
+    char* argv[] = {self, nullptr};
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execve(self, argv, envp.data());
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<json> out;
+  for (int r = 0; r < n; ++r) {
+    int st = 0;
+    ::waitpid(pids[static_cast<std::size_t>(r)], &st, 0);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r;
+    std::ifstream in(file.string() + ".rank" + std::to_string(r));
+    out.push_back(in ? json::parse(in) : json{{"error", "no result"}});
+  }
+  return out;
+}
+
+json train_here(const Case& c, results::Store& store) {
+  experiments::TrainOptions o;
+  o.progress = false;
+  o.stop_after = c.stop_after;
+  o.resume = c.resume;
+  return to_json(experiments::train(c.cfg, &store, o));
+}
+
+// The store of run `b` holds what the store of run `a` does: metrics, loss-scale trace,
+// statistics.
+void expect_same_record(results::Store& sa, results::Store& sb) {
+  ASSERT_EQ(sa.runs().size(), 1u);
+  ASSERT_EQ(sb.runs().size(), 1u);
+  const auto a = sa.runs()[0].id, b = sb.runs()[0].id;
+  EXPECT_EQ(sb.runs()[0].status, sa.runs()[0].status);
+  EXPECT_EQ(sa.metric(a, "test_accuracy"), sb.metric(b, "test_accuracy"));
+  EXPECT_EQ(sa.metric(a, "train_loss"), sb.metric(b, "train_loss"));
+  EXPECT_FALSE(sa.metric(a, "train_loss").empty());
+  EXPECT_EQ(sa.loss_scale_trace(a), sb.loss_scale_trace(b));
+  const auto st1 = sa.stats(a), st2 = sb.stats(b);
+  ASSERT_EQ(st1.size(), st2.size());
+  ASSERT_FALSE(st1.empty());
+  for (std::size_t i = 0; i < st1.size(); ++i) {
+    EXPECT_EQ(st1[i].step, st2[i].step);
+    EXPECT_EQ(st1[i].layer, st2[i].layer);
+    EXPECT_EQ(st1[i].histogram, st2[i].histogram);
+  }
+}
+
+// The results that must agree bit for bit (all but timing and process figures).
+json outcome(json r) {
+  r.erase("processes");
+  r.erase("comm_bytes");
+  return r;
+}
+
+void check_processes_equal_one(const std::string& model, int micro) {
+  const fs::path d = test::temp_dir("fp8lab_dp");
+  const std::string tag = model + "_" + std::to_string(micro);
+  Case one{busy("one_" + tag, d, model)}, two{busy("two_" + tag, d, model)};
+  one.cfg.train.micro_batches = two.cfg.train.micro_batches = micro;
+  two.cfg.name = one.cfg.name;  // the same config but for the checkpoint path
+  results::Store s1((d / ("one_" + tag + ".db")).string());
+  const json here = train_here(one, s1);
+  ASSERT_EQ(here.value("status", ""), "finished") << here.dump();
+  fs::remove(d / ("two_" + tag + ".db"));
+  const std::vector<json> ranks = run_ranks(two, 2, d / ("two_" + tag + ".db"));
+  ASSERT_EQ(ranks.size(), 2u);
+  for (const json& r : ranks) ASSERT_FALSE(r.contains("error")) << r.dump();
+  EXPECT_EQ(outcome(ranks[0]), outcome(here)) << "rank 0 against one process";
+  EXPECT_EQ(ranks[1].at("weights"), here.at("weights")) << "rank 1's weights";
+  EXPECT_EQ(ranks[0].at("processes"), 2);
+  EXPECT_GT(ranks[0].at("comm_bytes").get<double>(), 0);
+  EXPECT_GT(here.at("skipped").get<int>(), 0) << "Backoff should skip steps in this config";
+  results::Store s2((d / ("two_" + tag + ".db")).string());
+  expect_same_record(s1, s2);
+}
+
+}  // namespace
+
+TEST(MicroBatches, ShardsCoverTheBatchInOrderAndBalance) {
+  for (std::int64_t n : {1, 7, 8, 16, 17, 128})
+    for (int micro : {1, 2, 3, 4, 8}) {
+      std::int64_t next = 0;
+      for (int m = 0; m < micro; ++m) {
+        const auto [b, e] = experiments::micro_range(n, micro, m);
+        EXPECT_EQ(b, next);
+        EXPECT_GE(e - b, n / micro);
+        EXPECT_LE(e - b, n / micro + 1);
+        next = e;
+      }
+      EXPECT_EQ(next, n);
+    }
+  EXPECT_EQ(experiments::micro_seed(42, 0), 42u);  // shard 0 draws the whole batch's streams
+  EXPECT_NE(experiments::micro_seed(42, 1), experiments::micro_seed(42, 2));
+}
+
+TEST(World, VariablesAllOrNone) {
+  auto from = [](std::map<std::string, std::string> m) {
+    return experiments::world_from_variables(
+        [&](const std::string& n) { return m.count(n) ? std::optional<std::string>(m[n]) : std::nullopt; },
+        std::chrono::seconds(1));
+  };
+  EXPECT_FALSE(from({}).has_value());
+  const auto w = from({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "29500"}});
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->rank, 1);
+  EXPECT_EQ(w->size, 4);
+  EXPECT_EQ(w->master_addr, "node7");
+  EXPECT_EQ(w->master_port, 29500);
+  EXPECT_NE(test::error_of([&] { from({{"RANK", "0"}, {"WORLD_SIZE", "2"}}); }).find("MASTER_ADDR, MASTER_PORT not"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              from({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}});
+            }).find("RANK=2"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "70000"}});
+            }).find("MASTER_PORT=70000"),
+            std::string::npos);
+}
+
+// Item 2 of the data-parallel issue: a fixed global batch on 2 processes gives the losses,
+// weights, counts, trace and statistics of 1 process, with quantization, stochastic
+// rounding and Backoff on.
+TEST(DataParallel, TwoProcessesGiveTheRunOfOne) { check_processes_equal_one("resnet8", 2); }
+TEST(DataParallel, TwoShardsPerProcessGiveTheRunOfOne) { check_processes_equal_one("resnet8", 4); }
+TEST(DataParallel, UnusedParametersAndDropoutGiveTheRunOfOne) { check_processes_equal_one("efficientnet-b0", 2); }
+
+// A run stopped on 2 processes resumes on 1 (and the other way round) and ends where the
+// uninterrupted run ends.
+TEST(DataParallel, ResumesOnAnotherProcessCount) {
+  const fs::path d = test::temp_dir("fp8lab_dp");
+  Case full{busy("full", d, "resnet8")};
+  results::Store s1((d / "full.db").string());
+  const json whole = train_here(full, s1);
+  Case part{busy("part", d, "resnet8")};
+  part.cfg.name = "full";
+  part.stop_after = 7;
+  fs::remove(d / "part.db");
+  auto ranks = run_ranks(part, 2, d / "part.db");
+  ASSERT_EQ(ranks[0].value("status", ""), "stopped") << ranks[0].dump();
+  EXPECT_EQ(ranks[0].at("steps"), 7);
+  {
+    results::Store s2((d / "part.db").string());
+    Case rest = part;
+    rest.resume = true;
+    rest.stop_after = 4;
+    const json mid = train_here(rest, s2);  // steps 7..11 on one process
+    ASSERT_EQ(mid.value("status", ""), "stopped") << mid.dump();
+  }
+  Case last = part;
+  last.resume = true;
+  last.stop_after = 0;
+  ranks = run_ranks(last, 2, d / "part.db");  // and the rest on two
+  ASSERT_EQ(ranks[0].value("status", ""), "finished") << ranks[0].dump();
+  EXPECT_EQ(outcome(ranks[0]), outcome(whole));
+  results::Store s2((d / "part.db").string());
+  expect_same_record(s1, s2);
+}
+
+// What one rank refuses, every rank refuses: rank 0's checkpoint checks and a config that
+// differs between ranks end every rank with the reason, before any step.
+TEST(DataParallel, RanksAgreeBeforeTheFirstStep) {
+  const fs::path d = test::temp_dir("fp8lab_dp");
+  Case c{busy("agree", d, "resnet8")};
+  c.stop_after = 3;
+  fs::remove(d / "agree.db");
+  auto ranks = run_ranks(c, 2, d / "agree.db");
+  ASSERT_EQ(ranks[0].value("status", ""), "stopped") << ranks[0].dump();
+  c.stop_after = 0;  // afresh over the stopped run's checkpoint: refused by rank 0, for both
+  ranks = run_ranks(c, 2, d / "agree.db");
+  EXPECT_NE(ranks[0].value("error", "").find("unfinished run"), std::string::npos) << ranks[0].dump();
+  EXPECT_NE(ranks[1].value("error", "").find("rank 0: "), std::string::npos) << ranks[1].dump();
+  c.cfg.train.checkpoint = (d / "agree2.ckpt").string();
+  c.rank1_seed = 2;  // the ranks' configs differ
+  ranks = run_ranks(c, 2, d / "agree.db");
+  EXPECT_NE(ranks[0].value("error", "").find("rank 1's config differs from rank 0's"), std::string::npos)
+      << ranks[0].dump();
+  EXPECT_NE(ranks[1].value("error", "").find("rank 1's config differs from rank 0's"), std::string::npos)
+      << ranks[1].dump();
+  c.rank1_seed = 0;
+  c.cfg.train.micro_batches = 3;  // not a multiple of 2
+  ranks = run_ranks(c, 2, d / "agree.db");
+  EXPECT_NE(ranks[0].value("error", "").find("micro_batches = 3 cannot be shared by 2"), std::string::npos)
+      << ranks[0].dump();
+}
+
+int main(int argc, char** argv) {
+  if (const char* file = std::getenv("FP8LAB_TEST_RANK_OF")) {
+    try {
+      return run_rank(file);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank: %s\n", e.what());
+      return 1;
+    }
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
