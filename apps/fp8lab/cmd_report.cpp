@@ -1,7 +1,8 @@
 // fp8lab report SWEEP.toml [--out DIR]: the sweep's table (mean +- sd per point, one-sided
 // Mann-Whitney U against the baseline, asterisks) printed and written as Markdown and CSV,
 // and its plots as SVG and PNG. fp8lab report --name NAME: the same table over every run of
-// that name, grouped by recipe and loss scaling (runs trained from Python, say).
+// that name, grouped by recipe and loss scaling (runs trained from Python, say). Several
+// --db read as one (experiments/stores.hpp).
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -10,18 +11,20 @@
 #include "commands.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/experiments/report.hpp"
+#include "fp8lab/results/store_set.hpp"
 
 namespace fp8lab::cli {
 
 namespace {
 struct ReportArgs {
-  std::string sweep, name, db = "results.db", out;
+  std::string sweep, name, out;
+  std::vector<std::string> db;
 };
 
 void run_report(const ReportArgs& a) {
   if (a.sweep.empty() == a.name.empty()) throw Error("report: give a sweep file or --name NAME (one of them)");
-  if (!std::filesystem::exists(a.db)) throw Error(a.db + ": no results store here (run the sweep first, or pass --db)");
-  const results::Store store(a.db);
+  results::StoreSet stores(a.db.empty() ? std::vector<std::string>{"results.db"} : a.db);
+  const results::Store& store = stores.store();
   experiments::Sweep s;
   experiments::SweepReport rep;
   if (a.name.empty()) {
@@ -42,7 +45,9 @@ void register_report(CLI::App& app) {
   auto* cmd = app.add_subcommand("report", "Tables (Markdown, CSV) and plots (SVG, PNG) of a sweep's results");
   cmd->add_option("sweep", args->sweep, "Sweep file (TOML)");
   cmd->add_option("--name", args->name, "Instead of a sweep: every run of this name, by recipe and loss scaling");
-  cmd->add_option("--db", args->db, "Results store (SQLite)")->capture_default_str();
+  cmd->add_option("--db", args->db,
+                  "Results store (SQLite; default results.db). Repeat to read several as one (a sharded sweep's "
+                  "stores); the same run with different results in two stores is an error");
   cmd->add_option("--out", args->out, "Output folder (default reports/<sweep name>)");
   cmd->callback([args] { run_report(*args); });
 }

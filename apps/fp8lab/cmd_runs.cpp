@@ -7,29 +7,35 @@
 #include "commands.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/results/store.hpp"
+#include "fp8lab/results/store_set.hpp"
 #include "table.hpp"
 
 namespace fp8lab::cli {
 
 namespace {
 struct RunsArgs {
-  std::string db = "results.db";
+  std::vector<std::string> db;
   results::RunFilter filter;
   std::string status;
   bool csv = false, json = false, check = false;
 };
 
 void run_runs(const RunsArgs& a) {
-  if (!std::filesystem::exists(a.db)) throw Error(a.db + ": no results store here (run a training first, or pass --db)");
+  const std::vector<std::string> dbs = a.db.empty() ? std::vector<std::string>{"results.db"} : a.db;
   results::RunFilter filter = a.filter;
   if (!a.status.empty()) filter.status = results::parse_run_status(a.status);
-  const results::Store store(a.db);
   if (a.check) {
-    const std::string problems = store.check();
-    if (!problems.empty()) throw Error(a.db + ": integrity check failed: " + problems);
-    std::printf("%s: ok\n", a.db.c_str());
+    for (const auto& db : dbs) {
+      if (!std::filesystem::exists(db)) throw Error(db + ": no results store here (run a training first, or pass --db)");
+      const results::Store store(db);
+      const std::string problems = store.check();
+      if (!problems.empty()) throw Error(db + ": integrity check failed: " + problems);
+      std::printf("%s: ok\n", db.c_str());
+    }
     return;
   }
+  results::StoreSet stores(dbs);
+  const results::Store& store = stores.store();
   const auto rows = store.runs(filter);
   if (a.json) {
     std::fputs(results::to_json(rows).c_str(), stdout);
@@ -39,9 +45,10 @@ void run_runs(const RunsArgs& a) {
     std::fputs(results::to_csv(rows).c_str(), stdout);
     return;
   }
-  Table t({"id", "created", "name", "recipe", "loss_scale", "seed", "status", "metric", "value", "seconds"});
+  // Several stores: each run named by its store and its id there.
+  Table t({dbs.size() > 1 ? "run" : "id", "created", "name", "recipe", "loss_scale", "seed", "status", "metric", "value", "seconds"});
   for (const auto& r : rows)
-    t.add({std::to_string(r.id), r.created, r.name, r.recipe, r.loss_scale, std::to_string(r.seed), std::string(to_string(r.status)),
+    t.add({dbs.size() > 1 ? stores.origins()[static_cast<std::size_t>(r.id - 1)] : std::to_string(r.id), r.created, r.name, r.recipe, r.loss_scale, std::to_string(r.seed), std::string(to_string(r.status)),
            r.metric_name, r.final_metric ? fmt_f(*r.final_metric, 2) : "-", fmt_f(r.wall_seconds, 1)});
   t.print(false);
 }
@@ -50,7 +57,9 @@ void run_runs(const RunsArgs& a) {
 void register_runs(CLI::App& app) {
   auto args = std::make_shared<RunsArgs>();
   auto* cmd = app.add_subcommand("runs", "List the runs in the results store");
-  cmd->add_option("--db", args->db, "Results store")->capture_default_str();
+  cmd->add_option("--db", args->db,
+                  "Results store (default results.db); repeat to list several as one (CSV and JSON then number "
+                  "the runs afresh; the table names each run's store and id)");
   cmd->add_option("--status", args->status,
                   "Only runs with this status (running, finished, diverged, stopped, failed, incomplete)");
   cmd->add_option("--recipe", args->filter.recipe, "Only runs with this recipe");

@@ -5,11 +5,13 @@
 
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "commands.hpp"
+#include "fp8lab/core/format.hpp"
 #include "fp8lab/experiments/sweep.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 
@@ -17,8 +19,8 @@ namespace fp8lab::cli {
 
 namespace {
 struct SweepArgs {
-  std::string sweep, db = "results.db", dir, shard;
-  int jobs = 1;
+  std::string sweep, db = "results.db", dir, shard, emit, time;
+  int jobs = 1, cores = 0, shards = 0, cpus_per_task = 0;
   bool dry_run = false, no_progress = false;
 };
 
@@ -32,8 +34,39 @@ extern "C" void on_sweep_sigint(int) {
   std::signal(SIGINT, on_sweep_second_sigint);
 }
 
+std::string self_program() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  return n > 0 ? std::string(self, static_cast<std::size_t>(n)) : std::string("fp8lab");
+}
+
+// --emit slurm: the job-array script on stdout; its folder is made now, since Slurm opens
+// the tasks' log files there before a task starts.
+int emit_slurm(const SweepArgs& a, const experiments::Sweep& s) {
+  experiments::SlurmOptions o;
+  o.program = self_program();
+  o.sweep_file = a.sweep;
+  o.dir = a.dir.empty() ? "slurm/" + s.name : a.dir;
+  o.shards = a.shards > 0 ? a.shards : static_cast<int>(s.runs.size());
+  o.jobs = a.jobs;
+  o.cpus_per_task = a.cpus_per_task > 0 ? a.cpus_per_task : a.jobs;
+  o.time = a.time;
+  const std::string script = experiments::slurm_script(s, o);
+  std::filesystem::create_directories(o.dir);
+  std::fputs(script.c_str(), stdout);
+  std::fprintf(stderr, "sweep %s: %zu runs in %d array tasks; submit with sbatch\n", s.name.c_str(), s.runs.size(),
+               o.shards);
+  return 0;
+}
+
 int run_sweep_cmd(const SweepArgs& a) {
   experiments::Sweep s = experiments::load_sweep(a.sweep);
+  if (!a.emit.empty()) {
+    if (!a.shard.empty()) throw Error("--emit slurm makes every shard's task; leave out --shard");
+    return emit_slurm(a, s);
+  }
+  if (a.shards > 0 || a.cpus_per_task > 0 || !a.time.empty())
+    throw Error("--shards, --cpus-per-task and --time describe the Slurm script: use them with --emit slurm");
   const std::size_t all_runs = s.runs.size();
   std::optional<experiments::Shard> shard;
   if (!a.shard.empty()) {
@@ -43,13 +76,11 @@ int run_sweep_cmd(const SweepArgs& a) {
   results::Store store(a.db);
   experiments::SweepOptions opt;
   opt.jobs = a.jobs;
+  opt.cores = a.cores;
   opt.dir = a.dir;
   opt.progress = !a.no_progress;
   opt.dry_run = a.dry_run;
-  const std::string exe = "/proc/self/exe";
-  char self[4096];
-  const ssize_t n = ::readlink(exe.c_str(), self, sizeof self - 1);
-  const std::string path = n > 0 ? std::string(self, static_cast<std::size_t>(n)) : exe;
+  const std::string path = self_program();
   opt.launch = [&](const experiments::SweepRun&, const std::string& config, bool resume, const std::string& log) {
     std::vector<std::string> args = {path, "train", config, "--db", a.db, "--no-progress"};
     if (resume) args.push_back("--resume");
@@ -90,6 +121,14 @@ void register_sweep(CLI::App& app) {
   cmd->add_option("--shard", args->shard,
                   "Run only shard I of N (I/N, 0 <= I < N): a deterministic share of the runs, for N jobs or machines");
   cmd->add_option("--dir", args->dir, "Run configs, logs and checkpoints (default runs/<sweep name>)");
+  cmd->add_option("--cores", args->cores, "Cores the runs share (default: this machine's; a cluster task's allocation)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--emit", args->emit, "Print a job script instead of running: slurm (a job array, one shard per task)")
+      ->check(CLI::IsMember({"slurm"}));
+  cmd->add_option("--shards", args->shards, "With --emit: array tasks (default: one per run)")->check(CLI::Range(1, 100000));
+  cmd->add_option("--cpus-per-task", args->cpus_per_task, "With --emit: cores per task (default --jobs)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--time", args->time, "With --emit: each task's time limit (Slurm's --time, e.g. 4:00:00)");
   cmd->add_flag("--dry-run", args->dry_run, "List what would run");
   cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
   cmd->callback([args] {

@@ -86,6 +86,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"quant.loss_scale", &c.quant.loss_scale},
       {"quant.compute", &c.quant.compute},
       {"quant.accumulate", &c.quant.accumulate},
+      {"quant.grad_comm", &c.quant.grad_comm},
   };
 }
 

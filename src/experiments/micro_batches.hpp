@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "fp8lab/experiments/world.hpp"
+#include "fp8lab/nn/recipe.hpp"
 
 namespace fp8lab::experiments {
 
@@ -28,8 +29,10 @@ std::uint64_t micro_seed(std::uint64_t step_seed, int m);
 
 class MicroBatches {
  public:
-  // `world` null: one process computes every shard.
-  MicroBatches(torch::nn::Module& model, int micro, World* world);
+  // `world` null: one process computes every shard. `comm`: the format each shard's
+  // gradients travel in (nullopt: float32), quantized per parameter as one row, decoded
+  // before the sum.
+  MicroBatches(torch::nn::Module& model, int micro, World* world, const nn::KindQuant& comm = std::nullopt);
 
   int first() const { return first_; }  // the shards this process computes: first .. first + count - 1
   int count() const { return count_; }
@@ -37,8 +40,9 @@ class MicroBatches {
   void begin_step();          // remembers the buffers the step starts from
   void before(int m);         // the model's buffers back to the step's start; gradients cleared
   // Takes shard m's gradients and buffers (after its backward); `loss` is its mean loss over
-  // `n` examples; `stop` this process's wish to stop after the step.
-  void after(int m, double loss, std::int64_t n, bool stop);
+  // `n` examples; `stop` this process's wish to stop after the step; `comm_seed` seeds the
+  // stochastic rounding of the gradients' format.
+  void after(int m, double loss, std::int64_t n, bool stop, std::uint64_t comm_seed = 0);
 
   struct Step {
     double loss = 0;          // sum (n_m / n) loss_m
@@ -49,12 +53,20 @@ class MicroBatches {
   // (undefined where no shard produced one) and the buffers to theirs.
   Step reduce();
 
+  // Bytes of gradients (codes, scales) this process has sent to the others so far.
+  std::int64_t gradient_bytes_sent() const { return gradient_bytes_; }
+
  private:
   std::vector<torch::Tensor> params_, buffers_, start_;
   int micro_ = 1, first_ = 0, count_ = 1;
   World* world_ = nullptr;
-  std::int64_t grad_numel_ = 0, side_numel_ = 0;
+  std::int64_t grad_numel_ = 0, side_numel_ = 0, gradient_bytes_ = 0;
+  nn::KindQuant comm_;
+  std::vector<std::int64_t> scale_off_;  // comm_ scaled: each parameter's first scale, then the total
   torch::Tensor grads_;  // [count, grad_numel] float32: this process's shards' gradients
+  torch::Tensor codes_, scales_, tensor_scales_;  // comm_: [count, grad_numel], [count, scales], [count, params]
+  void encode(std::int64_t row, std::uint64_t seed);
+  torch::Tensor decode(const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& tensor_scales);
   torch::Tensor side_;   // [count, side_numel] float64: loss, n, stop, defined and changed flags, buffers
 };
 

@@ -4,6 +4,7 @@
 #include "fp8lab/core/toml_parse.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/experiments/sweep.hpp"
+#include "fp8lab/results/store.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -138,13 +139,7 @@ std::string SweepPoint::var(const std::string& name) const {
   return "";
 }
 
-std::string identity_of(const std::string& config_json) {
-  nlohmann::json j = nlohmann::json::parse(config_json, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return config_json;
-  j.erase("threads");
-  if (j.contains("train") && j["train"].is_object()) j["train"].erase("checkpoint");
-  return j.dump();
-}
+std::string identity_of(const std::string& config_json) { return results::config_identity(config_json); }
 
 namespace {
 

@@ -204,13 +204,14 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::str
   ctx_->compute = nn::parse_compute(cfg.quant.compute);
   ctx_->accumulate = nn::parse_accumulation(cfg.quant.accumulate);
   qm_ = nn::quantize_model(task_->module(), recipe, ctx_);
-  if (cfg.train.micro_batches > 1 || world_) {
+  const nn::KindQuant grad_comm = nn::parse_kind_quant(cfg.quant.grad_comm);
+  if (cfg.train.micro_batches > 1 || world_ || grad_comm) {
     for (const auto& l : qm_.layers)
       for (const auto& q : l->quant.q)
         if (q && q->history > 0)
           throw Error("layer '" + l->name + "': delayed scaling (amax history) with train.micro_batches > 1 or " +
                       "several processes is not supported: each shard would keep its own history");
-    micro_.emplace(task_->module(), cfg.train.micro_batches, world_);
+    micro_.emplace(task_->module(), cfg.train.micro_batches, world_, grad_comm);
   }
   scaler_.emplace(ls);
   optimizer_ = optimizers().at(cfg.optimizer.name)(cfg.optimizer, task_->module().parameters());
@@ -284,7 +285,7 @@ double Trainer::micro_step(const torch::Tensor& idx, std::uint64_t step_seed) {
       (l * scaler_->scale()).backward();
       loss = l.item<double>();
     }
-    micro_->after(m, loss, end - begin, stop);
+    micro_->after(m, loss, end - begin, stop, mix64(micro_seed(step_seed, m) ^ 0x6C0F5EEDULL));
   }
   ctx_->micro = 0;
   const MicroBatches::Step r = micro_->reduce();
@@ -518,9 +519,11 @@ TrainResult Trainer::finish() {
     res.processes = world_->size();
     res.comm_seconds_per_step = world_->stats().seconds / static_cast<double>(steps);
     res.comm_bytes_per_step = static_cast<double>(world_->stats().bytes_sent) / static_cast<double>(steps);
+    res.comm_gradient_bytes_per_step = static_cast<double>(micro_->gradient_bytes_sent()) / static_cast<double>(steps);
     record_.log_metric(state_.step, "processes", world_->size());
     record_.log_metric(state_.step, "comm_seconds_per_step", res.comm_seconds_per_step);
     record_.log_metric(state_.step, "comm_bytes_per_step", res.comm_bytes_per_step);
+    record_.log_metric(state_.step, "comm_gradient_bytes_per_step", res.comm_gradient_bytes_per_step);
   }
   res.seconds = state_.seconds + seconds_since(started_);
   record_.log_metric(state_.step, "samples_per_second", res.samples_per_second);

@@ -98,6 +98,15 @@ void validate_quant(const QuantConfig& q) {
   } catch (const Error& e) {
     throw Error(std::string("config: quant.accumulate: ") + e.what());
   }
+  try {
+    const nn::KindQuant comm = nn::parse_kind_quant(q.grad_comm);
+    if (comm && comm->history > 0) throw Error("delayed scaling has no history to draw on here; use current scaling");
+    if (comm && comm->element.format.width() > 16)
+      throw Error("'" + q.grad_comm + "' has " + std::to_string(comm->element.format.width()) +
+                  " bits; gradients travel in formats of at most 16 bits (or fp32)");
+  } catch (const Error& e) {
+    throw Error(std::string("config: quant.grad_comm: ") + e.what());
+  }
   check_against_recipe("compute", q.compute, recipe.compute, q.recipe);
   check_against_recipe("accumulate", q.accumulate, recipe.accumulate, q.recipe);
 }

@@ -268,6 +268,45 @@ void Store::transaction(const std::function<void()>& body) {
   }
 }
 
+void Store::absorb(const std::string& path, const std::vector<std::int64_t>& ids) {
+  if (ids.empty()) return;
+  {
+    Stmt attach(db_, path_, "ATTACH DATABASE ? AS src");
+    attach.bind(1, path);
+    attach.step();
+  }
+  try {
+    transaction([&] {
+      exec("CREATE TEMP TABLE IF NOT EXISTS absorbed (old INTEGER PRIMARY KEY, new INTEGER NOT NULL)");
+      exec("DELETE FROM absorbed");
+      Stmt next(db_, path_, "SELECT COALESCE(MAX(id), 0) FROM main.runs");
+      next.step();
+      std::int64_t id = next.i64(0);
+      Stmt map(db_, path_, "INSERT INTO absorbed (old, new) VALUES (?, ?)");
+      for (const std::int64_t old : ids) {
+        map.bind(1, old).bind(2, ++id);
+        map.step();
+        map.reset();
+      }
+      exec("INSERT INTO main.runs (id, created, name, kind, config, recipe, loss_scale, seed, code_version, status, "
+           "final_metric, metric_name, wall_seconds, host, pid) SELECT a.new, created, name, kind, config, recipe, "
+           "loss_scale, seed, code_version, status, final_metric, metric_name, wall_seconds, host, pid "
+           "FROM src.runs r JOIN absorbed a ON r.id = a.old ORDER BY a.new");
+      exec("INSERT INTO main.metrics (run_id, step, name, value) SELECT a.new, step, name, value "
+           "FROM src.metrics m JOIN absorbed a ON m.run_id = a.old ORDER BY m.rowid");
+      exec("INSERT INTO main.loss_scale (run_id, step, log2_scale, skipped) SELECT a.new, step, log2_scale, skipped "
+           "FROM src.loss_scale l JOIN absorbed a ON l.run_id = a.old ORDER BY l.rowid");
+      exec("INSERT INTO main.tensor_stats (run_id, step, layer, kind, total, overflow, underflow, nan, absmax, "
+           "histogram) SELECT a.new, step, layer, kind, total, overflow, underflow, nan, absmax, histogram "
+           "FROM src.tensor_stats t JOIN absorbed a ON t.run_id = a.old ORDER BY t.rowid");
+    });
+  } catch (...) {
+    sqlite3_exec(db_, "DETACH DATABASE src", nullptr, nullptr, nullptr);
+    throw;
+  }
+  exec("DETACH DATABASE src");
+}
+
 void Store::log_loss_scale(std::int64_t run, const std::vector<std::tuple<std::int64_t, int, bool>>& trace) {
   transaction([&] {
     Stmt s(db_, path_, "INSERT INTO loss_scale (run_id, step, log2_scale, skipped) VALUES (?,?,?,?)");

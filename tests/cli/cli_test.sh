@@ -337,6 +337,29 @@ TOML
   check "report table" grep -q '^| fp32 | fp32 | fp32 | fp32 | fp32 | .* | 2 | baseline |$' <<<"$out"
   check "report files" [ -s "$T/rep/table.md" ] && [ -s "$T/rep/table.csv" ] && [ -s "$T/rep/snr.svg" ] && [ -s "$T/rep/snr.png" ]
   check "report: a metric plot of a non-numeric x is skipped" grep -q "plot 'plot1-metric' (metric) has no data" "$T/err"
+  # Slurm: the emitted job array names every shard once, each task writes its own store, and
+  # the report over the tasks' stores is the report over the one store of the sweep above.
+  "$FP8LAB" sweep "$T/sw.toml" --emit slurm --shards 3 --dir "$T/slurm" >"$T/job.sh" 2>"$T/err"; rc=$?
+  check "--emit slurm exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "--emit slurm: an array of 3 tasks" grep -q '^#SBATCH --array=0-2$' "$T/job.sh"
+  check "--emit slurm: a shard per task" grep -q -- '--shard "${SLURM_ARRAY_TASK_ID}/3"' "$T/job.sh"
+  check "--emit slurm: a store per task" grep -q -- "--db '$T/slurm'/shard-\"\${SLURM_ARRAY_TASK_ID}\".db" "$T/job.sh"
+  for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i bash "$T/job.sh" --dry-run 2>"$T/task$i"; done
+  check "the tasks hold each run once" [ "$(cat "$T"/task? | grep '^start' | sort -u | wc -l)" -eq 4 ] && [ "$(cat "$T"/task? | grep -c '^start')" -eq 4 ]
+  outside_slurm() { ! bash "$T/job.sh" --dry-run 2>/dev/null; }
+  check "the script refuses to run outside Slurm" outside_slurm
+  for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i bash "$T/job.sh" 2>/dev/null; done
+  check "each task wrote its store" [ -s "$T/slurm/shard-0.db" ] && [ -s "$T/slurm/shard-1.db" ] && [ -s "$T/slurm/shard-2.db" ]
+  D=(--db "$T/slurm/shard-0.db" --db "$T/slurm/shard-1.db" --db "$T/slurm/shard-2.db")
+  one=$("$FP8LAB" report "$T/sw.toml" --db "$T/sw.db" --out "$T/rep1" 2>/dev/null)
+  many=$("$FP8LAB" report "$T/sw.toml" "${D[@]}" --out "$T/rep3" 2>/dev/null); rc=$?
+  check "report over the tasks' stores exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "... and equals the report over one store" [ -n "$many" ] && [ "$one" = "$many" ]
+  check "runs over several stores names each run's store" grep -q "shard-2.db run 1 " <<<"$("$FP8LAB" runs "${D[@]}")"
+  check "runs over several stores lists them all" [ "$("$FP8LAB" runs "${D[@]}" --csv | grep -c ',finished,')" -eq 4 ]
+  check "runs --check over several stores" [ "$("$FP8LAB" runs "${D[@]}" --check | grep -c ': ok$')" -eq 3 ]
+  expect_fail "--shard with --emit" "leave out --shard" "$FP8LAB" sweep "$T/sw.toml" --emit slurm --shard 0/2
+  expect_fail "--shards without --emit" "use them with --emit slurm" "$FP8LAB" sweep "$T/sw.toml" --shards 2 --db "$T/sw.db"
   expect_fail "report without a sweep or a name" "give a sweep file or --name NAME" "$FP8LAB" report --db "$T/sw.db"
   expect_fail "report --name of no run" "no run named 'nobody'" "$FP8LAB" report --name nobody --db "$T/sw.db"
   # A path the system refuses (a file where a folder must be, a name too long) is the

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -90,7 +91,8 @@ json to_json(const experiments::TrainResult& r) {
           {"counts", counts},
           {"weights", r.weights_fnv},
           {"processes", r.processes},
-          {"comm_bytes", r.comm_bytes_per_step}};
+          {"comm_bytes", r.comm_bytes_per_step},
+          {"gradient_bytes", r.comm_gradient_bytes_per_step}};
 }
 
 // --- the rank side ---------------------------------------------------------------------------
@@ -208,14 +210,21 @@ void expect_same_record(results::Store& sa, results::Store& sb) {
 json outcome(json r) {
   r.erase("processes");
   r.erase("comm_bytes");
+  r.erase("gradient_bytes");
   return r;
 }
 
-void check_processes_equal_one(const std::string& model, int micro) {
+// Runs the case on one process and on two, checks they agree, and returns rank 0's result
+// in `out`.
+void check_processes_equal_one(const std::string& model, int micro, const std::string& comm = "fp32",
+                               json* out = nullptr) {
   const fs::path d = test::temp_dir("fp8lab_dp");
-  const std::string tag = model + "_" + std::to_string(micro);
+  std::string tag = model + "_" + std::to_string(micro) + "_" + comm;
+  for (char& ch : tag)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   Case one{busy("one_" + tag, d, model)}, two{busy("two_" + tag, d, model)};
   one.cfg.train.micro_batches = two.cfg.train.micro_batches = micro;
+  one.cfg.quant.grad_comm = two.cfg.quant.grad_comm = comm;
   two.cfg.name = one.cfg.name;  // the same config but for the checkpoint path
   results::Store s1((d / ("one_" + tag + ".db")).string());
   const json here = train_here(one, s1);
@@ -231,6 +240,7 @@ void check_processes_equal_one(const std::string& model, int micro) {
   EXPECT_GT(here.at("skipped").get<int>(), 0) << "Backoff should skip steps in this config";
   results::Store s2((d / ("two_" + tag + ".db")).string());
   expect_same_record(s1, s2);
+  if (out) *out = ranks[0];
 }
 
 }  // namespace
@@ -283,6 +293,25 @@ TEST(World, VariablesAllOrNone) {
 TEST(DataParallel, TwoProcessesGiveTheRunOfOne) { check_processes_equal_one("resnet8", 2); }
 TEST(DataParallel, TwoShardsPerProcessGiveTheRunOfOne) { check_processes_equal_one("resnet8", 4); }
 TEST(DataParallel, UnusedParametersAndDropoutGiveTheRunOfOne) { check_processes_equal_one("efficientnet-b0", 2); }
+
+// Item 3: gradients travel in 8 bits (each shard's quantized, decoded, summed in float32):
+// still the run of one process, a different run from float32 travel, and a quarter of the
+// gradient bytes (plus scales) on the wire.
+TEST(DataParallel, GradientsIn8BitsGiveTheRunOfOne) {
+  json fp32, mx, fixed;
+  check_processes_equal_one("resnet8", 2, "fp32", &fp32);
+  check_processes_equal_one("resnet8", 2, "mxfp8_e5m2/stochastic", &mx);
+  check_processes_equal_one("resnet8", 2, "1.5.2:20", &fixed);
+  ASSERT_FALSE(fp32.is_null() || mx.is_null() || fixed.is_null());
+  EXPECT_NE(mx.at("weights"), fp32.at("weights"));
+  EXPECT_NE(fixed.at("weights"), fp32.at("weights"));
+  const double f = fp32.at("gradient_bytes").get<double>(), m = mx.at("gradient_bytes").get<double>(),
+               x = fixed.at("gradient_bytes").get<double>();
+  EXPECT_EQ(x, 0.25 * f) << "1.5.2: one byte per gradient value against four";
+  EXPECT_GT(m, x) << "mxfp8: one byte per value and a one-byte scale per 32 values";
+  // A partial block per parameter tensor at most, and each tensor's float32 tensor scale.
+  EXPECT_LT(m, 0.25 * f * (1 + 1.0 / 32) + 5 * 64);
+}
 
 // A run stopped on 2 processes resumes on 1 (and the other way round) and ends where the
 // uninterrupted run ends.

@@ -10,6 +10,7 @@
 #include "fp8lab/experiments/report.hpp"
 #include "fp8lab/experiments/sweep.hpp"
 #include "fp8lab/results/store.hpp"
+#include "fp8lab/results/store_set.hpp"
 #include "small_sweep.hpp"
 
 using namespace fp8lab;
@@ -238,4 +239,62 @@ TEST(Report, RunsOfANameGroupByRecipeAndLossScaling) {
   EXPECT_THROW(experiments::analyse_named(store, "nobody", s), Error);
   add("py", "fp32", "none", 1.5, "test_loss");
   EXPECT_THROW(experiments::analyse_named(store, "py", s), Error);
+}
+
+// Item 5 of the data-parallel issue: the stores of a sharded sweep read as one give the
+// report of one store holding the same runs; the same run with another result in a second
+// store is refused, an identical copy counts once, and a failed attempt beside another
+// store's outcome is left out.
+TEST(Report, SeveralStoresReadAsOne) {
+  const fs::path d = dir() / "stores";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  auto s = parse(R"(
+seeds = 4
+baseline = "recipe=fp32"
+[[grid]]
+recipe = ["fp32", "resnet32-mixed"]
+"quant.recipe" = "{recipe}"
+"quant.loss_scale" = "backoff"
+)" + std::string(test::kSmall), "stores");
+  const auto metric = [](const experiments::SweepRun& r) { return 80.0 + r.point * 5 + static_cast<double>(r.seed); };
+  results::Store one((d / "one.db").string());
+  for (const auto& r : s.runs) record(one, r, results::RunStatus::finished, metric(r), r.seed == 1);
+  std::vector<std::string> shards;
+  for (int i = 0; i < 3; ++i) {
+    experiments::Sweep part = s;
+    experiments::keep_shard(part, {i, 3});
+    shards.push_back((d / ("shard" + std::to_string(i) + ".db")).string());
+    results::Store st(shards.back());
+    for (const auto& r : part.runs) record(st, r, results::RunStatus::finished, metric(r), r.seed == 1);
+  }
+  {  // a failed first attempt of a run that shard 0 finished
+    results::Store st(shards[1]);
+    experiments::Sweep part = s;
+    experiments::keep_shard(part, {0, 3});
+    record(st, part.runs[0], results::RunStatus::failed, 0);
+  }
+  results::StoreSet all(shards);
+  const auto a = experiments::analyse(s, one), b = experiments::analyse(s, all.store());
+  EXPECT_EQ(experiments::to_markdown(s, a), experiments::to_markdown(s, b));
+  EXPECT_EQ(experiments::to_csv(s, a), experiments::to_csv(s, b));
+  ASSERT_EQ(all.store().runs().size(), s.runs.size());
+  const auto id = all.store().runs()[0].id;
+  EXPECT_FALSE(all.store().metric(id, "test_bleu").empty());
+  EXPECT_EQ(all.origins().size(), s.runs.size());
+
+  // The whole store next to its shards: every run twice, identical, counted once.
+  shards.push_back((d / "one.db").string());
+  results::StoreSet twice(shards);
+  EXPECT_EQ(twice.store().runs().size(), s.runs.size());
+  EXPECT_EQ(experiments::to_markdown(s, experiments::analyse(s, twice.store())), experiments::to_markdown(s, a));
+  // A copy with another result conflicts.
+  results::Store other((d / "other.db").string());
+  record(other, s.runs[2], results::RunStatus::finished, 1.0);
+  const std::string e = test::error_of([&] { results::StoreSet({(d / "one.db").string(), (d / "other.db").string()}); });
+  EXPECT_NE(e.find("conflicting results: "), std::string::npos) << e;
+  EXPECT_NE(e.find("one.db run 3 and "), std::string::npos) << e;
+  EXPECT_NE(e.find("other.db run 1 are the same run ('stores', seed"), std::string::npos) << e;
+  EXPECT_NE(test::error_of([&] { results::StoreSet({(d / "none.db").string()}); }).find("no results store here"),
+            std::string::npos);
 }

@@ -105,6 +105,11 @@ struct QuantConfig {
   std::string loss_scale = "none";  // none, static:K, backoff[:...], logmax[:...]
   std::string compute = "fp32";     // how products run: fp32, bf16 or auto (docs/spec.md §7)
   std::string accumulate = "fp32";  // how the products' sums accumulate: fp32 or FORMAT@CHUNK (§7.3)
+  // The format the gradients of the micro-batches (and processes) travel in before they are
+  // summed in float32: fp32, or a quantizer (docs/spec.md §6.4: "1.5.2:20",
+  // "e5m2@tensor:fp32:nearest", "mxfp8_e5m2/stochastic"), each parameter's gradient
+  // quantized as one row (docs/training.md).
+  std::string grad_comm = "fp32";
 };
 
 struct TrainConfig {

@@ -104,8 +104,25 @@ std::string to_string(const Shard& s);      // "I/N"
 // Keeps only the runs of shard `s`.
 void keep_shard(Sweep& sweep, const Shard& s);
 
+// `fp8lab sweep FILE --emit slurm`: a Slurm job-array script that runs the sweep as
+// `shards` array tasks, task i running `fp8lab sweep FILE --shard i/shards` into its own
+// store <dir>/shard-<i>.db (SQLite on a shared folder, one writer each), with the runs'
+// configs, logs and checkpoints under <dir>/runs. Arguments given to the script are passed
+// on to each task's `fp8lab sweep` (e.g. --dry-run). Paths are made absolute.
+struct SlurmOptions {
+  std::string program;    // the fp8lab program the tasks run
+  std::string sweep_file; // the sweep file
+  std::string dir;        // stores, runs and Slurm's logs
+  int shards = 1;
+  int jobs = 1;           // runs at once in each task
+  int cpus_per_task = 1;
+  std::string time;       // --time of each task ("" : the cluster's default)
+};
+std::string slurm_script(const Sweep& s, const SlurmOptions& o);
+
 struct SweepOptions {
   int jobs = 1;
+  int cores = 0;         // cores the runs share (each run gets cores / jobs threads); 0: this machine's
   std::string dir;       // configs, logs and checkpoints: <dir>/<key>.{toml,log,ckpt}
   bool progress = true;
   bool dry_run = false;  // list what would run

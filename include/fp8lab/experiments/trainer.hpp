@@ -66,6 +66,7 @@ struct TrainResult {
   // this call (0 for one process).
   double comm_seconds_per_step = 0;
   double comm_bytes_per_step = 0;
+  double comm_gradient_bytes_per_step = 0;  // of which gradients (codes and scales)
   int processes = 1;
   // FNV-1a 64 over the final model's parameters and buffers, in module order: two runs
   // ended with the same weights exactly when these agree (up to hash collisions).

@@ -88,6 +88,11 @@ class Store {
   void finish_run(std::int64_t run, RunStatus status, std::optional<double> final_metric,
                   const std::string& metric_name, double wall_seconds);
 
+  // Copies the runs `ids` of the store at `path` (an fp8lab store: open it with Store first),
+  // with their metrics, loss-scale traces and statistics, into this one under new ids, in
+  // one transaction.
+  void absorb(const std::string& path, const std::vector<std::int64_t>& ids);
+
   std::vector<RunRow> runs(const RunFilter& f = {}) const;
   std::vector<std::pair<std::int64_t, double>> metric(std::int64_t run, const std::string& name) const;
   std::vector<std::tuple<std::int64_t, int, bool>> loss_scale_trace(std::int64_t run) const;
@@ -105,6 +110,11 @@ class Store {
   std::string path_;
   sqlite3* db_ = nullptr;
 };
+
+// A stored config in canonical form, without what does not change a run's results' identity
+// (threads, train.checkpoint): two runs with the same name, seed and identity are the same
+// run. Text that is not a JSON object is its own identity.
+std::string config_identity(const std::string& config_json);
 
 std::string to_csv(const std::vector<RunRow>& rows);
 std::string to_json(const std::vector<RunRow>& rows);
