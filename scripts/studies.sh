@@ -13,7 +13,7 @@ RUNS=${RUNS:-runs}
 OUT=${OUT:-docs/results}
 mkdir -p "$(dirname "$DB")"
 studies=("$@")
-[ ${#studies[@]} -gt 0 ] || studies=(fmnist-recipes bias-sweep loss-scaling bible-transformer)
+[ ${#studies[@]} -gt 0 ] || studies=(fmnist-recipes bias-sweep loss-scaling bible-transformer grad-comm)
 for s in "${studies[@]}"; do
   start=$(date +%s)
   "$FP8LAB" sweep "configs/sweeps/$s.toml" --db "$DB" --jobs "$JOBS" --dir "$RUNS/$s" --no-progress
