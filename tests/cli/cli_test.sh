@@ -251,13 +251,18 @@ TOML
   expect_fail "half a launcher's variables" "RANK, WORLD_SIZE set but MASTER_ADDR, MASTER_PORT not" env RANK=0 WORLD_SIZE=2 "$FP8LAB" train "$T/syn.toml" --db "$T/dp.db"
   # A rank killed mid-run ends the other at once; the run is marked failed, and resumes to
   # the weights of the uninterrupted run.
-  K=(--set name=dpk --set train.epochs=40 --set "train.checkpoint=$T/dpk.ckpt")
+  K=(--set name=dpk --set train.epochs=150 --set "train.checkpoint=$T/dpk.ckpt")
   "$FP8LAB" train "$T/syn.toml" "${P[@]}" "${K[@]}" --set threads=1 --set "train.checkpoint=$T/dpk1.ckpt" >/dev/null 2>"$T/dpk1"
-  rank_pid() { sed -n "s/^fp8lab: 2 processes on this machine (ranks 0..1: pids \([0-9]*\) \([0-9]*\)).*/\\$(($1 + 1))/p" "$2"; }
-  "$FP8LAB" train "$T/syn.toml" "${P[@]}" "${K[@]}" --nproc 2 --timeout 30 >/dev/null 2>"$T/dpk" &
-  pid=$!
-  for _ in $(seq 1 600); do [ -s "$T/dpk.ckpt" ] && break; sleep 0.1; done
-  r1=$(rank_pid 1 "$T/dpk")
+  # start_ranks NAME ARGS...: `train --nproc 2` in the background (stderr to $T/NAME), back once
+  # its first checkpoint $T/NAME.ckpt exists; sets pid (the launcher's) and r1 (rank 1's).
+  start_ranks() {
+    local name=$1; shift
+    "$FP8LAB" train "$T/syn.toml" "${P[@]}" --set name="$name" --set "train.checkpoint=$T/$name.ckpt" --nproc 2 "$@" >/dev/null 2>"$T/$name" &
+    pid=$!
+    for _ in $(seq 1 600); do [ -s "$T/$name.ckpt" ] && break; sleep 0.1; done
+    r1=$(sed -n 's/^fp8lab: 2 processes on this machine (ranks 0..1: pids [0-9]* \([0-9]*\)).*/\1/p' "$T/$name")
+  }
+  start_ranks dpk "${K[@]}" --timeout 30
   t0=$(date +%s)
   kill -KILL "$r1"
   wait $pid; rc=$?
@@ -271,10 +276,7 @@ TOML
   check "... to the uninterrupted run's weights" [ -n "$(fnv "$T/dpk1")" ] && [ "$(fnv "$T/dpk1")" = "$(fnv "$T/dpk2")" ]
   check "... recorded once: the resumed run and the uninterrupted one, both finished" [ "$("$FP8LAB" runs --db "$T/dp.db" --name dpk --csv | grep -c ',finished,')" -eq 2 ] && [ "$("$FP8LAB" runs --db "$T/dp.db" --name dpk --csv | wc -l)" -eq 3 ]
   # A rank that hangs (stopped): the other gives up after --timeout, and the launcher ends it.
-  "$FP8LAB" train "$T/syn.toml" "${P[@]}" --set name=dph --set train.epochs=400 --set "train.checkpoint=$T/dph.ckpt" --nproc 2 --timeout 3 >/dev/null 2>"$T/dph" &
-  pid=$!
-  for _ in $(seq 1 600); do [ -s "$T/dph.ckpt" ] && break; sleep 0.1; done
-  r1=$(rank_pid 1 "$T/dph")
+  start_ranks dph --set train.epochs=400 --timeout 3
   t0=$(date +%s)
   kill -STOP "$r1"
   wait $pid; rc=$?

@@ -19,6 +19,7 @@
 
 #include "../../src/experiments/micro_batches.hpp"
 #include "../common/testutil.hpp"
+#include "configs.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/experiments/world.hpp"
 #include "fp8lab/results/store.hpp"
@@ -29,44 +30,20 @@ using nlohmann::json;
 
 namespace {
 
-// Every source of randomness and state: augmentation, mixup, cutmix, EMA, checkpoint
-// averaging, AdamW, warm-up, stochastic rounding, Backoff (which skips steps here), statistics.
+// The trainer tests' busy config (every source of randomness and state; Backoff skips steps
+// in it) for 2 epochs of 8 batches, the last of 8 examples, as 2 micro-batches.
 experiments::TrainConfig busy(const std::string& name, const fs::path& dir, const std::string& model) {
-  experiments::TrainConfig c;
-  c.name = name;
+  experiments::TrainConfig c = test::busy_config(name, dir);
   c.model.name = model;
-  c.model.width = 4;
   if (model.rfind("efficientnet", 0) == 0) {  // dropout and stochastic depth: unused parameters
     c.model.width = 0;
     c.model.width_mult = 0.25;
     c.model.depth_mult = 0.3;
     c.model.dropout = 0.3;
   }
-  c.data.name = "synthetic";
-  c.data.image_size = 8;
-  c.data.synthetic_train = 120;  // 8 batches of 16 per epoch, the last of 8
-  c.data.synthetic_test = 64;
-  c.data.synthetic_classes = 2;
-  c.data.synthetic_channels = 1;
-  c.data.augment = "crop:1+flip";
+  c.data.synthetic_train = 120;
   c.train.epochs = 2;
-  c.train.batch = 16;
   c.train.micro_batches = 2;
-  c.train.mixup = 0.4;
-  c.train.cutmix = 1.0;
-  c.train.ema = 0.9;
-  c.train.average_last = 2;
-  c.train.eval_interval = 5;
-  c.train.checkpoint_interval = 4;
-  c.train.stats_interval = 3;
-  c.optimizer.name = "adamw";
-  c.optimizer.lr = 0.01;
-  c.schedule.name = "linear";
-  c.schedule.warmup_steps = 3;
-  c.threads = 1;
-  c.quant.recipe = "a=1.4.3:10/sr,w=1.4.3:14,gx=1.5.2:33/sr/nan,gw=1.5.2:31";
-  c.quant.loss_scale = "backoff:init=4,interval=5";
-  c.train.checkpoint = (dir / (name + ".ckpt")).string();
   return c;
 }
 
@@ -226,6 +203,8 @@ void check_processes_equal_one(const std::string& model, int micro, const std::s
   one.cfg.train.micro_batches = two.cfg.train.micro_batches = micro;
   one.cfg.quant.grad_comm = two.cfg.quant.grad_comm = comm;
   two.cfg.name = one.cfg.name;  // the same config but for the checkpoint path
+  // Fresh stores: a case may run twice in one process (GradientsIn8Bits repeats the first).
+  fs::remove(d / ("one_" + tag + ".db"));
   results::Store s1((d / ("one_" + tag + ".db")).string());
   const json here = train_here(one, s1);
   ASSERT_EQ(here.value("status", ""), "finished") << here.dump();

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "../common/testutil.hpp"
+#include "configs.hpp"
 #include "../../src/experiments/train_state.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/results/store.hpp"
@@ -18,25 +19,7 @@ using test::error_of;
 namespace {
 fs::path dir() { return test::temp_dir("fp8lab_trainer"); }
 
-// A small synthetic problem a ResNet-8 of width 4 learns in a few dozen steps.
-experiments::TrainConfig small(const std::string& name) {
-  experiments::TrainConfig c;
-  c.name = name;
-  c.model.name = "resnet8";
-  c.model.width = 4;
-  c.data.name = "synthetic";
-  c.data.image_size = 8;
-  c.data.synthetic_train = 128;
-  c.data.synthetic_test = 64;
-  c.data.synthetic_classes = 2;
-  c.data.synthetic_channels = 1;
-  c.train.epochs = 3;
-  c.train.batch = 16;
-  c.threads = 1;
-  c.quant.recipe = "resnet32-mixed";
-  c.train.checkpoint = (dir() / (name + ".ckpt")).string();
-  return c;
-}
+experiments::TrainConfig small(const std::string& name) { return test::small_config(name, dir()); }
 
 experiments::TrainOptions quiet() {
   experiments::TrainOptions o;
@@ -44,26 +27,7 @@ experiments::TrainOptions quiet() {
   return o;
 }
 
-// A config that exercises every source of randomness and every piece of trainer state.
-experiments::TrainConfig busy(const std::string& name) {
-  auto c = small(name);
-  c.data.augment = "crop:1+flip";
-  c.train.mixup = 0.4;
-  c.train.cutmix = 1.0;
-  c.train.ema = 0.9;
-  c.train.average_last = 2;
-  c.train.eval_interval = 5;
-  c.train.checkpoint_interval = 4;
-  c.train.stats_interval = 3;
-  c.train.label_smoothing = 0.1;
-  c.optimizer.name = "adamw";
-  c.optimizer.lr = 0.01;
-  c.schedule.name = "linear";
-  c.schedule.warmup_steps = 3;
-  c.quant.recipe = "a=1.4.3:10/sr,w=1.4.3:14,gx=1.5.2:33/sr/nan,gw=1.5.2:31";
-  c.quant.loss_scale = "backoff:init=4,interval=5";
-  return c;
-}
+experiments::TrainConfig busy(const std::string& name) { return test::busy_config(name, dir()); }
 }  // namespace
 
 TEST(Trainer, FinishesLearnsAndRecords) {
