@@ -1,5 +1,6 @@
 #include "micro_batches.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "fp8lab/core/format.hpp"
@@ -22,7 +23,8 @@ namespace {
 constexpr std::int64_t kLoss = 0, kCount = 1, kStop = 2, kFlags = 3;  // side row layout
 }
 
-MicroBatches::MicroBatches(torch::nn::Module& model, int micro, World* world, const nn::KindQuant& comm)
+MicroBatches::MicroBatches(torch::nn::Module& model, int micro, World* world, const nn::KindQuant& comm,
+                           std::int64_t bucket_bytes)
     : micro_(micro), world_(world), comm_(comm) {
   const int procs = world ? world->size() : 1;
   if (micro < 1 || micro % procs != 0)
@@ -30,9 +32,11 @@ MicroBatches::MicroBatches(torch::nn::Module& model, int micro, World* world, co
                 " processes: it must be a multiple of the process count");
   count_ = micro / procs;
   first_ = (world ? world->rank() : 0) * count_;
+  offset_ = {0};
   for (auto& p : model.parameters()) {
     params_.push_back(p);
     grad_numel_ += p.numel();
+    offset_.push_back(grad_numel_);
   }
   std::int64_t buffer_numel = 0;
   for (auto& b : model.buffers()) {
@@ -56,6 +60,71 @@ MicroBatches::MicroBatches(torch::nn::Module& model, int micro, World* world, co
     tensor_scales_ = torch::ones({count_, static_cast<std::int64_t>(params_.size())}, torch::kFloat32);
   }
   side_ = torch::zeros({count_, side_numel_}, torch::kFloat64);
+  overlap_ = world_ && world_->size() > 1 && count_ == 1;
+  if (!overlap_) return;
+  // Buckets of about bucket_bytes of float32 gradients over the parameters from the last to the first.
+  const std::int64_t bucket_elements = std::max<std::int64_t>(1, bucket_bytes / 4);
+  bucket_of_.assign(params_.size(), 0);
+  for (std::size_t k = params_.size(); k-- > 0;) {
+    if (buckets_.empty() || buckets_.back().end - buckets_.back().begin >= bucket_elements)
+      buckets_.push_back({offset_[k + 1], offset_[k + 1], 0, 0});
+    Bucket& b = buckets_.back();
+    b.begin = offset_[k];
+    ++b.params;
+    bucket_of_[k] = static_cast<int>(buckets_.size() - 1);
+  }
+  taken_.assign(params_.size(), 0);
+  gathered_ = torch::empty({world_->size(), grad_numel_}, (comm_ ? codes_ : grads_).options());
+  for (std::size_t j = 0; j < params_.size(); ++j)
+    params_[j].register_hook([this, j](torch::Tensor grad) {
+      if (capturing_) on_gradient(j, grad);
+    });
+}
+
+// Parameter j's gradient, just made by autograd: into this process's row; its bucket is
+// sent when it was the last one missing.
+void MicroBatches::on_gradient(std::size_t j, const torch::Tensor& grad) {
+  torch::NoGradGuard g;
+  if (taken_[j]) throw Error("data-parallel exchange: a parameter's gradient arrived twice in one backward");
+  take(0, j, grad);
+  taken_[j] = 1;
+  --buckets_[static_cast<std::size_t>(bucket_of_[j])].left;
+  send_ready();
+}
+
+void MicroBatches::send_ready() {
+  const torch::Tensor row = (comm_ ? codes_ : grads_)[0];
+  for (; next_bucket_ < buckets_.size() && buckets_[next_bucket_].left == 0; ++next_bucket_) {
+    const Bucket& b = buckets_[next_bucket_];
+    std::vector<torch::Tensor> outs;
+    for (int r = 0; r < world_->size(); ++r) outs.push_back(gathered_[r].slice(0, b.begin, b.end));
+    const torch::Tensor mine = row.slice(0, b.begin, b.end);
+    world_->start_gather(mine, outs, "the all-gather of the step's gradients");
+    count_sent(mine);
+  }
+}
+
+void MicroBatches::count_sent(const torch::Tensor& t) {
+  if (world_) gradient_bytes_ += t.numel() * t.element_size() * (world_->size() - 1);
+}
+
+// Parameter j's gradient (undefined: none) into row `row`: float32, or its codes, scales and
+// tensor scale in the exchange format.
+void MicroBatches::take(std::int64_t row, std::size_t j, const torch::Tensor& grad) {
+  const std::int64_t off = offset_[j], n = offset_[j + 1] - off;
+  const torch::Tensor dst = grads_[row].slice(0, off, off + n);
+  if (grad.defined()) dst.copy_(grad.reshape({-1}));
+  else dst.zero_();
+  if (!comm_) return;
+  const std::uint64_t s = mix64(comm_seed_ ^ mix64(0xC033000000000000ULL + j));
+  if (comm_->scaled()) {
+    const nn::ScaledTensor q = nn::scaled_quantize_matrix(dst.view({1, n}), *comm_, s, {}, false, true);
+    codes_[row].slice(0, off, off + n).copy_(q.codes.view({n}));
+    scales_[row].slice(0, scale_off_[j], scale_off_[j + 1]).copy_(q.scales);
+    tensor_scales_[row][static_cast<std::int64_t>(j)] = q.tensor_scale;
+  } else {
+    codes_[row].slice(0, off, off + n).copy_(nn::encode_tensor(dst, comm_->element, s));
+  }
 }
 
 void MicroBatches::begin_step() {
@@ -64,57 +133,47 @@ void MicroBatches::begin_step() {
   for (auto& b : buffers_) start_.push_back(b.detach().clone());
 }
 
-void MicroBatches::before(int m) {
+void MicroBatches::before(int m, std::uint64_t comm_seed) {
   torch::NoGradGuard g;
   if (m != first_)
     for (std::size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(start_[i]);
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  comm_seed_ = comm_seed;
+  if (overlap_) {
+    std::fill(taken_.begin(), taken_.end(), 0);
+    for (Bucket& b : buckets_) b.left = b.params;
+    next_bucket_ = 0;
+    capturing_ = true;
+  }
 }
 
-void MicroBatches::after(int m, double loss, std::int64_t n, bool stop, std::uint64_t comm_seed) {
+void MicroBatches::after(int m, double loss, std::int64_t n, bool stop) {
   torch::NoGradGuard g;
+  capturing_ = false;
   const std::int64_t row = m - first_;
-  torch::Tensor grads = grads_[row], side = side_[row];
+  torch::Tensor side = side_[row];
   double* s = side.data_ptr<double>();
   s[kLoss] = loss;
   s[kCount] = static_cast<double>(n);
   s[kStop] = stop ? 1 : 0;
-  std::int64_t off = 0, flag = kFlags;
-  for (auto& p : params_) {
-    const torch::Tensor dst = grads.slice(0, off, off + p.numel());
-    const bool defined = p.grad().defined();
-    if (defined) dst.copy_(p.grad().reshape({-1}));
-    else dst.zero_();
-    s[flag++] = defined ? 1 : 0;
-    off += p.numel();
+  std::int64_t flag = kFlags;
+  for (std::size_t j = 0; j < params_.size(); ++j) {
+    const torch::Tensor& grad = params_[j].grad();
+    s[flag++] = grad.defined() ? 1 : 0;
+    if (overlap_ && taken_[j]) continue;  // taken as backward made it
+    take(row, j, grad);
+    if (overlap_) {  // a parameter no gradient reached in this shard
+      taken_[j] = 1;
+      --buckets_[static_cast<std::size_t>(bucket_of_[j])].left;
+    }
   }
-  if (comm_) encode(row, comm_seed);
+  if (overlap_) send_ready();  // every bucket not yet sent
   std::int64_t voff = kFlags + static_cast<std::int64_t>(params_.size() + buffers_.size());
   for (std::size_t i = 0; i < buffers_.size(); ++i) {
     const torch::Tensor& b = buffers_[i];
     s[flag++] = torch::equal(b, start_[i]) ? 0 : 1;
     side.slice(0, voff, voff + b.numel()).copy_(b.reshape({-1}).to(torch::kFloat64));
     voff += b.numel();
-  }
-}
-
-// Shard row `row`'s gradients (in grads_) into codes, scales and tensor scales: each
-// parameter's gradient as one row of its own.
-void MicroBatches::encode(std::int64_t row, std::uint64_t seed) {
-  std::int64_t off = 0;
-  for (std::size_t j = 0; j < params_.size(); ++j) {
-    const std::int64_t n = params_[j].numel();
-    const torch::Tensor g = grads_[row].slice(0, off, off + n);
-    const std::uint64_t s = mix64(seed ^ mix64(0xC033000000000000ULL + j));
-    if (comm_->scaled()) {
-      const nn::ScaledTensor q = nn::scaled_quantize_matrix(g.view({1, n}), *comm_, s, {}, false, true);
-      codes_[row].slice(0, off, off + n).copy_(q.codes.view({n}));
-      scales_[row].slice(0, scale_off_[j], scale_off_[j + 1]).copy_(q.scales);
-      tensor_scales_[row][static_cast<std::int64_t>(j)] = q.tensor_scale;
-    } else {
-      codes_[row].slice(0, off, off + n).copy_(nn::encode_tensor(g, comm_->element, s));
-    }
-    off += n;
   }
 }
 
@@ -148,11 +207,16 @@ MicroBatches::Step MicroBatches::reduce() {
   const bool several = world_ && world_->size() > 1;
   if (several)
     side = world_->all_gather(side_, "the exchange of the step's losses and buffers").reshape({micro_, side_numel_});
-  const std::int64_t sent_before = several ? world_->stats().bytes_sent : 0;
   if (comm_) {
     torch::Tensor codes = codes_, scales = scales_, tensor_scales = tensor_scales_;
     if (several) {
-      codes = world_->all_gather(codes_, "the all-gather of the step's gradients").reshape({micro_, grad_numel_});
+      if (overlap_) {
+        world_->wait_gathers();
+        codes = gathered_;
+      } else {
+        codes = world_->all_gather(codes_, "the all-gather of the step's gradients").reshape({micro_, grad_numel_});
+        count_sent(codes_);
+      }
       if (scales_.numel() > 0) {
         // Scale codes of 8-bit scale formats (E8M0, UE4M3) travel as bytes.
         const bool narrow = scale_format(comm_->scale).width() <= 8;
@@ -161,16 +225,22 @@ MicroBatches::Step MicroBatches::reduce() {
                                   "the all-gather of the gradients' scales")
                      .reshape({micro_, -1})
                      .to(torch::kInt32);
+        count_sent(narrow ? scales_.to(torch::kUInt8) : scales_);
       }
-      if (comm_->scaled())
+      if (comm_->scaled()) {
         tensor_scales = world_->all_gather(tensor_scales_, "the all-gather of the gradients' tensor scales")
                             .reshape({micro_, -1});
+        count_sent(tensor_scales_);
+      }
     }
     grads = decode(codes, scales, tensor_scales);
+  } else if (overlap_) {
+    world_->wait_gathers();
+    grads = gathered_;
   } else if (several) {
     grads = world_->all_gather(grads_, "the all-gather of the step's gradients").reshape({micro_, grad_numel_});
+    count_sent(grads_);
   }
-  if (several) gradient_bytes_ += world_->stats().bytes_sent - sent_before;
   const auto* s = side.data_ptr<double>();
   auto at = [&](int m, std::int64_t i) { return s[m * side_numel_ + i]; };
   double total = 0;

@@ -9,6 +9,13 @@
 // consecutive shards and every process receives every shard's gradient (World::all_gather),
 // so every process forms the same sum in the same order: the same bits for any N dividing M.
 // With M = 1 and one process the step is the plain step, bit for bit.
+//
+// With one shard per process (M = N > 1) the exchange overlaps the backward pass: a hook on
+// every parameter takes its gradient as autograd produces it, and each bucket of
+// parameters (about 1 MiB, in the reverse of their order, the order backward produces
+// them) starts its all-gather as soon as its last gradient is in and every bucket before it
+// has started (every process must start the same gathers in the same order, also when
+// stochastic depth leaves a bucket's parameters without gradients on one of them).
 #pragma once
 
 #include <torch/torch.h>
@@ -32,17 +39,19 @@ class MicroBatches {
   // `world` null: one process computes every shard. `comm`: the format each shard's
   // gradients travel in (nullopt: float32), quantized per parameter as one row, decoded
   // before the sum.
-  MicroBatches(torch::nn::Module& model, int micro, World* world, const nn::KindQuant& comm = std::nullopt);
+  MicroBatches(torch::nn::Module& model, int micro, World* world, const nn::KindQuant& comm = std::nullopt,
+               std::int64_t bucket_bytes = std::int64_t{1} << 20);
 
   int first() const { return first_; }  // the shards this process computes: first .. first + count - 1
   int count() const { return count_; }
 
   void begin_step();          // remembers the buffers the step starts from
-  void before(int m);         // the model's buffers back to the step's start; gradients cleared
+  // The model's buffers back to the step's start; gradients cleared. `comm_seed` seeds the
+  // stochastic rounding of shard m's gradients in the exchange format.
+  void before(int m, std::uint64_t comm_seed = 0);
   // Takes shard m's gradients and buffers (after its backward); `loss` is its mean loss over
-  // `n` examples; `stop` this process's wish to stop after the step; `comm_seed` seeds the
-  // stochastic rounding of the gradients' format.
-  void after(int m, double loss, std::int64_t n, bool stop, std::uint64_t comm_seed = 0);
+  // `n` examples; `stop` this process's wish to stop after the step.
+  void after(int m, double loss, std::int64_t n, bool stop);
 
   struct Step {
     double loss = 0;          // sum (n_m / n) loss_m
@@ -65,8 +74,26 @@ class MicroBatches {
   std::vector<std::int64_t> scale_off_;  // comm_ scaled: each parameter's first scale, then the total
   torch::Tensor grads_;  // [count, grad_numel] float32: this process's shards' gradients
   torch::Tensor codes_, scales_, tensor_scales_;  // comm_: [count, grad_numel], [count, scales], [count, params]
-  void encode(std::int64_t row, std::uint64_t seed);
+  std::vector<std::int64_t> offset_;  // each parameter's first element in a row, then the total
+  std::uint64_t comm_seed_ = 0;
+  void take(std::int64_t row, std::size_t j, const torch::Tensor& grad);  // parameter j's gradient into a row
   torch::Tensor decode(const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& tensor_scales);
+  void count_sent(const torch::Tensor& t);
+
+  // The overlap (one shard per process, several processes).
+  struct Bucket {
+    std::int64_t begin = 0, end = 0;  // elements of a row
+    int params = 0, left = 0;         // its parameters; those whose gradient is not in yet
+  };
+  bool overlap_ = false;
+  bool capturing_ = false;            // inside this process's shard's backward
+  std::vector<Bucket> buckets_;
+  std::size_t next_bucket_ = 0;       // the next bucket to send
+  std::vector<int> bucket_of_;        // per parameter
+  std::vector<char> taken_;           // per parameter: its gradient is in this step
+  torch::Tensor gathered_;            // [processes, grad_numel]: every shard's row, as it arrives
+  void on_gradient(std::size_t j, const torch::Tensor& grad);
+  void send_ready();  // the buckets, in order, up to the first with a gradient not yet in
   torch::Tensor side_;   // [count, side_numel] float64: loss, n, stop, defined and changed flags, buffers
 };
 

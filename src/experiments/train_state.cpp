@@ -75,7 +75,8 @@ json state_json(const TrainState& s) {
           {"evals", s.evals},       {"counts", counts_json(s.counts)}, {"trace", s.trace},
           {"histories", histories_json(s.histories)},
           {"seconds", s.seconds},   {"run_id", s.run_id},         {"store", s.store},
-          {"finished", s.finished}, {"ema", s.ema.size()},        {"recent", recent}};
+          {"finished", s.finished}, {"ema", s.ema.size()},        {"recent", recent},
+          {"processes", s.processes}};
 }
 
 // The numbers; the tensor lists are sized from the JSON and filled by read_weights.
@@ -92,6 +93,8 @@ TrainState state_from(const json& j) {
   s.run_id = j.at("run_id").get<std::int64_t>();
   s.store = j.at("store").get<std::string>();
   s.finished = j.at("finished").get<bool>();
+  s.processes = j.value("processes", 1);  // absent before data-parallel runs
+  if (s.processes < 1) throw std::runtime_error("metadata: processes " + std::to_string(s.processes));
   // Tensor counts: a model's parameters and buffers; at most train.average_last (<= 100) lists.
   constexpr std::size_t kMaxTensors = 1 << 20, kMaxRecent = 100;
   const auto tensors = [&](std::size_t n) {

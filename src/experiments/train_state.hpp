@@ -41,6 +41,7 @@ struct TrainState {
   std::int64_t run_id = 0;      // the run's record ...
   std::string store;            // ... in this store (absolute path; "" : none)
   bool finished = false;        // a finished run's checkpoint: kept, never resumed
+  int processes = 1;            // the data-parallel processes that wrote the checkpoint
 };
 
 // Writes the checkpoint atomically (a partial file never replaces `path`).

@@ -211,7 +211,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::str
         if (q && q->history > 0)
           throw Error("layer '" + l->name + "': delayed scaling (amax history) with train.micro_batches > 1 or " +
                       "several processes is not supported: each shard would keep its own history");
-    micro_.emplace(task_->module(), cfg.train.micro_batches, world_, grad_comm);
+    micro_.emplace(task_->module(), cfg.train.micro_batches, world_, grad_comm, opt.bucket_bytes);
   }
   scaler_.emplace(ls);
   optimizer_ = optimizers().at(cfg.optimizer.name)(cfg.optimizer, task_->module().parameters());
@@ -219,6 +219,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::str
   if (cfg.train.ema > 0) state_.ema = snapshot(task_->module());
   state_.run_id = record.id();
   state_.store = record.store_path();
+  state_.processes = world_ ? world_->size() : 1;
 }
 
 void Trainer::resume(Checkpoint& checkpoint) {
@@ -229,9 +230,17 @@ void Trainer::resume(Checkpoint& checkpoint) {
     throw Error(checkpoint_path(cfg_) + ": checkpoint does not fit the model");
   const std::int64_t run_id = state_.run_id;
   const std::string store = state_.store;
+  const int processes = state_.processes;
   state_ = saved;
   state_.run_id = run_id;  // the record this process writes to
   state_.store = store;
+  if (saved.processes != processes && writer_)
+    std::fprintf(stderr,
+                 "%s: the checkpoint was written by %d process%s, the run goes on with %d: the same run, since both "
+                 "divide train.micro_batches = %d\n",
+                 cfg_.name.c_str(), saved.processes, saved.processes == 1 ? "" : "es", processes,
+                 cfg_.train.micro_batches);
+  state_.processes = processes;
   scaler_->set_state(state_.scaler);
   ctx_->step = static_cast<std::uint64_t>(state_.step);
   for (std::size_t i = 0; i < qm_.layers.size(); ++i) {
@@ -274,7 +283,7 @@ double Trainer::micro_step(const torch::Tensor& idx, std::uint64_t step_seed) {
   micro_->begin_step();
   const bool stop = stop_after_step();
   for (int m = micro_->first(); m < micro_->first() + micro_->count(); ++m) {
-    micro_->before(m);
+    micro_->before(m, mix64(micro_seed(step_seed, m) ^ 0x6C0F5EEDULL));
     const auto [begin, end] = micro_range(idx.size(0), cfg_.train.micro_batches, m);
     double loss = 0;
     if (end > begin) {
@@ -285,7 +294,7 @@ double Trainer::micro_step(const torch::Tensor& idx, std::uint64_t step_seed) {
       (l * scaler_->scale()).backward();
       loss = l.item<double>();
     }
-    micro_->after(m, loss, end - begin, stop, mix64(micro_seed(step_seed, m) ^ 0x6C0F5EEDULL));
+    micro_->after(m, loss, end - begin, stop);
   }
   ctx_->micro = 0;
   const MicroBatches::Step r = micro_->reduce();

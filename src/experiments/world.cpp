@@ -61,6 +61,11 @@ std::optional<WorldConfig> world_from_variables(
 struct World::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  struct Pending {
+    c10::intrusive_ptr<c10d::Work> work;
+    std::string what;
+  };
+  std::vector<Pending> pending;  // gathers started, not yet waited for
 };
 
 namespace {
@@ -122,7 +127,6 @@ void finish(c10d::Work& work, const WorldConfig& c, const std::string& what) {
 }  // namespace
 
 torch::Tensor World::all_gather(const torch::Tensor& mine, const std::string& what, std::int64_t bucket_bytes) {
-  const auto t0 = std::chrono::steady_clock::now();
   const torch::Tensor flat = mine.contiguous().reshape({-1});
   std::vector<std::int64_t> shape = {cfg_.size};
   for (auto s : mine.sizes()) shape.push_back(s);
@@ -130,22 +134,33 @@ torch::Tensor World::all_gather(const torch::Tensor& mine, const std::string& wh
   const torch::Tensor rows = out.reshape({cfg_.size, -1});
   const std::int64_t n = flat.numel();
   const std::int64_t per = std::max<std::int64_t>(1, bucket_bytes / std::max<std::int64_t>(1, flat.element_size()));
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  std::vector<std::vector<std::vector<at::Tensor>>> outputs;
-  std::vector<std::vector<at::Tensor>> inputs;
   for (std::int64_t b = 0; b < std::max<std::int64_t>(n, 1); b += per) {
     const std::int64_t e = std::min(n, b + per);
-    inputs.push_back({flat.slice(0, b, e)});
-    outputs.push_back({{}});
-    for (int r = 0; r < cfg_.size; ++r) outputs.back()[0].push_back(rows[r].slice(0, b, e));
+    std::vector<torch::Tensor> outs;
+    for (int r = 0; r < cfg_.size; ++r) outs.push_back(rows[r].slice(0, b, e));
+    start_gather(flat.slice(0, b, e), outs, what);
   }
-  for (std::size_t i = 0; i < inputs.size(); ++i) works.push_back(impl_->group->allgather(outputs[i], inputs[i]));
-  for (auto& w : works) finish(*w, cfg_, what);
-  // Gloo gathers into one flat buffer and copies each rank's part into the views given.
-  stats_.seconds += seconds_since(t0);
-  stats_.bytes_sent += n * flat.element_size() * (cfg_.size - 1);
-  ++stats_.collectives;
+  wait_gathers();
   return out;
+}
+
+void World::start_gather(const torch::Tensor& mine, const std::vector<torch::Tensor>& outs, const std::string& what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::vector<at::Tensor>> o(1, outs);
+  std::vector<at::Tensor> in{mine};
+  // Gloo gathers into one flat buffer and copies each rank's part into the views given.
+  impl_->pending.push_back({impl_->group->allgather(o, in), what});
+  stats_.seconds += seconds_since(t0);
+  stats_.bytes_sent += mine.numel() * mine.element_size() * (cfg_.size - 1);
+  ++stats_.collectives;
+}
+
+void World::wait_gathers() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Impl::Pending> pending;
+  pending.swap(impl_->pending);
+  for (auto& p : pending) finish(*p.work, cfg_, p.what);
+  stats_.seconds += seconds_since(t0);
 }
 
 std::string World::broadcast(const std::string& bytes, const std::string& what) {

@@ -247,6 +247,12 @@ TOML
   check "--nproc 2 names its processes" grep -q '^fp8lab: 2 processes on this machine (ranks 0..1: pids ' "$T/dp2"
   check "--nproc 2 reports its collectives" grep -q '^2 processes: .* per step in collectives' "$T/dp2"
   check "--nproc 2 prints one table" [ "$(grep -c '^run ' "$T/dp2out")" -eq 1 ]
+  # Stopped on 2 processes, resumed on 1: said, and the same weights.
+  "$FP8LAB" train "$T/syn.toml" "${P[@]}" --set name=dp --set "train.checkpoint=$T/dp3.ckpt" --nproc 2 --stop-after 5 >/dev/null 2>&1
+  "$FP8LAB" train "$T/syn.toml" "${P[@]}" --set name=dp --set "train.checkpoint=$T/dp3.ckpt" --set threads=1 --resume >/dev/null 2>"$T/dp3"; rc=$?
+  check "a run stopped on 2 processes resumes on 1 (got $rc)" [ $rc -eq 0 ]
+  check "... saying so" grep -q 'written by 2 processes, the run goes on with 1: the same run' "$T/dp3"
+  check "... with the same weights" [ "$(fnv "$T/dp1")" = "$(fnv "$T/dp3")" ]
   expect_fail "--nproc with one micro-batch" "add --set train.micro_batches=2" "$FP8LAB" train "$T/syn.toml" --nproc 2 --db "$T/dp.db"
   expect_fail "half a launcher's variables" "RANK, WORLD_SIZE set but MASTER_ADDR, MASTER_PORT not" env RANK=0 WORLD_SIZE=2 "$FP8LAB" train "$T/syn.toml" --db "$T/dp.db"
   # A rank killed mid-run ends the other at once; the run is marked failed, and resumes to

@@ -12,6 +12,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -53,6 +54,7 @@ struct Case {
   std::int64_t stop_after = 0;
   bool resume = false;
   std::uint64_t rank1_seed = 0;  // > 0: rank 1's config has this seed instead
+  std::int64_t bucket_bytes = 4096;  // many buckets even for these small models
 };
 
 json to_json(const experiments::TrainResult& r) {
@@ -72,12 +74,64 @@ json to_json(const experiments::TrainResult& r) {
           {"gradient_bytes", r.comm_gradient_bytes_per_step}};
 }
 
+// --- a model whose shards use different parameters ---------------------------------------------
+
+// Layer b is used by shard 0 only: on 2 processes rank 1's backward never reaches it, so
+// its gradients' buckets are complete there only after the backward pass. Layer d is used
+// by no shard.
+struct Branchy : torch::nn::Module {
+  Branchy() {
+    a = register_module("a", torch::nn::Linear(8, 8));
+    b = register_module("b", torch::nn::Linear(8, 8));
+    c = register_module("c", torch::nn::Linear(8, 2));
+    d = register_module("d", torch::nn::Linear(8, 2));  // used by no shard
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool use_b) {
+    torch::Tensor h = torch::relu(a->forward(x));
+    if (use_b) h = h + b->forward(h);
+    return c->forward(h);
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr}, c{nullptr}, d{nullptr};
+};
+
+// One step of Branchy on 6 examples as 2 shards, buckets of `bucket_bytes`: every
+// parameter's gradient after the exchange, its float32 bits as integers ("none": undefined).
+json branchy_step(experiments::World* world, std::int64_t bucket_bytes) {
+  torch::manual_seed(7);
+  Branchy net;
+  const torch::Tensor x = torch::randn({6, 8});
+  experiments::MicroBatches mb(net, 2, world, std::nullopt, bucket_bytes);
+  mb.begin_step();
+  for (int m = mb.first(); m < mb.first() + mb.count(); ++m) {
+    mb.before(m);
+    const auto [begin, end] = experiments::micro_range(6, 2, m);
+    const torch::Tensor loss = net.forward(x.slice(0, begin, end), m == 0).pow(2).mean();
+    loss.backward();
+    mb.after(m, loss.item<double>(), end - begin, false);
+  }
+  mb.reduce();
+  json out = json::array();
+  for (const auto& p : net.parameters()) {
+    if (!p.grad().defined()) {
+      out.push_back("none");
+      continue;
+    }
+    const torch::Tensor g = p.grad().contiguous();
+    std::vector<std::uint32_t> bits(static_cast<std::size_t>(g.numel()));
+    std::memcpy(bits.data(), g.data_ptr<float>(), bits.size() * 4);
+    out.push_back(bits);
+  }
+  return out;
+}
+
 // --- the rank side ---------------------------------------------------------------------------
 
 int run_rank(const std::string& case_file) {
   std::ifstream in(case_file);
   const json j = json::parse(in);
-  experiments::TrainConfig cfg = experiments::parse_train_config(j.at("config").get<std::string>(), case_file);
+  experiments::TrainConfig cfg =
+      j.contains("config") ? experiments::parse_train_config(j.at("config").get<std::string>(), case_file)
+                           : experiments::TrainConfig{};
   const auto wc = experiments::world_from_variables(
       [](const std::string& n) {
         const char* v = std::getenv(n.c_str());
@@ -85,6 +139,11 @@ int run_rank(const std::string& case_file) {
       },
       std::chrono::seconds(60));
   experiments::World world(*wc);
+  if (j.contains("branchy")) {
+    const json g = branchy_step(&world, j.at("branchy").get<std::int64_t>());
+    std::ofstream(case_file + ".rank" + std::to_string(world.rank())) << json{{"grads", g}}.dump();
+    return 0;
+  }
   if (world.rank() == 1 && j.at("rank1_seed").get<std::uint64_t>() > 0) cfg.seed = j.at("rank1_seed").get<std::uint64_t>();
   std::optional<results::Store> store;
   if (world.rank() == 0) store.emplace(j.at("db").get<std::string>());
@@ -93,6 +152,7 @@ int run_rank(const std::string& case_file) {
   o.world = &world;
   o.stop_after = j.at("stop_after").get<std::int64_t>();
   o.resume = j.at("resume").get<bool>();
+  o.bucket_bytes = j.at("bucket_bytes").get<std::int64_t>();
   json out;
   try {
     out = to_json(experiments::train(cfg, store ? &*store : nullptr, o));
@@ -117,12 +177,8 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-// Runs `c` as `n` ranks (copies of this program) and returns what each rank's train() gave.
-std::vector<json> run_ranks(const Case& c, int n, const fs::path& db) {
-  const fs::path file = fs::path(c.cfg.train.checkpoint).parent_path() / (c.cfg.name + ".case");
-  std::ofstream(file) << json{{"config", experiments::to_toml(c.cfg)}, {"db", db.string()},
-                              {"stop_after", c.stop_after}, {"resume", c.resume}, {"rank1_seed", c.rank1_seed}}
-                             .dump();
+// Runs the case file `file` as `n` ranks (copies of this program) and returns what each wrote.
+std::vector<json> run_case(const fs::path& file, int n) {
   const int port = free_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
@@ -152,6 +208,16 @@ std::vector<json> run_ranks(const Case& c, int n, const fs::path& db) {
     out.push_back(in ? json::parse(in) : json{{"error", "no result"}});
   }
   return out;
+}
+
+// Runs `c` as `n` ranks and returns what each rank's train() gave.
+std::vector<json> run_ranks(const Case& c, int n, const fs::path& db) {
+  const fs::path file = fs::path(c.cfg.train.checkpoint).parent_path() / (c.cfg.name + ".case");
+  std::ofstream(file) << json{{"config", experiments::to_toml(c.cfg)}, {"db", db.string()},
+                              {"stop_after", c.stop_after}, {"resume", c.resume}, {"rank1_seed", c.rank1_seed},
+                              {"bucket_bytes", c.bucket_bytes}}
+                             .dump();
+  return run_case(file, n);
 }
 
 json train_here(const Case& c, results::Store& store) {
@@ -271,7 +337,26 @@ TEST(World, VariablesAllOrNone) {
 // rounding and Backoff on.
 TEST(DataParallel, TwoProcessesGiveTheRunOfOne) { check_processes_equal_one("resnet8", 2); }
 TEST(DataParallel, TwoShardsPerProcessGiveTheRunOfOne) { check_processes_equal_one("resnet8", 4); }
-TEST(DataParallel, UnusedParametersAndDropoutGiveTheRunOfOne) { check_processes_equal_one("efficientnet-b0", 2); }
+TEST(DataParallel, DropoutAndStochasticDepthGiveTheRunOfOne) { check_processes_equal_one("efficientnet-b0", 2); }
+
+// A parameter one shard does not use: its gradient is the other shard's alone and defined,
+// a parameter no shard uses keeps none, and the buckets leave in the same order on every
+// process although rank 1's backward completes them in another (one bucket per tensor here).
+TEST(DataParallel, ShardsThatUseDifferentParametersGiveTheStepOfOne) {
+  const json one = branchy_step(nullptr, 16);
+  const fs::path file = test::temp_dir("fp8lab_dp") / "branchy.case";
+  std::ofstream(file) << json{{"branchy", 16}}.dump();
+  const std::vector<json> ranks = run_case(file, 2);
+  ASSERT_EQ(ranks.size(), 2u);
+  for (const json& r : ranks) {
+    ASSERT_TRUE(r.contains("grads")) << r.dump();
+    EXPECT_EQ(r.at("grads"), one);
+  }
+  ASSERT_EQ(one.size(), 8u);
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_NE(one[i], "none") << i;
+  EXPECT_EQ(one[6], "none");
+  EXPECT_EQ(one[7], "none");
+}
 
 // Item 3: gradients travel in 8 bits (each shard's quantized, decoded, summed in float32):
 // still the run of one process, a different run from float32 travel, and a quarter of the

@@ -46,8 +46,11 @@ TEST(Registry, EveryTaskKnowsItsModelsAndDataSets) {
   for (const auto& [task, info] : experiments::tasks().entries()) {
     EXPECT_FALSE(info.models().empty()) << task;
     EXPECT_FALSE(info.data_sets().names().empty()) << task;
-    for (const auto& [name, set] : info.data_sets().entries())
-      if (info.images) EXPECT_NE(set.load_images, nullptr) << task << " " << name;
+    for (const auto& [name, set] : info.data_sets().entries()) {
+      if (info.images) {
+        EXPECT_NE(set.load_images, nullptr) << task << " " << name;
+      }
+    }
   }
 }
 

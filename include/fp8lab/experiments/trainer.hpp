@@ -44,6 +44,9 @@ struct TrainOptions {
   // (the others pass no store) and reads the checkpoint to resume from, which it sends to
   // the others. train.micro_batches must be a multiple of the world's size.
   World* world = nullptr;
+  // Gradients leave in buckets of about this many bytes (float32), overlapping the backward
+  // pass with one shard per process (docs/training.md).
+  std::int64_t bucket_bytes = std::int64_t{1} << 20;
 };
 
 struct TrainResult {

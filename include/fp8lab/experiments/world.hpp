@@ -64,6 +64,12 @@ class World {
   // in flight at once. `what` names the exchange in errors.
   torch::Tensor all_gather(const torch::Tensor& mine, const std::string& what,
                            std::int64_t bucket_bytes = std::int64_t{4} << 20);
+  // The same in pieces, overlapping the caller's work: start_gather sends this rank's
+  // contiguous `mine` and receives every rank's into outs[r] (each the size of mine; views
+  // into a larger tensor are fine); wait_gathers finishes every gather started, in order.
+  void start_gather(const torch::Tensor& mine, const std::vector<torch::Tensor>& outs, const std::string& what);
+  void wait_gathers();
+
   // Rank 0's `bytes` on every rank.
   std::string broadcast(const std::string& bytes, const std::string& what);
   // Elementwise sums of integers over ranks (exact, so the order does not matter).
