@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Data-parallel training throughput on this machine (docs/training.md): the same 8-bit
 # training step as one process with all cores' threads, and as `--nproc N` processes with
-# one share of the cores each, the global batch as N micro-batches; and the communication
+# one share of the cores each, the global batch as N micro-batches (gradients sent during
+# the backward pass, and all after it: --bucket-kb 0); and the communication
 # each process pays per step (time in collectives, bytes sent), with gradients travelling in
 # float32 and in MXFP8 (quant.grad_comm). ResNet-20 trains on synthetic 32x32 images, the
 # Transformer on the Bible corpus (prepared into data/bible-en-es on first use). Prints a
@@ -21,12 +22,13 @@ rows=(
   "resnet20 image 128 resnet32-mixed"
   "transformer-tiny translation 64 transformer-mixed"
 )
-# label | processes | threads per process | micro-batches | gradients travel in
+# label | processes | threads per process | micro-batches | gradients travel in | --bucket-kb
 each=$((CORES / N))
 plural() { [ "$1" -eq 1 ] && echo "$1 $2" || echo "$1 $2s"; }
 variants=(
   "1 process x $(plural "$CORES" thread)|1|$CORES|1|fp32"
   "1 process x $(plural "$CORES" thread), $N micro-batches|1|$CORES|$N|fp32"
+  "$N processes x $(plural "$each" thread), gradients sent after backward|$N|$each|$N|fp32|0"
   "$N processes x $(plural "$each" thread)|$N|$each|$N|fp32"
   "$N processes x $(plural "$each" thread), MXFP8 gradients|$N|$each|$N|mxfp8_e5m2"
 )
@@ -36,7 +38,7 @@ for row in "${rows[@]}"; do
   read -r model task batch recipe <<<"$row"
   base=0
   for v in "${variants[@]}"; do
-    IFS='|' read -r label procs threads micro comm <<<"$v"
+    IFS='|' read -r label procs threads micro comm bucket <<<"$v"
     best=0 ms=- kb=- gkb=-
     for _ in $(seq "$ROUNDS"); do
       rm -f "$T"/*
@@ -51,7 +53,7 @@ for row in "${rows[@]}"; do
                             --set optimizer.name=adam --set optimizer.weight_decay=0) ;;
       esac
       nproc=()
-      [ "$procs" -gt 1 ] && nproc=(--nproc "$procs")
+      [ "$procs" -gt 1 ] && nproc=(--nproc "$procs" --bucket-kb "${bucket:-1024}")
       out=$("$FP8LAB" train "${common[@]}" "${extra[@]}" "${nproc[@]}" 2>"$T/err")
       sps=$(awk 'NR==3 { print $(NF-1) }' <<<"$out")
       if awk -v a="$sps" -v b="$best" 'BEGIN { exit !(a > b) }'; then

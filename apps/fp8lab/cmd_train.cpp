@@ -31,6 +31,7 @@ struct TrainArgs {
   std::string db = "results.db";
   int nproc = 1;
   double timeout = 600;
+  std::int64_t bucket_kb = 1024;
 };
 
 std::optional<std::string> env(const std::string& name) {
@@ -52,7 +53,8 @@ std::vector<std::string> rank_arguments(const TrainArgs& a, const experiments::T
   if (a.restart) args.push_back("--restart");
   if (a.stop_after > 0) args.insert(args.end(), {"--stop-after", std::to_string(a.stop_after)});
   if (a.no_progress) args.push_back("--no-progress");
-  args.insert(args.end(), {"--db", a.db, "--timeout", std::to_string(a.timeout)});
+  args.insert(args.end(), {"--db", a.db, "--timeout", std::to_string(a.timeout), "--bucket-kb",
+                           std::to_string(a.bucket_kb)});
   return args;
 }
 
@@ -91,6 +93,7 @@ int run_train(const TrainArgs& a) {
   opt.stop_after = a.stop_after;
   opt.progress = !a.no_progress && writer;
   opt.world = world ? &*world : nullptr;
+  opt.bucket_bytes = a.bucket_kb * 1024;
   experiments::clear_stop_request();
   std::signal(SIGINT, on_sigint);
   const experiments::TrainResult r = experiments::train(cfg, store ? &*store : nullptr, opt);
@@ -150,6 +153,11 @@ void register_train(CLI::App& app) {
   cmd->add_option("--timeout", args->timeout,
                   "Data-parallel: seconds a process waits for the others at any exchange before it fails the run")
       ->check(CLI::Range(1.0, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--bucket-kb", args->bucket_kb,
+                  "Data-parallel: gradients leave in buckets of about N KiB while the backward pass runs (one "
+                  "micro-batch per process); 0: all after the backward pass")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 22))
       ->capture_default_str();
   cmd->callback([args] {
     const int rc = run_train(*args);

@@ -60,7 +60,7 @@ MicroBatches::MicroBatches(torch::nn::Module& model, int micro, World* world, co
     tensor_scales_ = torch::ones({count_, static_cast<std::int64_t>(params_.size())}, torch::kFloat32);
   }
   side_ = torch::zeros({count_, side_numel_}, torch::kFloat64);
-  overlap_ = world_ && world_->size() > 1 && count_ == 1;
+  overlap_ = world_ && world_->size() > 1 && count_ == 1 && bucket_bytes > 0;
   if (!overlap_) return;
   // Buckets of about bucket_bytes of float32 gradients over the parameters from the last to the first.
   const std::int64_t bucket_elements = std::max<std::int64_t>(1, bucket_bytes / 4);

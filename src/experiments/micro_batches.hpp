@@ -38,7 +38,8 @@ class MicroBatches {
  public:
   // `world` null: one process computes every shard. `comm`: the format each shard's
   // gradients travel in (nullopt: float32), quantized per parameter as one row, decoded
-  // before the sum.
+  // before the sum. `bucket_bytes`: the overlap's buckets (0: no overlap; the gradients
+  // leave after the backward pass).
   MicroBatches(torch::nn::Module& model, int micro, World* world, const nn::KindQuant& comm = std::nullopt,
                std::int64_t bucket_bytes = std::int64_t{1} << 20);
 

@@ -45,7 +45,7 @@ struct TrainOptions {
   // the others. train.micro_batches must be a multiple of the world's size.
   World* world = nullptr;
   // Gradients leave in buckets of about this many bytes (float32), overlapping the backward
-  // pass with one shard per process (docs/training.md).
+  // pass with one shard per process (docs/training.md); 0: all after the backward pass.
   std::int64_t bucket_bytes = std::int64_t{1} << 20;
 };
 
