@@ -117,7 +117,10 @@ int run_ranks(int n, const std::vector<std::string>& args, double timeout_second
     }
   }
   std::string list;
-  for (const pid_t p : pids) list += (list.empty() ? "" : " ") + std::to_string(p);
+  for (const pid_t p : pids) {
+    if (!list.empty()) list += ' ';
+    list += std::to_string(p);
+  }
   std::fprintf(stderr, "fp8lab: %d processes on this machine (ranks 0..%d: pids %s), rendezvous at 127.0.0.1:%d\n", n,
                n - 1, list.c_str(), port);
   int first_failure = -1, left = n;
