@@ -11,6 +11,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "process.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/experiments/sweep.hpp"
 #include "fp8lab/experiments/trainer.hpp"
@@ -32,12 +33,6 @@ extern "C" void on_sweep_sigint(int) {
   experiments::request_stop();
   experiments::interrupt_launched();
   std::signal(SIGINT, on_sweep_second_sigint);
-}
-
-std::string self_program() {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  return n > 0 ? std::string(self, static_cast<std::size_t>(n)) : std::string("fp8lab");
 }
 
 // --emit slurm: the job-array script on stdout; its folder is made now, since Slurm opens

@@ -12,8 +12,15 @@
 // A program of your own that links the libraries can make the same choices on purpose.
 #pragma once
 
+#include <string>
+
 namespace fp8lab::cli {
 
 void setup_process();
+
+// The path of this program (the `fp8lab` launcher), for starting copies of it (sweep runs,
+// --nproc ranks) and for the scripts it writes (--emit slurm). Throws Error when the
+// system does not say (/proc/self/exe unreadable).
+std::string self_program();
 
 }  // namespace fp8lab::cli

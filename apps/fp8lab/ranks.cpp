@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "fp8lab/core/format.hpp"
+#include "process.hpp"
 
 namespace fp8lab::cli {
 
@@ -43,13 +44,6 @@ int free_port() {
   }
   ::close(fd);
   return ntohs(a.sin_port);
-}
-
-std::string self_path() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw Error("--nproc: cannot find this program's path (/proc/self/exe)");
-  return std::string(buf, static_cast<std::size_t>(n));
 }
 
 // Starts rank `r` in process group `group` (0: a new group led by this rank). Everything
@@ -101,7 +95,7 @@ int exit_code(int status) { return WIFSIGNALED(status) ? 128 + WTERMSIG(status) 
 }  // namespace
 
 int run_ranks(int n, const std::vector<std::string>& args, double timeout_seconds) {
-  const std::string exe = self_path();
+  const std::string exe = self_program();
   const int port = free_port();
   std::vector<pid_t> pids;
   std::vector<int> status(static_cast<std::size_t>(n), 0);

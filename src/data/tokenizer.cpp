@@ -13,6 +13,7 @@
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/files.hpp"
+#include "fp8lab/core/text.hpp"
 #include "io.hpp"
 
 namespace fp8lab::data {
@@ -34,15 +35,9 @@ std::string fingerprint(const std::vector<std::string>& inputs) {
   return hex64(h);
 }
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // Runs a shell command; on failure throws Error with `what` and the end of its stderr.
 void run(const std::string& cmd, const std::string& what, const std::string& err_file) {
-  const int rc = std::system((cmd + " 2>" + quote(err_file)).c_str());
+  const int rc = std::system((cmd + " 2>" + shell_quote(err_file)).c_str());
   if (rc == 0) {
     fs::remove(err_file);
     return;
@@ -105,14 +100,14 @@ Tokenizer Tokenizer::train_or_load(const std::string& prefix, const std::vector<
   // Trained under a temporary prefix, then renamed: a killed training leaves no half model.
   const std::string tmp = prefix + ".tmp" + std::to_string(::getpid());
   if (!fs::path(prefix).parent_path().empty()) fs::create_directories(fs::path(prefix).parent_path());
-  std::string cmd = "spm_train --input=" + quote(files) + " --model_prefix=" + quote(tmp) +
+  std::string cmd = "spm_train --input=" + shell_quote(files) + " --model_prefix=" + shell_quote(tmp) +
                     " --vocab_size=" + std::to_string(o.vocab_size) + " --model_type=" + o.model_type +
                     " --character_coverage=1.0 --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3"
                     " --input_sentence_size=0 --num_threads=2 --minloglevel=2 --hard_vocab_limit=false";
   if (!o.user_symbols.empty()) {
     std::string s;
     for (const auto& u : o.user_symbols) s += (s.empty() ? "" : ",") + u;
-    cmd += " --user_defined_symbols=" + quote(s);
+    cmd += " --user_defined_symbols=" + shell_quote(s);
   }
   run(cmd + " >/dev/null", prefix + ": SentencePiece training", tmp + ".err");
   fs::rename(tmp + ".vocab", prefix + ".vocab");
@@ -133,7 +128,7 @@ std::vector<std::vector<int>> Tokenizer::encode(const std::vector<std::string>& 
       f << l << '\n';
     }
   }
-  run("spm_encode --model=" + quote(path_) + " --output_format=id < " + quote(in) + " > " + quote(out),
+  run("spm_encode --model=" + shell_quote(path_) + " --output_format=id < " + shell_quote(in) + " > " + shell_quote(out),
       "spm_encode", out + ".err");
   std::ifstream f(out);
   std::vector<std::vector<int>> ids;
@@ -167,7 +162,7 @@ std::vector<std::string> Tokenizer::decode(const std::vector<std::vector<int>>& 
       f << '\n';
     }
   }
-  run("spm_decode --model=" + quote(path_) + " --input_format=id < " + quote(in) + " > " + quote(out), "spm_decode",
+  run("spm_decode --model=" + shell_quote(path_) + " --input_format=id < " + shell_quote(in) + " > " + shell_quote(out), "spm_decode",
       out + ".err");
   std::ifstream f(out);
   std::vector<std::string> text;

@@ -35,7 +35,7 @@ void Progress::finish(const std::string& extra) {
 }
 
 void Progress::draw(bool final) {
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double secs = seconds_since(start_);
   const double rate = secs > 0 ? (done_ - first_) / secs : 0;
   const double eta = rate > 0 ? (total_ - done_) / rate : 0;
   const int width = 24;

@@ -16,8 +16,10 @@
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -79,11 +81,10 @@ Shard parse_shard(std::string_view text) {
   const std::size_t slash = text.find('/');
   if (slash == std::string_view::npos) throw bad("no '/'");
   const auto number = [&](std::string_view part, const char* what) {
-    int v = 0;
-    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
-    if (part.empty() || ec != std::errc() || end != part.data() + part.size())
+    const std::optional<std::int64_t> v = parse_integer(part);
+    if (!v || *v < std::numeric_limits<int>::min() || *v > std::numeric_limits<int>::max())
       throw bad(std::string(what) + " '" + std::string(part) + "' is not a whole number");
-    return v;
+    return static_cast<int>(*v);
   };
   Shard s{number(text.substr(0, slash), "I"), number(text.substr(slash + 1), "N")};
   if (s.count < 1) throw bad("N must be at least 1");
@@ -251,7 +252,7 @@ class SweepRunner {
       write_run_config(s_, *j, threads_);
       const auto t0 = std::chrono::steady_clock::now();
       const int rc = launch(*j);
-      report(*j, rc, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      report(*j, rc, seconds_since(t0));
     }
   }
 
@@ -319,17 +320,6 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
   sum.stopped = stop_requested();
   return sum;
 }
-
-namespace {
-
-// `text` as one word of a POSIX shell command.
-std::string shell_quote(const std::string& text) {
-  std::string q = "'";
-  for (char c : text) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-}  // namespace
 
 std::string slurm_script(const Sweep& s, const SlurmOptions& o) {
   if (o.shards < 1) throw Error("--shards must be >= 1");

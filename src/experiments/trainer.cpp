@@ -93,10 +93,6 @@ nlohmann::json exponent_range(const kernels::ExpHistogram& hist) {
   return {{"lo", r.lo}, {"counts", r.counts}};
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // How many steps the run takes and when it evaluates and checkpoints.
 struct Plan {
   std::int64_t examples = 0, batch = 0, steps_per_epoch = 0, total = 0, eval_every = 0, checkpoint_every = 0;

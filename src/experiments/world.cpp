@@ -11,21 +11,17 @@
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/text.hpp"
+#include "fp8lab/experiments/progress.hpp"
 
 namespace fp8lab::experiments {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 std::int64_t parse_int(const std::string& name, const std::string& v, std::int64_t lo, std::int64_t hi) {
-  std::int64_t x = 0;
-  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || end != v.data() + v.size() || x < lo || x > hi)
+  const std::optional<std::int64_t> x = parse_integer(v);
+  if (!x || *x < lo || *x > hi)
     throw Error(name + "=" + v + ": expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi));
-  return x;
+  return *x;
 }
 
 std::string timeout_text(std::chrono::milliseconds t) {

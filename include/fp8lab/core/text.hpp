@@ -36,6 +36,22 @@ inline std::string shortest_float(double v) {
   return t;
 }
 
+// A whole decimal number, all of `s` (an optional '-', then digits; no '+', no spaces);
+// nullopt when it is not one or does not fit.
+inline std::optional<std::int64_t> parse_integer(std::string_view s) {
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+// `s` as one word of a POSIX shell command: in single quotes, each ' written as '\''.
+inline std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 // `v` with a fixed number of decimals ("%.*f").
 inline std::string fixed(double v, int decimals) {
   char b[64];

@@ -8,6 +8,11 @@
 
 namespace fp8lab::experiments {
 
+// Seconds on the steady clock since `t0`.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 class Progress {
  public:
   // `first`: the count already done when the bar starts (a resumed run); the rate counts
