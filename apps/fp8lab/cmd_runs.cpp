@@ -48,7 +48,7 @@ void run_runs(const RunsArgs& a) {
   // Several stores: each run named by its store and its id there.
   Table t({dbs.size() > 1 ? "run" : "id", "created", "name", "recipe", "loss_scale", "seed", "status", "metric", "value", "seconds"});
   for (const auto& r : rows)
-    t.add({dbs.size() > 1 ? stores.origins()[static_cast<std::size_t>(r.id - 1)] : std::to_string(r.id), r.created, r.name, r.recipe, r.loss_scale, std::to_string(r.seed), std::string(to_string(r.status)),
+    t.add({dbs.size() > 1 ? stores.origin(r.id) : std::to_string(r.id), r.created, r.name, r.recipe, r.loss_scale, std::to_string(r.seed), std::string(to_string(r.status)),
            r.metric_name, r.final_metric ? fmt_f(*r.final_metric, 2) : "-", fmt_f(r.wall_seconds, 1)});
   t.print(false);
 }

@@ -6,14 +6,15 @@
 // (ranks.hpp); a process started with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (by
 // torchrun, a Slurm script or --nproc) is one rank of a run and joins the others.
 #include <csignal>
-#include <cstdlib>
-#include <thread>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.hpp"
+#include "fp8lab/core/text.hpp"
 #include "fp8lab/experiments/config.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/experiments/world.hpp"
@@ -63,6 +64,13 @@ extern "C" void on_sigint(int) {
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
 
+// The exit status of a run: 0 finished, or stopped as --stop-after asked; 130 stopped by
+// Ctrl-C; 1 diverged.
+int exit_status(const TrainArgs& a, results::RunStatus s) {
+  if (s == results::RunStatus::stopped) return a.stop_after > 0 ? 0 : 130;
+  return s == results::RunStatus::finished ? 0 : 1;
+}
+
 int run_train(const TrainArgs& a) {
   const experiments::TrainConfig cfg = a.config.empty() ? experiments::parse_train_config("", "(defaults)", a.set)
                                                         : experiments::load_train_config(a.config, a.set);
@@ -75,11 +83,7 @@ int run_train(const TrainArgs& a) {
   if (a.nproc > 1) {
     if (wc) throw Error("--nproc starts its own processes, but this one is already rank " + std::to_string(wc->rank) +
                         " of a launched run (RANK is set): give --nproc or the launcher's variables, not both");
-    if (cfg.train.micro_batches % a.nproc != 0)
-      throw Error("train.micro_batches = " + std::to_string(cfg.train.micro_batches) + " cannot be shared by " +
-                  std::to_string(a.nproc) + " processes: add --set train.micro_batches=" + std::to_string(a.nproc) +
-                  " (the global batch as " + std::to_string(a.nproc) +
-                  " shards: the same run on any process count that divides it)");
+    experiments::check_process_count(cfg.train.micro_batches, a.nproc);
     return run_ranks(a.nproc, rank_arguments(a, cfg), a.timeout);
   }
   std::optional<experiments::World> world;
@@ -98,8 +102,7 @@ int run_train(const TrainArgs& a) {
   std::signal(SIGINT, on_sigint);
   const experiments::TrainResult r = experiments::train(cfg, store ? &*store : nullptr, opt);
   std::signal(SIGINT, SIG_DFL);
-  if (!writer)  // rank 0 reports the run
-    return r.status == results::RunStatus::finished ? 0 : r.status == results::RunStatus::stopped ? (a.stop_after > 0 ? 0 : 130) : 1;
+  if (!writer) return exit_status(a, r.status);  // rank 0 reports the run
 
   Table t({"run", "status", "model", "steps", r.metric_name, "train_loss", "loss_scale", "skipped",
            "overflow_pct", "underflow_pct", "samples_per_s", "seconds"});
@@ -120,17 +123,17 @@ int run_train(const TrainArgs& a) {
                  static_cast<long long>(r.steps), r.checkpoint.c_str(), a.config.c_str(),
                  [&] {
                    std::string s;
-                   for (const auto& x : a.set) s += " --set '" + x + "'";
+                   for (const auto& x : a.set) s += " --set " + shell_quote(x);
                    return s;
                  }().c_str());
-    return a.stop_after > 0 ? 0 : 130;
+    return exit_status(a, r.status);
   }
   if (r.processes > 1)
     std::fprintf(stderr, "%d processes: %.1f ms and %.0f kB per step in collectives (this rank)\n", r.processes,
                  1e3 * r.comm_seconds_per_step, r.comm_bytes_per_step / 1e3);
   std::fprintf(stderr, "recorded as run %lld in %s; weights in %s (fnv1a64 %016llx)\n", static_cast<long long>(r.run_id),
                a.db.c_str(), r.checkpoint.c_str(), static_cast<unsigned long long>(r.weights_fnv));
-  return r.status == results::RunStatus::finished ? 0 : 1;
+  return exit_status(a, r.status);
 }
 }  // namespace
 

@@ -5,6 +5,7 @@
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/random.hpp"
+#include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/nn/tensor_quant.hpp"
 
 namespace fp8lab::experiments {
@@ -27,9 +28,7 @@ MicroBatches::MicroBatches(torch::nn::Module& model, int micro, World* world, co
                            std::int64_t bucket_bytes)
     : micro_(micro), world_(world), comm_(comm) {
   const int procs = world ? world->size() : 1;
-  if (micro < 1 || micro % procs != 0)
-    throw Error("train.micro_batches = " + std::to_string(micro) + " cannot be shared by " + std::to_string(procs) +
-                " processes: it must be a multiple of the process count");
+  check_process_count(micro, procs);
   count_ = micro / procs;
   first_ = (world ? world->rank() : 0) * count_;
   offset_ = {0};
@@ -108,6 +107,12 @@ void MicroBatches::count_sent(const torch::Tensor& t) {
   if (world_) gradient_bytes_ += t.numel() * t.element_size() * (world_->size() - 1);
 }
 
+// Every process's rows of `mine` ([count, k]) as [micro, k], counted as gradient bytes.
+torch::Tensor MicroBatches::gather_gradients(const torch::Tensor& mine, const std::string& what) {
+  count_sent(mine);
+  return world_->all_gather(mine, what).reshape({micro_, -1});
+}
+
 // Parameter j's gradient (undefined: none) into row `row`: float32, or its codes, scales and
 // tensor scale in the exchange format.
 void MicroBatches::take(std::int64_t row, std::size_t j, const torch::Tensor& grad) {
@@ -182,9 +187,8 @@ torch::Tensor MicroBatches::decode(const torch::Tensor& codes, const torch::Tens
                                    const torch::Tensor& tensor_scales) {
   torch::Tensor out = torch::empty({codes.size(0), grad_numel_}, torch::kFloat32);
   for (std::int64_t m = 0; m < codes.size(0); ++m) {
-    std::int64_t off = 0;
     for (std::size_t j = 0; j < params_.size(); ++j) {
-      const std::int64_t n = params_[j].numel();
+      const std::int64_t off = offset_[j], n = offset_[j + 1] - off;
       const torch::Tensor c = codes[m].slice(0, off, off + n);
       if (comm_->scaled()) {
         nn::ScaledTensor q;
@@ -195,7 +199,6 @@ torch::Tensor MicroBatches::decode(const torch::Tensor& codes, const torch::Tens
       } else {
         out[m].slice(0, off, off + n).copy_(nn::decode_tensor(c.contiguous(), comm_->element.format));
       }
-      off += n;
     }
   }
   return out;
@@ -203,43 +206,26 @@ torch::Tensor MicroBatches::decode(const torch::Tensor& codes, const torch::Tens
 
 MicroBatches::Step MicroBatches::reduce() {
   torch::NoGradGuard g;
-  torch::Tensor grads = grads_, side = side_;
   const bool several = world_ && world_->size() > 1;
-  if (several)
-    side = world_->all_gather(side_, "the exchange of the step's losses and buffers").reshape({micro_, side_numel_});
+  const torch::Tensor side =
+      several ? world_->all_gather(side_, "the exchange of the step's losses and buffers").reshape({micro_, side_numel_})
+              : side_;
+  // Every shard's gradients as they travel: float32, or codes in the exchange format. With
+  // the overlap they were sent during the backward pass (the gather above waited for them).
+  torch::Tensor grads = comm_ ? codes_ : grads_;
+  if (overlap_) grads = gathered_;
+  else if (several) grads = gather_gradients(grads, "the all-gather of the step's gradients");
   if (comm_) {
-    torch::Tensor codes = codes_, scales = scales_, tensor_scales = tensor_scales_;
-    if (several) {
-      if (overlap_) {
-        world_->wait_gathers();
-        codes = gathered_;
-      } else {
-        codes = world_->all_gather(codes_, "the all-gather of the step's gradients").reshape({micro_, grad_numel_});
-        count_sent(codes_);
-      }
-      if (scales_.numel() > 0) {
-        // Scale codes of 8-bit scale formats (E8M0, UE4M3) travel as bytes.
-        const bool narrow = scale_format(comm_->scale).width() <= 8;
-        scales = world_
-                     ->all_gather(narrow ? scales_.to(torch::kUInt8) : scales_,
-                                  "the all-gather of the gradients' scales")
-                     .reshape({micro_, -1})
-                     .to(torch::kInt32);
-        count_sent(narrow ? scales_.to(torch::kUInt8) : scales_);
-      }
-      if (comm_->scaled()) {
-        tensor_scales = world_->all_gather(tensor_scales_, "the all-gather of the gradients' tensor scales")
-                            .reshape({micro_, -1});
-        count_sent(tensor_scales_);
-      }
+    torch::Tensor scales = scales_, tensor_scales = tensor_scales_;
+    if (several && scales_.numel() > 0) {
+      // Scale codes of 8-bit scale formats (E8M0, UE4M3) travel as bytes.
+      const bool narrow = scale_format(comm_->scale).width() <= 8;
+      scales = gather_gradients(narrow ? scales_.to(torch::kUInt8) : scales_, "the all-gather of the gradients' scales")
+                   .to(torch::kInt32);
     }
-    grads = decode(codes, scales, tensor_scales);
-  } else if (overlap_) {
-    world_->wait_gathers();
-    grads = gathered_;
-  } else if (several) {
-    grads = world_->all_gather(grads_, "the all-gather of the step's gradients").reshape({micro_, grad_numel_});
-    count_sent(grads_);
+    if (several && comm_->scaled())
+      tensor_scales = gather_gradients(tensor_scales_, "the all-gather of the gradients' tensor scales");
+    grads = decode(grads, scales, tensor_scales);
   }
   const auto* s = side.data_ptr<double>();
   auto at = [&](int m, std::int64_t i) { return s[m * side_numel_ + i]; };
@@ -264,13 +250,11 @@ MicroBatches::Step MicroBatches::reduce() {
     if (!sum.defined()) sum = gm.clone();
     else sum.add_(gm);
   }
-  std::int64_t off = 0;
   for (std::size_t j = 0; j < params_.size(); ++j) {
     bool defined = false;
     for (int m : used) defined = defined || at(m, kFlags + static_cast<std::int64_t>(j)) != 0;
-    const std::int64_t n = params_[j].numel();
-    params_[j].mutable_grad() = defined ? sum.slice(0, off, off + n).view_as(params_[j]) : torch::Tensor();
-    off += n;
+    params_[j].mutable_grad() =
+        defined ? sum.slice(0, offset_[j], offset_[j + 1]).view_as(params_[j]) : torch::Tensor();
   }
   // The buffers: the weighted sum where a shard changed them, else as the step began.
   std::int64_t voff = kFlags + static_cast<std::int64_t>(params_.size() + buffers_.size());

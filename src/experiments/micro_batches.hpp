@@ -80,6 +80,7 @@ class MicroBatches {
   void take(std::int64_t row, std::size_t j, const torch::Tensor& grad);  // parameter j's gradient into a row
   torch::Tensor decode(const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& tensor_scales);
   void count_sent(const torch::Tensor& t);
+  torch::Tensor gather_gradients(const torch::Tensor& mine, const std::string& what);
 
   // The overlap (one shard per process, several processes).
   struct Bucket {

@@ -279,11 +279,11 @@ double Trainer::micro_step(const torch::Tensor& idx, std::uint64_t step_seed) {
   micro_->begin_step();
   const bool stop = stop_after_step();
   for (int m = micro_->first(); m < micro_->first() + micro_->count(); ++m) {
-    micro_->before(m, mix64(micro_seed(step_seed, m) ^ 0x6C0F5EEDULL));
+    const std::uint64_t seed = micro_seed(step_seed, m);
+    micro_->before(m, mix64(seed ^ 0x6C0F5EEDULL));
     const auto [begin, end] = micro_range(idx.size(0), cfg_.train.micro_batches, m);
     double loss = 0;
     if (end > begin) {
-      const std::uint64_t seed = micro_seed(step_seed, m);
       torch::manual_seed(seed);
       ctx_->micro = static_cast<std::uint32_t>(m);
       const torch::Tensor l = task_->loss(idx.slice(0, begin, end), seed);
@@ -567,10 +567,7 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
   if (opt.resume && opt.restart) throw Error("--resume and --restart exclude each other");
   World* const world = opt.world;
   const bool writer = !world || world->rank() == 0;
-  if (world && cfg.train.micro_batches % world->size() != 0)
-    throw Error("train.micro_batches = " + std::to_string(cfg.train.micro_batches) + " cannot be shared by " +
-                std::to_string(world->size()) + " processes: set it to a multiple of " + std::to_string(world->size()) +
-                " (the same run on any process count that divides it)");
+  if (world) check_process_count(cfg.train.micro_batches, world->size());
   if (!writer && store) throw Error("a data-parallel run's rank " + std::to_string(world->rank()) +
                                     " writes no store: only rank 0 records the run");
   const nn::ScopedTorchSettings settings({cfg.threads, cfg.train.flush_denormals});
@@ -601,6 +598,14 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
     record.finish(RunStatus::failed, std::nullopt, "", 0);
     throw;
   }
+}
+
+void check_process_count(int micro_batches, int processes) {
+  if (micro_batches >= 1 && processes >= 1 && micro_batches % processes == 0) return;
+  const std::string n = std::to_string(processes);
+  throw Error("train.micro_batches = " + std::to_string(micro_batches) + " cannot be shared by " + n +
+              " processes: it must be a multiple of " + n + "; add --set train.micro_batches=" + n +
+              " (the global batch as " + n + " shards: the same run on any process count that divides it)");
 }
 
 std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records) {

@@ -43,12 +43,16 @@ StoreSet::StoreSet(const std::vector<std::string>& paths) {
     if (!fs::exists(p)) throw Error(p + ": no results store here (run a training first, or pass --db)");
   if (paths.size() == 1) {
     store_ = std::make_unique<Store>(paths[0]);
-    for (const auto& r : store_->runs()) origins_.push_back(paths[0] + " run " + std::to_string(r.id));
+    for (const auto& r : store_->runs()) origins_[r.id] = paths[0] + " run " + std::to_string(r.id);
     return;
   }
   // Every store's runs, and the outcome of each run identity in the first store that has one.
   // Within one store every run counts, as when the store is read alone.
-  std::vector<std::vector<RunRow>> rows;
+  struct Keyed {
+    RunRow row;
+    std::string key;  // key_of(row)
+  };
+  std::vector<std::vector<Keyed>> rows;
   struct Seen {
     RunRow row;
     std::size_t store = 0;
@@ -56,10 +60,14 @@ StoreSet::StoreSet(const std::vector<std::string>& paths) {
   std::map<std::string, Seen> outcomes;
   for (std::size_t i = 0; i < paths.size(); ++i) {
     const Store s(paths[i]);
-    rows.push_back(s.runs());
-    for (const RunRow& r : rows.back()) {
+    rows.emplace_back();
+    for (RunRow& r : s.runs()) {
+      std::string key = key_of(r);
+      rows.back().push_back({std::move(r), std::move(key)});
+    }
+    for (const auto& [r, key] : rows.back()) {
       if (!has_outcome(r.status)) continue;
-      const auto [it, fresh] = outcomes.try_emplace(key_of(r), Seen{r, i});
+      const auto [it, fresh] = outcomes.try_emplace(key, Seen{r, i});
       if (!fresh && it->second.store != i && !same_outcome(it->second.row, r))
         throw Error("conflicting results: " + paths[it->second.store] + " run " + std::to_string(it->second.row.id) +
                     " and " + paths[i] + " run " + std::to_string(r.id) + " are the same run ('" + r.name +
@@ -70,14 +78,15 @@ StoreSet::StoreSet(const std::vector<std::string>& paths) {
   }
   temp_ = temp_path();
   store_ = std::make_unique<Store>(temp_);
+  std::int64_t next_id = 1;  // absorb numbers the runs of the new store from 1, in order
   for (std::size_t i = 0; i < paths.size(); ++i) {
     std::vector<std::int64_t> ids;
-    for (const RunRow& r : rows[i]) {
-      const auto it = outcomes.find(key_of(r));
+    for (const auto& [r, key] : rows[i]) {
+      const auto it = outcomes.find(key);
       // A copy of a run another store already gave, or an attempt without outcome of one.
       if (it != outcomes.end() && it->second.store != i) continue;
       ids.push_back(r.id);
-      origins_.push_back(paths[i] + " run " + std::to_string(r.id));
+      origins_[next_id++] = paths[i] + " run " + std::to_string(r.id);
     }
     store_->absorb(fs::absolute(paths[i]).string(), ids);
   }

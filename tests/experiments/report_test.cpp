@@ -281,7 +281,10 @@ recipe = ["fp32", "resnet32-mixed"]
   ASSERT_EQ(all.store().runs().size(), s.runs.size());
   const auto id = all.store().runs()[0].id;
   EXPECT_FALSE(all.store().metric(id, "test_bleu").empty());
-  EXPECT_EQ(all.origins().size(), s.runs.size());
+  // Every run of the combined store has its origin, and only those.
+  EXPECT_EQ(all.origin(1), shards[0] + " run 1");
+  EXPECT_NO_THROW(all.origin(static_cast<std::int64_t>(s.runs.size())));
+  EXPECT_THROW(all.origin(static_cast<std::int64_t>(s.runs.size()) + 1), std::out_of_range);
 
   // The whole store next to its shards: every run twice, identical, counted once.
   shards.push_back((d / "one.db").string());

@@ -84,6 +84,10 @@ struct TrainResult {
 // diverged (not an exception).
 TrainResult train(const TrainConfig& cfg, results::Store* store = nullptr, const TrainOptions& opt = {});
 
+// Throws Error unless `processes` can share train.micro_batches = `micro_batches` (a
+// multiple of it), saying which value to set.
+void check_process_count(int micro_batches, int processes);
+
 // The statistics hooks' records as rows of the results store (histograms as JSON).
 std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records);
 

@@ -10,6 +10,8 @@
 // (failed, stopped, running) is left out where another store holds the run's outcome.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,13 +29,13 @@ class StoreSet {
   StoreSet& operator=(const StoreSet&) = delete;
 
   Store& store() { return *store_; }
-  // Where each run of store() came from: "<path> run <id>".
-  const std::vector<std::string>& origins() const { return origins_; }
+  // Where run `id` of store() came from: "<path> run <id there>".
+  const std::string& origin(std::int64_t id) const { return origins_.at(id); }
 
  private:
   std::string temp_;  // the combined store's file ("" : a single store, read in place)
   std::unique_ptr<Store> store_;
-  std::vector<std::string> origins_;
+  std::map<std::int64_t, std::string> origins_;
 };
 
 }  // namespace fp8lab::results
