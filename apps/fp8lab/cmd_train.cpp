@@ -128,6 +128,7 @@ int run_train(const TrainArgs& a) {
                  }().c_str());
     return exit_status(a, r.status);
   }
+  std::fprintf(stderr, "evaluation: %.1f s in all, %.1f s the final one\n", r.eval_seconds, r.final_eval_seconds);
   if (r.processes > 1)
     std::fprintf(stderr, "%d processes: %.1f ms and %.0f kB per step in collectives (this rank)\n", r.processes,
                  1e3 * r.comm_seconds_per_step, r.comm_bytes_per_step / 1e3);

@@ -484,7 +484,13 @@ TrainResult Trainer::finish() {
   res.model_description = task_->description();
   if (opt_.checkpoints) res.checkpoint = checkpoint_path(cfg_);
   if (status_ == RunStatus::stopped) save();
-  if (status_ == RunStatus::finished) res.final_metric = final_metric();
+  if (status_ == RunStatus::finished) {
+    const double before = eval_seconds_;
+    res.final_metric = final_metric();
+    res.final_eval_seconds = eval_seconds_ - before;
+    record_.log_metric(state_.step, "final_eval_seconds", res.final_eval_seconds);
+  }
+  res.eval_seconds = eval_seconds_;
   record_.flush_trace(state_.trace);
   const std::vector<std::array<QuantCounts, nn::kKinds>> counts = run_counts();
   if (opt_.progress)

@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include <set>
+
 #include "../common/testutil.hpp"
 #include "fp8lab/models/bert.hpp"
 #include "fp8lab/models/image_models.hpp"
@@ -185,6 +187,159 @@ TEST(Models, TransformerForwardBackwardQuantizedAndMasks) {
   EXPECT_EQ(gr, bm);
   for (const auto& s : f->beam_search(src, 4, 7, 2, 3)) EXPECT_LE(s.size(), 7u);
   EXPECT_THROW(models::transformer_preset("transformer-huge"), Error);
+}
+
+namespace {
+
+// A small Transformer (d 64, 2+2 layers) trained for a few seconds (float32) on a "translation" that maps each
+// token x of a 2..9-token sentence to x + 1: outputs of varied lengths that end with eos,
+// the case the decoders must agree on.
+struct ToyTranslation {
+  static constexpr int kBos = 2, kEos = 3, kVocab = 40;
+  models::Transformer model{nullptr};
+  torch::Tensor test_src;  // 24 sentences, padded
+
+  static std::pair<torch::Tensor, torch::Tensor> batch(torch::Generator& g, std::int64_t n) {
+    const torch::Tensor lens = torch::randint(2, 10, {n}, g, torch::kInt64);
+    torch::Tensor src = torch::zeros({n, 9}, torch::kInt64), tgt = torch::zeros({n, 11}, torch::kInt64);
+    const torch::Tensor words = torch::randint(4, kVocab - 1, {n, 9}, g, torch::kInt64);
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::int64_t t = 0;
+      tgt[i][t++] = kBos;
+      for (std::int64_t k = 0; k < lens[i].item<std::int64_t>(); ++k) {
+        const std::int64_t w = words[i][k].item<std::int64_t>();
+        src[i][k] = w;
+        tgt[i][t++] = w + 1;
+      }
+      tgt[i][t] = kEos;
+    }
+    return {src, tgt};
+  }
+
+  ToyTranslation() {
+    torch::manual_seed(3);
+    models::TransformerOptions o = models::transformer_preset("transformer-tiny");
+    o.vocab = kVocab;
+    o.d_model = 64, o.d_ff = 256;
+    o.dropout = 0;
+    o.max_len = 32;
+    model = models::Transformer(o);
+    auto g = at::make_generator<at::CPUGeneratorImpl>(11);
+    torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(3e-3).betas({0.9, 0.98}));
+    for (int step = 0; step < 400; ++step) {
+      const auto [src, tgt] = batch(g, 32);
+      const torch::Tensor logits = model->forward(src, tgt.slice(1, 0, -1));
+      const torch::Tensor loss = torch::nn::functional::cross_entropy(
+          logits.reshape({-1, kVocab}), tgt.slice(1, 1).reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions().ignore_index(0));
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+    }
+    model->eval();
+    test_src = batch(g, 24).first;
+  }
+};
+
+}  // namespace
+
+TEST(Models, CachedDecodingEqualsTheReference) {
+  ToyTranslation toy;
+  auto& m = toy.model;
+  torch::NoGradGuard no_grad;
+  const int bos = ToyTranslation::kBos, eos = ToyTranslation::kEos;
+  // The cache's step gives decode()'s logits of the last position, also after rows are
+  // repeated and dropped.
+  {
+    const torch::Tensor src = toy.test_src.slice(0, 0, 4);
+    const torch::Tensor memory = m->encode(src);
+    models::DecoderCache c = m->start_decoding(memory, src);
+    const torch::Tensor ys = torch::tensor({{bos, 5, 9, 0}, {bos, 6, 7, 8}, {bos, 9, 9, 9}, {bos, 30, 4, 12}});
+    for (std::int64_t t = 0; t < ys.size(1); ++t) {
+      const torch::Tensor step = m->decode_step(c, ys.select(1, t));
+      const torch::Tensor full = m->decode(ys.slice(1, 0, t + 1), memory, src).select(1, -1);
+      EXPECT_TRUE(torch::allclose(step, full, 1e-4, 1e-4)) << "position " << t;
+    }
+    const torch::Tensor rows = torch::tensor({3, 1, 1}, torch::kInt64);
+    models::TransformerImpl::select_rows(c, rows);
+    ASSERT_EQ(c.rows(), 3);
+    const torch::Tensor ys2 = torch::cat({ys.index_select(0, rows), torch::tensor({{11}, {12}, {13}})}, 1);
+    const torch::Tensor full = m->decode(ys2, memory.index_select(0, rows), src.index_select(0, rows)).select(1, -1);
+    EXPECT_TRUE(torch::allclose(m->decode_step(c, torch::tensor({11, 12, 13})), full, 1e-4, 1e-4));
+  }
+  // The model translates: most greedy outputs are the mapping, so the searches run to eos
+  // at different lengths.
+  const auto gr32 = m->greedy_reference(toy.test_src, 14, bos, eos);
+  int right = 0;
+  std::set<std::size_t> lengths;
+  for (std::int64_t i = 0; i < toy.test_src.size(0); ++i) {
+    std::vector<int> want;
+    for (std::int64_t k = 0; k < toy.test_src.size(1); ++k) {
+      const auto w = toy.test_src[i][k].item<std::int64_t>();
+      if (w != 0) want.push_back(static_cast<int>(w + 1));
+    }
+    right += gr32[static_cast<std::size_t>(i)] == want;
+    lengths.insert(gr32[static_cast<std::size_t>(i)].size());
+  }
+  EXPECT_GE(right, 18) << "the toy model did not learn its mapping";
+  EXPECT_GE(lengths.size(), 4u);
+  // Cached and batched decoding give the reference's tokens, in float32 and with the
+  // paper's element formats, on both compute paths. So do block formats once the decoder's
+  // A V product is not blocked along positions: there a block's scale mixes a position's
+  // values with later positions', which the reference (recomputing the prefix) sees and a
+  // causal cache cannot (docs/training.md, "Decoding").
+  auto context_fp32 = [](nn::Recipe r) {
+    nn::RecipeOverride o;
+    o.pattern = "dec*.self_attn.context";
+    o.set[static_cast<int>(nn::TensorKind::a)].emplace(std::nullopt);
+    r.overrides.push_back(o);
+    return r;
+  };
+  const std::vector<std::pair<std::string, nn::Recipe>> recipes = {
+      {"fp32", nn::Recipe{}},
+      {"transformer-mixed", nn::parse_recipe("transformer-mixed")},
+      {"transformer-152", nn::parse_recipe("transformer-152")},
+      {"mxfp8, A V fp32", context_fp32(nn::parse_recipe("mxfp8"))},
+      {"mxfp4, A V fp32", context_fp32(nn::parse_recipe("mxfp4"))},
+      {"deepseek, A V fp32", context_fp32(nn::parse_recipe("deepseek"))}};
+  for (const auto& [name, recipe] : recipes)
+    for (const char* compute : {"fp32", "auto"}) {
+      const bool blocks = name.find("A V") != std::string::npos;
+      SCOPED_TRACE("recipe " + name + ", compute " + compute);
+      auto ctx = std::make_shared<nn::QuantContext>();
+      ctx->compute = nn::parse_compute(compute);
+      ctx->recording = false;
+      nn::quantize_model(*m, recipe, ctx);
+      const auto greedy = m->greedy(toy.test_src, 14, bos, eos);
+      EXPECT_EQ(greedy, m->greedy_reference(toy.test_src, 14, bos, eos));
+      EXPECT_EQ(m->beam_search(toy.test_src, 1, 14, bos, eos), greedy);
+      // The reference beam search encodes each sentence without padding. Padding changes a
+      // block format's encoder output too (the padded positions' values share blocks with
+      // the sentence's), so block formats compare sentences that need none.
+      if (blocks) {
+        for (std::int64_t i = 0; i < 6; ++i) {
+          const torch::Tensor s = toy.test_src[i];
+          const torch::Tensor one = s.slice(0, 0, s.ne(0).sum().item<std::int64_t>()).unsqueeze(0);
+          EXPECT_EQ(m->beam_search(one, 4, 14, bos, eos), m->beam_search_reference(one, 4, 14, bos, eos)) << i;
+        }
+      } else {
+        EXPECT_EQ(m->beam_search(toy.test_src, 4, 14, bos, eos),
+                  m->beam_search_reference(toy.test_src, 4, 14, bos, eos));
+      }
+    }
+  // MXFP8 everywhere: the reference's second position already differs from the cache's.
+  {
+    nn::quantize_model(*m, nn::parse_recipe("mxfp8"));
+    const torch::Tensor src = toy.test_src.slice(0, 0, 4), memory = m->encode(src);
+    models::DecoderCache c = m->start_decoding(memory, src);
+    const torch::Tensor ys = torch::tensor({{bos, 5}, {bos, 6}, {bos, 9}, {bos, 30}});
+    EXPECT_TRUE(torch::equal(m->decode_step(c, ys.select(1, 0)), m->decode(ys.slice(1, 0, 1), memory, src).select(1, 0)));
+    EXPECT_FALSE(torch::allclose(m->decode_step(c, ys.select(1, 1)), m->decode(ys, memory, src).select(1, 1), 1e-3, 1e-3));
+    nn::quantize_model(*m, nn::Recipe{});
+  }
+  // Lengths stay bounded when no hypothesis ends.
+  for (const auto& s : m->beam_search(toy.test_src, 3, 2, bos, eos)) EXPECT_LE(s.size(), 2u);
+  for (const auto& s : m->greedy(toy.test_src, 2, bos, eos)) EXPECT_LE(s.size(), 2u);
 }
 
 TEST(Models, BertForwardBackwardQuantized) {

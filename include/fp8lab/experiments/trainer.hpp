@@ -65,6 +65,9 @@ struct TrainResult {
   double seconds = 0;            // wall time, over every process a resumed run ran in
   double samples_per_second = 0; // training throughput of this call: the steps after its
                                  // first, without evaluation and checkpoint time
+  double eval_seconds = 0;        // wall time of this call's evaluations, the final one included
+  double final_eval_seconds = 0;  // of the final evaluation alone (translation: decoding the test
+                                  // set; with train.average_last, both of its evaluations)
   // Data-parallel runs: this process's time in collectives and bytes it sent, per step of
   // this call (0 for one process).
   double comm_seconds_per_step = 0;
