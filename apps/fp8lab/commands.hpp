@@ -12,6 +12,7 @@ void register_runs(CLI::App& app);
 #ifdef FP8LAB_HAVE_TORCH
 void register_quickstart(CLI::App& app);
 void register_train(CLI::App& app);
+void register_evaluate(CLI::App& app);
 void register_sweep(CLI::App& app);
 void register_report(CLI::App& app);
 #endif

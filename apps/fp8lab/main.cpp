@@ -24,6 +24,7 @@ extern "C" int fp8lab_cli_main(int argc, char** argv) {
 #ifdef FP8LAB_HAVE_TORCH
   fp8lab::cli::register_quickstart(app);
   fp8lab::cli::register_train(app);
+  fp8lab::cli::register_evaluate(app);
   fp8lab::cli::register_sweep(app);
   fp8lab::cli::register_report(app);
 #endif

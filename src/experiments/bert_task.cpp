@@ -24,7 +24,7 @@ class BertTask final : public Task {
     const std::string dir = data_folder(bert_data_sets(), c);
     const std::string train_file = (fs::path(dir) / set.train_file).string();
     const std::string dev_file = (fs::path(dir) / set.dev_file).string();
-    auto train = read_text(train_file), dev = read_text(dev_file);
+    auto train = read_lines(train_file), dev = read_lines(dev_file);
     if (c.data.train_limit > 0 && c.data.train_limit < static_cast<std::int64_t>(train.size()))
       train.resize(static_cast<std::size_t>(c.data.train_limit));
     if (train.size() < 2 || dev.size() < 2) throw Error(train_file + ": BERT needs at least two sentences per split");
@@ -80,15 +80,6 @@ class BertTask final : public Task {
   struct Batch {
     torch::Tensor ids, segments, mlm_labels, nsp_labels;
   };
-  static std::vector<std::string> read_text(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) throw Error(path + ": cannot open");
-    std::vector<std::string> lines;
-    std::string l;
-    while (std::getline(in, l))
-      if (!l.empty()) lines.push_back(l);
-    return lines;
-  }
   // Example i: sentence i, then sentence i+1 (is_next) or a random other sentence, as
   // [CLS] A [SEP] B [SEP]; 15 % of the A/B tokens are predicted: 80 % of them replaced by
   // [MASK], 10 % by a random token, 10 % kept. Deterministic in `seed`.

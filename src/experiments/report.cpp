@@ -38,6 +38,14 @@ std::string pvalue(double p) {
 // Decimals for a metric: accuracies and BLEU 2, losses 4.
 int decimals_for(const std::string& metric) { return metric.find("loss") != std::string::npos ? 4 : 2; }
 
+}  // namespace
+
+bool lower_is_better(const std::string& metric) {
+  return metric.find("loss") != std::string::npos || metric.find("perplexity") != std::string::npos;
+}
+
+namespace {
+
 void write_text(const std::string& path, const std::string& text) { write_file_atomic(path, text.data(), text.size()); }
 
 bool matches(const SweepPoint& p, const std::map<std::string, std::string>& where) {
@@ -359,7 +367,7 @@ void conclude(const Sweep& s, SweepReport& rep, const std::set<std::string>& met
     rep.points[static_cast<std::size_t>(pt)].skipped_steps = skipped_sums.at(pt) / acc.second;
   }
   rep.metric = !s.metric.empty() ? s.metric : metric_names.empty() ? "metric" : *metric_names.begin();
-  const bool higher = s.better.empty() ? rep.metric.find("loss") == std::string::npos : s.better == "higher";
+  const bool higher = s.better.empty() ? !lower_is_better(rep.metric) : s.better == "higher";
   rep.higher_is_better = higher;
   for (auto& pr : rep.points) pr.stats = results::mean_sd(pr.values);
   if (s.baseline >= 0) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fp8lab/experiments/config.hpp"
 #include "fp8lab/experiments/registry.hpp"
@@ -31,18 +32,29 @@ class Task {
   virtual double evaluate(bool final) = 0;
   // Whether the final evaluation differs from the periodic one (else it is reused).
   virtual bool separate_final() const { return false; }
+  // Tasks that decode (translation): evaluate with the reference decoders, which recompute
+  // the prefix at every step (models/transformer.hpp), instead of the cached ones.
+  virtual void use_reference_decoding(bool) {}
+  // What the last evaluation produced, one line per example (translation: the hypotheses);
+  // empty for tasks whose evaluation produces no text.
+  virtual std::vector<std::string> outputs() const { return {}; }
 };
 
 // The task `cfg.task` names (registry.hpp).
 std::unique_ptr<Task> make_task(const TrainConfig& cfg);
 
-// Each task and its data sets (image_task.cpp, translation_task.cpp, bert_task.cpp).
+// Each task and its data sets (image_task.cpp, translation_task.cpp, bert_task.cpp, lm_task.cpp).
 std::unique_ptr<Task> make_image_task(const TrainConfig& cfg);
 std::unique_ptr<Task> make_translation_task(const TrainConfig& cfg);
 std::unique_ptr<Task> make_bert_task(const TrainConfig& cfg);
+std::unique_ptr<Task> make_lm_task(const TrainConfig& cfg);
 const Registry<DataSetInfo>& image_data_sets();
 const Registry<DataSetInfo>& translation_data_sets();
 const Registry<DataSetInfo>& bert_data_sets();
+const Registry<DataSetInfo>& lm_data_sets();
+
+// The non-empty lines of a text file; Error naming it when it cannot be opened.
+std::vector<std::string> read_lines(const std::string& path);
 
 // The folder of a text data set: data.dir, or the set's default folder, prepared on first
 // use when the set has a preparation step.

@@ -1,9 +1,11 @@
 // The task registry (registry.hpp): each task with its models and data sets. The tasks
-// themselves: image_task.cpp, translation_task.cpp, bert_task.cpp.
+// themselves: image_task.cpp, translation_task.cpp, bert_task.cpp, lm_task.cpp.
 #include <filesystem>
+#include <fstream>
 
 #include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/models/bert.hpp"
+#include "fp8lab/models/gpt.hpp"
 #include "fp8lab/models/image_models.hpp"
 #include "fp8lab/models/transformer.hpp"
 #include "task.hpp"
@@ -15,11 +17,22 @@ const Registry<TaskInfo>& tasks() {
       "task", {{"image-classification", {make_image_task, models::image_model_presets, image_data_sets, true}},
                {"translation", {make_translation_task, [] { return models::transformer_presets().names(); },
                                 translation_data_sets, false}},
-               {"bert", {make_bert_task, [] { return models::bert_presets().names(); }, bert_data_sets, false}}});
+               {"bert", {make_bert_task, [] { return models::bert_presets().names(); }, bert_data_sets, false}},
+               {"language-model", {make_lm_task, [] { return models::gpt_presets().names(); }, lm_data_sets, false}}});
   return r;
 }
 
 std::unique_ptr<Task> make_task(const TrainConfig& cfg) { return tasks().at(cfg.task).make(cfg); }
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open");
+  std::vector<std::string> lines;
+  std::string l;
+  while (std::getline(in, l))
+    if (!l.empty()) lines.push_back(l);
+  return lines;
+}
 
 std::string data_folder(const Registry<DataSetInfo>& sets, const TrainConfig& cfg) {
   const DataSetInfo& set = sets.at(cfg.data.name);

@@ -184,18 +184,38 @@ std::string config_difference(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-Checkpoint::Checkpoint(const std::string& path, const std::string& config_json) : path_(path) {
-  if (!fs::exists(path)) throw Error(path + ": no checkpoint to resume from");
+const std::vector<std::string>& Checkpoint::evaluation_keys() {
+  static const std::vector<std::string> keys = {"threads",          "train.checkpoint", "train.beam",
+                                                "train.bleu_lowercase", "data.test_limit", "quant.compute"};
+  return keys;
+}
+
+namespace {
+// `config_json` without the evaluation keys.
+std::string training_part(const std::string& config_json) {
+  json j = json::parse(config_json);
+  for (const std::string& key : Checkpoint::evaluation_keys()) {
+    const auto dot = key.find('.');
+    if (dot == std::string::npos) j.erase(key);
+    else if (j.contains(key.substr(0, dot))) j[key.substr(0, dot)].erase(key.substr(dot + 1));
+  }
+  return j.dump();
+}
+}  // namespace
+
+Checkpoint::Checkpoint(const std::string& path, const std::string& config_json, Use use) : path_(path) {
+  if (!fs::exists(path))
+    throw Error(path + (use == Use::resume ? ": no checkpoint to resume from" : ": no checkpoint to evaluate"));
   bytes_ = unframed(path);
-  read(config_json);
+  read(config_json, use);
 }
 
 Checkpoint::Checkpoint(Archive, const std::string& name, std::string archive, const std::string& config_json)
     : path_(name), bytes_(std::move(archive)) {
-  read(config_json);
+  read(config_json, Use::resume);
 }
 
-void Checkpoint::read(const std::string& config_json) {
+void Checkpoint::read(const std::string& config_json, Use use) {
   const std::string& path = path_;
   json meta;
   try {
@@ -210,13 +230,21 @@ void Checkpoint::read(const std::string& config_json) {
                 std::to_string(kCheckpointSchema) + " only; start the run afresh without --resume");
   try {
     state_ = state_from(meta.at("state"));
-    if (state_.finished)
+    if (state_.finished && use == Use::resume)
       throw Error(path + ": this run has finished; there is nothing to resume (start afresh without --resume)");
     const std::string written_with = meta.at("config").get<std::string>();
-    if (written_with != config_json)
+    if (use == Use::resume && written_with != config_json)
       throw Error(path + ": checkpoint was written with a different config (" +
                   config_difference(written_with, config_json) +
                   "); resume with the same config, or start afresh without --resume");
+    if (use == Use::evaluate && training_part(written_with) != training_part(config_json))
+      throw Error(path + ": checkpoint was written with a different config (" +
+                  config_difference(training_part(written_with), training_part(config_json)) +
+                  "); evaluate with the run's config (only the evaluation's keys may differ: " + [] {
+                    std::string keys;
+                    for (const std::string& k : evaluation_keys()) keys += (keys.empty() ? "" : ", ") + k;
+                    return keys;
+                  }() + ")");
     read_weights(archive_, "ema", state_.ema);
     for (std::size_t k = 0; k < state_.recent.size(); ++k) read_weights(archive_, recent_key(k), state_.recent[k]);
   } catch (const Error&) {

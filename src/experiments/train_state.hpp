@@ -51,15 +51,21 @@ void save_checkpoint(const std::string& path, const std::string& config_json, co
 // A checkpoint read back: its TrainState now, the model and optimizer once they are built.
 class Checkpoint {
  public:
+  // What the checkpoint is read for: to resume its run, or to evaluate its weights (a
+  // finished run's too, with a config that may differ in the keys evaluation_keys() names).
+  enum class Use { resume, evaluate };
   // Throws Error naming `path` when it is missing, unreadable, damaged (length or checksum),
-  // of another schema (naming both versions), finished, or written with a config other
-  // than `config_json` (naming the keys that differ).
-  Checkpoint(const std::string& path, const std::string& config_json);
+  // of another schema (naming both versions), finished (to resume), or written with a
+  // config other than `config_json` (naming the keys that differ).
+  Checkpoint(const std::string& path, const std::string& config_json, Use use = Use::resume);
   // The same checks on a checkpoint's archive already in memory (bytes() of another
   // process's Checkpoint); `name` stands for the file in errors.
   struct Archive {};
   static constexpr Archive kArchive{};
   Checkpoint(Archive, const std::string& name, std::string archive, const std::string& config_json);
+  // The config keys that change how a model is evaluated but not how it was trained
+  // ("train.beam", ...): an evaluation's config may set them otherwise.
+  static const std::vector<std::string>& evaluation_keys();
 
   const std::string& bytes() const { return bytes_; }  // the archive, checked
 
@@ -68,7 +74,7 @@ class Checkpoint {
   void restore(torch::nn::Module& model, torch::optim::Optimizer& optimizer);
 
  private:
-  void read(const std::string& config_json);
+  void read(const std::string& config_json, Use use);
 
   std::string path_;
   std::string bytes_;  // the archive's bytes, which archive_ reads from

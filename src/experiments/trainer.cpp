@@ -140,6 +140,7 @@ class Trainer {
   void resume(Checkpoint& checkpoint);
   void run();
   TrainResult finish();
+  Evaluation evaluate_restored(bool reference_decoding);  // after resume()
 
  private:
   bool stop_now() const;
@@ -475,6 +476,22 @@ double Trainer::final_metric() {
   return metric;
 }
 
+Evaluation Trainer::evaluate_restored(bool reference_decoding) {
+  task_->use_reference_decoding(reference_decoding);
+  const auto t0 = std::chrono::steady_clock::now();
+  Evaluation e;
+  e.step = state_.step;
+  e.model_description = task_->description();
+  e.metrics.emplace_back(task_->metric_name(true), evaluate_weights(state_.ema.empty() ? nullptr : &state_.ema, true));
+  if (cfg_.train.average_last > 0 && state_.recent.size() > 1) {
+    const Weights avg = average(state_.recent);
+    e.metrics.emplace_back(task_->metric_name(true) + "_averaged", evaluate_weights(&avg, true));
+  }
+  e.seconds = seconds_since(t0);
+  e.outputs = task_->outputs();
+  return e;
+}
+
 TrainResult Trainer::finish() {
   const double loop_seconds = seconds_since(loop_started_) - eval_seconds_ - checkpoint_seconds_;
   TrainResult res;
@@ -604,6 +621,21 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
     record.finish(RunStatus::failed, std::nullopt, "", 0);
     throw;
   }
+}
+
+Evaluation evaluate_checkpoint(const TrainConfig& cfg, const EvaluateOptions& opt) {
+  validate(cfg);
+  const nn::ScopedTorchSettings settings({cfg.threads, cfg.train.flush_denormals});
+  const std::string config_json = to_json(cfg);
+  Checkpoint checkpoint(opt.checkpoint.empty() ? checkpoint_path(cfg) : opt.checkpoint, config_json,
+                        Checkpoint::Use::evaluate);
+  RunRecord record(nullptr, cfg, config_json, nullptr);
+  TrainOptions to;
+  to.progress = false;
+  to.checkpoints = false;
+  Trainer trainer(cfg, to, config_json, record);
+  trainer.resume(checkpoint);
+  return trainer.evaluate_restored(opt.reference_decoding);
 }
 
 void check_process_count(int micro_batches, int processes) {

@@ -116,19 +116,29 @@ class TranslationTask final : public Task {
       std::size_t longest = 0;
       for (const auto* p : ptrs) longest = std::max(longest, p->size());
       const int max_out = std::min<int>(cfg_.data.max_tokens, static_cast<int>(longest * 3 / 2 + 10));
-      const auto out = cfg_.train.beam > 1
-                           ? model_->beam_search(src, cfg_.train.beam, max_out, data::Tokenizer::kBos, data::Tokenizer::kEos)
-                           : model_->greedy(src, max_out, data::Tokenizer::kBos, data::Tokenizer::kEos);
-      for (const auto& ids : out) out_ids.push_back(ids);
+      for (const auto& ids : decode(src, max_out)) out_ids.push_back(ids);
     }
-    const std::vector<std::string> hyps = tok_.decode(out_ids);
+    hyps_ = tok_.decode(out_ids);
     results::BleuOptions bo;
     bo.lowercase = cfg_.train.bleu_lowercase;
-    return results::corpus_bleu(hyps, {split.second}, bo).score;
+    return results::corpus_bleu(hyps_, {split.second}, bo).score;
   }
+  void use_reference_decoding(bool on) override { reference_ = on; }
+  std::vector<std::string> outputs() const override { return hyps_; }
 
  private:
+  // Greedy (beam 1) or beam search, with the decoder cache or the reference decoders.
+  std::vector<std::vector<int>> decode(const torch::Tensor& src, int max_out) {
+    const int beam = cfg_.train.beam, bos = data::Tokenizer::kBos, eos = data::Tokenizer::kEos;
+    if (reference_)
+      return beam > 1 ? model_->beam_search_reference(src, beam, max_out, bos, eos)
+                      : model_->greedy_reference(src, max_out, bos, eos);
+    return beam > 1 ? model_->beam_search(src, beam, max_out, bos, eos) : model_->greedy(src, max_out, bos, eos);
+  }
+
   TrainConfig cfg_;
+  bool reference_ = false;
+  std::vector<std::string> hyps_;  // of the last evaluation
   data::Tokenizer tok_;
   std::vector<std::vector<int>> src_, tgt_, dev_src_, test_src_;
   std::pair<std::vector<std::string>, std::vector<std::string>> dev_, test_;

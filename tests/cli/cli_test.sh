@@ -408,5 +408,67 @@ TOML
   expect_fail "sweep unknown key" "badsw.toml:2: unknown key 'seedz'" "$FP8LAB" sweep "$T/badsw.toml" --db "$T/sw.db"
 fi
 
+# --- evaluate: a checkpoint's final evaluation, cached against reference decoding -----------
+if "$FP8LAB" --help | grep -q ' evaluate' && command -v spm_train >/dev/null; then
+  mkdir -p "$T/words"
+  # A word-for-word "translation" (English -> Spanish words, same order), 3..5 words a line.
+  awk -v dir="$T/words" 'BEGIN { split("god light earth water day night man king", en, " ");
+               split("dios luz tierra agua dia noche hombre rey", es, " "); x = 12345;
+               n["train"] = 1500; n["dev"] = 30; n["test"] = 30;
+               for (s in n) for (i = 0; i < n[s]; i++) {
+                 x = (x * 1103515245 + 12345) % 2147483648; len = 3 + x % 3; a = ""; b = "";
+                 for (k = 0; k < len; k++) { x = (x * 1103515245 + 12345) % 2147483648; w = 1 + int(x / 65536) % 8;
+                   a = a (k ? " " : "") en[w]; b = b (k ? " " : "") es[w] }
+                 print a > (dir "/" s ".en"); print b > (dir "/" s ".es") } }'
+  cat >"$T/words.toml" <<TOML
+schema = 1
+name = "words"
+task = "translation"
+threads = 2
+[model]
+name = "transformer-tiny"
+dropout = 0.0
+[data]
+name = "parallel"
+dir = "$T/words"
+vocab_size = 40
+max_tokens = 16
+[optimizer]
+name = "adam"
+lr = 0.002
+beta2 = 0.98
+weight_decay = 0.0
+[schedule]
+name = "warmup-invsqrt"
+warmup_steps = 20
+[train]
+steps = 160
+batch = 32
+eval_interval = 160
+beam = 3
+checkpoint = "$T/words.ckpt"
+[quant]
+recipe = "transformer-mixed"
+TOML
+  out=$("$FP8LAB" train "$T/words.toml" --db "$T/words.db" --no-progress 2>"$T/err"); rc=$?
+  check "translation run exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "train reports the final evaluation's time" grep -q 'evaluation: .* s the final one' "$T/err"
+  bleu=$("$FP8LAB" runs --db "$T/words.db" --csv | awk -F, '$3 == "words" { printf "%.4f", $10 }')
+  out=$("$FP8LAB" evaluate "$T/words.toml" --out "$T/cached.txt" 2>"$T/err"); rc=$?
+  check "evaluate exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "evaluate gives the run's test BLEU ($bleu)" [ "$(awk '$1 == "test_bleu" { print $2 }' <<<"$out")" = "$bleu" ]
+  check "evaluate writes one hypothesis per test sentence" [ "$(wc -l <"$T/cached.txt")" -eq 30 ]
+  "$FP8LAB" evaluate "$T/words.toml" --decoder reference --out "$T/reference.txt" >/dev/null 2>&1
+  check "the reference decoder's hypotheses are the cached decoder's" cmp -s "$T/cached.txt" "$T/reference.txt"
+  "$FP8LAB" evaluate "$T/words.toml" --set train.beam=1 --out "$T/greedy.txt" >/dev/null 2>&1; rc=$?
+  check "evaluate may change the beam (got $rc)" [ $rc -eq 0 ]
+  "$FP8LAB" evaluate "$T/words.toml" --set train.beam=1 --decoder reference --out "$T/greedy-ref.txt" >/dev/null 2>&1
+  check "greedy: reference and cached agree" cmp -s "$T/greedy.txt" "$T/greedy-ref.txt"
+  expect_fail "evaluate with another training config" "different config (/optimizer/lr)" \
+    "$FP8LAB" evaluate "$T/words.toml" --set optimizer.lr=0.1
+  expect_fail "evaluate without a checkpoint" "no checkpoint to evaluate" \
+    "$FP8LAB" evaluate "$T/words.toml" --checkpoint "$T/none.ckpt"
+fi
+
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -9,6 +9,7 @@
 #include "../common/testutil.hpp"
 #include "configs.hpp"
 #include "../../src/experiments/train_state.hpp"
+#include "fp8lab/experiments/sweep.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/results/store.hpp"
 
@@ -369,4 +370,52 @@ TEST(Trainer, BertPretrainingLossFalls) {
   ASSERT_EQ(r.evals.size(), 3u);
   EXPECT_LT(r.evals.back().second, r.evals.front().second - 0.5) << r.evals.front().second;
   EXPECT_LT(r.final_metric, std::log(50.0) + std::log(2.0));  // below the uniform guess
+}
+
+TEST(Trainer, LanguageModelPerplexityFalls) {
+  if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
+  // Five sentences in a fixed cycle: after the first few tokens of a block the rest is
+  // predictable, so the validation perplexity must fall far below the vocabulary's size.
+  const fs::path d = dir() / "lm";
+  fs::create_directories(d);
+  const std::vector<std::string> s = {"in the beginning god created the heaven", "and the earth was without form",
+                                      "and darkness was upon the deep", "and god said let there be light",
+                                      "and there was light and it was good"};
+  for (const auto& [name, n] : std::vector<std::pair<std::string, int>>{{"train.txt", 800}, {"dev.txt", 100}}) {
+    std::ofstream o(d / name);
+    for (int i = 0; i < n; ++i) o << s[i % s.size()] << "\n";
+  }
+  experiments::TrainConfig c;
+  c.name = "lm";
+  c.task = "language-model";
+  c.model.name = "gpt-tiny";
+  c.model.dropout = 0;
+  c.data.name = "text";
+  c.data.dir = d.string();
+  c.data.vocab_size = 50;
+  c.data.max_tokens = 32;
+  c.optimizer.name = "adamw";
+  c.optimizer.lr = 0.003;
+  c.optimizer.weight_decay = 0.01;
+  c.schedule.name = "linear";
+  c.schedule.warmup_steps = 10;
+  c.train.steps = 60;
+  c.train.batch = 16;
+  c.train.eval_interval = 20;
+  c.quant.recipe = "transformer-mixed";
+  c.threads = 2;
+  c.train.checkpoint = (dir() / "lm.ckpt").string();
+  const auto r = experiments::train(c, nullptr, quiet());
+  ASSERT_EQ(r.status, results::RunStatus::finished);
+  EXPECT_EQ(r.metric_name, "val_perplexity");
+  ASSERT_EQ(r.evals.size(), 3u);
+  EXPECT_GT(r.evals.front().second, 1.0);
+  EXPECT_LT(r.evals.back().second, r.evals.front().second);
+  EXPECT_LT(r.final_metric, 3.0) << "the cycle is predictable";
+  EXPECT_TRUE(experiments::lower_is_better(r.metric_name));
+  // A context longer than the text is an error naming the file.
+  c.data.max_tokens = 4000;
+  c.name = "lm-long";
+  EXPECT_NE(test::error_of([&] { experiments::train(c, nullptr, quiet()); }).find("dev.txt: fewer than 4001 tokens"),
+            std::string::npos);
 }

@@ -8,6 +8,7 @@
 
 #include "../common/testutil.hpp"
 #include "fp8lab/models/bert.hpp"
+#include "fp8lab/models/gpt.hpp"
 #include "fp8lab/models/image_models.hpp"
 #include "fp8lab/models/resnet.hpp"
 #include "fp8lab/models/transformer.hpp"
@@ -340,6 +341,50 @@ TEST(Models, CachedDecodingEqualsTheReference) {
   // Lengths stay bounded when no hypothesis ends.
   for (const auto& s : m->beam_search(toy.test_src, 3, 2, bos, eos)) EXPECT_LE(s.size(), 2u);
   for (const auto& s : m->greedy(toy.test_src, 2, bos, eos)) EXPECT_LE(s.size(), 2u);
+}
+
+TEST(Models, GptForwardBackwardQuantizedAndCausal) {
+  for (const std::string name : {"gpt-tiny", "gpt-small-swiglu"}) {
+    SCOPED_TRACE(name);
+    torch::manual_seed(0);
+    models::GptOptions o = models::gpt_preset(name);
+    o.vocab = 50;
+    o.max_len = 12;
+    o.dropout = 0;
+    if (name != "gpt-tiny") o.layers = 2, o.d_model = 64, o.d_ff = 96;
+    auto m = models::Gpt(o);
+    auto qm = nn::quantize_model(*m, nn::parse_recipe("transformer-mixed"));
+    // Per block 4 projections + 2 attention matmuls + the MLP's 2 (SwiGLU: 3); the head.
+    const std::size_t mlp = o.mlp == models::Mlp::swiglu ? 3 : 2;
+    EXPECT_EQ(qm.layers.size(), static_cast<std::size_t>(o.layers) * (6 + mlp) + 1);
+    EXPECT_EQ(qm.layers.back()->name, "head");
+    const torch::Tensor ids = torch::randint(1, 50, {2, 10}, torch::kInt64);
+    const torch::Tensor logits = m->forward(ids);
+    ASSERT_EQ(logits.sizes(), (std::vector<std::int64_t>{2, 10, 50}));
+    torch::nn::functional::cross_entropy(logits.slice(1, 0, 9).reshape({-1, 50}), ids.slice(1, 1).reshape({-1}))
+        .backward();
+    for (const auto& p : m->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key();
+      EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
+      EXPECT_GT(p.value().grad().abs().sum().item<double>(), 0.0) << p.key();
+    }
+    std::size_t tied = 0;
+    for (const auto& p : m->parameters()) tied += p.is_same(m->tokens->weight);
+    EXPECT_EQ(tied, 1u);
+    // Causal, in float32: a later token changes no earlier position's logits.
+    nn::quantize_model(*m, nn::Recipe{});
+    torch::NoGradGuard g;
+    torch::Tensor other = ids.clone();
+    other[0][6] = ids[0][6].item<std::int64_t>() == 7 ? 8 : 7;
+    const torch::Tensor a = m->forward(ids), b = m->forward(other);
+    EXPECT_TRUE(torch::equal(a.select(0, 0).slice(0, 0, 6), b.select(0, 0).slice(0, 0, 6)));
+    EXPECT_FALSE(torch::allclose(a.select(0, 0).slice(0, 6), b.select(0, 0).slice(0, 6)));
+    EXPECT_NE(test::error_of([&] { m->forward(torch::ones({1, 13}, torch::kInt64)); }).find("longer than the context of 12"),
+              std::string::npos);
+  }
+  EXPECT_EQ(models::parse_mlp("swiglu"), models::Mlp::swiglu);
+  EXPECT_NE(test::error_of([] { models::parse_mlp("relu"); }).find("neither gelu nor swiglu"), std::string::npos);
+  EXPECT_NE(test::error_of([] { models::gpt_preset("gpt-huge"); }).find("gpt-small"), std::string::npos);
 }
 
 TEST(Models, BertForwardBackwardQuantized) {

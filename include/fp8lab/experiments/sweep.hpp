@@ -64,7 +64,7 @@ struct Sweep {
   std::vector<std::string> variables;  // every variable name, first-seen order
   int baseline = -1;                   // index into points, -1: none
   std::string metric;                  // "" : each run's final metric; else the last logged value of this one
-  std::string better;                  // higher, lower, "": lower for metrics named *loss*
+  std::string better;                  // higher, lower, "": lower_is_better(metric)
   std::vector<PlotSpec> plots;
   std::vector<SweepRun> runs;  // points x seeds, point-major
 };
@@ -77,6 +77,8 @@ using ConfigCheck = void (*)(TrainConfig&);
 Sweep parse_sweep(const std::string& toml_text, const std::string& source, const std::string& base_dir,
                   ConfigCheck check = complete_config);
 Sweep load_sweep(const std::string& path);
+// A metric whose name says loss or perplexity is better lower; any other higher.
+bool lower_is_better(const std::string& metric);
 
 // Where a run stands in a store: done (finished or diverged: skip), running (in another
 // live process, e.g. a second sweep over the same store: skip), resumable (stopped or

@@ -87,6 +87,24 @@ struct TrainResult {
 // diverged (not an exception).
 TrainResult train(const TrainConfig& cfg, results::Store* store = nullptr, const TrainOptions& opt = {});
 
+// The evaluation of a run's checkpoint (finished or not): its weights (the EMA weights if
+// train.ema is on), then the average of its last checkpoints' weights if train.average_last
+// is on, each on the final evaluation's data (translation: the test set).
+struct EvaluateOptions {
+  std::string checkpoint;            // "" : the config's (checkpoint_path)
+  bool reference_decoding = false;   // translation: the reference decoders (recomputing)
+};
+struct Evaluation {
+  std::int64_t step = 0;                                  // the checkpoint's
+  std::vector<std::pair<std::string, double>> metrics;    // (name, value): test_bleu[, test_bleu_averaged]
+  double seconds = 0;                                     // wall time of the evaluations
+  std::vector<std::string> outputs;                       // of the last (translation: hypotheses)
+  std::string model_description;
+};
+// The config must be the run's, except in the keys Checkpoint::evaluation_keys() names
+// (train.beam, data.test_limit, quant.compute, ...); anything else is an Error naming them.
+Evaluation evaluate_checkpoint(const TrainConfig& cfg, const EvaluateOptions& opt = {});
+
 // Throws Error unless `processes` can share train.micro_batches = `micro_batches` (a
 // multiple of it), saying which value to set.
 void check_process_count(int micro_batches, int processes);
