@@ -58,7 +58,7 @@ TEST(Registry, UnknownNamesAreErrorsAlsoThroughSet) {
   for (const auto& [key, value, expected] : std::vector<std::tuple<std::string, std::string, std::string>>{
            {"optimizer.name", "adagrad", "optimizer.name: unknown optimizer 'adagrad' (known: sgd, adam, adamw, rmsprop)"},
            {"schedule.name", "cosine", "schedule.name: unknown schedule 'cosine' (known: constant, step"},
-           {"task", "detection", "task: unknown task 'detection' (known: image-classification, translation, bert)"},
+           {"task", "detection", "task: unknown task 'detection' (known: image-classification, translation, bert, language-model)"},
            {"data.name", "imagenet", "data.name: unknown image data set 'imagenet' (known: fashion-mnist"},
            {"model.name", "vgg16", "'vgg16' is not a model of task image-classification (known: resnet8"}}) {
     const std::string e = error_of([&] { experiments::parse_train_config("", "t.toml", {key + "=" + value}); });
