@@ -20,8 +20,8 @@ namespace {
 class BertTask final : public Task {
  public:
   explicit BertTask(const TrainConfig& c) : cfg_(c) {
-    const DataSetInfo& set = bert_data_sets().at(c.data.name);
-    const std::string dir = data_folder(bert_data_sets(), c);
+    const DataSetInfo& set = text_data_sets().at(c.data.name);
+    const std::string dir = data_folder(text_data_sets(), c);
     const std::string train_file = (fs::path(dir) / set.train_file).string();
     const std::string dev_file = (fs::path(dir) / set.dev_file).string();
     auto train = read_lines(train_file), dev = read_lines(dev_file);
@@ -158,21 +158,7 @@ class BertTask final : public Task {
   std::string desc_;
 };
 
-void prepare_bible(const std::string& dir) { data::prepare_bible_corpus(dir); }
-
 }  // namespace
-
-const Registry<DataSetInfo>& bert_data_sets() {
-  static const Registry<DataSetInfo> r = [] {
-    // Sentences one per line in document order: consecutive lines are the next-sentence pairs.
-    DataSetInfo bible, text;
-    bible.default_dir = "data/bible-en-es", bible.prepare = prepare_bible;
-    bible.train_file = "train.en", bible.dev_file = "dev.en";
-    text.needs_dir = true, text.train_file = "train.txt", text.dev_file = "dev.txt";
-    return Registry<DataSetInfo>("BERT text", {{"bible-en", bible}, {"text", text}});
-  }();
-  return r;
-}
 
 std::unique_ptr<Task> make_bert_task(const TrainConfig& cfg) { return std::make_unique<BertTask>(cfg); }
 

@@ -29,8 +29,8 @@ torch::Tensor token_stream(const data::Tokenizer& tok, const std::vector<std::st
 class LanguageModelTask final : public Task {
  public:
   explicit LanguageModelTask(const TrainConfig& c) : cfg_(c), context_(c.data.max_tokens) {
-    const DataSetInfo& set = lm_data_sets().at(c.data.name);
-    const std::string dir = data_folder(lm_data_sets(), c);
+    const DataSetInfo& set = text_data_sets().at(c.data.name);
+    const std::string dir = data_folder(text_data_sets(), c);
     const std::string train_file = (fs::path(dir) / set.train_file).string();
     const std::string dev_file = (fs::path(dir) / set.dev_file).string();
     data::TokenizerOptions to;
@@ -109,20 +109,7 @@ class LanguageModelTask final : public Task {
   std::string desc_;
 };
 
-void prepare_bible(const std::string& dir) { data::prepare_bible_corpus(dir); }
-
 }  // namespace
-
-const Registry<DataSetInfo>& lm_data_sets() {
-  static const Registry<DataSetInfo> r = [] {
-    DataSetInfo bible, text;
-    bible.default_dir = "data/bible-en-es", bible.prepare = prepare_bible;
-    bible.train_file = "train.en", bible.dev_file = "dev.en";
-    text.needs_dir = true, text.train_file = "train.txt", text.dev_file = "dev.txt";
-    return Registry<DataSetInfo>("language-model text", {{"bible-en", bible}, {"text", text}});
-  }();
-  return r;
-}
 
 std::unique_ptr<Task> make_lm_task(const TrainConfig& cfg) { return std::make_unique<LanguageModelTask>(cfg); }
 

@@ -50,8 +50,9 @@ std::unique_ptr<Task> make_bert_task(const TrainConfig& cfg);
 std::unique_ptr<Task> make_lm_task(const TrainConfig& cfg);
 const Registry<DataSetInfo>& image_data_sets();
 const Registry<DataSetInfo>& translation_data_sets();
-const Registry<DataSetInfo>& bert_data_sets();
-const Registry<DataSetInfo>& lm_data_sets();
+// One-sentence-per-line text for BERT and the language model: the English side of the
+// Bible corpus (bible-en) or train.txt and dev.txt in data.dir (text).
+const Registry<DataSetInfo>& text_data_sets();
 
 // The non-empty lines of a text file; Error naming it when it cannot be opened.
 std::vector<std::string> read_lines(const std::string& path);

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fp8lab/data/parallel.hpp"
 #include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/models/bert.hpp"
 #include "fp8lab/models/gpt.hpp"
@@ -17,12 +18,25 @@ const Registry<TaskInfo>& tasks() {
       "task", {{"image-classification", {make_image_task, models::image_model_presets, image_data_sets, true}},
                {"translation", {make_translation_task, [] { return models::transformer_presets().names(); },
                                 translation_data_sets, false}},
-               {"bert", {make_bert_task, [] { return models::bert_presets().names(); }, bert_data_sets, false}},
-               {"language-model", {make_lm_task, [] { return models::gpt_presets().names(); }, lm_data_sets, false}}});
+               {"bert", {make_bert_task, [] { return models::bert_presets().names(); }, text_data_sets, false}},
+               {"language-model", {make_lm_task, [] { return models::gpt_presets().names(); }, text_data_sets, false}}});
   return r;
 }
 
 std::unique_ptr<Task> make_task(const TrainConfig& cfg) { return tasks().at(cfg.task).make(cfg); }
+
+const Registry<DataSetInfo>& text_data_sets() {
+  static const Registry<DataSetInfo> r = [] {
+    // Sentences one per line in document order (BERT: consecutive lines are the
+    // next-sentence pairs; the language model: one stream).
+    DataSetInfo bible, text;
+    bible.default_dir = "data/bible-en-es", bible.prepare = [](const std::string& dir) { data::prepare_bible_corpus(dir); };
+    bible.train_file = "train.en", bible.dev_file = "dev.en";
+    text.needs_dir = true, text.train_file = "train.txt", text.dev_file = "dev.txt";
+    return Registry<DataSetInfo>("text corpus", {{"bible-en", bible}, {"text", text}});
+  }();
+  return r;
+}
 
 std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path);

@@ -331,19 +331,26 @@ TEST(Trainer, TranslationLearnsAWordMapping) {
   EXPECT_EQ(store.metric(id, "test_bleu").size(), 1u);
 }
 
-TEST(Trainer, BertPretrainingLossFalls) {
-  if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
-  // A "document" whose sentences follow a fixed cycle: both the masked words and the next
-  // sentence are predictable.
-  const fs::path d = dir() / "text";
+namespace {
+// A "document" (train.txt, dev.txt in folder `name`) whose sentences follow a fixed cycle of five.
+fs::path cyclic_text(const std::string& name, int train_lines, int dev_lines) {
+  const fs::path d = dir() / name;
   fs::create_directories(d);
   const std::vector<std::string> s = {"in the beginning god created the heaven", "and the earth was without form",
                                       "and darkness was upon the deep", "and god said let there be light",
                                       "and there was light and it was good"};
-  for (const auto& [name, n] : std::vector<std::pair<std::string, int>>{{"train.txt", 600}, {"dev.txt", 60}}) {
-    std::ofstream o(d / name);
-    for (int i = 0; i < n; ++i) o << s[i % s.size()] << "\n";
+  for (const auto& [file, n] : std::vector<std::pair<std::string, int>>{{"train.txt", train_lines}, {"dev.txt", dev_lines}}) {
+    std::ofstream o(d / file);
+    for (int i = 0; i < n; ++i) o << s[static_cast<std::size_t>(i) % s.size()] << "\n";
   }
+  return d;
+}
+}  // namespace
+
+TEST(Trainer, BertPretrainingLossFalls) {
+  if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
+  // Both the masked words and the next sentence are predictable.
+  const fs::path d = cyclic_text("text", 600, 60);
   experiments::TrainConfig c;
   c.name = "bert";
   c.task = "bert";
@@ -374,17 +381,9 @@ TEST(Trainer, BertPretrainingLossFalls) {
 
 TEST(Trainer, LanguageModelPerplexityFalls) {
   if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
-  // Five sentences in a fixed cycle: after the first few tokens of a block the rest is
-  // predictable, so the validation perplexity must fall far below the vocabulary's size.
-  const fs::path d = dir() / "lm";
-  fs::create_directories(d);
-  const std::vector<std::string> s = {"in the beginning god created the heaven", "and the earth was without form",
-                                      "and darkness was upon the deep", "and god said let there be light",
-                                      "and there was light and it was good"};
-  for (const auto& [name, n] : std::vector<std::pair<std::string, int>>{{"train.txt", 800}, {"dev.txt", 100}}) {
-    std::ofstream o(d / name);
-    for (int i = 0; i < n; ++i) o << s[i % s.size()] << "\n";
-  }
+  // After the first few tokens of a block the rest is predictable, so the validation
+  // perplexity must fall far below the vocabulary's size.
+  const fs::path d = cyclic_text("lm", 800, 100);
   experiments::TrainConfig c;
   c.name = "lm";
   c.task = "language-model";

@@ -36,7 +36,7 @@ struct DataSetInfo {
   std::string default_dir;       // the folder when data.dir is empty ("" : none)
   void (*prepare)(const std::string& dir) = nullptr;  // builds `dir` on first use
   ImageSplits (*load_images)(const TrainConfig&) = nullptr;  // image data sets: (train, test)
-  std::string train_file, dev_file;  // text data sets for BERT: file names inside the folder
+  std::string train_file, dev_file;  // text data sets (BERT, language model): file names inside the folder
 };
 
 struct TaskInfo {
