@@ -345,16 +345,14 @@ fs::path cyclic_text(const std::string& name, int train_lines, int dev_lines) {
   }
   return d;
 }
-}  // namespace
 
-TEST(Trainer, BertPretrainingLossFalls) {
-  if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
-  // Both the masked words and the next sentence are predictable.
-  const fs::path d = cyclic_text("text", 600, 60);
+// 60 steps of AdamW on the text in `d` (vocabulary 50, 32 tokens), evaluated every 20.
+experiments::TrainConfig text_config(const std::string& name, const std::string& task, const std::string& model,
+                                     const fs::path& d) {
   experiments::TrainConfig c;
-  c.name = "bert";
-  c.task = "bert";
-  c.model.name = "bert-tiny";
+  c.name = name;
+  c.task = task;
+  c.model.name = model;
   c.model.dropout = 0;
   c.data.name = "text";
   c.data.dir = d.string();
@@ -366,11 +364,19 @@ TEST(Trainer, BertPretrainingLossFalls) {
   c.schedule.name = "linear";
   c.schedule.warmup_steps = 10;
   c.train.steps = 60;
-  c.train.batch = 32;
   c.train.eval_interval = 20;
-  c.quant.recipe = "bert-mixed";
   c.threads = 2;
-  c.train.checkpoint = (dir() / "bert.ckpt").string();
+  c.train.checkpoint = (dir() / (name + ".ckpt")).string();
+  return c;
+}
+}  // namespace
+
+TEST(Trainer, BertPretrainingLossFalls) {
+  if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
+  // Both the masked words and the next sentence are predictable.
+  experiments::TrainConfig c = text_config("bert", "bert", "bert-tiny", cyclic_text("text", 600, 60));
+  c.train.batch = 32;
+  c.quant.recipe = "bert-mixed";
   const auto r = experiments::train(c, nullptr, quiet());
   ASSERT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.metric_name, "mlm_nsp_loss");
@@ -383,27 +389,9 @@ TEST(Trainer, LanguageModelPerplexityFalls) {
   if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
   // After the first few tokens of a block the rest is predictable, so the validation
   // perplexity must fall far below the vocabulary's size.
-  const fs::path d = cyclic_text("lm", 800, 100);
-  experiments::TrainConfig c;
-  c.name = "lm";
-  c.task = "language-model";
-  c.model.name = "gpt-tiny";
-  c.model.dropout = 0;
-  c.data.name = "text";
-  c.data.dir = d.string();
-  c.data.vocab_size = 50;
-  c.data.max_tokens = 32;
-  c.optimizer.name = "adamw";
-  c.optimizer.lr = 0.003;
-  c.optimizer.weight_decay = 0.01;
-  c.schedule.name = "linear";
-  c.schedule.warmup_steps = 10;
-  c.train.steps = 60;
+  experiments::TrainConfig c = text_config("lm", "language-model", "gpt-tiny", cyclic_text("lm", 800, 100));
   c.train.batch = 16;
-  c.train.eval_interval = 20;
   c.quant.recipe = "transformer-mixed";
-  c.threads = 2;
-  c.train.checkpoint = (dir() / "lm.ckpt").string();
   const auto r = experiments::train(c, nullptr, quiet());
   ASSERT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.metric_name, "val_perplexity");
