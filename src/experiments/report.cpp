@@ -198,8 +198,8 @@ std::optional<plt::Figure> loss_scale_plot(const Sweep& s, const results::Store&
   return fig;
 }
 
-// Exponent histograms: for each tensor kind, the first and last recorded step, with the
-// first layer, the last layer and all others summed, against the formats' ranges.
+// Exponent histograms: for each tensor kind, the first, middle and last recorded step, with
+// the first, middle and last layer and all others summed, against the formats' ranges.
 std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& store, const PlotSpec& spec,
                                           const std::vector<results::RunRow>& rows) {
   std::optional<results::RunRow> row;
@@ -213,31 +213,44 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
                  static_cast<long long>(row->id), which.c_str());
     return std::nullopt;
   }
-  std::int64_t first_step = stats.front().step, last_step = stats.front().step;
+  std::set<std::int64_t> recorded;
   std::vector<std::string> layer_order;  // forward order: as the activations were recorded
   for (const auto& r : stats) {
-    first_step = std::min(first_step, r.step), last_step = std::max(last_step, r.step);
+    recorded.insert(r.step);
     if (r.kind == nn::to_string(nn::TensorKind::a) && std::find(layer_order.begin(), layer_order.end(), r.layer) == layer_order.end())
       layer_order.push_back(r.layer);
   }
+  // Start, middle and end of training: the first, the middle and the last recorded step.
+  const std::vector<std::int64_t> all_steps(recorded.begin(), recorded.end());
+  std::vector<std::int64_t> steps = {all_steps.front(), all_steps[all_steps.size() / 2], all_steps.back()};
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  // Layer groups: 0 first, 1 middle, 2 last, 3 the others.
+  const std::size_t middle = layer_order.size() / 2;
+  auto group_of = [&](const std::string& layer) {
+    const auto pos = static_cast<std::size_t>(std::find(layer_order.begin(), layer_order.end(), layer) - layer_order.begin());
+    if (pos == 0) return 0;
+    if (pos + 1 >= layer_order.size()) return 2;
+    return pos == middle ? 1 : 3;
+  };
+  const std::string group_names[4] = {"first layer", "middle layer (" + (layer_order.empty() ? std::string() : layer_order[middle]) + ")",
+                                      "last layer", "other layers"};
   std::vector<std::string> kinds = spec.kinds;
   for (int k = 0; k < nn::kKinds && spec.kinds.empty(); ++k)
     kinds.emplace_back(nn::to_string(static_cast<nn::TensorKind>(k)));
   plt::Figure fig;
   fig.title = spec.title.empty() ? s.name + ": exponent histograms (" + which + ", seed " + std::to_string(row->seed) + ")"
                                  : spec.title;
-  fig.cols = 2;
+  fig.cols = static_cast<int>(steps.size());
   fig.panel_width = 600;
   fig.panel_height = 330;
   for (const auto& kind : kinds) {
-    for (const std::int64_t step : {first_step, last_step}) {
+    for (const std::int64_t step : steps) {
       // group -> exponent -> count; zeros and totals per group.
       std::map<int, std::map<int, double>> groups;
       std::map<int, double> zeros, totals;
       for (const auto& r : stats) {
         if (r.kind != kind || r.step != step) continue;
-        const auto pos = std::find(layer_order.begin(), layer_order.end(), r.layer);
-        const int g = pos == layer_order.begin() ? 0 : (pos + 1 == layer_order.end() ? 2 : 1);
+        const int g = group_of(r.layer);
         const auto h = nlohmann::json::parse(r.histogram, nullptr, false);
         if (h.is_discarded()) continue;
         const int lo = h.value("lo", 0);
@@ -252,10 +265,9 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
       p.xlabel = "exponent e = floor(log2 |x|)";
       p.ylabel = "% of values";
       p.ymin = 0;
-      static const char* kGroupNames[3] = {"first layer", "other layers", "last layer"};
       for (auto& [g, hist] : groups) {
         plt::Series se;
-        se.label = std::string(kGroupNames[g]) + " (" + fixed(totals[g] > 0 ? 100 * zeros[g] / totals[g] : 0, 0) + "% zero)";
+        se.label = group_names[g] + " (" + fixed(totals[g] > 0 ? 100 * zeros[g] / totals[g] : 0, 0) + "% zero)";
         se.color = g;
         se.markers = false;
         for (const auto& [e, c] : hist) {

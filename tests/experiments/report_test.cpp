@@ -38,8 +38,8 @@ void record(results::Store& store, const experiments::SweepRun& r, results::RunS
   const auto id = store.begin_run(info);
   if (with_stats) {
     std::vector<results::Store::StatRow> rows;
-    for (std::int64_t step : {0, 100})
-      for (const char* layer : {"conv1", "layer1.conv", "fc"})
+    for (std::int64_t step : {0, 50, 100})
+      for (const char* layer : {"conv1", "layer1.conv", "layer2.conv", "layer3.conv", "fc"})
         for (const char* kind : {"a", "w", "gx", "gw"}) {
           results::Store::StatRow s;
           s.step = step;
@@ -180,8 +180,14 @@ file = "blocks"
   EXPECT_NE(svg.find("1.5.2:33 subnormal"), std::string::npos);
   EXPECT_NE(svg.find("floor(log2 |x|)"), std::string::npos);
   EXPECT_NE(svg.find("grad_x, step 100"), std::string::npos);
+  // Start, middle and end of training; the first, middle and last layers and the others.
+  EXPECT_NE(svg.find("weights, step 0"), std::string::npos);
+  EXPECT_NE(svg.find("activations, step 50"), std::string::npos);
+  EXPECT_NE(svg.find("middle layer (layer2.conv)"), std::string::npos);
+  EXPECT_NE(svg.find("other layers"), std::string::npos);
+  EXPECT_NE(svg.find("last layer"), std::string::npos);
   EXPECT_TRUE(fs::exists(d / "out" / "table.md"));
-  // The block figures: 3 layers x 8 groups, 3 saturated (12.50 %), 6 zero (25.0 %).
+  // The block figures: 5 layers x 8 groups, 5 saturated (12.50 %), 10 zero (25.0 %).
   std::ifstream blocks_in(d / "out" / "blocks.svg");
   const std::string blocks((std::istreambuf_iterator<char>(blocks_in)), {});
   EXPECT_NE(blocks.find("12.50% sat, 25.0% zero"), std::string::npos);
