@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the studies under docs/results/: runs each sweep of configs/sweeps/ (skipping
 # runs the store already holds) and writes its report (tables and plots).
-#   scripts/studies.sh                         # all of them (about 2 hours on 2 cores)
+#   scripts/studies.sh                         # every sweep of configs/sweeps/ (wall times: docs/results/README.md)
 #   scripts/studies.sh fmnist-recipes          # one
 #   JOBS=1 DB=my.db scripts/studies.sh ...     # options: FP8LAB, DB, JOBS, RUNS, OUT
 set -euo pipefail
@@ -13,7 +13,9 @@ RUNS=${RUNS:-runs}
 OUT=${OUT:-docs/results}
 mkdir -p "$(dirname "$DB")"
 studies=("$@")
-[ ${#studies[@]} -gt 0 ] || studies=(fmnist-recipes bias-sweep loss-scaling bible-transformer grad-comm)
+if [ ${#studies[@]} -eq 0 ]; then  # every sweep file
+  for f in configs/sweeps/*.toml; do studies+=("$(basename "$f" .toml)"); done
+fi
 for s in "${studies[@]}"; do
   start=$(date +%s)
   "$FP8LAB" sweep "configs/sweeps/$s.toml" --db "$DB" --jobs "$JOBS" --dir "$RUNS/$s" --no-progress

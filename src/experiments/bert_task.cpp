@@ -64,17 +64,23 @@ class BertTask final : public Task {
   torch::Tensor loss(const torch::Tensor& idx, std::uint64_t step_seed) override {
     return batch_loss(make_batch(train_, idx, step_seed));
   }
+  // The mean over evaluation pairs of each batch's MLM + NSP loss (each batch weighted by
+  // its pairs), kept as its two parts.
   double evaluate(bool) override {
-    double total = 0;
+    double mlm = 0, nsp = 0;
     const std::int64_t n = eval_.ids.size(0);
     for (std::int64_t b = 0; b < n; b += 128) {
       const std::int64_t e = std::min(n, b + 128);
       Batch sub{eval_.ids.slice(0, b, e), eval_.segments.slice(0, b, e), eval_.mlm_labels.slice(0, b, e),
                 eval_.nsp_labels.slice(0, b, e)};
-      total += batch_loss(sub).item<double>() * static_cast<double>(e - b);
+      const auto [m, s] = losses(sub);
+      mlm += m.item<double>() * static_cast<double>(e - b);
+      nsp += s.item<double>() * static_cast<double>(e - b);
     }
-    return total / static_cast<double>(n);
+    parts_ = {{"mlm_loss", mlm / static_cast<double>(n)}, {"nsp_loss", nsp / static_cast<double>(n)}};
+    return (mlm + nsp) / static_cast<double>(n);
   }
+  std::vector<std::pair<std::string, double>> metric_parts() const override { return parts_; }
 
  private:
   struct Batch {
@@ -142,11 +148,16 @@ class BertTask final : public Task {
     out.nsp_labels = torch::tensor(nsp, torch::kInt64);
     return out;
   }
-  torch::Tensor batch_loss(const Batch& b) {
+  // The masked-LM loss (mean over the predicted tokens) and the next-sentence loss.
+  std::pair<torch::Tensor, torch::Tensor> losses(const Batch& b) {
     const auto [mlm, nsp] = model_->forward(b.ids, b.segments);
     const auto ce = torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-1);
-    return torch::nn::functional::cross_entropy(mlm.reshape({-1, mlm.size(-1)}), b.mlm_labels.reshape({-1}), ce) +
-           torch::nn::functional::cross_entropy(nsp, b.nsp_labels);
+    return {torch::nn::functional::cross_entropy(mlm.reshape({-1, mlm.size(-1)}), b.mlm_labels.reshape({-1}), ce),
+            torch::nn::functional::cross_entropy(nsp, b.nsp_labels)};
+  }
+  torch::Tensor batch_loss(const Batch& b) {
+    const auto [mlm, nsp] = losses(b);
+    return mlm + nsp;
   }
 
   TrainConfig cfg_;
@@ -154,6 +165,7 @@ class BertTask final : public Task {
   int mask_ = 0, cls_ = 0, sep_ = 0;
   std::vector<std::vector<int>> train_, dev_;
   Batch eval_;
+  std::vector<std::pair<std::string, double>> parts_;  // of the last evaluation
   models::Bert model_{nullptr};
   std::string desc_;
 };

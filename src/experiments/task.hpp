@@ -35,6 +35,9 @@ class Task {
   // Tasks that decode (translation): evaluate with the reference decoders, which recompute
   // the prefix at every step (models/transformer.hpp), instead of the cached ones.
   virtual void use_reference_decoding(bool) {}
+  // The parts of the last evaluation's metric, as (name, value) (BERT: mlm_loss and
+  // nsp_loss, whose sum is the metric); the trainer stores them beside it.
+  virtual std::vector<std::pair<std::string, double>> metric_parts() const { return {}; }
   // What the last evaluation produced, one line per example (translation: the hypotheses);
   // empty for tasks whose evaluation produces no text.
   virtual std::vector<std::string> outputs() const { return {}; }

@@ -387,6 +387,7 @@ void Trainer::evaluate_now() {
   const double metric = evaluate_weights(state_.ema.empty() ? nullptr : &state_.ema, false);
   state_.evals.emplace_back(state_.step, metric);
   record_.log_metric(state_.step, task_->metric_name(false), metric);
+  for (const auto& [name, value] : task_->metric_parts()) record_.log_metric(state_.step, name, value);
   record_.log_metric(state_.step, "train_loss", state_.loss_ema);
   record_.log_metric(state_.step, "log2_loss_scale", scaler_->log2_scale());
 }
@@ -467,11 +468,13 @@ double Trainer::final_metric() {
   if (task_->separate_final()) {
     metric = evaluate_weights(state_.ema.empty() ? nullptr : &state_.ema, true);
     record_.log_metric(state_.step, task_->metric_name(true), metric);
+    for (const auto& [name, value] : task_->metric_parts()) record_.log_metric(state_.step, name, value);
   }
   if (cfg_.train.average_last > 0 && state_.recent.size() > 1) {
     const Weights avg = average(state_.recent);
     metric = evaluate_weights(&avg, true);
     record_.log_metric(state_.step, task_->metric_name(true) + "_averaged", metric);
+    for (const auto& [name, value] : task_->metric_parts()) record_.log_metric(state_.step, name + "_averaged", value);
   }
   return metric;
 }
@@ -483,9 +486,11 @@ Evaluation Trainer::evaluate_restored(bool reference_decoding) {
   e.step = state_.step;
   e.model_description = task_->description();
   e.metrics.emplace_back(task_->metric_name(true), evaluate_weights(state_.ema.empty() ? nullptr : &state_.ema, true));
+  for (const auto& part : task_->metric_parts()) e.metrics.push_back(part);
   if (cfg_.train.average_last > 0 && state_.recent.size() > 1) {
     const Weights avg = average(state_.recent);
     e.metrics.emplace_back(task_->metric_name(true) + "_averaged", evaluate_weights(&avg, true));
+    for (const auto& [name, value] : task_->metric_parts()) e.metrics.emplace_back(name + "_averaged", value);
   }
   e.seconds = seconds_since(t0);
   e.outputs = task_->outputs();

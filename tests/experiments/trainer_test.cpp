@@ -377,12 +377,23 @@ TEST(Trainer, BertPretrainingLossFalls) {
   experiments::TrainConfig c = text_config("bert", "bert", "bert-tiny", cyclic_text("text", 600, 60));
   c.train.batch = 32;
   c.quant.recipe = "bert-mixed";
-  const auto r = experiments::train(c, nullptr, quiet());
+  results::Store store((dir() / "bert.db").string());
+  const auto r = experiments::train(c, &store, quiet());
   ASSERT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.metric_name, "mlm_nsp_loss");
   ASSERT_EQ(r.evals.size(), 3u);
   EXPECT_LT(r.evals.back().second, r.evals.front().second - 0.5) << r.evals.front().second;
   EXPECT_LT(r.final_metric, std::log(50.0) + std::log(2.0));  // below the uniform guess
+  // Each evaluation also stores its two parts, which add up to the metric.
+  const auto id = store.runs({.name = "bert"})[0].id;
+  const auto mlm = store.metric(id, "mlm_loss"), nsp = store.metric(id, "nsp_loss");
+  ASSERT_EQ(mlm.size(), 3u);
+  ASSERT_EQ(nsp.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(mlm[i].second + nsp[i].second, r.evals[i].second, 1e-9);
+    EXPECT_GT(mlm[i].second, 0.0);
+    EXPECT_GT(nsp[i].second, 0.0);
+  }
 }
 
 TEST(Trainer, LanguageModelPerplexityFalls) {
