@@ -70,6 +70,8 @@ void bind_recipe(py::module_& m) {
       .def_readonly("name", &nn::Recipe::name)
       .def_property_readonly("base", [](const nn::Recipe& r) { return r.base; })
       .def_readonly("exempt_first", &nn::Recipe::exempt_first)
+      .def_property_readonly("first_quant", [](const nn::Recipe& r) { return nn::to_string(r.first_quant); },
+                             "The quantizer of the exempted first layer's input and output gradient ('fp32' by default)")
       .def_readonly("keep_last", &nn::Recipe::keep_last)
       .def_readonly("compute", &nn::Recipe::compute)
       .def_readonly("accumulate", &nn::Recipe::accumulate)

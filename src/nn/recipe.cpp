@@ -132,8 +132,8 @@ LayerQuant Recipe::resolve(std::string_view path, int index, int count) const {
   LayerQuant out = base;
   out.hadamard = hadamard;
   if (exempt_first && index == 0) {
-    out[TensorKind::a] = std::nullopt;
-    out[TensorKind::gx] = std::nullopt;
+    out[TensorKind::a] = first_quant;
+    out[TensorKind::gx] = first_quant;
   }
   if (keep_last && index == count - 1) out.q = {};
   for (const auto& o : overrides)
@@ -148,6 +148,7 @@ std::string Recipe::to_line() const {
   for (TensorKind k : kAllKinds)
     s += (s.empty() ? "" : ",") + std::string(to_string(k)) + "=" + to_string(base[k]);
   if (!exempt_first) s += ",first=0";
+  else if (first_quant) s += ",first=" + to_string(first_quant);
   if (keep_last) s += ",last=fp32";
   if (hadamard) s += ",hadamard=" + std::to_string(hadamard);
   return s;
@@ -170,8 +171,8 @@ const std::vector<RecipePreset>& recipe_presets() {
        "ResNet-50 ImageNet, all 1.5.2 (paper: 76.43 %, significantly worse)"},
       {"resnet50-mixed", "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:32,gw=1.5.2:32",
        "ResNet-50 ImageNet, mixed (paper: 76.61 %)"},
-      {"efficientnet-mixed", "a=1.4.3:7,w=1.4.3:12,gx=1.5.2:16,gw=fp16",
-       "EfficientNet-B0, fp16 weight gradients (paper: 76.33 %; grad_x bias 16..18)"},
+      {"efficientnet-mixed", "a=1.4.3:7,w=1.4.3:12,gx=1.5.2:16,gw=fp16,first=fp16",
+       "EfficientNet-B0, fp16 weight gradients and first layer (paper: 76.33 %; grad_x bias 16..18)"},
       {"transformer-152", "a=1.5.2:24,w=1.5.2:28,gx=1.5.2:40,gw=1.5.2:40",
        "Transformer base WMT14, all 1.5.2 (paper: 25.48 BLEU)"},
       {"transformer-mixed", "a=1.4.3:10,w=1.4.3:16,gx=1.5.2:40,gw=1.5.2:40",
@@ -201,6 +202,20 @@ const std::vector<RecipePreset>& recipe_presets() {
   return p;
 }
 
+namespace {
+// The first layer's exemption: off ("0", "false", "quantize"), its two tensors in float32
+// ("1", "true", "fp32") or in the quantizer given ("fp16", "1.5.2:20", ...).
+void set_first(Recipe& r, std::string_view value) {
+  if (value == "0" || value == "false" || value == "quantize") {
+    r.exempt_first = false;
+    r.first_quant = std::nullopt;
+    return;
+  }
+  r.exempt_first = true;
+  r.first_quant = value == "1" || value == "true" ? std::nullopt : parse_kind_quant(value);
+}
+}  // namespace
+
 Recipe parse_recipe(std::string_view text_in) {
   const std::string_view text = trim(text_in);
   for (const auto& p : recipe_presets())
@@ -227,7 +242,12 @@ Recipe parse_recipe(std::string_view text_in) {
       throw Error("recipe '" + std::string(text) + "': '" + std::string(item) + "' has no '='");
     const std::string_view key = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
     if (key == "first") {
-      r.exempt_first = !(value == "0" || value == "false" || value == "quantize");
+      try {
+        set_first(r, value);
+      } catch (const Error& e) {
+        throw Error("recipe '" + std::string(text) + "', first: " + e.what() +
+                    " (first takes 0, 1, fp32 or the quantizer of the first layer's input and output gradient)");
+      }
       continue;
     }
     if (key == "last") {
@@ -311,10 +331,19 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
       if (auto s = v.value<std::string>()) r.name = *s;
       else throw Error(where(source, v) + "'name' must be a string");
     } else if (key == "exempt_first") {
-      if (auto b = v.value<bool>()) r.exempt_first = *b;
-      else throw Error(where(source, v) + "'exempt_first' must be true or false");
+      if (auto b = v.value_exact<bool>()) {
+        set_first(r, *b ? "1" : "0");
+      } else if (auto q = v.value_exact<std::string>()) {
+        try {
+          set_first(r, *q);
+        } catch (const Error& e) {
+          throw Error(where(source, v) + "'exempt_first': " + e.what());
+        }
+      } else {
+        throw Error(where(source, v) + "'exempt_first' must be true, false or a quantizer (\"fp16\")");
+      }
     } else if (key == "keep_last") {
-      if (auto b = v.value<bool>()) r.keep_last = *b;
+      if (auto b = v.value_exact<bool>()) r.keep_last = *b;
       else throw Error(where(source, v) + "'keep_last' must be true or false");
     } else if (key == "hadamard") {
       const auto h = v.value<std::int64_t>();

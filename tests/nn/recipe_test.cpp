@@ -38,6 +38,49 @@ TEST(Recipe, PresetsFollowThePaper) {
 
 using fp8lab::test::error_of;
 
+TEST(Recipe, FirstLayerExemptionTakesAQuantizer) {
+  const KindQuant fp16 = parse_kind_quant("fp16"), a7 = parse_kind_quant("1.4.3:7");
+  const KindQuant w12 = parse_kind_quant("1.4.3:12"), gx16 = parse_kind_quant("1.5.2:16");
+  // The paper's EfficientNet recipe: the first layer's input and output gradient in float16.
+  for (const Recipe& r : {parse_recipe("efficientnet-mixed"),
+                          parse_recipe("a=1.4.3:7,w=1.4.3:12,gx=1.5.2:16,gw=fp16,first=fp16"),
+                          parse_recipe_toml("a = \"1.4.3:7\"\nw = \"1.4.3:12\"\ngx = \"1.5.2:16\"\n"
+                                            "gw = \"fp16\"\nexempt_first = \"fp16\"\n")}) {
+    const LayerQuant first = r.resolve("stem.conv", 0, 5), second = r.resolve("blocks.0", 1, 5);
+    EXPECT_EQ(first[TensorKind::a], fp16);
+    EXPECT_EQ(first[TensorKind::gx], fp16);
+    EXPECT_EQ(first[TensorKind::w], w12);
+    EXPECT_EQ(first[TensorKind::gw], fp16);
+    EXPECT_EQ(second[TensorKind::a], a7);
+    EXPECT_EQ(second[TensorKind::gx], gx16);
+    const Recipe again = parse_recipe(r.to_line());
+    EXPECT_EQ(again.resolve("stem.conv", 0, 5), first) << r.to_line();
+    EXPECT_NE(r.to_line().find(",first=" + to_string(fp16)), std::string::npos) << r.to_line();
+  }
+  // 1, true and fp32: float32 (the default); 0: quantized like the rest.
+  for (const char* v : {"1", "true", "fp32", "float32"}) {
+    const Recipe r = parse_recipe(std::string("a=1.4.3:7,gx=1.5.2:16,first=") + v);
+    EXPECT_TRUE(r.exempt_first) << v;
+    EXPECT_FALSE(r.resolve("x", 0, 2)[TensorKind::a]) << v;
+    EXPECT_FALSE(r.resolve("x", 0, 2)[TensorKind::gx]) << v;
+    EXPECT_EQ(r.to_line().find("first"), std::string::npos) << v;
+  }
+  const Recipe off = parse_recipe("a=1.4.3:7,gx=1.5.2:16,first=0");
+  EXPECT_EQ(off.resolve("x", 0, 2)[TensorKind::a], a7);
+  EXPECT_EQ(off.resolve("x", 0, 2)[TensorKind::gx], gx16);
+  // An override naming the first layer still wins over the exemption.
+  const Recipe o = parse_recipe_toml("a = \"1.4.3:7\"\nexempt_first = \"fp16\"\n[[override]]\nmatch = \"first\"\na = \"1.5.2:20\"\n");
+  EXPECT_EQ(o.resolve("x", 0, 2)[TensorKind::a], parse_kind_quant("1.5.2:20"));
+  // Anything else is an error naming the key (it used to mean "exempt").
+  EXPECT_NE(error_of([] { parse_recipe("a=1.4.3,first=yes"); }).find("first"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_recipe("a=1.4.3,first=1.9.9"); }).find("first"), std::string::npos);
+  const std::string toml_err = error_of([] { parse_recipe_toml("a = \"1.4.3\"\nexempt_first = 3\n", "r.toml"); });
+  EXPECT_NE(toml_err.find("r.toml:2"), std::string::npos) << toml_err;
+  EXPECT_NE(toml_err.find("exempt_first"), std::string::npos) << toml_err;
+  EXPECT_NE(error_of([] { parse_recipe_toml("exempt_first = \"fp99\"\n", "r.toml"); }).find("r.toml:1"),
+            std::string::npos);
+}
+
 TEST(Recipe, TakesScaledFormatsPerKind) {
   const Recipe r = parse_recipe("a=mxfp8_e4m3,w=e4m3fn@128x128:fp32:nearest,gx=mxfp8_e5m2/stochastic,gw=1.5.2:31");
   ASSERT_TRUE(r.base[TensorKind::a]->scaled());

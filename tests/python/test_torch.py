@@ -142,7 +142,7 @@ def cnn():
 
 @pytest.mark.parametrize("recipe", ["resnet32-152",
                                     "a=1.4.3:10/stochastic,w=1.4.3:14,gx=1.5.2:24/stochastic,gw=1.5.2:33/stochastic",
-                                    "mxfp8"])
+                                    "mxfp8", "efficientnet-mixed"])  # the last: first layer in float16
 def test_quantize_model_equals_the_cpp_library(tmp_path, recipe):
     torch.manual_seed(4)
     model = cnn()

@@ -53,8 +53,11 @@ struct Recipe {
   std::string name;
   LayerQuant base;
   std::vector<RecipeOverride> overrides;
-  // The paper keeps the first layer's input and the gradient at its output in float32.
+  // The paper keeps the first layer's input and the gradient at its output in float32
+  // (ResNets, Transformers) or in float16 (EfficientNets): exempt_first, and the quantizer
+  // those two tensors take instead (nullopt: float32).
   bool exempt_first = true;
+  KindQuant first_quant;
   // The last quantized layer (a classifier, a language-model head) entirely float32.
   bool keep_last = false;
   int hadamard = 0;  // 0 or 16: LayerQuant::hadamard of every layer
@@ -70,11 +73,13 @@ struct Recipe {
 };
 
 // One line "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31" (kinds not named stay float32;
-// "first=0" turns the first-layer exemption off, "last=fp32" keeps the last layer float32,
+// "first=0" turns the first-layer exemption off, "first=fp16" gives the exempted tensors that
+// quantizer instead of float32, "last=fp32" keeps the last layer float32,
 // "hadamard=16" turns the transform on), or a preset name.
 Recipe parse_recipe(std::string_view text);
 // TOML: top-level or [recipe] keys name, a, w, gx, gw (string, or a table with format,
-// rounding, overflow, random_bits), exempt_first, keep_last, hadamard, compute, accumulate,
+// rounding, overflow, random_bits), exempt_first (true, false or a quantizer such as
+// "fp16"), keep_last, hadamard, compute, accumulate,
 // and [[override]] tables with `match` and any of a, w, gx, gw. Errors name the source, line
 // and key.
 Recipe parse_recipe_toml(std::string_view toml, const std::string& source = "recipe");
