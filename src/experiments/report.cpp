@@ -12,6 +12,7 @@
 #include "fp8lab/core/analysis.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/files.hpp"
+#include "fp8lab/nn/recipe.hpp"
 #include "fp8lab/results/plot.hpp"
 
 namespace fp8lab::experiments {
@@ -198,8 +199,38 @@ std::optional<plt::Figure> loss_scale_plot(const Sweep& s, const results::Store&
   return fig;
 }
 
+// The histogram plot's layer groups: by default 0 the first layer, 1 the middle one, 2 the
+// last, 3 the others; with `patterns`, group i holds the layers whose path matches pattern
+// i first (glob, docs/experiments.md) and the last group the rest. Returns the group of
+// each layer (by path) and each group's name.
+std::pair<std::map<std::string, int>, std::vector<std::string>> histogram_groups(
+    const std::vector<std::string>& layer_order, const std::vector<std::string>& patterns) {
+  std::map<std::string, int> group;
+  std::vector<std::string> names;
+  if (patterns.empty()) {
+    const std::size_t middle = layer_order.size() / 2;
+    for (std::size_t pos = 0; pos < layer_order.size(); ++pos)
+      group[layer_order[pos]] = pos == 0 ? 0 : pos + 1 >= layer_order.size() ? 2 : pos == middle ? 1 : 3;
+    names = {"first layer", "middle layer (" + (layer_order.empty() ? std::string() : layer_order[middle]) + ")",
+             "last layer", "other layers"};
+    return {group, names};
+  }
+  std::vector<int> count(patterns.size() + 1, 0);
+  for (const auto& layer : layer_order) {
+    std::size_t g = 0;
+    while (g < patterns.size() && !nn::glob_match(patterns[g], layer)) ++g;
+    group[layer] = static_cast<int>(g);
+    ++count[g];
+  }
+  for (std::size_t g = 0; g <= patterns.size(); ++g) {
+    const std::string n = std::to_string(count[g]) + (count[g] == 1 ? " layer" : " layers");
+    names.push_back((g < patterns.size() ? patterns[g] : std::string("others")) + ": " + n);
+  }
+  return {group, names};
+}
+
 // Exponent histograms: for each tensor kind, the first, middle and last recorded step, with
-// the first, middle and last layer and all others summed, against the formats' ranges.
+// the layer groups of histogram_groups summed, against the formats' ranges.
 std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& store, const PlotSpec& spec,
                                           const std::vector<results::RunRow>& rows) {
   std::optional<results::RunRow> row;
@@ -224,16 +255,11 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
   const std::vector<std::int64_t> all_steps(recorded.begin(), recorded.end());
   std::vector<std::int64_t> steps = {all_steps.front(), all_steps[all_steps.size() / 2], all_steps.back()};
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-  // Layer groups: 0 first, 1 middle, 2 last, 3 the others.
-  const std::size_t middle = layer_order.size() / 2;
-  auto group_of = [&](const std::string& layer) {
-    const auto pos = static_cast<std::size_t>(std::find(layer_order.begin(), layer_order.end(), layer) - layer_order.begin());
-    if (pos == 0) return 0;
-    if (pos + 1 >= layer_order.size()) return 2;
-    return pos == middle ? 1 : 3;
-  };
-  const std::string group_names[4] = {"first layer", "middle layer (" + (layer_order.empty() ? std::string() : layer_order[middle]) + ")",
-                                      "last layer", "other layers"};
+  const auto [group_of, group_names] = histogram_groups(layer_order, spec.layers);
+  for (std::size_t i = 0; i < spec.layers.size(); ++i)
+    if (std::none_of(group_of.begin(), group_of.end(), [&](const auto& lg) { return lg.second == static_cast<int>(i); }))
+      std::fprintf(stderr, "report: plot %s: layers pattern '%s' matches no layer of run %lld\n", spec.file.c_str(),
+                   spec.layers[i].c_str(), static_cast<long long>(row->id));
   std::vector<std::string> kinds = spec.kinds;
   for (int k = 0; k < nn::kKinds && spec.kinds.empty(); ++k)
     kinds.emplace_back(nn::to_string(static_cast<nn::TensorKind>(k)));
@@ -250,7 +276,8 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
       std::map<int, double> zeros, totals;
       for (const auto& r : stats) {
         if (r.kind != kind || r.step != step) continue;
-        const int g = group_of(r.layer);
+        const auto gi = group_of.find(r.layer);  // a layer without activations: the others
+        const int g = gi != group_of.end() ? gi->second : static_cast<int>(group_names.size()) - 1;
         const auto h = nlohmann::json::parse(r.histogram, nullptr, false);
         if (h.is_discarded()) continue;
         const int lo = h.value("lo", 0);
@@ -677,6 +704,20 @@ std::optional<plt::Figure> block_stats_plot(const Sweep& s, const results::Store
   return fig;
 }
 
+std::vector<std::pair<Sweep, SweepReport>> also_reports(const Sweep& s, const results::Store& store) {
+  std::vector<std::pair<Sweep, SweepReport>> out;
+  for (const auto& m : s.also) {
+    Sweep t = s;
+    t.metric = m;
+    t.better.clear();  // the direction of the metric's own name
+    t.also.clear();
+    t.plots.clear();
+    SweepReport r = analyse(t, store);
+    out.emplace_back(std::move(t), std::move(r));
+  }
+  return out;
+}
+
 std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, const results::Store& store,
                                       const std::string& out_dir) {
   fs::create_directories(out_dir);
@@ -687,6 +728,13 @@ std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, co
   write_text(csv, to_csv(s, rep));
   files.push_back(md);
   files.push_back(csv);
+  for (const auto& extra : also_reports(s, store)) {
+    const std::string stem = (fs::path(out_dir) / ("table-" + extra.first.metric)).string();
+    write_text(stem + ".md", to_markdown(extra.first, extra.second));
+    write_text(stem + ".csv", to_csv(extra.first, extra.second));
+    files.push_back(stem + ".md");
+    files.push_back(stem + ".csv");
+  }
   for (const auto& spec : s.plots) {
     std::optional<plt::Figure> fig;
     if (spec.type == "metric") fig = metric_plot(s, rep, spec);

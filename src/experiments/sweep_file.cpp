@@ -196,13 +196,14 @@ void set_plot_key(PlotSpec& p, const std::string& key, const toml::node& v, cons
   else if (key == "file") p.file = string_of(v, source, what + " must be a string");
   else if (key == "formats") p.formats = strings_of(v, source, what);
   else if (key == "kinds") p.kinds = strings_of(v, source, what);
+  else if (key == "layers") p.layers = strings_of(v, source, what);
   else if (key == "where") {
     const auto* wt = v.as_table();
     if (!wt) throw Error(where(source, v) + "plot 'where' must be a table of variable = value");
     for (const auto& [wk, wv] : *wt) p.where[std::string(wk.str())] = scalar(wv, "where", source).text;
   } else {
     throw Error(where(source, v) + "unknown plot key '" + key +
-                "' (expected type, title, x, y, series, file, where, formats, kinds)");
+                "' (expected type, title, x, y, series, file, where, formats, kinds, layers)");
   }
 }
 
@@ -215,6 +216,10 @@ void check_plot(const PlotSpec& p, const toml::node& at, const std::string& sour
   if ((p.type == "metric" || p.type == "heatmap") && p.x.empty())
     throw Error(where(source, at) + p.type + " plot needs 'x' (a variable)");
   if (p.type == "heatmap" && p.y.empty()) throw Error(where(source, at) + "heatmap plot needs 'y' (a variable)");
+  if (!p.layers.empty() && p.type != "histograms")
+    throw Error(where(source, at) + "'layers' is a key of histograms plots, not of " + p.type);
+  for (const auto& l : p.layers)
+    if (l.empty()) throw Error(where(source, at) + "plot layers: an empty pattern");
   for (const auto& f : p.formats) {
     try {
       (void)parse_format(f);
@@ -268,6 +273,8 @@ void read_top_key(Sweep& s, SweepFile& f, const std::string& key, const toml::no
     f.baseline = string_of(v, source, "'baseline' must be a string like \"recipe=fp32\"");
   } else if (key == "metric") {
     s.metric = string_of(v, source, "'metric' must be a string");
+  } else if (key == "also") {
+    s.also = strings_of(v, source, "'also'");
   } else if (key == "better") {
     auto x = v.value_exact<std::string>();
     if (!x || (*x != "higher" && *x != "lower")) throw Error(where(source, v) + "'better' must be \"higher\" or \"lower\"");
@@ -283,7 +290,7 @@ void read_top_key(Sweep& s, SweepFile& f, const std::string& key, const toml::no
     s.plots = plots_of(v, source);
   } else {
     throw Error(where(source, v) + "unknown key '" + key +
-                "' (expected name, base, seeds, baseline, metric, better, set, grid, plot)");
+                "' (expected name, base, seeds, baseline, metric, also, better, set, grid, plot)");
   }
 }
 
@@ -443,6 +450,9 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
     throw Error(source + ": " + e.what());
   }
   if (s.seeds.empty()) s.seeds.push_back(1);
+  for (const auto& m : s.also)
+    if (m.empty() || m == s.metric)
+      throw Error(source + ": 'also' names " + (m.empty() ? "an empty metric" : "the main metric '" + m + "'"));
   expand_grids(s, f.grids, source);
   if (!f.baseline.empty()) s.baseline = baseline_point(s, f.baseline, source);
   check_plot_variables(s, source);

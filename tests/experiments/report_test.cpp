@@ -86,6 +86,7 @@ TEST(Report, TableMarksWorsePointsAndPlotsRender) {
   const auto s = parse(R"(
 seeds = 5
 baseline = "recipe=fp32"
+also = ["test_bleu"]
 [[grid]]
 recipe = ["fp32"]
 "quant.recipe" = "fp32"
@@ -110,6 +111,12 @@ type = "histograms"
 where = { recipe = "fp32" }
 formats = ["1.4.3:10", "1.5.2:33"]
 file = "hist"
+[[plot]]
+type = "histograms"
+where = { recipe = "fp32" }
+layers = ["layer*.conv", "fc", "nothing.*"]
+kinds = ["gx"]
+file = "hist-layers"
 [[plot]]
 type = "loss-scale"
 file = "scale"
@@ -186,7 +193,21 @@ file = "blocks"
   EXPECT_NE(svg.find("middle layer (layer2.conv)"), std::string::npos);
   EXPECT_NE(svg.find("other layers"), std::string::npos);
   EXPECT_NE(svg.find("last layer"), std::string::npos);
+  // Layer groups chosen by pattern: each layer in the first group it matches, the rest apart.
+  std::ifstream layers_in(d / "out" / "hist-layers.svg");
+  const std::string layers((std::istreambuf_iterator<char>(layers_in)), {});
+  EXPECT_NE(layers.find("layer*.conv: 3 layers"), std::string::npos) << layers;
+  EXPECT_NE(layers.find("fc: 1 layer"), std::string::npos);
+  EXPECT_NE(layers.find("others: 1 layer"), std::string::npos);
+  EXPECT_EQ(layers.find("nothing.*"), std::string::npos);  // no layer: no curve
+  EXPECT_EQ(layers.find("weights, step"), std::string::npos);  // kinds = ["gx"]
   EXPECT_TRUE(fs::exists(d / "out" / "table.md"));
+  // The `also` metric's own table: its last logged values (metric + 1000), tested the same way.
+  std::ifstream also_in(d / "out" / "table-test_bleu.md");
+  const std::string also((std::istreambuf_iterator<char>(also_in)), {});
+  EXPECT_NE(also.find("1092.00 ± 1.58 | 5 | baseline"), std::string::npos) << also;
+  EXPECT_NE(also.find("1082.00 ± 1.58* | 5 |"), std::string::npos) << also;
+  EXPECT_TRUE(fs::exists(d / "out" / "table-test_bleu.csv"));
   // The block figures: 5 layers x 8 groups, 5 saturated (12.50 %), 10 zero (25.0 %).
   std::ifstream blocks_in(d / "out" / "blocks.svg");
   const std::string blocks((std::istreambuf_iterator<char>(blocks_in)), {});

@@ -103,6 +103,11 @@ TEST(Sweep, ErrorsNameTheProblemAndLine) {
             std::string::npos);
   EXPECT_NE(error_of([] { parse("[[grid]]\nb = { from = 3, to = 1 }\n"); }).find("from <= to"), std::string::npos);
   EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"pie\"\n"); }).find("pie"), std::string::npos);
+  EXPECT_NE(error_of([] { parse("metric = \"nsp_loss\"\nalso = [\"nsp_loss\"]\n"); }).find("'also'"), std::string::npos);
+  EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"points\"\nlayers = [\"*.se_*\"]\n"); }).find("'layers'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"histograms\"\nlayers = [\"\"]\n"); }).find("empty pattern"),
+            std::string::npos);
   EXPECT_NE(error_of([] { parse("[[grid]]\nb = [1]\n[[plot]]\ntype = \"metric\"\nx = \"c\"\n"); }).find("'c'"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse("[[grid]]\nb = [1]\n\"quant.recipe\" = \"a=1.9.9\"\n"); }), "");
@@ -212,6 +217,13 @@ TEST(Sweep, LeavesRunsOfAnotherLiveProcessAlone) {
 }
 
 TEST(Sweep, ShippedSweepsParse) {
+  // Shipped sweeps run from the repository root (scripts/studies.sh), where the recipe files
+  // they name are found.
+  struct Cwd {
+    fs::path old = fs::current_path();
+    ~Cwd() { fs::current_path(old); }
+  } cwd;
+  fs::current_path(FP8LAB_SOURCE_DIR);
   int n = 0;
   for (const auto& e : fs::directory_iterator(fs::path(FP8LAB_SOURCE_DIR) / "configs" / "sweeps")) {
     if (e.path().extension() != ".toml") continue;

@@ -48,8 +48,12 @@ SweepReport analyse_named(const results::Store& store, const std::string& name, 
 std::string to_markdown(const Sweep& s, const SweepReport& r);
 std::string to_csv(const Sweep& s, const SweepReport& r);
 
-// Writes `rep` (analyse(s, store)) as <out>/table.md, <out>/table.csv and each plot's <out>/<file>.{svg,png}; returns the
-// files written. A plot without data is skipped with a note on stderr.
+// The sweep's `also` metrics: for each, the sweep with that metric and its report.
+std::vector<std::pair<Sweep, SweepReport>> also_reports(const Sweep& s, const results::Store& store);
+
+// Writes `rep` (analyse(s, store)) as <out>/table.md, <out>/table.csv, each `also` metric's
+// <out>/table-<metric>.{md,csv} and each plot's <out>/<file>.{svg,png}; returns the files
+// written. A plot without data is skipped with a note on stderr.
 std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, const results::Store& store,
                                       const std::string& out_dir);
 

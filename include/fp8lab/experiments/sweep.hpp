@@ -54,6 +54,7 @@ struct PlotSpec {
   std::map<std::string, std::string> where;  // only points whose variables have these values
   std::vector<std::string> formats;          // histograms: ranges to draw; snr: unused
   std::vector<std::string> kinds;            // histograms (default all four), block-stats (a, w, gx): tensor kinds
+  std::vector<std::string> layers;           // histograms: layer groups by glob (default first, middle, last)
 };
 
 struct Sweep {
@@ -64,6 +65,7 @@ struct Sweep {
   std::vector<std::string> variables;  // every variable name, first-seen order
   int baseline = -1;                   // index into points, -1: none
   std::string metric;                  // "" : each run's final metric; else the last logged value of this one
+  std::vector<std::string> also;       // further logged metrics, each in a table of its own
   std::string better;                  // higher, lower, "": lower_is_better(metric)
   std::vector<PlotSpec> plots;
   std::vector<SweepRun> runs;  // points x seeds, point-major
