@@ -155,6 +155,11 @@ class Trainer {
   void checkpoint_now();
   void save();
   double evaluate_weights(const Weights* w, bool final);
+  struct FinalEvaluations {
+    std::vector<std::pair<std::string, double>> metrics;  // (name, value), parts after each metric
+    std::optional<double> metric;                          // the last metric evaluated
+  };
+  FinalEvaluations final_evaluations(bool reuse_last);
   double final_metric();
 
   const TrainConfig& cfg_;
@@ -461,37 +466,43 @@ void Trainer::run() {
   }
 }
 
-// The final metric: the last evaluation, or the task's separate final evaluation, of the
-// EMA weights if on; then of the average of the last K checkpoints' weights if on.
-double Trainer::final_metric() {
-  double metric = state_.evals.empty() ? 0 : state_.evals.back().second;
-  if (task_->separate_final()) {
-    metric = evaluate_weights(state_.ema.empty() ? nullptr : &state_.ema, true);
-    record_.log_metric(state_.step, task_->metric_name(true), metric);
-    for (const auto& [name, value] : task_->metric_parts()) record_.log_metric(state_.step, name, value);
-  }
+// The run's final evaluations on the final set (the test set where the task has one), each
+// metric followed by its parts: the EMA weights' (the trained ones without EMA), unless
+// `reuse_last`; then, if on, the average of the last checkpoints' weights, "_averaged".
+Trainer::FinalEvaluations Trainer::final_evaluations(bool reuse_last) {
+  FinalEvaluations out;
+  const std::string name = task_->metric_name(true);
+  auto evaluate = [&](const Weights* w, const std::string& suffix) {
+    const double metric = evaluate_weights(w, true);
+    out.metrics.emplace_back(name + suffix, metric);
+    for (const auto& [part, value] : task_->metric_parts()) out.metrics.emplace_back(part + suffix, value);
+    out.metric = metric;
+  };
+  if (!reuse_last) evaluate(state_.ema.empty() ? nullptr : &state_.ema, "");
   if (cfg_.train.average_last > 0 && state_.recent.size() > 1) {
     const Weights avg = average(state_.recent);
-    metric = evaluate_weights(&avg, true);
-    record_.log_metric(state_.step, task_->metric_name(true) + "_averaged", metric);
-    for (const auto& [name, value] : task_->metric_parts()) record_.log_metric(state_.step, name + "_averaged", value);
+    evaluate(&avg, "_averaged");
   }
-  return metric;
+  return out;
 }
 
+// The final metric: the last of final_evaluations, which reuses the last periodic
+// evaluation where the task has no separate final one; all of them are logged.
+double Trainer::final_metric() {
+  const FinalEvaluations f = final_evaluations(!task_->separate_final());
+  for (const auto& [name, value] : f.metrics) record_.log_metric(state_.step, name, value);
+  if (f.metric) return *f.metric;
+  return state_.evals.empty() ? 0 : state_.evals.back().second;
+}
+
+// `fp8lab evaluate`: every final evaluation, the first one included, timed.
 Evaluation Trainer::evaluate_restored(bool reference_decoding) {
   task_->use_reference_decoding(reference_decoding);
   const auto t0 = std::chrono::steady_clock::now();
   Evaluation e;
   e.step = state_.step;
   e.model_description = task_->description();
-  e.metrics.emplace_back(task_->metric_name(true), evaluate_weights(state_.ema.empty() ? nullptr : &state_.ema, true));
-  for (const auto& part : task_->metric_parts()) e.metrics.push_back(part);
-  if (cfg_.train.average_last > 0 && state_.recent.size() > 1) {
-    const Weights avg = average(state_.recent);
-    e.metrics.emplace_back(task_->metric_name(true) + "_averaged", evaluate_weights(&avg, true));
-    for (const auto& [name, value] : task_->metric_parts()) e.metrics.emplace_back(name + "_averaged", value);
-  }
+  e.metrics = final_evaluations(false).metrics;
   e.seconds = seconds_since(t0);
   e.outputs = task_->outputs();
   return e;
