@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -81,8 +82,13 @@ int run_sweep_cmd(const SweepArgs& a) {
     if (resume) args.push_back("--resume");
     return experiments::launch_process(args, log);
   };
-  std::fprintf(stderr, "sweep %s: %zu points x %zu seeds = %zu runs, store %s\n", s.name.c_str(), s.points.size(),
-               s.seeds.size(), all_runs, a.db.c_str());
+  const bool same_seeds = std::all_of(s.points.begin(), s.points.end(), [](const auto& p) { return p.seeds.empty(); });
+  if (same_seeds)
+    std::fprintf(stderr, "sweep %s: %zu points x %zu seeds = %zu runs, store %s\n", s.name.c_str(), s.points.size(),
+                 s.seeds.size(), all_runs, a.db.c_str());
+  else
+    std::fprintf(stderr, "sweep %s: %zu points, %zu runs (seeds per grid), store %s\n", s.name.c_str(),
+                 s.points.size(), all_runs, a.db.c_str());
   if (shard)
     std::fprintf(stderr, "sweep %s: shard %s holds %zu of the %zu runs\n", s.name.c_str(), to_string(*shard).c_str(),
                  s.runs.size(), all_runs);

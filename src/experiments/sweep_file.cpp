@@ -299,6 +299,7 @@ void read_top_key(Sweep& s, SweepFile& f, const std::string& key, const toml::no
 struct Grid {
   std::vector<std::pair<std::string, std::vector<Value>>> vars;
   std::vector<std::pair<std::string, const toml::node*>> keys;
+  std::vector<std::uint64_t> seeds;  // `seeds` in the grid: its points' seeds instead of the sweep's
   std::size_t size() const {
     std::size_t n = 1;
     for (const auto& [name, vals] : vars) n *= vals.size();
@@ -321,6 +322,10 @@ Grid grid_of(const toml::table& g, const std::string& source) {
   Grid grid;
   for (const auto& [key, node, at] : entries) {
     const toml::node& v = *node;
+    if (key == "seeds") {
+      grid.seeds = seeds_of(v, source);
+      continue;
+    }
     const bool config_key = key.find('.') != std::string::npos || key == "seed" || key == "name" || key == "task";
     if (key == "seed" || key == "name") throw Error(where(source, v) + "'" + key + "' is set by the sweep (use 'seeds')");
     if (config_key && !v.is_array()) grid.keys.emplace_back(key, &v);
@@ -335,6 +340,7 @@ Grid grid_of(const toml::table& g, const std::string& source) {
 // varying fastest, and the config keys it sets.
 SweepPoint point_of(const Grid& grid, std::size_t c, const std::string& source) {
   SweepPoint p;
+  p.seeds = grid.seeds;
   std::vector<std::size_t> idx(grid.vars.size());
   for (std::size_t i = grid.vars.size(); i-- > 0;) {
     idx[i] = c % grid.vars[i].second.size();
@@ -422,11 +428,10 @@ SweepRun run_of(const Sweep& s, const std::string& base_text, std::size_t pi, st
 }
 
 // Two points that train the same config (the same values given twice, or two grids that
-// overlap) would be one run counted twice: refused, naming both points.
+// overlap, for a seed both have) would be one run counted twice: refused, naming both points.
 void refuse_duplicate_runs(const Sweep& s, const std::string& source) {
-  std::map<std::string, int> first;  // config identity -> point
+  std::map<std::string, int> first;  // config identity (the seed included) -> point
   for (const auto& r : s.runs) {
-    if (r.seed != s.seeds.front()) continue;
     const auto [it, fresh] = first.emplace(r.identity, r.point);
     if (!fresh)
       throw Error(source + ": points " + s.points[static_cast<std::size_t>(it->second)].label() + " and " +
@@ -458,7 +463,8 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
   check_plot_variables(s, source);
   const std::string base_text = s.base.empty() ? std::string() : read_file(s.base);
   for (std::size_t pi = 0; pi < s.points.size(); ++pi)
-    for (std::uint64_t seed : s.seeds) s.runs.push_back(run_of(s, base_text, pi, seed, source, check));
+    for (std::uint64_t seed : s.points[pi].seeds.empty() ? s.seeds : s.points[pi].seeds)
+      s.runs.push_back(run_of(s, base_text, pi, seed, source, check));
   refuse_duplicate_runs(s, source);
   return s;
 }

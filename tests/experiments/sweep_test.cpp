@@ -114,6 +114,45 @@ TEST(Sweep, ErrorsNameTheProblemAndLine) {
   EXPECT_NE(error_of([] { experiments::parse_sweep("seeds = 2\n", "s.toml", "."); }).find("'name'"), std::string::npos);
 }
 
+TEST(Sweep, AGridMayGiveItsOwnSeeds) {
+  const std::string body = R"(
+seeds = 3
+baseline = "recipe=fp32"
+[[grid]]
+recipe = ["fp32", "mxfp8"]
+seeds = [1, 2, 3, 4, 5]
+"quant.recipe" = "{recipe}"
+[[grid]]
+recipe = ["mxfp4"]
+"quant.recipe" = "{recipe}"
+)" + std::string(test::kSmall);
+  const auto s = parse(body);
+  ASSERT_EQ(s.points.size(), 3u);
+  ASSERT_EQ(s.runs.size(), 13u);  // 5 + 5 + 3
+  EXPECT_EQ(s.points[0].var("recipe"), "fp32");  // `seeds` is not a variable
+  EXPECT_EQ(s.points[0].seeds, (std::vector<std::uint64_t>{1, 2, 3, 4, 5}));
+  EXPECT_TRUE(s.points[2].seeds.empty());
+  EXPECT_EQ(s.runs[9].seed, 5u);
+  EXPECT_EQ(s.runs[9].point, 1);
+  EXPECT_EQ(s.runs[12].seed, 3u);
+  EXPECT_EQ(s.runs[12].point, 2);
+  // A run is the same run whichever sweep gave it its seed: seeds 1-3 of the first grid
+  // are the runs of a sweep that gives every point 3 seeds.
+  const auto plain = parse("seeds = 3\n[[grid]]\nrecipe = [\"fp32\"]\n\"quant.recipe\" = \"{recipe}\"\n" +
+                           std::string(test::kSmall));
+  ASSERT_EQ(plain.runs.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(plain.runs[i].key, s.runs[i].key);
+  // Two grids may train one config on different seeds, but never on the same seed twice.
+  EXPECT_NO_THROW(parse("[[grid]]\nr = [\"fp32\"]\nseeds = [1]\n[[grid]]\nr = [\"fp32\"]\nseeds = [2]\n" +
+                        std::string(test::kSmall)));
+  EXPECT_NE(error_of([] {
+              parse("[[grid]]\nr = [\"fp32\"]\nseeds = [1, 2]\n[[grid]]\nr = [\"fp32\"]\nseeds = [2]\n" +
+                    std::string(test::kSmall));
+            }).find("train the same config"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse("[[grid]]\nr = [\"fp32\"]\nseeds = []\n"); }).find("seeds"), std::string::npos);
+}
+
 TEST(Sweep, EveryRunOnceAndAtLeastOne) {
   const auto fails = [](const std::string& body, const std::string& expected) {
     const std::string e = error_of([&] { parse(body); });

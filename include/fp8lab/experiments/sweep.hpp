@@ -36,6 +36,7 @@ namespace fp8lab::experiments {
 struct SweepPoint {
   std::vector<std::pair<std::string, std::string>> vars;  // variable -> value text, grid order
   std::vector<std::string> sets;                          // "key=value" beyond the base and [set]
+  std::vector<std::uint64_t> seeds;                       // its grid's `seeds`; empty: the sweep's
   std::string label() const;                              // "recipe=fp32, seed-independent"
   std::string var(const std::string& name) const;         // "" if the point has no such variable
 };
