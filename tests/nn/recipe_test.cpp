@@ -71,7 +71,7 @@ TEST(Recipe, FirstLayerExemptionTakesAQuantizer) {
   // An override naming the first layer still wins over the exemption.
   const Recipe o = parse_recipe_toml("a = \"1.4.3:7\"\nexempt_first = \"fp16\"\n[[override]]\nmatch = \"first\"\na = \"1.5.2:20\"\n");
   EXPECT_EQ(o.resolve("x", 0, 2)[TensorKind::a], parse_kind_quant("1.5.2:20"));
-  // Anything else is an error naming the key (it used to mean "exempt").
+  // Anything else is an error naming the key.
   EXPECT_NE(error_of([] { parse_recipe("a=1.4.3,first=yes"); }).find("first"), std::string::npos);
   EXPECT_NE(error_of([] { parse_recipe("a=1.4.3,first=1.9.9"); }).find("first"), std::string::npos);
   const std::string toml_err = error_of([] { parse_recipe_toml("a = \"1.4.3\"\nexempt_first = 3\n", "r.toml"); });
