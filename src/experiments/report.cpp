@@ -201,21 +201,24 @@ std::optional<plt::Figure> loss_scale_plot(const Sweep& s, const results::Store&
 
 // The histogram plot's layer groups: by default 0 the first layer, 1 the middle one, 2 the
 // last, 3 the others; with `patterns`, group i holds the layers whose path matches pattern
-// i first (glob, docs/experiments.md) and the last group the rest. Returns the group of
-// each layer (by path) and each group's name.
-std::pair<std::map<std::string, int>, std::vector<std::string>> histogram_groups(
-    const std::vector<std::string>& layer_order, const std::vector<std::string>& patterns) {
-  std::map<std::string, int> group;
-  std::vector<std::string> names;
+// i first (glob, docs/experiments.md) and the last group the rest.
+struct HistogramGroups {
+  std::map<std::string, int> group;  // layer path -> group
+  std::vector<std::string> names;    // of each group
+  std::vector<int> sizes;            // layers in each pattern's group (with `patterns`)
+};
+HistogramGroups histogram_groups(const std::vector<std::string>& layer_order, const std::vector<std::string>& patterns) {
+  HistogramGroups out;
+  auto& [group, names, count] = out;
   if (patterns.empty()) {
     const std::size_t middle = layer_order.size() / 2;
     for (std::size_t pos = 0; pos < layer_order.size(); ++pos)
       group[layer_order[pos]] = pos == 0 ? 0 : pos + 1 >= layer_order.size() ? 2 : pos == middle ? 1 : 3;
     names = {"first layer", "middle layer (" + (layer_order.empty() ? std::string() : layer_order[middle]) + ")",
              "last layer", "other layers"};
-    return {group, names};
+    return out;
   }
-  std::vector<int> count(patterns.size() + 1, 0);
+  count.assign(patterns.size() + 1, 0);
   for (const auto& layer : layer_order) {
     std::size_t g = 0;
     while (g < patterns.size() && !nn::glob_match(patterns[g], layer)) ++g;
@@ -226,7 +229,7 @@ std::pair<std::map<std::string, int>, std::vector<std::string>> histogram_groups
     const std::string n = std::to_string(count[g]) + (count[g] == 1 ? " layer" : " layers");
     names.push_back((g < patterns.size() ? patterns[g] : std::string("others")) + ": " + n);
   }
-  return {group, names};
+  return out;
 }
 
 // Exponent histograms: for each tensor kind, the first, middle and last recorded step, with
@@ -255,9 +258,9 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
   const std::vector<std::int64_t> all_steps(recorded.begin(), recorded.end());
   std::vector<std::int64_t> steps = {all_steps.front(), all_steps[all_steps.size() / 2], all_steps.back()};
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-  const auto [group_of, group_names] = histogram_groups(layer_order, spec.layers);
+  const auto [group_of, group_names, group_sizes] = histogram_groups(layer_order, spec.layers);
   for (std::size_t i = 0; i < spec.layers.size(); ++i)
-    if (std::none_of(group_of.begin(), group_of.end(), [&](const auto& lg) { return lg.second == static_cast<int>(i); }))
+    if (group_sizes[i] == 0)
       std::fprintf(stderr, "report: plot %s: layers pattern '%s' matches no layer of run %lld\n", spec.file.c_str(),
                    spec.layers[i].c_str(), static_cast<long long>(row->id));
   std::vector<std::string> kinds = spec.kinds;
