@@ -36,6 +36,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"model.width", &c.model.width},
       {"model.width_mult", &c.model.width_mult},
       {"model.depth_mult", &c.model.depth_mult},
+      {"model.bn_momentum", &c.model.bn_momentum},
       {"model.dropout", &c.model.dropout},
       {"data.name", &c.data.name},
       {"data.dir", &c.data.dir},
@@ -51,6 +52,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"data.tgt_lang", &c.data.tgt_lang},
       {"data.vocab_size", &c.data.vocab_size},
       {"data.max_tokens", &c.data.max_tokens},
+      {"data.drop_long", &c.data.drop_long},
       {"optimizer.name", &c.optimizer.name},
       {"optimizer.lr", &c.optimizer.lr},
       {"optimizer.momentum", &c.optimizer.momentum},
@@ -194,6 +196,7 @@ void check_ranges(const TrainConfig& c) {
   check(c.threads >= 0, "threads must be >= 0");
   check(c.model.width >= 0 && c.model.width <= 4096, "model.width must be in 0..4096");
   check(c.model.width_mult >= 0 && c.model.depth_mult >= 0, "model multipliers must be >= 0");
+  check(c.model.bn_momentum >= 0 && c.model.bn_momentum <= 1, "model.bn_momentum must be in 0..1 (0: the preset's)");
   check(c.model.dropout < 1, "model.dropout must be < 1");
   check(c.data.train_limit >= 0 && c.data.test_limit >= 0, "data limits must be >= 0");
   check(c.data.image_size >= 0 && c.data.image_size <= 1024, "data.image_size must be in 0..1024");
@@ -326,7 +329,9 @@ std::string to_toml(const TrainConfig& cin) {
 namespace {
 bool left_out_at_default(const std::string& key, const TrainConfig& c) {
   return (key == "quant.compute" && c.quant.compute == QuantConfig{}.compute) ||
-         (key == "quant.accumulate" && c.quant.accumulate == QuantConfig{}.accumulate);
+         (key == "quant.accumulate" && c.quant.accumulate == QuantConfig{}.accumulate) ||
+         (key == "data.drop_long" && c.data.drop_long == DataConfig{}.drop_long) ||
+         (key == "model.bn_momentum" && c.model.bn_momentum == ModelConfig{}.bn_momentum);
 }
 }  // namespace
 

@@ -130,6 +130,7 @@ class ImageTask final : public Task {
     spec.width_mult = c.model.width_mult;
     spec.depth_mult = c.model.depth_mult;
     spec.dropout = c.model.dropout;
+    spec.bn_momentum = c.model.bn_momentum;
     model_ = models::make_image_model(spec);
   }
   torch::nn::Module& module() override { return *model_.module; }

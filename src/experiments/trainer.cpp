@@ -29,6 +29,10 @@
 
 namespace fp8lab::experiments {
 
+double ema_decay(double ema, std::int64_t step) {
+  return std::min(ema, static_cast<double>(1 + step) / static_cast<double>(10 + step));
+}
+
 using results::RunStatus;
 
 namespace {
@@ -149,7 +153,7 @@ class Trainer {
   RunStatus train_step();
   double micro_step(const torch::Tensor& idx, std::uint64_t step_seed);
   std::vector<std::array<QuantCounts, nn::kKinds>> run_counts();
-  void update_ema();
+  void update_ema(std::int64_t step);
   void after_step(double lr);
   void evaluate_now();
   void checkpoint_now();
@@ -326,11 +330,12 @@ std::vector<std::array<QuantCounts, nn::kKinds>> Trainer::run_counts() {
   return counts;
 }
 
-void Trainer::update_ema() {
+void Trainer::update_ema(std::int64_t step) {
   torch::NoGradGuard g;
+  const double d = ema_decay(cfg_.train.ema, step);
   const auto cur = state_tensors(task_->module());
   for (std::size_t i = 0; i < cur.size(); ++i) {
-    if (state_.ema[i].is_floating_point()) state_.ema[i].mul_(cfg_.train.ema).add_(cur[i].detach(), 1 - cfg_.train.ema);
+    if (state_.ema[i].is_floating_point()) state_.ema[i].mul_(d).add_(cur[i].detach(), 1 - d);
     else state_.ema[i].copy_(cur[i]);
   }
 }
@@ -363,7 +368,7 @@ RunStatus Trainer::train_step() {
   // loss scale can recover.
   if (!std::isfinite(lv)) return RunStatus::diverged;
   if (!s.skipped) optimizer_->step();
-  if (!state_.ema.empty() && !s.skipped) update_ema();
+  if (!state_.ema.empty() && !s.skipped) update_ema(step);
   if (step == first_step_) {
     loop_started_ = std::chrono::steady_clock::now();
     eval_seconds_ = checkpoint_seconds_ = 0;

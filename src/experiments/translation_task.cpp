@@ -43,15 +43,6 @@ class TranslationTask final : public Task {
     auto train = data::read_parallel((fs::path(dir) / "train").string(), s, t);
     auto dev = data::read_parallel((fs::path(dir) / "dev").string(), s, t);
     auto test = data::read_parallel((fs::path(dir) / "test").string(), s, t);
-    if (c.data.train_limit > 0 && c.data.train_limit < static_cast<std::int64_t>(train.first.size())) {
-      train.first.resize(static_cast<std::size_t>(c.data.train_limit));
-      train.second.resize(static_cast<std::size_t>(c.data.train_limit));
-    }
-    for (auto* split : {&dev, &test})
-      if (c.data.test_limit > 0 && c.data.test_limit < static_cast<std::int64_t>(split->first.size())) {
-        split->first.resize(static_cast<std::size_t>(c.data.test_limit));
-        split->second.resize(static_cast<std::size_t>(c.data.test_limit));
-      }
     // One joint vocabulary over both sides of the (whole) training split, cached.
     data::TokenizerOptions to;
     to.vocab_size = c.data.vocab_size;
@@ -59,10 +50,17 @@ class TranslationTask final : public Task {
                                           {(fs::path(dir) / ("train." + s)).string(), (fs::path(dir) / ("train." + t)).string()},
                                           to);
     const int max_len = c.data.max_tokens;
-    for (auto& ids : tok_.encode(train.first)) src_.push_back(with_ends(std::move(ids), max_len));
-    for (auto& ids : tok_.encode(train.second)) tgt_.push_back(with_ends(std::move(ids), max_len));
-    for (auto& ids : tok_.encode(dev.first)) dev_src_.push_back(with_ends(std::move(ids), max_len));
-    for (auto& ids : tok_.encode(test.first)) test_src_.push_back(with_ends(std::move(ids), max_len));
+    auto train_ids = encode_pairs(train, max_len, c.data.drop_long, c.data.train_limit);
+    auto dev_ids = encode_pairs(dev, max_len, c.data.drop_long, c.data.test_limit);
+    auto test_ids = encode_pairs(test, max_len, c.data.drop_long, c.data.test_limit);
+    for (const auto& [name, ids] : {std::pair{"train", &train_ids}, {"dev", &dev_ids}, {"test", &test_ids}})
+      if (c.data.drop_long && ids->first.empty())
+        throw Error("data.drop_long: no pair of " + (fs::path(dir) / name).string() + ".{" + s + "," + t +
+                    "} has both sides within data.max_tokens = " + std::to_string(max_len) + " tokens");
+    src_ = std::move(train_ids.first);
+    tgt_ = std::move(train_ids.second);
+    dev_src_ = std::move(dev_ids.first);
+    test_src_ = std::move(test_ids.first);
     dev_ = std::move(dev);
     test_ = std::move(test);
     models::TransformerOptions o = models::transformer_preset(c.model.name);
@@ -127,6 +125,28 @@ class TranslationTask final : public Task {
   std::vector<std::string> outputs() const override { return hyps_; }
 
  private:
+  // The token ids of a split's sides, each with bos/eos and truncated to max_len, or, with
+  // `drop`, without the pairs that have a side longer than max_len (the split's text loses
+  // them too); then the first `limit` pairs (0: all).
+  std::pair<std::vector<std::vector<int>>, std::vector<std::vector<int>>> encode_pairs(
+      std::pair<std::vector<std::string>, std::vector<std::string>>& split, int max_len, bool drop,
+      std::int64_t limit) const {
+    auto src = tok_.encode(split.first), tgt = tok_.encode(split.second);
+    std::pair<std::vector<std::vector<int>>, std::vector<std::vector<int>>> out;
+    std::pair<std::vector<std::string>, std::vector<std::string>> kept;
+    for (std::size_t i = 0; i < src.size(); ++i) {
+      if (limit > 0 && static_cast<std::int64_t>(out.first.size()) >= limit) break;
+      const auto too_long = [&](const std::vector<int>& ids) { return static_cast<int>(ids.size()) + 2 > max_len; };
+      if (drop && (too_long(src[i]) || too_long(tgt[i]))) continue;
+      out.first.push_back(with_ends(std::move(src[i]), max_len));
+      out.second.push_back(with_ends(std::move(tgt[i]), max_len));
+      kept.first.push_back(std::move(split.first[i]));
+      kept.second.push_back(std::move(split.second[i]));
+    }
+    split = std::move(kept);
+    return out;
+  }
+
   // Greedy (beam 1) or beam search, with the decoder cache or the reference decoders.
   std::vector<std::vector<int>> decode(const torch::Tensor& src, int max_out) {
     const int beam = cfg_.train.beam, bos = data::Tokenizer::kBos, eos = data::Tokenizer::kEos;

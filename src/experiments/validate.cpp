@@ -38,6 +38,8 @@ void validate_task(const TrainConfig& c) {
     for (const auto& m : models) list += (list.empty() ? "" : ", ") + m;
     check(false, "model.name: '" + c.model.name + "' is not a model of task " + c.task + " (known: " + list + ")");
   }
+  check(c.model.bn_momentum == 0 || c.model.name.rfind("efficientnet-", 0) == 0,
+        "model.bn_momentum is for EfficientNet (" + c.model.name + " keeps PyTorch's 0.1)");
   const DataSetInfo& set = lookup(task.data_sets(), "data.name", c.data.name);
   check(!set.needs_dir || !c.data.dir.empty(), "data.dir must name the folder holding " + c.data.name);
   if (!task.images) {
@@ -51,6 +53,7 @@ void validate_task(const TrainConfig& c) {
           "data.src_lang and data.tgt_lang must be two different suffixes");
     check(c.train.beam >= 1 && c.train.beam <= 64, "train.beam must be in 1..64");
   }
+  check(!c.data.drop_long || c.task == "translation", "data.drop_long is for translation");
   if (c.task == "bert") check(c.data.max_tokens >= 8, "data.max_tokens must be in 8..4096 for BERT");
 }
 

@@ -78,21 +78,21 @@ torch::Tensor ResNetImpl::forward(const torch::Tensor& x) {
 // --- EfficientNet ---------------------------------------------------------------------------
 
 MBConvImpl::MBConvImpl(std::int64_t in_, std::int64_t out_, std::int64_t expand, std::int64_t kernel,
-                       std::int64_t stride_, double se_ratio, double dc)
+                       std::int64_t stride_, double se_ratio, double dc, double bn_momentum)
     : in(in_), out(out_), stride(stride_), drop_connect(dc) {
   const std::int64_t mid = in * expand;
   if (expand != 1) {
     expand_conv = register_module("expand_conv", nn::QuantConv2d(conv(in, mid, 1)));
-    bn0 = register_module("bn0", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(mid).momentum(0.01).eps(1e-3)));
+    bn0 = register_module("bn0", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(mid).momentum(bn_momentum).eps(1e-3)));
   }
   depthwise = register_module("depthwise", nn::QuantConv2d(conv(mid, mid, kernel, stride, mid)));
-  bn1 = register_module("bn1", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(mid).momentum(0.01).eps(1e-3)));
+  bn1 = register_module("bn1", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(mid).momentum(bn_momentum).eps(1e-3)));
   // Squeeze-excitation on the block's input width (as the reference implementation).
   const std::int64_t squeezed = std::max<std::int64_t>(1, static_cast<std::int64_t>(in * se_ratio));
   se_reduce = register_module("se_reduce", nn::QuantConv2d(torch::nn::Conv2dOptions(mid, squeezed, 1)));
   se_expand = register_module("se_expand", nn::QuantConv2d(torch::nn::Conv2dOptions(squeezed, mid, 1)));
   project = register_module("project", nn::QuantConv2d(conv(mid, out, 1)));
-  bn2 = register_module("bn2", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(out).momentum(0.01).eps(1e-3)));
+  bn2 = register_module("bn2", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(out).momentum(bn_momentum).eps(1e-3)));
 }
 
 torch::Tensor MBConvImpl::forward(const torch::Tensor& x) {
@@ -151,7 +151,8 @@ EfficientNetImpl::EfficientNetImpl(EfficientNetOptions o) : options(o) {
                        {6, 5, 1, 80, 112, 3}, {6, 5, 2, 112, 192, 4}, {6, 3, 1, 192, 320, 1}};
   const std::int64_t stem_c = round_filters(32, o.width_mult);
   stem = register_module("stem", nn::QuantConv2d(conv(o.in_channels, stem_c, 3, o.stem_stride)));
-  bn_stem = register_module("bn_stem", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(stem_c).momentum(0.01).eps(1e-3)));
+  const double bn_momentum = o.bn_momentum;
+  bn_stem = register_module("bn_stem", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(stem_c).momentum(bn_momentum).eps(1e-3)));
   std::int64_t total = 0;
   for (const auto& s : b0) total += round_repeats(s.r, o.depth_mult);
   blocks = torch::nn::Sequential();
@@ -160,14 +161,15 @@ EfficientNetImpl::EfficientNetImpl(EfficientNetOptions o) : options(o) {
     const std::int64_t out = round_filters(s.out, o.width_mult);
     for (std::int64_t i = 0; i < round_repeats(s.r, o.depth_mult); ++i, ++index) {
       blocks->push_back(MBConv(in, out, s.e, s.k, i == 0 ? s.s : 1, 0.25,
-                               o.drop_connect * static_cast<double>(index) / static_cast<double>(total)));
+                               o.drop_connect * static_cast<double>(index) / static_cast<double>(total),
+                               o.bn_momentum));
       in = out;
     }
   }
   blocks = register_module("blocks", blocks);
   const std::int64_t head_c = round_filters(1280, o.width_mult);
   head = register_module("head", nn::QuantConv2d(conv(in, head_c, 1)));
-  bn_head = register_module("bn_head", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(head_c).momentum(0.01).eps(1e-3)));
+  bn_head = register_module("bn_head", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(head_c).momentum(bn_momentum).eps(1e-3)));
   drop = register_module("drop", torch::nn::Dropout(o.dropout));
   fc = register_module("fc", nn::QuantLinear(head_c, o.num_classes));
 }
@@ -213,6 +215,7 @@ ImageModel make_image_model(const ImageModelSpec& s) {
     if (s.width_mult > 0) o.width_mult = s.width_mult;
     if (s.depth_mult > 0) o.depth_mult = s.depth_mult;
     if (s.dropout >= 0) o.dropout = s.dropout;
+    if (s.bn_momentum > 0) o.bn_momentum = s.bn_momentum;
     o.in_channels = s.in_channels;
     o.num_classes = s.num_classes;
     o.stem_stride = s.image_size <= 64 ? 1 : 2;  // keep some resolution for 28-32 px images
@@ -220,7 +223,8 @@ ImageModel make_image_model(const ImageModelSpec& s) {
     m.module = net.ptr();
     m.forward = [net](const torch::Tensor& x) mutable { return net->forward(x); };
     char buf[96];
-    std::snprintf(buf, sizeof buf, "%s (width x%.2f, depth x%.2f, ", n.c_str(), o.width_mult, o.depth_mult);
+    std::snprintf(buf, sizeof buf, "%s (width x%.2f, depth x%.2f, batch-norm momentum %g, ", n.c_str(), o.width_mult,
+                  o.depth_mult, o.bn_momentum);
     m.description = buf + count_params(*net) + ")";
     return m;
   }

@@ -98,11 +98,14 @@ torch::Tensor DecoderLayerImpl::step(const torch::Tensor& x, KeysValues& self_kv
 
 const Registry<TransformerOptions>& transformer_presets() {
   static const Registry<TransformerOptions> r = [] {
-    TransformerOptions base, small, tiny;
+    TransformerOptions base, small, tiny, micro;
     small.d_model = 256, small.heads = 4, small.d_ff = 1024, small.encoder_layers = 3, small.decoder_layers = 3;
     tiny.d_model = 128, tiny.heads = 4, tiny.d_ff = 512, tiny.encoder_layers = 2, tiny.decoder_layers = 2;
-    return Registry<TransformerOptions>(
-        "translation model", {{"transformer-base", base}, {"transformer-small", small}, {"transformer-tiny", tiny}});
+    micro.d_model = 64, micro.heads = 4, micro.d_ff = 256, micro.encoder_layers = 2, micro.decoder_layers = 2;
+    return Registry<TransformerOptions>("translation model", {{"transformer-base", base},
+                                                              {"transformer-small", small},
+                                                              {"transformer-tiny", tiny},
+                                                              {"transformer-micro", micro}});
   }();
   return r;
 }

@@ -60,7 +60,10 @@ TEST(Registry, UnknownNamesAreErrorsAlsoThroughSet) {
            {"schedule.name", "cosine", "schedule.name: unknown schedule 'cosine' (known: constant, step"},
            {"task", "detection", "task: unknown task 'detection' (known: image-classification, translation, bert, language-model)"},
            {"data.name", "imagenet", "data.name: unknown image data set 'imagenet' (known: fashion-mnist"},
-           {"model.name", "vgg16", "'vgg16' is not a model of task image-classification (known: resnet8"}}) {
+           {"model.name", "vgg16", "'vgg16' is not a model of task image-classification (known: resnet8"},
+           {"model.bn_momentum", "0.1", "model.bn_momentum is for EfficientNet (resnet8 keeps PyTorch's 0.1)"},
+           {"model.bn_momentum", "1.5", "model.bn_momentum must be in 0..1"},
+           {"data.drop_long", "true", "data.drop_long is for translation"}}) {
     const std::string e = error_of([&] { experiments::parse_train_config("", "t.toml", {key + "=" + value}); });
     EXPECT_NE(e.find(expected), std::string::npos) << e;
   }

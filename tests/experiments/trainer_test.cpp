@@ -160,6 +160,20 @@ void check_resume_equals_uninterrupted(const std::string& model, const std::stri
   }
 }
 
+TEST(Trainer, MovingAverageDecayWarmsUp) {
+  // TensorFlow's ExponentialMovingAverage with num_updates: min(decay, (1 + n) / (10 + n)).
+  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.999, 0), 0.1);
+  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.999, 90), 0.91);
+  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.999, 8990), 0.999);  // 8991/9000 = 0.999 exactly
+  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.999, 100000), 0.999);
+  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.5, 0), 0.1);
+  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.5, 10), 0.5);
+  // After 1,400 steps the initial weights' share of the average is their product.
+  double init_share = 1;
+  for (std::int64_t n = 0; n < 1400; ++n) init_share *= experiments::ema_decay(0.999, n);
+  EXPECT_LT(init_share, 1e-3);  // a fixed 0.999 leaves 0.999^1400 = 0.25
+}
+
 TEST(Trainer, ResumeEqualsUninterrupted) {
   check_resume_equals_uninterrupted("resnet8");
   check_resume_equals_uninterrupted("efficientnet-b0");
@@ -329,6 +343,78 @@ TEST(Trainer, TranslationLearnsAWordMapping) {
   const auto id = store.runs({.name = "words"})[0].id;
   EXPECT_EQ(store.metric(id, "dev_bleu").size(), 2u);
   EXPECT_EQ(store.metric(id, "test_bleu").size(), 1u);
+}
+
+namespace {
+// A word-for-word corpus in folder `name` whose lines are one word a side, except that with
+// `long_every` > 0 every long_every-th line has 20 words on its English side and the next
+// one 20 on its Spanish side: far over 16 tokens whatever the pieces.
+fs::path length_corpus(const std::string& name, int long_every) {
+  const fs::path d = dir() / name;
+  fs::create_directories(d);
+  const std::vector<std::string> en = {"god", "light", "earth", "water"}, es = {"dios", "luz", "tierra", "agua"};
+  const auto words = [](const std::string& w, int n) {
+    std::string s = w;
+    for (int k = 1; k < n; ++k) s += " " + w;
+    return s;
+  };
+  for (const auto& [split, n] : std::vector<std::pair<std::string, int>>{{"train", 120}, {"dev", 12}, {"test", 12}}) {
+    std::ofstream fe(d / (split + ".en")), fs_(d / (split + ".es"));
+    for (int i = 0; i < n; ++i) {
+      const auto w = static_cast<std::size_t>(i) % en.size();
+      const bool long_en = long_every == 0 || i % long_every == 1, long_es = long_every > 0 && i % long_every == 2;
+      fe << words(en[w], long_en ? 20 : 1) << "\n";
+      fs_ << words(es[w], long_es ? 20 : 1) << "\n";
+    }
+  }
+  return d;
+}
+}  // namespace
+
+TEST(Trainer, TranslationDropsLongPairsOnRequest) {
+  if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
+  experiments::TrainConfig c;
+  c.name = "lengths";
+  c.task = "translation";
+  c.model.name = "transformer-micro";
+  c.data.name = "parallel";
+  c.data.dir = length_corpus("lengths", 4).string();
+  c.data.vocab_size = 24;
+  c.data.max_tokens = 16;
+  c.optimizer.name = "adam";
+  c.train.steps = 1;
+  c.train.batch = 8;
+  c.threads = 1;
+  c.train.checkpoint = (dir() / "lengths.ckpt").string();
+  const auto pairs_of = [&](const experiments::TrainConfig& cfg) {
+    std::filesystem::remove(cfg.train.checkpoint);
+    const std::string d = experiments::train(cfg, nullptr, quiet()).model_description;
+    return d.substr(d.rfind(" ("));
+  };
+  // Truncated: every pair stays. Dropped: the lines with a long English (i % 4 == 1) or a
+  // long Spanish side (i % 4 == 2), half of each split.
+  EXPECT_EQ(pairs_of(c), " (120 train pairs, 12 dev, 12 test)");
+  c.data.drop_long = true;
+  EXPECT_EQ(pairs_of(c), " (60 train pairs, 6 dev, 6 test)");
+  // The limits count the pairs that remain.
+  c.data.train_limit = 50;
+  c.data.test_limit = 4;
+  EXPECT_EQ(pairs_of(c), " (50 train pairs, 4 dev, 4 test)");
+  // The key is written only when set, so that earlier runs keep their identity.
+  EXPECT_NE(experiments::to_json(c).find("\"drop_long\":true"), std::string::npos);
+  c.data.drop_long = false;
+  EXPECT_EQ(experiments::to_json(c).find("drop_long"), std::string::npos);
+  // Nothing left is an error naming the split and the limit; the key is for translation only.
+  c.data.drop_long = true;
+  c.data.dir = length_corpus("all-long", 0).string();
+  const std::string e = error_of([&] { experiments::train(c, nullptr, quiet()); });
+  EXPECT_NE(e.find("data.drop_long: no pair of " + (dir() / "all-long" / "train").string() + ".{en,es}"),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("data.max_tokens = 16"), std::string::npos) << e;
+  experiments::TrainConfig img = small("img");
+  img.data.drop_long = true;
+  EXPECT_NE(error_of([&] { experiments::train(img, nullptr, quiet()); }).find("data.drop_long is for translation"),
+            std::string::npos);
 }
 
 namespace {

@@ -142,6 +142,29 @@ TEST(Models, EfficientNetForwardBackwardQuantized) {
             std::string::npos);
 }
 
+TEST(Models, EfficientNetBatchNormMomentum) {
+  // Every batch norm takes the spec's momentum; 0 keeps the reference's 0.01.
+  for (const auto& [given, expected] : std::vector<std::pair<double, double>>{{0, 0.01}, {0.1, 0.1}}) {
+    models::ImageModelSpec s;
+    s.name = "efficientnet-b0";
+    s.width_mult = 0.25;
+    s.depth_mult = 0.5;
+    s.image_size = 16;
+    s.bn_momentum = given;
+    const auto m = models::make_image_model(s);
+    int norms = 0;
+    for (const auto& c : m.module->modules(false))
+      if (auto* bn = c->as<torch::nn::BatchNorm2dImpl>()) {
+        ++norms;
+        ASSERT_TRUE(bn->options.momentum().has_value());
+        EXPECT_EQ(*bn->options.momentum(), expected);
+      }
+    EXPECT_GE(norms, 2 + 3 * 7 - 1);  // stem, head, three per block (two in the first)
+    EXPECT_NE(m.description.find("batch-norm momentum " + std::string(given == 0 ? "0.01" : "0.1")), std::string::npos)
+        << m.description;
+  }
+}
+
 TEST(Models, TransformerForwardBackwardQuantizedAndMasks) {
   torch::manual_seed(0);
   models::TransformerOptions o = models::transformer_preset("transformer-tiny");

@@ -24,10 +24,11 @@ inline constexpr int kConfigSchema = 1;
 
 struct ModelConfig {
   // image-classification: models::image_model_presets(); translation: transformer-base,
-  // transformer-small, transformer-tiny; bert: bert-large, bert-base, bert-tiny.
+  // transformer-small, transformer-tiny, transformer-micro; bert: bert-large, bert-base, bert-tiny.
   std::string name = "resnet8";
   int width = 0;                 // ResNet first-stage width (0: the preset's)
   double width_mult = 0, depth_mult = 0;  // EfficientNet overrides (0: the preset's)
+  double bn_momentum = 0;  // EfficientNet's batch-norm momentum (0: the preset's, 0.01)
   double dropout = -1;                    // (-1: the preset's)
 };
 
@@ -50,6 +51,7 @@ struct DataConfig {
   std::string src_lang = "en", tgt_lang = "es";  // translation direction
   int vocab_size = 8000;                         // joint SentencePiece vocabulary
   int max_tokens = 128;                          // longer sentences are truncated
+  bool drop_long = false;  // translation: leave out the pairs with a side over max_tokens instead
 };
 
 struct OptimizerConfig {

@@ -87,6 +87,12 @@ struct TrainResult {
 // diverged (not an exception).
 TrainResult train(const TrainConfig& cfg, results::Store* store = nullptr, const TrainOptions& opt = {});
 
+// The decay of the weights' moving average after step `step` (0-based) with train.ema =
+// `ema`: min(ema, (1 + step) / (10 + step)), the warm-up of TensorFlow's
+// ExponentialMovingAverage with num_updates (the EfficientNet reference's). A fixed 0.999
+// would keep a quarter of the initial weights and batch-norm statistics after 1,400 steps.
+double ema_decay(double ema, std::int64_t step);
+
 // The evaluation of a run's checkpoint (finished or not): its weights (the EMA weights if
 // train.ema is on), then the average of its last checkpoints' weights if train.average_last
 // is on, each on the final evaluation's data (translation: the test set).

@@ -53,7 +53,7 @@ TORCH_MODULE(ResNet);
 
 struct MBConvImpl : torch::nn::Module {
   MBConvImpl(std::int64_t in, std::int64_t out, std::int64_t expand, std::int64_t kernel, std::int64_t stride,
-             double se_ratio, double drop_connect);
+             double se_ratio, double drop_connect, double bn_momentum);
   torch::Tensor forward(const torch::Tensor& x);
   std::int64_t in, out, stride;
   double drop_connect;
@@ -70,6 +70,10 @@ struct EfficientNetOptions {
   int in_channels = 3;
   int num_classes = 1000;
   int stem_stride = 2;         // 1 for small images
+  // Batch norm's running statistics: x <- (1 - m) x + m batch (PyTorch's convention). The
+  // reference's 0.01 (TensorFlow decay 0.99) averages about 100 steps: it lags behind the
+  // weights of a run of a few thousand steps; 0.1 (PyTorch's default) suits those.
+  double bn_momentum = 0.01;
 };
 // The paper's coefficients: b0 (1.0, 1.0, 224, 0.2) ... b4 (1.4, 1.8, 380, 0.4) ... b7.
 EfficientNetOptions efficientnet_preset(int b);
@@ -99,6 +103,7 @@ struct ImageModelSpec {
   double width_mult = 0;     // EfficientNet overrides (0: the preset's)
   double depth_mult = 0;
   double dropout = -1;       // (-1: the preset's)
+  double bn_momentum = 0;    // EfficientNet's batch norm (0: the preset's)
 };
 
 struct ImageModel {

@@ -91,8 +91,9 @@ struct DecoderCache {
   std::int64_t rows() const { return tokens.size(0); }
 };
 // "transformer-base" (the paper's: 512/8/2048, 6+6), "transformer-small" (256/4/1024,
-// 3+3), "transformer-tiny" (128/4/512, 2+2: minutes on 2 cores).
-// The named sizes (transformer-base, -small, -tiny); preset() throws Error listing them.
+// 3+3), "transformer-tiny" (128/4/512, 2+2: minutes on 2 cores), "transformer-micro"
+// (64/4/256, 2+2: the seed-heavy studies).
+// The named sizes (transformer-base, -small, -tiny, -micro); preset() throws Error listing them.
 const Registry<TransformerOptions>& transformer_presets();
 TransformerOptions transformer_preset(const std::string& name);
 
