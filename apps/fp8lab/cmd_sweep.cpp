@@ -1,6 +1,8 @@
 // fp8lab sweep SWEEP.toml [--jobs N]: run every point x seed of a sweep that the store does
 // not already hold (finished or diverged); resume stopped ones from their checkpoints.
 // Ctrl-C stops each running run with a checkpoint; running the sweep again continues.
+// The runs start from a private copy of the program (ProgramCopy), so rebuilding meanwhile
+// is safe.
 #include <unistd.h>
 
 #include <csignal>
@@ -76,9 +78,10 @@ int run_sweep_cmd(const SweepArgs& a) {
   opt.dir = a.dir;
   opt.progress = !a.no_progress;
   opt.dry_run = a.dry_run;
-  const std::string path = self_program();
+  std::optional<ProgramCopy> copy;
+  if (!a.dry_run) copy.emplace();
   opt.launch = [&](const experiments::SweepRun&, const std::string& config, bool resume, const std::string& log) {
-    std::vector<std::string> args = {path, "train", config, "--db", a.db, "--no-progress"};
+    std::vector<std::string> args = {copy->program(), "train", config, "--db", a.db, "--no-progress"};
     if (resume) args.push_back("--resume");
     return experiments::launch_process(args, log);
   };
@@ -89,6 +92,9 @@ int run_sweep_cmd(const SweepArgs& a) {
   else
     std::fprintf(stderr, "sweep %s: %zu points, %zu runs (seeds per grid), store %s\n", s.name.c_str(),
                  s.points.size(), all_runs, a.db.c_str());
+  if (copy)
+    std::fprintf(stderr, "sweep %s: runs start from a copy of this program in %s (removed at the end)\n",
+                 s.name.c_str(), copy->folder().c_str());
   if (shard)
     std::fprintf(stderr, "sweep %s: shard %s holds %zu of the %zu runs\n", s.name.c_str(), to_string(*shard).c_str(),
                  s.runs.size(), all_runs);

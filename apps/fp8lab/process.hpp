@@ -12,6 +12,7 @@
 // A program of your own that links the libraries can make the same choices on purpose.
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 namespace fp8lab::cli {
@@ -22,5 +23,24 @@ void setup_process();
 // --nproc ranks) and for the scripts it writes (--emit slurm). Throws Error when the
 // system does not say (/proc/self/exe unreadable).
 std::string self_program();
+
+// A private copy of this program, the launcher and the libfp8lab_cli.so beside it, in a
+// fresh folder fp8lab-sweep-XXXXXX of the temporary directory (TMPDIR), removed with the
+// object. A sweep starts its runs from it, so that relinking the build folder while a
+// sweep goes on changes none of the runs it starts later. Throws Error naming the file it
+// could not copy.
+class ProgramCopy {
+ public:
+  ProgramCopy();
+  ~ProgramCopy();
+  ProgramCopy(const ProgramCopy&) = delete;
+  ProgramCopy& operator=(const ProgramCopy&) = delete;
+  const std::string& program() const { return program_; }
+  std::string folder() const { return dir_.string(); }
+
+ private:
+  std::filesystem::path dir_;
+  std::string program_;
+};
 
 }  // namespace fp8lab::cli

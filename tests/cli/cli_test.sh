@@ -324,8 +324,11 @@ type = "fixed-point-snr"
 file = "snr"
 TOML
   W=(--db "$T/sw.db" --dir "$T/swruns" --no-progress)
-  "$FP8LAB" sweep "$T/sw.toml" "${W[@]}" --jobs 2 2>"$T/err"; rc=$?
+  mkdir -p "$T/tmp"
+  TMPDIR="$T/tmp" "$FP8LAB" sweep "$T/sw.toml" "${W[@]}" --jobs 2 2>"$T/err"; rc=$?
   check "sweep exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "sweep starts its runs from a copy of the program" grep -q "runs start from a copy of this program in $T/tmp/fp8lab-sweep-" "$T/err"
+  check "sweep removes its copy of the program" [ -z "$(ls -A "$T/tmp")" ]
   check "sweep runs all four" grep -q '4 runs: 0 already done, 4 started, 0 resumed; 4 finished' "$T/err"
   check "sweep prints each run" grep -q '^\[4/4\] .* finished test_accuracy' "$T/err"
   check "sweep keeps logs" [ "$(ls "$T/swruns" | grep -c '\.log$')" -eq 4 ]
@@ -392,12 +395,16 @@ recipe = ["fp32", "resnet32-mixed"]
 "quant.recipe" = "{recipe}"
 TOML
   W=(--db "$T/sw.db" --dir "$T/stopruns" --no-progress)
-  "$FP8LAB" sweep "$T/stop.toml" "${W[@]}" --jobs 2 >/dev/null 2>"$T/err" &
+  TMPDIR="$T/tmp" "$FP8LAB" sweep "$T/stop.toml" "${W[@]}" --jobs 2 >/dev/null 2>"$T/err" &
   pid=$!
   for _ in $(seq 1 600); do [ "$(ls "$T/stopruns" 2>/dev/null | grep -c '\.ckpt$')" -ge 2 ] && break; sleep 0.1; done
+  # The running runs execute the sweep's private copy, not the program in the build folder.
+  exes=$(for c in $(pgrep -P $pid); do readlink "/proc/$c/exe"; done | sort -u)
+  check "sweep runs execute the copy (got: $exes)" grep -qx "$T/tmp/fp8lab-sweep-[A-Za-z0-9]*/fp8lab" <<<"$exes"
   kill -INT $pid
   wait $pid; rc=$?
   check "sweep Ctrl-C exits 130 (got $rc)" [ $rc -eq 130 ]
+  check "sweep Ctrl-C removes the copy of the program" [ -z "$(ls -A "$T/tmp")" ]
   check "sweep Ctrl-C says how to go on" grep -q 'run the same command again' "$T/err"
   check "sweep Ctrl-C leaves stopped runs" [ "$("$FP8LAB" runs --db "$T/sw.db" --csv --name clistop | grep -c ',stopped,')" -eq 2 ]
   "$FP8LAB" sweep "$T/stop.toml" "${W[@]}" --jobs 2 --dry-run 2>"$T/err"; rc=$?
