@@ -14,9 +14,7 @@
 
 #include "fp8lab/core/format.hpp"
 
-#ifndef FP8LAB_CODE_VERSION
-#define FP8LAB_CODE_VERSION "unknown"
-#endif
+#include "fp8lab_code_version.hpp"  // generated at every build (cmake/code_version.cmake)
 
 namespace fp8lab::results {
 

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <regex>
+
 #include <sqlite3.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,6 +55,10 @@ TEST(Store, RecordsRunsMetricsAndTraces) {
   EXPECT_EQ(all[0].status, results::RunStatus::finished);
   EXPECT_EQ(*all[0].final_metric, 85.25);
   EXPECT_EQ(all[0].code_version, Store::code_version());
+  // The project's version and the build's `git describe --always --dirty` (written at
+  // every build by cmake/code_version.cmake), or "unknown" outside a git checkout.
+  EXPECT_TRUE(std::regex_match(Store::code_version(), std::regex(R"(\d+\.\d+\.\d+\+([0-9a-f]{7,40}(-dirty)?|unknown))")))
+      << Store::code_version();
   EXPECT_FALSE(all[1].final_metric.has_value());
   EXPECT_EQ(s.runs({.status = results::RunStatus::diverged}).size(), 1u);
   EXPECT_EQ(s.runs({.recipe = "fp32"}).size(), 1u);
