@@ -93,6 +93,12 @@ std::size_t utf8_length(const std::string& s) {
   return n;
 }
 double text_width(const std::string& s, double size) { return 0.58 * size * static_cast<double>(utf8_length(s)); }
+// The font size at which s fits `width` (at most `size`; a title too long for its plot is
+// drawn smaller rather than cut off at the edges).
+double fitting_size(const std::string& s, double size, double width) {
+  const double w = text_width(s, size);
+  return w > width && w > 0 ? size * width / w : size;
+}
 
 std::string num(double v) {
   if (v == 0) return "0";
@@ -342,7 +348,7 @@ void layout_panel(List& l, const Panel& p, double ox, double oy, double pw, doub
   f.left = ox + 66, f.top = oy + (p.title.empty() ? 12 : 32);
   f.right = ox + pw - 14 - (legend.empty() ? 0 : legend_w + 8) - (p.heat ? 74 : 0);
   f.bottom = oy + ph - 48;
-  add_text(l, ox + pw / 2, oy + 14, p.title, 13, 1, false, kText, true);
+  add_text(l, ox + pw / 2, oy + 14, p.title, fitting_size(p.title, 13, pw - 20), 1, false, kText, true);
   std::tie(f.xr, f.yr) = ranges_of(p);
   draw_axes(l, p, f, ox);
   draw_bands_and_bars(l, p, f);
@@ -361,7 +367,7 @@ List layout(const Figure& f, int& width, int& height) {
   height = static_cast<int>(title_h) + std::max(1, rows) * f.panel_height;
   List l;
   add_rect(l, 0, 0, width, height, kWhite);
-  add_text(l, width / 2.0, 18, f.title, 15, 1, false, kText, true);
+  add_text(l, width / 2.0, 18, f.title, fitting_size(f.title, 15, width - 20), 1, false, kText, true);
   for (std::size_t i = 0; i < f.panels.size(); ++i) {
     const double ox = static_cast<double>(i % static_cast<std::size_t>(cols)) * f.panel_width;
     const double oy = title_h + static_cast<double>(i / static_cast<std::size_t>(cols)) * f.panel_height;

@@ -24,3 +24,29 @@ TEST(Plot, RasterDrawsWhatTheFigureHolds) {
   EXPECT_EQ(red, 0u);
 }
 
+
+TEST(Plot, ALongTitleIsDrawnSmallerNotCutOff) {
+  results::plot::Figure f;
+  results::plot::Panel p;
+  p.series.push_back({"line", {0, 1}, {0, 1}, {}, 0});
+  p.xmin = 0, p.xmax = 1, p.ymin = 0, p.ymax = 1;
+  f.panels.push_back(p);
+  f.title.clear();
+  for (int i = 0; i < 3; ++i) f.title += "Transformer-micro, test BLEU (mean +- sd); ";  // 129 characters
+  int w = 0, h = 0;
+  const auto px = results::plot::rasterize(f, w, h);
+  // The title's band (the top 34 rows): no dark pixel in the outer 6 columns on either side.
+  std::size_t dark_at_edges = 0, dark = 0;
+  for (int y = 0; y < 34; ++y)
+    for (int x = 0; x < w; ++x) {
+      const std::size_t i = (static_cast<std::size_t>(y) * static_cast<std::size_t>(w) + static_cast<std::size_t>(x)) * 3;
+      const bool is_dark = px[i] < 128 && px[i + 1] < 128 && px[i + 2] < 128;
+      dark += is_dark;
+      dark_at_edges += is_dark && (x < 6 || x >= w - 6);
+    }
+  EXPECT_GT(dark, 200u);  // the title is drawn
+  EXPECT_EQ(dark_at_edges, 0u);
+  // A short title keeps its size.
+  f.title = "short";
+  EXPECT_NE(results::plot::to_svg(f).find("font-size=\"15.00\""), std::string::npos) << results::plot::to_svg(f).substr(0, 600);
+}
