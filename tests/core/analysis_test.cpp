@@ -46,7 +46,7 @@ TEST(Analysis, AppendixAFixedPoint) {
 }
 
 TEST(Analysis, MeasuredSnrAgreesWithTheModels) {
-  // Fixed point on a normal signal: the Monte Carlo estimate of Figure 20b.
+  // Fixed point on a normal signal: the Monte Carlo estimate of Figure 7b.
   for (int bias : {-4, -3, -2, -1, 0, 1}) {
     DistSpec d;
     const auto x = sample(d, 400000, 11);
