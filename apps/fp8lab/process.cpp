@@ -1,10 +1,13 @@
 #include "process.hpp"
 
 #include <malloc.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <system_error>
 
 #include "fp8lab/core/format.hpp"
@@ -23,14 +26,53 @@ std::string self_program() {
   return std::string(buf, static_cast<std::size_t>(n));
 }
 
+namespace {
+
+constexpr const char* kCopyPrefix = "fp8lab-sweep-";
+constexpr const char* kOwnerFile = "owner";  // the pid of the sweep that made the copy
+
+// The pid in a copy's owner file, or 0 where there is none (a copy being made, or one
+// made before copies named their owner).
+pid_t owner_of(const std::filesystem::path& dir) {
+  std::ifstream in(dir / kOwnerFile);
+  long pid = 0;
+  if (!(in >> pid) || pid <= 0) return 0;
+  return static_cast<pid_t>(pid);
+}
+
+bool process_gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+}  // namespace
+
+void remove_stale_copies(const std::filesystem::path& tmp) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (fs::directory_iterator it(tmp, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path dir = it->path();
+    if (dir.filename().string().rfind(kCopyPrefix, 0) != 0 || !it->is_directory(ec)) continue;
+    const pid_t pid = owner_of(dir);
+    if (pid == 0 || !process_gone(pid)) continue;
+    std::error_code rm;
+    fs::remove_all(dir, rm);
+    if (!rm)
+      std::fprintf(stderr, "sweep: removed %s, a copy of the program left by sweep process %ld, which has ended\n",
+                   dir.string().c_str(), static_cast<long>(pid));
+  }
+}
+
 ProgramCopy::ProgramCopy() {
   namespace fs = std::filesystem;
   const fs::path self = self_program();
-  std::string pattern = (fs::temp_directory_path() / "fp8lab-sweep-XXXXXX").string();
+  const fs::path tmp = fs::temp_directory_path();
+  remove_stale_copies(tmp);
+  std::string pattern = (tmp / (std::string(kCopyPrefix) + "XXXXXX")).string();
   if (::mkdtemp(pattern.data()) == nullptr)
     throw Error("cannot make a folder for a copy of this program (" + pattern + "): " + std::strerror(errno));
   dir_ = pattern;
   try {
+    std::ofstream owner(dir_ / kOwnerFile);
+    owner << ::getpid() << '\n';
+    if (!owner.flush()) throw Error("cannot write " + (dir_ / kOwnerFile).string());
     for (const fs::path& src : {self, self.parent_path() / "libfp8lab_cli.so"}) {
       const fs::path dst = dir_ / src.filename();
       std::error_code ec;

@@ -24,11 +24,17 @@ void setup_process();
 // system does not say (/proc/self/exe unreadable).
 std::string self_program();
 
+// Removes the folders fp8lab-sweep-* in `tmp` whose owner file names a process that has
+// ended: copies left by a sweep that was killed (SIGKILL, a second Ctrl-C) before it could
+// remove its own. Says on stderr what it removed; a folder it cannot remove stays.
+void remove_stale_copies(const std::filesystem::path& tmp);
+
 // A private copy of this program, the launcher and the libfp8lab_cli.so beside it, in a
-// fresh folder fp8lab-sweep-XXXXXX of the temporary directory (TMPDIR), removed with the
-// object. A sweep starts its runs from it, so that relinking the build folder while a
-// sweep goes on changes none of the runs it starts later. Throws Error naming the file it
-// could not copy.
+// fresh folder fp8lab-sweep-XXXXXX of the temporary directory (TMPDIR), with a file
+// `owner` holding this process's pid; removed with the object, and by a later sweep's
+// remove_stale_copies if this process is killed first. A sweep starts its runs from it,
+// so that relinking the build folder while a sweep goes on changes none of the runs it
+// starts later. Throws Error naming the file it could not copy.
 class ProgramCopy {
  public:
   ProgramCopy();

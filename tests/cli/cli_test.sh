@@ -325,10 +325,18 @@ file = "snr"
 TOML
   W=(--db "$T/sw.db" --dir "$T/swruns" --no-progress)
   mkdir -p "$T/tmp"
+  # Copies left by killed sweeps: one whose owner has ended goes, a live owner's and an
+  # unowned one stay.
+  dead=$(sh -c 'echo $$')
+  mkdir -p "$T/tmp/fp8lab-sweep-dead00" "$T/tmp/fp8lab-sweep-live00" "$T/tmp/fp8lab-sweep-none00"
+  echo "$dead" >"$T/tmp/fp8lab-sweep-dead00/owner"
+  echo "$$" >"$T/tmp/fp8lab-sweep-live00/owner"
   TMPDIR="$T/tmp" "$FP8LAB" sweep "$T/sw.toml" "${W[@]}" --jobs 2 2>"$T/err"; rc=$?
   check "sweep exits 0 (got $rc)" [ $rc -eq 0 ]
   check "sweep starts its runs from a copy of the program" grep -q "runs start from a copy of this program in $T/tmp/fp8lab-sweep-" "$T/err"
-  check "sweep removes its copy of the program" [ -z "$(ls -A "$T/tmp")" ]
+  check "sweep removes a copy whose sweep has ended" grep -q "removed $T/tmp/fp8lab-sweep-dead00, a copy of the program left by sweep process $dead" "$T/err"
+  check "sweep removes its copy of the program and only stale ones" [ "$(ls -A "$T/tmp" | tr '\n' ' ')" = "fp8lab-sweep-live00 fp8lab-sweep-none00 " ]
+  rm -r "$T/tmp/fp8lab-sweep-live00" "$T/tmp/fp8lab-sweep-none00"
   check "sweep runs all four" grep -q '4 runs: 0 already done, 4 started, 0 resumed; 4 finished' "$T/err"
   check "sweep prints each run" grep -q '^\[4/4\] .* finished test_accuracy' "$T/err"
   check "sweep keeps logs" [ "$(ls "$T/swruns" | grep -c '\.log$')" -eq 4 ]
