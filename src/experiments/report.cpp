@@ -707,6 +707,58 @@ std::optional<plt::Figure> block_stats_plot(const Sweep& s, const results::Store
   return fig;
 }
 
+std::vector<MetricCurve> metric_curves(const SweepReport& rep, const Sweep& s, const results::Store& store,
+                                       const std::string& metric, const std::map<std::string, std::string>& where) {
+  std::vector<MetricCurve> out;
+  for (const auto& pr : rep.points) {
+    if (!matches(s.points[static_cast<std::size_t>(pr.point)], where)) continue;
+    std::map<std::int64_t, std::vector<double>> at;  // step -> the runs' values there
+    for (const std::int64_t id : pr.run_ids)
+      for (const auto& [step, value] : store.metric(id, metric)) at[step].push_back(value);
+    if (at.empty()) continue;
+    MetricCurve c;
+    c.point = pr.point;
+    for (const auto& [step, values] : at) {
+      const results::MeanSd m = results::mean_sd(values);
+      c.steps.push_back(step);
+      c.mean.push_back(m.mean);
+      c.sd.push_back(m.sd);
+      c.runs.push_back(static_cast<int>(m.n));
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+namespace {
+
+// `metric` over training steps, one line per point (mean +- sd over its runs).
+std::optional<plt::Figure> curve_plot(const Sweep& s, const SweepReport& rep, const results::Store& store,
+                                      const PlotSpec& spec) {
+  plt::Panel p;
+  p.xlabel = "training step";
+  p.ylabel = spec.metric + " (mean +- sd over seeds)";
+  for (const MetricCurve& c : metric_curves(rep, s, store, spec.metric, spec.where)) {
+    plt::Series se;
+    se.label = spec.series.empty() ? point_title(s, c.point, spec) : s.points[static_cast<std::size_t>(c.point)].var(spec.series);
+    for (std::size_t i = 0; i < c.steps.size(); ++i) {
+      se.x.push_back(static_cast<double>(c.steps[i]));
+      se.y.push_back(c.mean[i]);
+      se.err.push_back(c.sd[i]);
+    }
+    p.series.push_back(std::move(se));
+  }
+  if (p.series.empty()) return std::nullopt;
+  plt::Figure fig;
+  fig.title = spec.title.empty() ? s.name + ": " + spec.metric + " over training" : spec.title;
+  fig.panels.push_back(std::move(p));
+  fig.panel_width = 820;
+  fig.panel_height = 460;
+  return fig;
+}
+
+}  // namespace
+
 std::vector<std::pair<Sweep, SweepReport>> also_reports(const Sweep& s, const results::Store& store) {
   std::vector<std::pair<Sweep, SweepReport>> out;
   for (const auto& m : s.also) {
@@ -747,6 +799,7 @@ std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, co
     else if (spec.type == "fixed-point-snr") fig = fixed_point_snr_plot(spec);
     else if (spec.type == "points") fig = points_plot(s, rep, spec);
     else if (spec.type == "block-stats") fig = block_stats_plot(s, store, spec, rows);
+    else if (spec.type == "curve") fig = curve_plot(s, rep, store, spec);
     if (!fig) {
       std::fprintf(stderr, "report: plot '%s' (%s) has no data yet; skipped\n", spec.file.c_str(), spec.type.c_str());
       continue;

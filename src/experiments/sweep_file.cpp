@@ -197,22 +197,27 @@ void set_plot_key(PlotSpec& p, const std::string& key, const toml::node& v, cons
   else if (key == "formats") p.formats = strings_of(v, source, what);
   else if (key == "kinds") p.kinds = strings_of(v, source, what);
   else if (key == "layers") p.layers = strings_of(v, source, what);
+  else if (key == "metric") p.metric = string_of(v, source, what + " must be a string (a logged metric)");
   else if (key == "where") {
     const auto* wt = v.as_table();
     if (!wt) throw Error(where(source, v) + "plot 'where' must be a table of variable = value");
     for (const auto& [wk, wv] : *wt) p.where[std::string(wk.str())] = scalar(wv, "where", source).text;
   } else {
     throw Error(where(source, v) + "unknown plot key '" + key +
-                "' (expected type, title, x, y, series, file, where, formats, kinds, layers)");
+                "' (expected type, title, x, y, series, file, where, formats, kinds, layers, metric)");
   }
 }
 
 void check_plot(const PlotSpec& p, const toml::node& at, const std::string& source) {
-  static const std::set<std::string> kTypes = {"metric",          "heatmap", "loss-scale", "histograms",
-                                                "fixed-point-snr", "points",  "block-stats"};
+  static const std::set<std::string> kTypes = {"metric", "heatmap",     "loss-scale", "histograms",
+                                                "fixed-point-snr", "points", "block-stats", "curve"};
   if (!kTypes.count(p.type))
     throw Error(where(source, at) + "plot type '" + p.type +
-                "' (expected metric, heatmap, loss-scale, histograms, fixed-point-snr, points or block-stats)");
+                "' (expected metric, heatmap, loss-scale, histograms, fixed-point-snr, points, block-stats or curve)");
+  if (p.type == "curve" && p.metric.empty())
+    throw Error(where(source, at) + "curve plot needs 'metric' (a metric the runs log during training, e.g. dev_bleu)");
+  if (!p.metric.empty() && p.type != "curve")
+    throw Error(where(source, at) + "'metric' is a key of curve plots, not of " + p.type);
   if ((p.type == "metric" || p.type == "heatmap") && p.x.empty())
     throw Error(where(source, at) + p.type + " plot needs 'x' (a variable)");
   if (p.type == "heatmap" && p.y.empty()) throw Error(where(source, at) + "heatmap plot needs 'y' (a variable)");

@@ -129,6 +129,10 @@ file = "points"
 [[plot]]
 type = "block-stats"
 file = "blocks"
+[[plot]]
+type = "curve"
+metric = "test_bleu"
+file = "curve"
 )" + std::string(test::kSmall), "report-sweep");
   ASSERT_EQ(s.points.size(), 3u);
   results::Store store((d / "r.db").string());
@@ -169,7 +173,7 @@ file = "blocks"
   EXPECT_NE(csv.find("recipe,bias,recipe,a,w,gx,gw"), std::string::npos) << csv;
 
   const auto files = experiments::write_report(s, rep, store, (d / "out").string());
-  for (const char* stem : {"acc", "heat", "hist", "scale", "snr", "points", "blocks"}) {
+  for (const char* stem : {"acc", "heat", "hist", "scale", "snr", "points", "blocks", "curve"}) {
     const fs::path svg = d / "out" / (std::string(stem) + ".svg"), png = d / "out" / (std::string(stem) + ".png");
     ASSERT_TRUE(fs::exists(svg)) << stem;
     EXPECT_TRUE(valid_svg(svg.string())) << stem;
@@ -221,6 +225,29 @@ file = "blocks"
   EXPECT_NE(points.find(">1: "), std::string::npos) << points;
   EXPECT_NE(points.find(">2</text>"), std::string::npos);
   EXPECT_EQ(points.find(">0.5</text>"), std::string::npos);
+
+  // Curves: every logged value of the metric, mean +- sd over the point's finished and
+  // diverged runs at each step (the fixture logs -1 at step 50 and metric + 1000 at 100).
+  const auto curves = experiments::metric_curves(rep, s, store, "test_bleu", {});
+  ASSERT_EQ(curves.size(), 3u);
+  EXPECT_EQ(curves[0].steps, (std::vector<std::int64_t>{50, 100}));
+  EXPECT_EQ(curves[0].runs, (std::vector<int>{5, 5}));
+  EXPECT_DOUBLE_EQ(curves[0].mean[0], -1);
+  EXPECT_DOUBLE_EQ(curves[0].sd[0], 0);
+  EXPECT_NEAR(curves[0].mean[1], 1092, 1e-9);
+  EXPECT_NEAR(curves[0].sd[1], std::sqrt(2.5), 1e-12);
+  // Bias 12: seeds 1-3 finished (1090..1092) and seed 4 diverged (1000); seed 5 not run.
+  EXPECT_EQ(curves[2].point, 2);
+  EXPECT_EQ(curves[2].runs, (std::vector<int>{4, 4}));
+  EXPECT_NEAR(curves[2].mean[1], (1090.0 + 1091 + 1092 + 1000) / 4, 1e-9);
+  const auto only_a = experiments::metric_curves(rep, s, store, "test_bleu", {{"recipe", "a"}});
+  ASSERT_EQ(only_a.size(), 2u);
+  EXPECT_EQ(only_a[0].point, 1);
+  EXPECT_TRUE(experiments::metric_curves(rep, s, store, "dev_bleu", {}).empty());  // never logged
+  std::ifstream curve_in(d / "out" / "curve.svg");
+  const std::string curve((std::istreambuf_iterator<char>(curve_in)), {});
+  EXPECT_NE(curve.find("test_bleu (mean +- sd over seeds)"), std::string::npos);
+  EXPECT_NE(curve.find("training step"), std::string::npos);
 
   // A metric named in the sweep is the run's last logged value of it, not its final metric.
   experiments::Sweep named = s;

@@ -106,6 +106,9 @@ TEST(Sweep, ErrorsNameTheProblemAndLine) {
   EXPECT_NE(error_of([] { parse("metric = \"nsp_loss\"\nalso = [\"nsp_loss\"]\n"); }).find("'also'"), std::string::npos);
   EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"points\"\nlayers = [\"*.se_*\"]\n"); }).find("'layers'"),
             std::string::npos);
+  EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"curve\"\n"); }).find("curve plot needs 'metric'"), std::string::npos);
+  EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"points\"\nmetric = \"dev_bleu\"\n"); }).find("'metric' is a key of curve"),
+            std::string::npos);
   EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"histograms\"\nlayers = [\"\"]\n"); }).find("empty pattern"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse("[[grid]]\nb = [1]\n[[plot]]\ntype = \"metric\"\nx = \"c\"\n"); }).find("'c'"),

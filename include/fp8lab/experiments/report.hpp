@@ -4,6 +4,8 @@
 // CSV with the recipe as columns; and the sweep's [[plot]] figures as SVG and PNG.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +49,20 @@ SweepReport analyse(const Sweep& s, const results::Store& store);
 SweepReport analyse_named(const results::Store& store, const std::string& name, Sweep& s);
 std::string to_markdown(const Sweep& s, const SweepReport& r);
 std::string to_csv(const Sweep& s, const SweepReport& r);
+
+// A metric the runs log during training (e.g. dev_bleu after every epoch), for one point:
+// at each step where some of its finished or diverged runs logged it, the mean and sample
+// standard deviation over those runs (sd 0 for one) and how many they were.
+struct MetricCurve {
+  int point = 0;
+  std::vector<std::int64_t> steps;
+  std::vector<double> mean, sd;
+  std::vector<int> runs;
+};
+// The curve of `metric` for each point of `rep` whose variables match `where` and that has
+// a run that logged it, in the report's point order.
+std::vector<MetricCurve> metric_curves(const SweepReport& rep, const Sweep& s, const results::Store& store,
+                                       const std::string& metric, const std::map<std::string, std::string>& where);
 
 // The sweep's `also` metrics: for each, the sweep with that metric and its report.
 std::vector<std::pair<Sweep, SweepReport>> also_reports(const Sweep& s, const results::Store& store);

@@ -50,8 +50,9 @@ struct SweepRun {
 };
 
 struct PlotSpec {
-  std::string type;  // metric, heatmap, loss-scale, histograms, fixed-point-snr, points, block-stats
+  std::string type;  // metric, heatmap, loss-scale, histograms, fixed-point-snr, points, block-stats, curve
   std::string title, x, y, series, file;  // file: output name without extension
+  std::string metric;                        // curve: the logged metric drawn over training
   std::map<std::string, std::string> where;  // only points whose variables have these values
   std::vector<std::string> formats;          // histograms: ranges to draw; snr: unused
   std::vector<std::string> kinds;            // histograms (default all four), block-stats (a, w, gx): tensor kinds
