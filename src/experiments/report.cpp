@@ -35,6 +35,13 @@ std::string pvalue(double p) {
   return b;
 }
 
+// A CSV field, quoted where it holds a comma, a quote or a newline.
+std::string csv_cell(const std::string& x) {
+  if (x.find_first_of(",\"\n") == std::string::npos) return x;
+  std::string q = "\"";
+  for (char ch : x) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return q + "\"";
+}
 
 // Decimals for a metric: accuracies and BLEU 2, losses 4.
 int decimals_for(const std::string& metric) { return metric.find("loss") != std::string::npos ? 4 : 2; }
@@ -588,12 +595,7 @@ std::string to_markdown(const Sweep& s, const SweepReport& r) {
 
 std::string to_csv(const Sweep& s, const SweepReport& r) {
   std::ostringstream o;
-  auto cell = [](const std::string& x) {
-    if (x.find_first_of(",\"\n") == std::string::npos) return x;
-    std::string q = "\"";
-    for (char ch : x) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-    return q + "\"";
-  };
+  const auto cell = csv_cell;
   for (const auto& v : s.variables) o << cell(v) << ",";
   o << "recipe,a,w,gx,gw,loss_scale,mean_log2_scale,skipped_steps,n,diverged,missing,mean,sd,u,p,significant,values\n";
   for (const auto& p : r.points) {
@@ -733,12 +735,11 @@ std::vector<MetricCurve> metric_curves(const SweepReport& rep, const Sweep& s, c
 namespace {
 
 // `metric` over training steps, one line per point (mean +- sd over its runs).
-std::optional<plt::Figure> curve_plot(const Sweep& s, const SweepReport& rep, const results::Store& store,
-                                      const PlotSpec& spec) {
+std::optional<plt::Figure> curve_plot(const Sweep& s, const std::vector<MetricCurve>& curves, const PlotSpec& spec) {
   plt::Panel p;
   p.xlabel = "training step";
   p.ylabel = spec.metric + " (mean +- sd over seeds)";
-  for (const MetricCurve& c : metric_curves(rep, s, store, spec.metric, spec.where)) {
+  for (const MetricCurve& c : curves) {
     plt::Series se;
     se.label = spec.series.empty() ? point_title(s, c.point, spec) : s.points[static_cast<std::size_t>(c.point)].var(spec.series);
     for (std::size_t i = 0; i < c.steps.size(); ++i) {
@@ -755,6 +756,17 @@ std::optional<plt::Figure> curve_plot(const Sweep& s, const SweepReport& rep, co
   fig.panel_width = 820;
   fig.panel_height = 460;
   return fig;
+}
+
+// The curves' numbers: one row per point and step.
+std::string curves_csv(const Sweep& s, const std::vector<MetricCurve>& curves, const std::string& metric) {
+  std::ostringstream o;
+  o << "point,step," << metric << "_mean," << metric << "_sd,runs\n";
+  for (const MetricCurve& c : curves)
+    for (std::size_t i = 0; i < c.steps.size(); ++i)
+      o << csv_cell(s.points[static_cast<std::size_t>(c.point)].label()) << ',' << c.steps[i] << ','
+        << fixed(c.mean[i], 6) << ',' << fixed(c.sd[i], 6) << ',' << c.runs[i] << '\n';
+  return o.str();
 }
 
 }  // namespace
@@ -799,7 +811,15 @@ std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, co
     else if (spec.type == "fixed-point-snr") fig = fixed_point_snr_plot(spec);
     else if (spec.type == "points") fig = points_plot(s, rep, spec);
     else if (spec.type == "block-stats") fig = block_stats_plot(s, store, spec, rows);
-    else if (spec.type == "curve") fig = curve_plot(s, rep, store, spec);
+    else if (spec.type == "curve") {
+      const auto curves = metric_curves(rep, s, store, spec.metric, spec.where);
+      if (!curves.empty()) {
+        const std::string csv_path = (fs::path(out_dir) / (spec.file + ".csv")).string();
+        write_text(csv_path, curves_csv(s, curves, spec.metric));
+        files.push_back(csv_path);
+      }
+      fig = curve_plot(s, curves, spec);
+    }
     if (!fig) {
       std::fprintf(stderr, "report: plot '%s' (%s) has no data yet; skipped\n", spec.file.c_str(), spec.type.c_str());
       continue;

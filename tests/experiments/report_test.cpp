@@ -248,6 +248,11 @@ file = "curve"
   const std::string curve((std::istreambuf_iterator<char>(curve_in)), {});
   EXPECT_NE(curve.find("test_bleu (mean +- sd over seeds)"), std::string::npos);
   EXPECT_NE(curve.find("training step"), std::string::npos);
+  std::ifstream curve_csv_in(d / "out" / "curve.csv");
+  const std::string curve_csv((std::istreambuf_iterator<char>(curve_csv_in)), {});
+  EXPECT_EQ(curve_csv.rfind("point,step,test_bleu_mean,test_bleu_sd,runs\n", 0), 0u) << curve_csv;
+  EXPECT_NE(curve_csv.find(",100,1092.000000,1.581139,5\n"), std::string::npos) << curve_csv;
+  EXPECT_NE(curve_csv.find(",100,1068.250000,"), std::string::npos) << curve_csv;
 
   // A metric named in the sweep is the run's last logged value of it, not its final metric.
   experiments::Sweep named = s;

@@ -68,8 +68,8 @@ std::vector<MetricCurve> metric_curves(const SweepReport& rep, const Sweep& s, c
 std::vector<std::pair<Sweep, SweepReport>> also_reports(const Sweep& s, const results::Store& store);
 
 // Writes `rep` (analyse(s, store)) as <out>/table.md, <out>/table.csv, each `also` metric's
-// <out>/table-<metric>.{md,csv} and each plot's <out>/<file>.{svg,png}; returns the files
-// written. A plot without data is skipped with a note on stderr.
+// <out>/table-<metric>.{md,csv} and each plot's <out>/<file>.{svg,png} (a curve plot's
+// numbers also as <out>/<file>.csv); returns the files written. A plot without data is skipped with a note on stderr.
 std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, const results::Store& store,
                                       const std::string& out_dir);
 
