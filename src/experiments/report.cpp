@@ -804,24 +804,28 @@ std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, co
   }
   for (const auto& spec : s.plots) {
     std::optional<plt::Figure> fig;
-    if (spec.type == "metric") fig = metric_plot(s, rep, spec);
-    else if (spec.type == "heatmap") fig = heatmap_plot(s, rep, spec);
-    else if (spec.type == "loss-scale") fig = loss_scale_plot(s, store, spec, rows);
-    else if (spec.type == "histograms") fig = histogram_plot(s, store, spec, rows);
-    else if (spec.type == "fixed-point-snr") fig = fixed_point_snr_plot(spec);
-    else if (spec.type == "points") fig = points_plot(s, rep, spec);
-    else if (spec.type == "block-stats") fig = block_stats_plot(s, store, spec, rows);
-    else if (spec.type == "curve") {
-      const auto curves = metric_curves(rep, s, store, spec.metric, spec.where);
-      if (!curves.empty()) {
-        const std::string csv_path = (fs::path(out_dir) / (spec.file + ".csv")).string();
-        write_text(csv_path, curves_csv(s, curves, spec.metric));
-        files.push_back(csv_path);
+    switch (spec.type) {
+      case PlotType::metric: fig = metric_plot(s, rep, spec); break;
+      case PlotType::heatmap: fig = heatmap_plot(s, rep, spec); break;
+      case PlotType::loss_scale: fig = loss_scale_plot(s, store, spec, rows); break;
+      case PlotType::histograms: fig = histogram_plot(s, store, spec, rows); break;
+      case PlotType::fixed_point_snr: fig = fixed_point_snr_plot(spec); break;
+      case PlotType::points: fig = points_plot(s, rep, spec); break;
+      case PlotType::block_stats: fig = block_stats_plot(s, store, spec, rows); break;
+      case PlotType::curve: {
+        const auto curves = metric_curves(rep, s, store, spec.metric, spec.where);
+        if (!curves.empty()) {
+          const std::string csv_path = (fs::path(out_dir) / (spec.file + ".csv")).string();
+          write_text(csv_path, curves_csv(s, curves, spec.metric));
+          files.push_back(csv_path);
+        }
+        fig = curve_plot(s, curves, spec);
+        break;
       }
-      fig = curve_plot(s, curves, spec);
     }
     if (!fig) {
-      std::fprintf(stderr, "report: plot '%s' (%s) has no data yet; skipped\n", spec.file.c_str(), spec.type.c_str());
+      std::fprintf(stderr, "report: plot '%s' (%s) has no data yet; skipped\n", spec.file.c_str(),
+                   std::string(to_string(spec.type)).c_str());
       continue;
     }
     const std::string stem = (fs::path(out_dir) / spec.file).string();

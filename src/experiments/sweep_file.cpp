@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 
 #include "fp8lab/core/files.hpp"
@@ -125,8 +124,33 @@ bool is_number(const std::string& s) {
   }
 }
 
+// Each plot type with its name in sweep files, in the order the docs list them.
+constexpr std::pair<PlotType, std::string_view> kPlotTypes[] = {
+    {PlotType::metric, "metric"},         {PlotType::heatmap, "heatmap"},
+    {PlotType::loss_scale, "loss-scale"}, {PlotType::histograms, "histograms"},
+    {PlotType::fixed_point_snr, "fixed-point-snr"}, {PlotType::points, "points"},
+    {PlotType::block_stats, "block-stats"}, {PlotType::curve, "curve"},
+};
+
+std::string plot_type_list() {
+  std::string out;
+  for (const auto& [t, name] : kPlotTypes) out += (out.empty() ? "" : ", ") + std::string(name);
+  return out;
+}
 
 }  // namespace
+
+std::string_view to_string(PlotType t) {
+  for (const auto& [type, name] : kPlotTypes)
+    if (type == t) return name;
+  return "?";
+}
+
+PlotType parse_plot_type(std::string_view text) {
+  for (const auto& [type, name] : kPlotTypes)
+    if (name == text) return type;
+  throw Error("plot type '" + std::string(text) + "' (expected one of " + plot_type_list() + ")");
+}
 
 std::string SweepPoint::label() const {
   std::string s;
@@ -188,7 +212,13 @@ std::vector<std::string> strings_of(const toml::node& v, const std::string& sour
 
 void set_plot_key(PlotSpec& p, const std::string& key, const toml::node& v, const std::string& source) {
   const std::string what = "plot '" + key + "'";
-  if (key == "type") p.type = string_of(v, source, what + " must be a string");
+  if (key == "type") {
+    try {
+      p.type = parse_plot_type(string_of(v, source, what + " must be a string"));
+    } catch (const Error& e) {
+      throw Error(where(source, v) + e.what());
+    }
+  }
   else if (key == "title") p.title = string_of(v, source, what + " must be a string");
   else if (key == "x") p.x = string_of(v, source, what + " must be a string");
   else if (key == "y") p.y = string_of(v, source, what + " must be a string");
@@ -209,20 +239,16 @@ void set_plot_key(PlotSpec& p, const std::string& key, const toml::node& v, cons
 }
 
 void check_plot(const PlotSpec& p, const toml::node& at, const std::string& source) {
-  static const std::set<std::string> kTypes = {"metric", "heatmap",     "loss-scale", "histograms",
-                                                "fixed-point-snr", "points", "block-stats", "curve"};
-  if (!kTypes.count(p.type))
-    throw Error(where(source, at) + "plot type '" + p.type +
-                "' (expected metric, heatmap, loss-scale, histograms, fixed-point-snr, points, block-stats or curve)");
-  if (p.type == "curve" && p.metric.empty())
+  const std::string type(to_string(p.type));
+  if (p.type == PlotType::curve && p.metric.empty())
     throw Error(where(source, at) + "curve plot needs 'metric' (a metric the runs log during training, e.g. dev_bleu)");
-  if (!p.metric.empty() && p.type != "curve")
-    throw Error(where(source, at) + "'metric' is a key of curve plots, not of " + p.type);
-  if ((p.type == "metric" || p.type == "heatmap") && p.x.empty())
-    throw Error(where(source, at) + p.type + " plot needs 'x' (a variable)");
-  if (p.type == "heatmap" && p.y.empty()) throw Error(where(source, at) + "heatmap plot needs 'y' (a variable)");
-  if (!p.layers.empty() && p.type != "histograms")
-    throw Error(where(source, at) + "'layers' is a key of histograms plots, not of " + p.type);
+  if (!p.metric.empty() && p.type != PlotType::curve)
+    throw Error(where(source, at) + "'metric' is a key of curve plots, not of " + type);
+  if ((p.type == PlotType::metric || p.type == PlotType::heatmap) && p.x.empty())
+    throw Error(where(source, at) + type + " plot needs 'x' (a variable)");
+  if (p.type == PlotType::heatmap && p.y.empty()) throw Error(where(source, at) + "heatmap plot needs 'y' (a variable)");
+  if (!p.layers.empty() && p.type != PlotType::histograms)
+    throw Error(where(source, at) + "'layers' is a key of histograms plots, not of " + type);
   for (const auto& l : p.layers)
     if (l.empty()) throw Error(where(source, at) + "plot layers: an empty pattern");
   for (const auto& f : p.formats) {
@@ -242,10 +268,12 @@ std::vector<PlotSpec> plots_of(const toml::node& v, const std::string& source) {
   for (const auto& pn : *a) {
     const auto* t = pn.as_table();
     if (!t) throw Error(where(source, pn) + "each [[plot]] must be a table");
+    if (!t->contains("type"))
+      throw Error(where(source, pn) + "a [[plot]] needs 'type' (" + plot_type_list() + ")");
     PlotSpec p;
     for (const auto& [pk, pv] : *t) set_plot_key(p, std::string(pk.str()), pv, source);
     check_plot(p, pn, source);
-    if (p.file.empty()) p.file = "plot" + std::to_string(plots.size() + 1) + "-" + p.type;
+    if (p.file.empty()) p.file = "plot" + std::to_string(plots.size() + 1) + "-" + std::string(to_string(p.type));
     plots.push_back(std::move(p));
   }
   return plots;

@@ -106,6 +106,12 @@ TEST(Sweep, ErrorsNameTheProblemAndLine) {
   EXPECT_NE(error_of([] { parse("metric = \"nsp_loss\"\nalso = [\"nsp_loss\"]\n"); }).find("'also'"), std::string::npos);
   EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"points\"\nlayers = [\"*.se_*\"]\n"); }).find("'layers'"),
             std::string::npos);
+  EXPECT_NE(error_of([] { parse("[[plot]]\ntitle = \"x\"\n"); }).find("needs 'type' (metric, heatmap,"), std::string::npos);
+  // Every type's name parses back to it, and names the default file.
+  for (auto t : {experiments::PlotType::metric, experiments::PlotType::loss_scale, experiments::PlotType::curve,
+                 experiments::PlotType::fixed_point_snr, experiments::PlotType::block_stats})
+    EXPECT_EQ(experiments::parse_plot_type(experiments::to_string(t)), t);
+  EXPECT_EQ(parse("[[plot]]\ntype = \"loss-scale\"\n").plots.at(0).file, "plot1-loss-scale");
   EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"curve\"\n"); }).find("curve plot needs 'metric'"), std::string::npos);
   EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"points\"\nmetric = \"dev_bleu\"\n"); }).find("'metric' is a key of curve"),
             std::string::npos);

@@ -49,8 +49,14 @@ struct SweepRun {
   std::string key;       // 16 hex digits of its hash: names the config, log and checkpoint
 };
 
+// The kinds of [[plot]] a sweep file can ask for (docs/experiments.md, "Plot types").
+enum class PlotType { metric, heatmap, loss_scale, histograms, fixed_point_snr, points, block_stats, curve };
+std::string_view to_string(PlotType t);  // as a sweep file writes it: "loss-scale", ...
+// Throws Error naming the text and listing the types.
+PlotType parse_plot_type(std::string_view text);
+
 struct PlotSpec {
-  std::string type;  // metric, heatmap, loss-scale, histograms, fixed-point-snr, points, block-stats, curve
+  PlotType type = PlotType::metric;
   std::string title, x, y, series, file;  // file: output name without extension
   std::string metric;                        // curve: the logged metric drawn over training
   std::map<std::string, std::string> where;  // only points whose variables have these values
