@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <limits>
 #include <optional>
+#include <tuple>
+#include <utility>
 
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/random.hpp"
@@ -162,9 +164,10 @@ class Trainer {
   struct FinalEvaluations {
     std::vector<std::pair<std::string, double>> metrics;  // (name, value), parts after each metric
     std::optional<double> metric;                          // the last metric evaluated
+    std::string metric_name;                               // its name ("test_bleu_averaged", ...)
   };
   FinalEvaluations final_evaluations(bool reuse_last);
-  double final_metric();
+  std::pair<std::string, double> final_metric();
 
   const TrainConfig& cfg_;
   const TrainOptions opt_;
@@ -482,6 +485,7 @@ Trainer::FinalEvaluations Trainer::final_evaluations(bool reuse_last) {
     out.metrics.emplace_back(name + suffix, metric);
     for (const auto& [part, value] : task_->metric_parts()) out.metrics.emplace_back(part + suffix, value);
     out.metric = metric;
+    out.metric_name = name + suffix;
   };
   if (!reuse_last) evaluate(state_.ema.empty() ? nullptr : &state_.ema, "");
   if (cfg_.train.average_last > 0 && state_.recent.size() > 1) {
@@ -491,13 +495,14 @@ Trainer::FinalEvaluations Trainer::final_evaluations(bool reuse_last) {
   return out;
 }
 
-// The final metric: the last of final_evaluations, which reuses the last periodic
-// evaluation where the task has no separate final one; all of them are logged.
-double Trainer::final_metric() {
+// The final metric and its name: the last of final_evaluations (the averaged weights' where
+// the run averages its last checkpoints: "test_bleu_averaged"), which reuses the last
+// periodic evaluation where the task has no separate final one; all of them are logged.
+std::pair<std::string, double> Trainer::final_metric() {
   const FinalEvaluations f = final_evaluations(!task_->separate_final());
   for (const auto& [name, value] : f.metrics) record_.log_metric(state_.step, name, value);
-  if (f.metric) return *f.metric;
-  return state_.evals.empty() ? 0 : state_.evals.back().second;
+  if (f.metric) return {f.metric_name, *f.metric};
+  return {task_->metric_name(true), state_.evals.empty() ? 0 : state_.evals.back().second};
 }
 
 // `fp8lab evaluate`: every final evaluation, the first one included, timed.
@@ -524,7 +529,7 @@ TrainResult Trainer::finish() {
   if (status_ == RunStatus::stopped) save();
   if (status_ == RunStatus::finished) {
     const double before = eval_seconds_;
-    res.final_metric = final_metric();
+    std::tie(res.metric_name, res.final_metric) = final_metric();
     res.final_eval_seconds = eval_seconds_ - before;
     record_.log_metric(state_.step, "final_eval_seconds", res.final_eval_seconds);
   }

@@ -116,6 +116,10 @@ void check_resume_equals_uninterrupted(const std::string& model, const std::stri
   }
   const auto full = experiments::train(c, &s1, quiet());
   ASSERT_EQ(full.status, results::RunStatus::finished);
+  // The final metric is the averaged weights' (average_last = 2), and says so.
+  EXPECT_EQ(full.metric_name, "test_accuracy_averaged");
+  EXPECT_EQ(s1.runs()[0].metric_name, "test_accuracy_averaged");
+  EXPECT_DOUBLE_EQ(s1.metric(s1.runs()[0].id, "test_accuracy_averaged").at(0).second, full.final_metric);
   c.train.checkpoint = (d / ("resume2" + tag + ".ckpt")).string();
   experiments::TrainOptions o = quiet();
   o.stop_after = 7;  // not on a checkpoint or evaluation boundary

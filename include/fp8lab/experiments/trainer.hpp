@@ -51,7 +51,7 @@ struct TrainOptions {
 
 struct TrainResult {
   results::RunStatus status = results::RunStatus::finished;  // finished, diverged, stopped
-  std::string metric_name = "test_accuracy";
+  std::string metric_name = "test_accuracy";  // with "_averaged" where it is the averaged weights'
   double final_metric = 0;          // top-1 accuracy, percent (of the EMA / averaged weights if on)
   std::vector<std::pair<std::int64_t, double>> evals;  // (step, metric)
   double final_train_loss = 0;      // moving average of the training loss
