@@ -8,9 +8,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "fp8lab/core/text.hpp"
-
 #include "fp8lab/core/codec.hpp"
+#include "fp8lab/core/enum_names.hpp"
+#include "fp8lab/core/text.hpp"
 
 namespace fp8lab {
 
@@ -20,25 +20,22 @@ double dynamic_range_db(const Format& f) {
 
 double float_snr_model_db(const Format& f) { return 7.44 + 6.02 * (f.man_bits + 1); }
 
-std::string_view to_string(Distribution d) {
-  switch (d) {
-    case Distribution::normal: return "normal";
-    case Distribution::uniform: return "uniform";
-    case Distribution::laplace: return "laplace";
-    case Distribution::loguniform: return "loguniform";
-    case Distribution::student_t: return "student-t";
-    case Distribution::outliers: return "normal-outliers";
-  }
-  return "?";
-}
+namespace {
+
+constexpr EnumName<Distribution> kDistributions[] = {
+    {Distribution::normal, "normal"},         {Distribution::uniform, "uniform"},
+    {Distribution::laplace, "laplace"},       {Distribution::loguniform, "loguniform"},
+    {Distribution::student_t, "student-t"},   {Distribution::outliers, "normal-outliers"}};
+constexpr EnumName<Distribution> kDistributionAliases[] = {
+    {Distribution::normal, "gaussian"}, {Distribution::loguniform, "log-uniform"},
+    {Distribution::student_t, "t"},     {Distribution::outliers, "outliers"}};
+
+}  // namespace
+
+std::string_view to_string(Distribution d) { return enum_name(kDistributions, d); }
 
 Distribution parse_distribution(std::string_view s) {
-  if (s == "normal" || s == "gaussian") return Distribution::normal;
-  if (s == "uniform") return Distribution::uniform;
-  if (s == "laplace") return Distribution::laplace;
-  if (s == "loguniform" || s == "log-uniform") return Distribution::loguniform;
-  if (s == "student-t" || s == "t") return Distribution::student_t;
-  if (s == "normal-outliers" || s == "outliers") return Distribution::outliers;
+  if (const auto d = enum_find(kDistributions, s, kDistributionAliases)) return *d;
   throw Error("unknown distribution '" + std::string(s) +
               "': expected normal, uniform, laplace, loguniform, student-t:DOF or "
               "normal-outliers:FRACTION:SCALE");

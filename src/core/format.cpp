@@ -1,5 +1,7 @@
-#include "fp8lab/core/text.hpp"
 #include "fp8lab/core/format.hpp"
+
+#include "fp8lab/core/enum_names.hpp"
+#include "fp8lab/core/text.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -23,64 +25,36 @@ bool parse_int(std::string_view s, int& out) {
   return ec == std::errc() && p == s.data() + s.size();
 }
 
+// Each value with its name (what to_string prints, and parse accepts), then the other
+// spellings the parsers accept; parsing ignores case and surrounding space.
+constexpr EnumName<Policy> kPolicies[] = {
+    {Policy::fnuz, "fnuz"}, {Policy::fn, "fn"}, {Policy::ieee, "ieee"}, {Policy::finite, "finite"}};
+constexpr EnumName<Rounding> kRoundings[] = {
+    {Rounding::nearest_even, "nearest-even"}, {Rounding::toward_zero, "toward-zero"}, {Rounding::stochastic, "stochastic"}};
+constexpr EnumName<Rounding> kRoundingAliases[] = {
+    {Rounding::nearest_even, "nearest_even"}, {Rounding::nearest_even, "ne"},  {Rounding::nearest_even, "rne"},
+    {Rounding::nearest_even, "nearest"},      {Rounding::toward_zero, "toward_zero"}, {Rounding::toward_zero, "tz"},
+    {Rounding::toward_zero, "rtz"},           {Rounding::toward_zero, "truncate"},    {Rounding::stochastic, "sr"}};
+constexpr EnumName<Overflow> kOverflows[] = {{Overflow::saturate, "saturate"}, {Overflow::nan, "nan"}, {Overflow::inf, "inf"}};
+constexpr EnumName<Overflow> kOverflowAliases[] = {{Overflow::saturate, "clip"}, {Overflow::saturate, "sat"}};
+
+// The value `s` names in `names` or `aliases`; throws Error "unknown <what> '<s>' (known:
+// <names>)".
+template <class E, std::size_t N>
+E parse_named(const EnumName<E> (&names)[N], std::string_view s, const char* what, EnumAliases<E> aliases = {}) {
+  if (const auto v = enum_find(names, lower(trim(s)), aliases)) return *v;
+  throw Error("unknown " + std::string(what) + " '" + std::string(s) + "' (known: " + enum_names(names) + ")");
+}
+
 }  // namespace
 
-std::string_view to_string(Policy p) {
-  switch (p) {
-    case Policy::fnuz: return "fnuz";
-    case Policy::fn: return "fn";
-    case Policy::ieee: return "ieee";
-    case Policy::finite: return "finite";
-  }
-  return "?";
-}
+std::string_view to_string(Policy p) { return enum_name(kPolicies, p); }
+std::string_view to_string(Rounding r) { return enum_name(kRoundings, r); }
+std::string_view to_string(Overflow o) { return enum_name(kOverflows, o); }
 
-std::string_view to_string(Rounding r) {
-  switch (r) {
-    case Rounding::nearest_even: return "nearest-even";
-    case Rounding::toward_zero: return "toward-zero";
-    case Rounding::stochastic: return "stochastic";
-  }
-  return "?";
-}
-
-std::string_view to_string(Overflow o) {
-  switch (o) {
-    case Overflow::saturate: return "saturate";
-    case Overflow::nan: return "nan";
-    case Overflow::inf: return "inf";
-  }
-  return "?";
-}
-
-Policy parse_policy(std::string_view s) {
-  const std::string l = lower(trim(s));
-  if (l == "fnuz") return Policy::fnuz;
-  if (l == "fn") return Policy::fn;
-  if (l == "ieee") return Policy::ieee;
-  if (l == "finite") return Policy::finite;
-  throw Error("unknown special-value policy '" + std::string(s) +
-              "': expected fnuz, fn, ieee or finite");
-}
-
-Rounding parse_rounding(std::string_view s) {
-  const std::string l = lower(trim(s));
-  if (l == "nearest-even" || l == "nearest_even" || l == "ne" || l == "rne" || l == "nearest")
-    return Rounding::nearest_even;
-  if (l == "toward-zero" || l == "toward_zero" || l == "tz" || l == "rtz" || l == "truncate")
-    return Rounding::toward_zero;
-  if (l == "stochastic" || l == "sr") return Rounding::stochastic;
-  throw Error("unknown rounding '" + std::string(s) +
-              "': expected nearest-even, toward-zero or stochastic");
-}
-
-Overflow parse_overflow(std::string_view s) {
-  const std::string l = lower(trim(s));
-  if (l == "saturate" || l == "clip" || l == "sat") return Overflow::saturate;
-  if (l == "nan") return Overflow::nan;
-  if (l == "inf") return Overflow::inf;
-  throw Error("unknown overflow mode '" + std::string(s) + "': expected saturate, nan or inf");
-}
+Policy parse_policy(std::string_view s) { return parse_named(kPolicies, s, "special-value policy"); }
+Rounding parse_rounding(std::string_view s) { return parse_named(kRoundings, s, "rounding", kRoundingAliases); }
+Overflow parse_overflow(std::string_view s) { return parse_named(kOverflows, s, "overflow mode", kOverflowAliases); }
 
 int natural_bias(int exp_bits) {
   // Outside 1..30 there is no natural bias to compute (make_format rejects E > 8 anyway).

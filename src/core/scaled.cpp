@@ -8,66 +8,40 @@
 #include <cmath>
 #include <limits>
 
+#include "fp8lab/core/enum_names.hpp"
 #include "fp8lab/core/text.hpp"
 
 namespace fp8lab {
 
 // ---- names ---------------------------------------------------------------------------
 
-std::string_view to_string(Granularity g) {
-  switch (g) {
-    case Granularity::tensor: return "tensor";
-    case Granularity::line: return "line";
-    case Granularity::block: return "block";
-    case Granularity::tile: return "tile";
-  }
-  return "?";
-}
-
-std::string_view to_string(ScaleFormat s) {
-  switch (s) {
-    case ScaleFormat::none: return "none";
-    case ScaleFormat::e8m0: return "e8m0";
-    case ScaleFormat::ue4m3: return "ue4m3";
-    case ScaleFormat::fp32: return "fp32";
-  }
-  return "?";
-}
-
-std::string_view to_string(ScaleRule r) {
-  switch (r) {
-    case ScaleRule::floor: return "floor";
-    case ScaleRule::ceil: return "ceil";
-    case ScaleRule::nearest: return "nearest";
-  }
-  return "?";
-}
-
 namespace {
 
-std::optional<ScaleFormat> scale_format_named(std::string_view s) {
-  for (ScaleFormat f : {ScaleFormat::e8m0, ScaleFormat::ue4m3, ScaleFormat::fp32})
-    if (s == to_string(f)) return f;
-  return std::nullopt;
-}
+constexpr EnumName<Granularity> kGranularities[] = {
+    {Granularity::tensor, "tensor"}, {Granularity::line, "line"}, {Granularity::block, "block"}, {Granularity::tile, "tile"}};
+constexpr EnumName<ScaleFormat> kScaleFormats[] = {
+    {ScaleFormat::none, "none"}, {ScaleFormat::e8m0, "e8m0"}, {ScaleFormat::ue4m3, "ue4m3"}, {ScaleFormat::fp32, "fp32"}};
+constexpr EnumName<ScaleRule> kScaleRules[] = {
+    {ScaleRule::floor, "floor"}, {ScaleRule::ceil, "ceil"}, {ScaleRule::nearest, "nearest"}};
 
-std::optional<ScaleRule> scale_rule_named(std::string_view s) {
-  for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest})
-    if (s == to_string(r)) return r;
-  return std::nullopt;
+// A scale format a spec may name: any but "none" (a spec without scales names none).
+std::optional<ScaleFormat> scale_format_named(std::string_view s) {
+  const auto f = enum_find(kScaleFormats, s);
+  return f == ScaleFormat::none ? std::nullopt : f;
 }
 
 }  // namespace
+
+std::string_view to_string(Granularity g) { return enum_name(kGranularities, g); }
+std::string_view to_string(ScaleFormat s) { return enum_name(kScaleFormats, s); }
+std::string_view to_string(ScaleRule r) { return enum_name(kScaleRules, r); }
 
 ScaleFormat parse_scale_format(std::string_view s) {
   if (const auto f = scale_format_named(trim(s))) return *f;
   throw Error("unknown scale format '" + std::string(s) + "': expected e8m0, ue4m3 or fp32");
 }
 
-ScaleRule parse_scale_rule(std::string_view s) {
-  if (const auto r = scale_rule_named(trim(s))) return *r;
-  throw Error("unknown scale rule '" + std::string(s) + "': expected floor, ceil or nearest");
-}
+ScaleRule parse_scale_rule(std::string_view s) { return enum_parse(kScaleRules, trim(s), "scale rule"); }
 
 // ---- validation ----------------------------------------------------------------------
 
@@ -138,7 +112,7 @@ void parse_granularity(std::string_view g, ScaledSpec& s, const std::string& whe
 
 void apply_option(std::string_view o, ScaledSpec& s, const std::string& where) {
   if (const auto f = scale_format_named(o)) return void(s.scale = *f);
-  if (const auto r = scale_rule_named(o)) return void(s.rule = *r);
+  if (const auto r = enum_find(kScaleRules, o)) return void(s.rule = *r);
   if (o == "tensor-scale") return void(s.tensor_scale = true);
   if (o == "current") return void(s.history = 0);
   if (o.substr(0, 8) == "delayed-") {

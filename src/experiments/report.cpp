@@ -12,6 +12,7 @@
 #include "fp8lab/core/analysis.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/files.hpp"
+#include "fp8lab/core/text.hpp"
 #include "fp8lab/nn/recipe.hpp"
 #include "fp8lab/results/plot.hpp"
 
@@ -33,14 +34,6 @@ std::string pvalue(double p) {
   if (p < 1e-4) std::snprintf(b, sizeof b, "%.1e", p);
   else std::snprintf(b, sizeof b, "%.4f", p);
   return b;
-}
-
-// A CSV field, quoted where it holds a comma, a quote or a newline.
-std::string csv_cell(const std::string& x) {
-  if (x.find_first_of(",\"\n") == std::string::npos) return x;
-  std::string q = "\"";
-  for (char ch : x) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-  return q + "\"";
 }
 
 // Decimals for a metric: accuracies and BLEU 2, losses 4.
@@ -97,9 +90,18 @@ void add_baseline(plt::Panel& p, const Sweep& s, const SweepReport& rep, const s
   p.lines.push_back({b.stats.mean, label, 7, false, true});
 }
 
-std::optional<plt::Figure> metric_plot(const Sweep& s, const SweepReport& rep, const PlotSpec& spec) {
+// A figure of one panel of `width` x `height` pixels, with the plot's own title or, where
+// it names none, `default_title`.
+plt::Figure one_panel(const PlotSpec& spec, const std::string& default_title, plt::Panel p, int width, int height) {
   plt::Figure fig;
-  fig.title = spec.title.empty() ? s.name + ": " + rep.metric + " against " + spec.x : spec.title;
+  fig.title = spec.title.empty() ? default_title : spec.title;
+  fig.panels.push_back(std::move(p));
+  fig.panel_width = width;
+  fig.panel_height = height;
+  return fig;
+}
+
+std::optional<plt::Figure> metric_plot(const Sweep& s, const SweepReport& rep, const PlotSpec& spec) {
   plt::Panel p;
   p.xlabel = spec.x;
   p.ylabel = rep.metric + " (mean +- sd over seeds)";
@@ -135,10 +137,7 @@ std::optional<plt::Figure> metric_plot(const Sweep& s, const SweepReport& rep, c
   }
   if (!diverged.x.empty() && rep.higher_is_better) p.series.push_back(std::move(diverged));
   add_baseline(p, s, rep, "baseline (" + (s.baseline >= 0 ? s.points[static_cast<std::size_t>(s.baseline)].label() : "") + ") +- sd");
-  fig.panels.push_back(std::move(p));
-  fig.panel_width = 760;
-  fig.panel_height = 430;
-  return fig;
+  return one_panel(spec, s.name + ": " + rep.metric + " against " + spec.x, std::move(p), 760, 430);
 }
 
 std::optional<plt::Figure> heatmap_plot(const Sweep& s, const SweepReport& rep, const PlotSpec& spec) {
@@ -163,16 +162,12 @@ std::optional<plt::Figure> heatmap_plot(const Sweep& s, const SweepReport& rep, 
     for (double x : h.xs) row.push_back(v.count({x, y}) ? v[{x, y}] : std::nan(""));
     h.v.push_back(std::move(row));
   }
-  plt::Figure fig;
-  fig.title = spec.title.empty() ? s.name + ": " + rep.metric : spec.title;
   plt::Panel p;
   p.xlabel = spec.x;
   p.ylabel = spec.y;
   p.heat = std::move(h);
-  fig.panels.push_back(std::move(p));
-  fig.panel_width = std::max(520, 90 + 46 * static_cast<int>(xs.size()) + 110);
-  fig.panel_height = std::max(360, 90 + 34 * static_cast<int>(ys.size()));
-  return fig;
+  return one_panel(spec, s.name + ": " + rep.metric, std::move(p), std::max(520, 90 + 46 * static_cast<int>(xs.size()) + 110),
+                   std::max(360, 90 + 34 * static_cast<int>(ys.size())));
 }
 
 std::optional<plt::Figure> loss_scale_plot(const Sweep& s, const results::Store& store, const PlotSpec& spec,
@@ -198,12 +193,7 @@ std::optional<plt::Figure> loss_scale_plot(const Sweep& s, const results::Store&
     p.series.push_back(std::move(se));
   }
   if (p.series.empty()) return std::nullopt;
-  plt::Figure fig;
-  fig.title = spec.title.empty() ? s.name + ": loss scale over training (first seed)" : spec.title;
-  fig.panels.push_back(std::move(p));
-  fig.panel_width = 760;
-  fig.panel_height = 420;
-  return fig;
+  return one_panel(spec, s.name + ": loss scale over training (first seed)", std::move(p), 760, 420);
 }
 
 // The histogram plot's layer groups: by default 0 the first layer, 1 the middle one, 2 the
@@ -361,12 +351,7 @@ plt::Figure fixed_point_snr_plot(const PlotSpec& spec) {
     const Format f = parse_format(name);
     p.lines.push_back({measured_snr_db(f, x), std::string(name) + " measured (bias " + std::to_string(f.bias) + ")", color++, false, true});
   }
-  plt::Figure fig;
-  fig.title = spec.title.empty() ? "Fixed point (1.0.7) SNR against the quantization step" : spec.title;
-  fig.panels.push_back(std::move(p));
-  fig.panel_width = 760;
-  fig.panel_height = 430;
-  return fig;
+  return one_panel(spec, "Fixed point (1.0.7) SNR against the quantization step", std::move(p), 760, 430);
 }
 
 }  // namespace
@@ -595,14 +580,14 @@ std::string to_markdown(const Sweep& s, const SweepReport& r) {
 
 std::string to_csv(const Sweep& s, const SweepReport& r) {
   std::ostringstream o;
-  const auto cell = csv_cell;
-  for (const auto& v : s.variables) o << cell(v) << ",";
+  for (const auto& v : s.variables) o << csv_field(v) << ",";
   o << "recipe,a,w,gx,gw,loss_scale,mean_log2_scale,skipped_steps,n,diverged,missing,mean,sd,u,p,significant,values\n";
   for (const auto& p : r.points) {
     const SweepPoint& pt = s.points[static_cast<std::size_t>(p.point)];
-    for (const auto& v : s.variables) o << cell(pt.var(v)) << ",";
-    o << cell(p.recipe) << "," << cell(p.kinds[0]) << "," << cell(p.kinds[1]) << "," << cell(p.kinds[2]) << ","
-      << cell(p.kinds[3]) << "," << cell(p.loss_scale) << ","
+    for (const auto& v : s.variables) o << csv_field(pt.var(v)) << ",";
+    o << csv_field(p.recipe) << ",";
+    for (const auto& kind : p.kinds) o << csv_field(kind) << ",";
+    o << csv_field(p.loss_scale) << ","
       << (p.mean_log2_scale ? fixed(*p.mean_log2_scale, 3) : "") << "," << (p.skipped_steps ? fixed(*p.skipped_steps, 1) : "")
       << "," << p.stats.n << "," << p.diverged << "," << p.missing << ",";
     if (p.stats.n) o << fixed(p.stats.mean, 6) << "," << fixed(p.stats.sd, 6);
@@ -612,7 +597,7 @@ std::string to_csv(const Sweep& s, const SweepReport& r) {
     else o << ",,";
     std::string vals;
     for (double v : p.values) vals += (vals.empty() ? "" : " ") + fixed(v, 4);
-    o << "," << cell(vals) << "\n";
+    o << "," << csv_field(vals) << "\n";
   }
   return o.str();
 }
@@ -640,12 +625,7 @@ std::optional<plt::Figure> points_plot(const Sweep& s, const SweepReport& rep, c
   }
   if (p.series.empty()) return std::nullopt;
   add_baseline(p, s, rep, "baseline +- sd");
-  plt::Figure fig;
-  fig.title = spec.title.empty() ? s.name + ": " + rep.metric + " by point (* worse than the baseline)" : spec.title;
-  fig.panels.push_back(std::move(p));
-  fig.panel_width = 820;
-  fig.panel_height = 460;
-  return fig;
+  return one_panel(spec, s.name + ": " + rep.metric + " by point (* worse than the baseline)", std::move(p), 820, 460);
 }
 
 // Block-scaled quantizers' statistics (docs/spec.md §6.6): for each tensor kind, the
@@ -750,12 +730,7 @@ std::optional<plt::Figure> curve_plot(const Sweep& s, const std::vector<MetricCu
     p.series.push_back(std::move(se));
   }
   if (p.series.empty()) return std::nullopt;
-  plt::Figure fig;
-  fig.title = spec.title.empty() ? s.name + ": " + spec.metric + " over training" : spec.title;
-  fig.panels.push_back(std::move(p));
-  fig.panel_width = 820;
-  fig.panel_height = 460;
-  return fig;
+  return one_panel(spec, s.name + ": " + spec.metric + " over training", std::move(p), 820, 460);
 }
 
 // The curves' numbers: one row per point and step.
@@ -764,7 +739,7 @@ std::string curves_csv(const Sweep& s, const std::vector<MetricCurve>& curves, c
   o << "point,step," << metric << "_mean," << metric << "_sd,runs\n";
   for (const MetricCurve& c : curves)
     for (std::size_t i = 0; i < c.steps.size(); ++i)
-      o << csv_cell(s.points[static_cast<std::size_t>(c.point)].label()) << ',' << c.steps[i] << ','
+      o << csv_field(s.points[static_cast<std::size_t>(c.point)].label()) << ',' << c.steps[i] << ','
         << fixed(c.mean[i], 6) << ',' << fixed(c.sd[i], 6) << ',' << c.runs[i] << '\n';
   return o.str();
 }

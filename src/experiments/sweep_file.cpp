@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "fp8lab/core/enum_names.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/format.hpp"
 
@@ -125,32 +126,18 @@ bool is_number(const std::string& s) {
 }
 
 // Each plot type with its name in sweep files, in the order the docs list them.
-constexpr std::pair<PlotType, std::string_view> kPlotTypes[] = {
+constexpr EnumName<PlotType> kPlotTypes[] = {
     {PlotType::metric, "metric"},         {PlotType::heatmap, "heatmap"},
     {PlotType::loss_scale, "loss-scale"}, {PlotType::histograms, "histograms"},
     {PlotType::fixed_point_snr, "fixed-point-snr"}, {PlotType::points, "points"},
     {PlotType::block_stats, "block-stats"}, {PlotType::curve, "curve"},
 };
 
-std::string plot_type_list() {
-  std::string out;
-  for (const auto& [t, name] : kPlotTypes) out += (out.empty() ? "" : ", ") + std::string(name);
-  return out;
-}
-
 }  // namespace
 
-std::string_view to_string(PlotType t) {
-  for (const auto& [type, name] : kPlotTypes)
-    if (type == t) return name;
-  return "?";
-}
+std::string_view to_string(PlotType t) { return enum_name(kPlotTypes, t); }
 
-PlotType parse_plot_type(std::string_view text) {
-  for (const auto& [type, name] : kPlotTypes)
-    if (name == text) return type;
-  throw Error("plot type '" + std::string(text) + "' (expected one of " + plot_type_list() + ")");
-}
+PlotType parse_plot_type(std::string_view text) { return enum_parse(kPlotTypes, text, "plot type"); }
 
 std::string SweepPoint::label() const {
   std::string s;
@@ -269,7 +256,7 @@ std::vector<PlotSpec> plots_of(const toml::node& v, const std::string& source) {
     const auto* t = pn.as_table();
     if (!t) throw Error(where(source, pn) + "each [[plot]] must be a table");
     if (!t->contains("type"))
-      throw Error(where(source, pn) + "a [[plot]] needs 'type' (" + plot_type_list() + ")");
+      throw Error(where(source, pn) + "a [[plot]] needs 'type' (" + enum_names(kPlotTypes) + ")");
     PlotSpec p;
     for (const auto& [pk, pv] : *t) set_plot_key(p, std::string(pk.str()), pv, source);
     check_plot(p, pn, source);

@@ -4,26 +4,20 @@
 #include <string>
 #include <utility>
 
+#include "fp8lab/core/enum_names.hpp"
+
 namespace fp8lab::nn {
 
 namespace {
 
-constexpr std::pair<Compute, std::string_view> kNames[] = {
+constexpr EnumName<Compute> kNames[] = {
     {Compute::auto_, "auto"}, {Compute::fp32, "fp32"}, {Compute::bf16, "bf16"}};
 
 }  // namespace
 
-std::string_view to_string(Compute c) {
-  for (const auto& [v, name] : kNames)
-    if (v == c) return name;
-  return "?";
-}
+std::string_view to_string(Compute c) { return enum_name(kNames, c); }
 
-Compute parse_compute(std::string_view s) {
-  for (const auto& [v, name] : kNames)
-    if (s == name) return v;
-  throw Error("unknown compute path '" + std::string(s) + "': expected auto, fp32 or bf16");
-}
+Compute parse_compute(std::string_view s) { return enum_parse(kNames, s, "compute path"); }
 
 std::string to_string(const Accumulation& a) {
   return a.chunked() ? to_string(a.partial) + "@" + std::to_string(a.chunk) : "fp32";

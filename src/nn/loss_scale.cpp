@@ -7,19 +7,22 @@
 #include <cmath>
 #include <limits>
 
+#include "fp8lab/core/enum_names.hpp"
 #include "fp8lab/core/format.hpp"
 
 namespace fp8lab::nn {
 
-std::string_view to_string(LossScaleMethod m) {
-  switch (m) {
-    case LossScaleMethod::none: return "none";
-    case LossScaleMethod::fixed: return "static";
-    case LossScaleMethod::backoff: return "backoff";
-    case LossScaleMethod::logmax: return "logmax";
-  }
-  return "?";
-}
+namespace {
+
+constexpr EnumName<LossScaleMethod> kMethods[] = {{LossScaleMethod::none, "none"},
+                                                  {LossScaleMethod::fixed, "static"},
+                                                  {LossScaleMethod::backoff, "backoff"},
+                                                  {LossScaleMethod::logmax, "logmax"}};
+constexpr EnumName<LossScaleMethod> kMethodAliases[] = {{LossScaleMethod::fixed, "fixed"}};
+
+}  // namespace
+
+std::string_view to_string(LossScaleMethod m) { return enum_name(kMethods, m); }
 
 LossScaleConfig parse_loss_scale(std::string_view text) {
   LossScaleConfig c;
@@ -28,11 +31,9 @@ LossScaleConfig parse_loss_scale(std::string_view text) {
   const std::string method = t.substr(0, colon);
   const std::string rest = colon == std::string::npos ? "" : t.substr(colon + 1);
   auto bad = [&](const std::string& why) { return Error("loss scaling '" + t + "': " + why); };
-  if (method == "none") c.method = LossScaleMethod::none;
-  else if (method == "static" || method == "fixed") c.method = LossScaleMethod::fixed;
-  else if (method == "backoff") c.method = LossScaleMethod::backoff;
-  else if (method == "logmax") c.method = LossScaleMethod::logmax;
-  else throw bad("unknown method '" + method + "' (expected none, static, backoff, logmax)");
+  const auto m = enum_find(kMethods, method, kMethodAliases);
+  if (!m) throw bad("unknown method '" + method + "' (expected " + enum_names(kMethods) + ")");
+  c.method = *m;
   if (c.method == LossScaleMethod::backoff) c.init_log2 = 16;
   auto num = [&](const std::string& key, const std::string& v) {
     char* end = nullptr;

@@ -12,7 +12,9 @@
 #include <sstream>
 #include <tuple>
 
+#include "fp8lab/core/enum_names.hpp"
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/text.hpp"
 
 #include "fp8lab_code_version.hpp"  // generated at every build (cmake/code_version.cmake)
 
@@ -20,27 +22,16 @@ namespace fp8lab::results {
 
 namespace {
 
-constexpr std::pair<RunStatus, std::string_view> kStatusNames[] = {
+constexpr EnumName<RunStatus> kStatusNames[] = {
     {RunStatus::running, "running"},   {RunStatus::finished, "finished"}, {RunStatus::diverged, "diverged"},
     {RunStatus::stopped, "stopped"},   {RunStatus::failed, "failed"},     {RunStatus::incomplete, "incomplete"},
 };
 
 }  // namespace
 
-std::string_view to_string(RunStatus s) {
-  for (const auto& [v, name] : kStatusNames)
-    if (v == s) return name;
-  return "?";
-}
+std::string_view to_string(RunStatus s) { return enum_name(kStatusNames, s); }
 
-RunStatus parse_run_status(std::string_view text) {
-  std::string known;
-  for (const auto& [v, name] : kStatusNames) {
-    if (name == text) return v;
-    known += (known.empty() ? "" : ", ") + std::string(name);
-  }
-  throw Error("unknown run status '" + std::string(text) + "' (known: " + known + ")");
-}
+RunStatus parse_run_status(std::string_view text) { return enum_parse(kStatusNames, text, "run status"); }
 
 bool has_outcome(RunStatus s) { return s == RunStatus::finished || s == RunStatus::diverged; }
 
@@ -435,24 +426,15 @@ std::vector<std::tuple<std::int64_t, int, bool>> Store::loss_scale_trace(std::in
   return out;
 }
 
-namespace {
-std::string csv_cell(const std::string& c) {
-  if (c.find_first_of(",\"\n") == std::string::npos) return c;
-  std::string q = "\"";
-  for (char ch : c) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-  return q + "\"";
-}
-}  // namespace
-
 std::string to_csv(const std::vector<RunRow>& rows) {
   std::ostringstream o;
   o << "id,created,name,kind,recipe,loss_scale,seed,status,metric_name,final_metric,wall_seconds,code_version\n";
   for (const auto& r : rows) {
-    o << r.id << ',' << r.created << ',' << csv_cell(r.name) << ',' << csv_cell(r.kind) << ','
-      << csv_cell(r.recipe) << ',' << csv_cell(r.loss_scale) << ',' << r.seed << ',' << to_string(r.status) << ','
-      << csv_cell(r.metric_name) << ',';
+    o << r.id << ',' << r.created << ',' << csv_field(r.name) << ',' << csv_field(r.kind) << ','
+      << csv_field(r.recipe) << ',' << csv_field(r.loss_scale) << ',' << r.seed << ',' << to_string(r.status) << ','
+      << csv_field(r.metric_name) << ',';
     if (r.final_metric) o << *r.final_metric;
-    o << ',' << r.wall_seconds << ',' << csv_cell(r.code_version) << '\n';
+    o << ',' << r.wall_seconds << ',' << csv_field(r.code_version) << '\n';
   }
   return o.str();
 }

@@ -92,6 +92,13 @@ TEST(Analysis, SamplesAreDeterministicAndShaped) {
     EXPECT_NEAR(p / x.size() / signal_power(s), 1.0, 0.03) << to_string(dist);
   }
   EXPECT_THROW(parse_distribution("cauchy"), Error);
+  for (Distribution dist : {Distribution::normal, Distribution::uniform, Distribution::laplace, Distribution::loguniform,
+                            Distribution::student_t, Distribution::outliers})
+    EXPECT_EQ(parse_distribution(to_string(dist)), dist);
+  EXPECT_EQ(parse_distribution("gaussian"), Distribution::normal);
+  EXPECT_EQ(parse_distribution("log-uniform"), Distribution::loguniform);
+  EXPECT_EQ(parse_distribution("t"), Distribution::student_t);
+  EXPECT_EQ(parse_distribution("outliers"), Distribution::outliers);
 }
 
 TEST(Analysis, DistributionSpecsParsePrintAndRefuse) {

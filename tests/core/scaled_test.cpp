@@ -61,6 +61,16 @@ TEST(ScaledNotation, PresetsParseAndPrintBack) {
   EXPECT_EQ(parse_scaled("deepseek_128x128").block, 128);
 }
 
+TEST(ScaledNotation, NamesParseAndPrintBack) {
+  for (ScaleFormat f : {ScaleFormat::e8m0, ScaleFormat::ue4m3, ScaleFormat::fp32}) EXPECT_EQ(parse_scale_format(to_string(f)), f);
+  for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest}) EXPECT_EQ(parse_scale_rule(to_string(r)), r);
+  EXPECT_EQ(to_string(ScaleFormat::none), "none");
+  EXPECT_EQ(to_string(Granularity::tile), "tile");
+  // "none" prints but is not a scale format a spec names.
+  EXPECT_NE(test::error_of([] { (void)parse_scale_format("none"); }).find("expected e8m0, ue4m3 or fp32"), std::string::npos);
+  EXPECT_EQ(test::error_of([] { (void)parse_scale_rule("round"); }), "unknown scale rule 'round' (known: floor, ceil, nearest)");
+}
+
 TEST(ScaledNotation, OptionsAndDefaults) {
   EXPECT_EQ(to_string(parse_scaled("mxfp4:ceil")), "e2m1fn@1x32:e8m0:ceil");
   EXPECT_EQ(to_string(parse_scaled("e4m3fn@1x64")), "e4m3fn@1x64:e8m0:floor");

@@ -1,6 +1,6 @@
 // Text helpers: UTF-8 decoding and encoding (every code point, every 2- and 3-byte
 // sequence), the shield that keeps Debian's toml++ away from the characters it mishandles
-// and parse_toml behind it (every character in every kind of place), number formatting.
+// and parse_toml behind it (every character in every kind of place), number formatting, CSV fields.
 #include <gtest/gtest.h>
 
 #include "../common/testutil.hpp"
@@ -144,4 +144,13 @@ TEST(Text, NumbersAndTrim) {
   EXPECT_EQ(shortest_float(-1.0 / 0.0), "-inf");
   EXPECT_EQ(fixed(2.0 / 3.0, 3), "0.667");
   EXPECT_EQ(trim("  a b \t\n"), "a b");
+}
+
+TEST(Text, CsvFieldQuotesOnlyWhatNeedsIt) {
+  EXPECT_EQ(csv_field(""), "");
+  EXPECT_EQ(csv_field("1.4.3 b10"), "1.4.3 b10");
+  EXPECT_EQ(csv_field("a=1.4.3:10,w=fp32"), "\"a=1.4.3:10,w=fp32\"");
+  EXPECT_EQ(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
+  EXPECT_EQ(csv_field("two\nlines"), "\"two\nlines\"");
+  EXPECT_EQ(csv_field("cr\r"), "\"cr\r\"");
 }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
@@ -21,6 +22,10 @@ TEST(LossScale, ParsesConfigs) {
   EXPECT_EQ(b.backoff_log2_factor, 2);
   EXPECT_EQ(parse_loss_scale("logmax:c=2").c, 2.0);
   EXPECT_THROW(parse_loss_scale("dynamic"), Error);
+  EXPECT_EQ(parse_loss_scale("fixed:3").method, LossScaleMethod::fixed);  // another name of static
+  for (LossScaleMethod m : {LossScaleMethod::none, LossScaleMethod::backoff, LossScaleMethod::logmax})
+    EXPECT_EQ(parse_loss_scale(std::string(to_string(m))).method, m);
+  EXPECT_EQ(to_string(LossScaleMethod::fixed), "static");
   EXPECT_THROW(parse_loss_scale("backoff:c=1"), Error);
   EXPECT_THROW(parse_loss_scale("backoff:factor=3"), Error);
   EXPECT_THROW(parse_loss_scale("logmax:c=x"), Error);

@@ -52,6 +52,15 @@ inline std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+// `s` as one field of a CSV record (RFC 4180): as it is, or in double quotes with each '"'
+// doubled where it holds a comma, a quote or a line break.
+inline std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
 // `v` with a fixed number of decimals ("%.*f").
 inline std::string fixed(double v, int decimals) {
   char b[64];
