@@ -95,6 +95,13 @@ int run_sweep_cmd(const SweepArgs& a) {
   if (copy)
     std::fprintf(stderr, "sweep %s: runs start from a copy of this program in %s (removed at the end)\n",
                  s.name.c_str(), copy->folder().c_str());
+  if (copy)
+    for (const long pid : other_sweeps(std::filesystem::temp_directory_path()))
+      std::fprintf(stderr,
+                   "sweep %s: warning: another sweep (process %ld) is running on this machine; both start runs on "
+                   "the same cores, so each run is slower than alone and its wall time does not compare "
+                   "(--cores shares out the cores)\n",
+                   s.name.c_str(), pid);
   if (shard)
     std::fprintf(stderr, "sweep %s: shard %s holds %zu of the %zu runs\n", s.name.c_str(), to_string(*shard).c_str(),
                  s.runs.size(), all_runs);

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -44,20 +45,42 @@ bool process_gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
 
 }  // namespace
 
-void remove_stale_copies(const std::filesystem::path& tmp) {
+namespace {
+
+// Calls f(folder, owner pid) for each folder fp8lab-sweep-* in `tmp`; the pid is 0 where
+// the folder names no owner.
+template <class F>
+void for_each_copy(const std::filesystem::path& tmp, F f) {
   namespace fs = std::filesystem;
   std::error_code ec;
   for (fs::directory_iterator it(tmp, ec), end; !ec && it != end; it.increment(ec)) {
     const fs::path dir = it->path();
-    if (dir.filename().string().rfind(kCopyPrefix, 0) != 0 || !it->is_directory(ec)) continue;
-    const pid_t pid = owner_of(dir);
-    if (pid == 0 || !process_gone(pid)) continue;
+    std::error_code kind;
+    if (dir.filename().string().rfind(kCopyPrefix, 0) != 0 || !it->is_directory(kind)) continue;
+    f(dir, owner_of(dir));
+  }
+}
+
+}  // namespace
+
+void remove_stale_copies(const std::filesystem::path& tmp) {
+  for_each_copy(tmp, [](const std::filesystem::path& dir, pid_t pid) {
+    if (pid == 0 || !process_gone(pid)) return;
     std::error_code rm;
-    fs::remove_all(dir, rm);
+    std::filesystem::remove_all(dir, rm);
     if (!rm)
       std::fprintf(stderr, "sweep: removed %s, a copy of the program left by sweep process %ld, which has ended\n",
                    dir.string().c_str(), static_cast<long>(pid));
-  }
+  });
+}
+
+std::vector<long> other_sweeps(const std::filesystem::path& tmp) {
+  std::vector<long> out;
+  for_each_copy(tmp, [&](const std::filesystem::path&, pid_t pid) {
+    if (pid != 0 && pid != ::getpid() && !process_gone(pid)) out.push_back(static_cast<long>(pid));
+  });
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 ProgramCopy::ProgramCopy() {

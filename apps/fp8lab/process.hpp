@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace fp8lab::cli {
 
@@ -28,6 +29,10 @@ std::string self_program();
 // ended: copies left by a sweep that was killed (SIGKILL, a second Ctrl-C) before it could
 // remove its own. Says on stderr what it removed; a folder it cannot remove stays.
 void remove_stale_copies(const std::filesystem::path& tmp);
+
+// The pids of the other sweeps running on this machine: the live owners of the folders
+// fp8lab-sweep-* in `tmp`, this process left out, in increasing order.
+std::vector<long> other_sweeps(const std::filesystem::path& tmp);
 
 // A private copy of this program, the launcher and the libfp8lab_cli.so beside it, in a
 // fresh folder fp8lab-sweep-XXXXXX of the temporary directory (TMPDIR), with a file

@@ -201,20 +201,29 @@ void print_plan(const Sweep& s, const std::vector<Job>& jobs, const SweepSummary
 }
 
 // The run's config file, written atomically (a config half-written by a killed sweep is
-// never read). A resumed run keeps the config it started with (its thread count may differ
-// from this sweep's); a fresh start removes a stale checkpoint of a failed attempt.
-void write_run_config(const Sweep& s, const Job& j, int threads) {
+// never read). A resumed run keeps the config it started with: its thread count may differ
+// from this sweep's, and only the same count resumes bit for bit. A fresh start removes a
+// stale checkpoint of a failed attempt. Returns the thread count the run will use.
+int write_run_config(const Sweep& s, const Job& j, int threads) {
   if (!j.resume) {
     std::error_code ec;
     fs::remove(j.ckpt, ec);
   }
-  if (j.resume && fs::exists(j.config)) return;
+  if (j.resume && fs::exists(j.config)) {
+    try {
+      const int kept = load_train_config(j.config).threads;
+      return kept > 0 ? kept : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    } catch (const std::exception&) {
+      return threads;  // the run itself says what is wrong with it
+    }
+  }
   TrainConfig cfg = j.run->cfg;
   cfg.threads = threads;
   cfg.train.checkpoint = j.ckpt;
   write_file_atomic(j.config, "# " + s.name + ": " + s.points[static_cast<std::size_t>(j.run->point)].label() +
                                   ", seed " + std::to_string(j.run->seed) + " (written by fp8lab sweep " + s.source +
                                   ")\n" + to_toml(cfg));
+  return threads;
 }
 
 // Runs the jobs on `opt.jobs` threads, each launching one run at a time.
@@ -249,11 +258,23 @@ class SweepRunner {
 
   void work() {
     while (Job* j = next_job()) {
-      write_run_config(s_, *j, threads_);
+      const int threads = write_run_config(s_, *j, threads_);
+      if (threads > threads_) warn_threads(*j, threads);
       const auto t0 = std::chrono::steady_clock::now();
       const int rc = launch(*j);
       report(*j, rc, seconds_since(t0));
     }
+  }
+
+  // A resumed run that keeps more threads than this sweep gives a run shares the cores with
+  // the other runs: slower, and its wall time does not compare.
+  void warn_threads(const Job& j, int threads) {
+    std::lock_guard<std::mutex> lk(m_);
+    std::fprintf(stderr,
+                 "%ssweep %s: warning: %s seed %llu resumes with the %d threads it started with (%s), more than the %d "
+                 "a run gets here: the runs oversubscribe the cores until it ends\n",
+                 bar_ && isatty(2) ? "\r\033[K" : "", s_.name.c_str(), s_.points[j.run->point].label().c_str(),
+                 static_cast<unsigned long long>(j.run->seed), threads, j.config.c_str(), threads_);
   }
 
   int launch(const Job& j) {

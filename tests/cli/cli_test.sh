@@ -326,7 +326,7 @@ TOML
   W=(--db "$T/sw.db" --dir "$T/swruns" --no-progress)
   mkdir -p "$T/tmp"
   # Copies left by killed sweeps: one whose owner has ended goes, a live owner's and an
-  # unowned one stay.
+  # unowned one stay, and the live owner is named as another sweep sharing the cores.
   dead=$(sh -c 'echo $$')
   mkdir -p "$T/tmp/fp8lab-sweep-dead00" "$T/tmp/fp8lab-sweep-live00" "$T/tmp/fp8lab-sweep-none00"
   echo "$dead" >"$T/tmp/fp8lab-sweep-dead00/owner"
@@ -334,6 +334,7 @@ TOML
   TMPDIR="$T/tmp" "$FP8LAB" sweep "$T/sw.toml" "${W[@]}" --jobs 2 2>"$T/err"; rc=$?
   check "sweep exits 0 (got $rc)" [ $rc -eq 0 ]
   check "sweep starts its runs from a copy of the program" grep -q "runs start from a copy of this program in $T/tmp/fp8lab-sweep-" "$T/err"
+  check "sweep warns of another sweep sharing the cores" grep -q "warning: another sweep (process $$) is running on this machine" "$T/err"
   check "sweep removes a copy whose sweep has ended" grep -q "removed $T/tmp/fp8lab-sweep-dead00, a copy of the program left by sweep process $dead" "$T/err"
   check "sweep removes its copy of the program and only stale ones" [ "$(ls -A "$T/tmp" | tr '\n' ' ')" = "fp8lab-sweep-live00 fp8lab-sweep-none00 " ]
   rm -r "$T/tmp/fp8lab-sweep-live00" "$T/tmp/fp8lab-sweep-none00"

@@ -202,6 +202,7 @@ recipe = ["fp32", "resnet32-mixed"]
   opt.dir = (d / "runs").string();
   opt.progress = false;
   opt.launch = std::ref(launcher);
+  opt.cores = 2;  // one job: 2 threads a run
   auto sum = experiments::run_sweep(s, store, opt);
   EXPECT_EQ(launcher.calls, 4);
   EXPECT_EQ(sum.started, 4);
@@ -210,9 +211,17 @@ recipe = ["fp32", "resnet32-mixed"]
   EXPECT_EQ(store.runs({.status = results::RunStatus::stopped}).size(), 1u);
   EXPECT_TRUE(fs::exists(d / "runs" / (s.runs[3].key + ".ckpt")));
 
-  // Again: the three finished runs are skipped, the stopped one resumes in its store row.
+  // Again, two jobs on the 2 cores: the three finished runs are skipped, the stopped one
+  // resumes in its store row with the 2 threads it started with (only the same count
+  // resumes bit for bit), and the sweep warns that it takes more than a run's share.
   launcher.calls = 0;
+  opt.jobs = 2;
+  testing::internal::CaptureStderr();
   sum = experiments::run_sweep(s, store, opt);
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("resumes with the 2 threads it started with"), std::string::npos) << said;
+  EXPECT_NE(said.find("more than the 1 a run gets here"), std::string::npos) << said;
+  EXPECT_EQ(experiments::load_train_config((d / "runs" / (s.runs[3].key + ".toml")).string()).threads, 2);
   EXPECT_EQ(launcher.calls, 1);
   EXPECT_EQ(launcher.resumed, 1);
   EXPECT_EQ(sum.skipped, 3);
@@ -224,6 +233,7 @@ recipe = ["fp32", "resnet32-mixed"]
 
   // And again: nothing to do.
   launcher.calls = 0;
+  opt.jobs = 1;
   sum = experiments::run_sweep(s, store, opt);
   EXPECT_EQ(launcher.calls, 0);
   EXPECT_EQ(sum.skipped, 4);
