@@ -5,6 +5,9 @@
 // Data-parallel (docs/training.md): `--nproc N` runs the run as N processes on this machine
 // (ranks.hpp); a process started with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (by
 // torchrun, a Slurm script or --nproc) is one rank of a run and joins the others.
+#include <pthread.h>
+#include <signal.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +67,17 @@ extern "C" void on_sigint(int) {
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
 
+// Unblocks SIGINT in this thread: a sweep starts its runs with SIGINT held, so that one it
+// passes on while the run is starting arrives here, once on_sigint is in place (the run
+// then stops at its first step, with a checkpoint). Threads started before this keep it
+// blocked, so that the signal comes to this one.
+void release_sigint() {
+  sigset_t sigint;
+  sigemptyset(&sigint);
+  sigaddset(&sigint, SIGINT);
+  pthread_sigmask(SIG_UNBLOCK, &sigint, nullptr);
+}
+
 // The exit status of a run: 0 finished, or stopped as --stop-after asked; 130 stopped by
 // Ctrl-C; 1 diverged.
 int exit_status(const TrainArgs& a, results::RunStatus s) {
@@ -100,8 +114,10 @@ int run_train(const TrainArgs& a) {
   opt.bucket_bytes = a.bucket_kb * 1024;
   experiments::clear_stop_request();
   std::signal(SIGINT, on_sigint);
+  release_sigint();
+  // on_sigint stays in place: a Ctrl-C that comes after the run has ended (a sweep passing
+  // one on as the run finishes) does not cut off its summary; a second one ends the process.
   const experiments::TrainResult r = experiments::train(cfg, store ? &*store : nullptr, opt);
-  std::signal(SIGINT, SIG_DFL);
   if (!writer) return exit_status(a, r.status);  // rank 0 reports the run
 
   Table t({"run", "status", "model", "steps", r.metric_name, "train_loss", "loss_scale", "skipped",

@@ -139,7 +139,16 @@ int launch_process(const std::vector<std::string>& args, const std::string& log_
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setpgroup(&attr, 0);  // own group: the terminal's Ctrl-C goes to the sweep only
-  short flags = POSIX_SPAWN_SETPGROUP;
+  // SIGINT starts held and at its default action (not ignored, even where the sweep itself
+  // started with it ignored, as a background job does): one that the sweep passes on while
+  // the run is still starting waits until the run has its handler and releases it, rather
+  // than ending the run before it can stop with a checkpoint, or being lost.
+  sigset_t sigint;
+  sigemptyset(&sigint);
+  sigaddset(&sigint, SIGINT);
+  posix_spawnattr_setsigmask(&attr, &sigint);
+  posix_spawnattr_setsigdefault(&attr, &sigint);
+  const short flags = POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
   posix_spawnattr_setflags(&attr, flags);
   pid_t pid = 0;
   const int rc = posix_spawn(&pid, copy[0].c_str(), &fa, &attr, argv.data(), environ);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -181,6 +182,19 @@ TEST(Sweep, EveryRunOnceAndAtLeastOne) {
   EXPECT_NE(escape.find("sweep name '../outside' cannot name a file"), std::string::npos) << escape;
   const std::string run_name = error_of([] { experiments::parse_train_config("", "t.toml", {"name=\"a/b\""}); });
   EXPECT_NE(run_name.find("name 'a/b' cannot name a file"), std::string::npos) << run_name;
+}
+
+// A run starts with SIGINT held: one that arrives while it is starting (here the program
+// sends it to itself at once) waits for the run to release it, instead of ending the run
+// before it could stop with a checkpoint.
+TEST(Sweep, LaunchedProgramStartsWithSigintHeld) {
+  const fs::path log = dir() / "sigint.log";
+  fs::remove(log);
+  const int rc = experiments::launch_process({"/bin/sh", "-c", "kill -INT $$; echo still running"}, log.string());
+  EXPECT_EQ(rc, 0);
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "still running\n");  // without the hold, sh ends at the signal with status 130
 }
 
 TEST(Sweep, RunAgainSkipsFinishedAndResumesStopped) {

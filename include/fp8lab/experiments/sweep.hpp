@@ -157,7 +157,9 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
 // Runs `args` (program first) to completion with its output appended to `log_path`, in
 // its own process group (a Ctrl-C reaches the sweep, which passes exactly one SIGINT on, so
 // each run stops with a checkpoint); returns its exit status (128 + signal if killed). The
-// application builds the command line (the CLI: `fp8lab train CONFIG --db DB ...`).
+// program starts with SIGINT held (blocked) and at its default action: it releases SIGINT
+// once its handler is in place (the CLI's `train` does), and one sent meanwhile arrives
+// then. The application builds the command line (the CLI: `fp8lab train CONFIG --db DB ...`).
 int launch_process(const std::vector<std::string>& args, const std::string& log_path);
 // Sends SIGINT to every process launch_process is waiting on (async-signal-safe).
 void interrupt_launched();
