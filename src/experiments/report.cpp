@@ -78,6 +78,13 @@ std::string point_title(const Sweep& s, int point, const PlotSpec& spec) {
   return t.empty() ? s.points[static_cast<std::size_t>(point)].label() : t;
 }
 
+// A point's name in a plot's legend: its value of the plot's `series` variable, or where
+// the plot names none or the point has no such variable (a baseline), its variables.
+std::string legend_name(const Sweep& s, int point, const PlotSpec& spec) {
+  const std::string v = spec.series.empty() ? "" : s.points[static_cast<std::size_t>(point)].var(spec.series);
+  return v.empty() ? point_title(s, point, spec) : v;
+}
+
 // --- plots -----------------------------------------------------------------------------
 
 // The baseline's mean +- sd as a grey band and a dashed line labelled `label` (nothing
@@ -187,7 +194,7 @@ std::optional<plt::Figure> loss_scale_plot(const Sweep& s, const results::Store&
     const auto trace = store.loss_scale_trace(row->id);
     if (trace.empty()) continue;
     plt::Series se;
-    se.label = spec.series.empty() ? point_title(s, static_cast<int>(i), spec) : s.points[i].var(spec.series);
+    se.label = legend_name(s, static_cast<int>(i), spec);
     se.markers = false;
     for (const auto& [step, l2, skipped] : trace) se.x.push_back(static_cast<double>(step)), se.y.push_back(l2);
     p.series.push_back(std::move(se));
@@ -614,7 +621,7 @@ std::optional<plt::Figure> points_plot(const Sweep& s, const SweepReport& rep, c
     const SweepPoint& pt = s.points[static_cast<std::size_t>(pr.point)];
     if (!matches(pt, spec.where)) continue;
     plt::Series se;
-    se.label = std::to_string(x) + ": " + pt.label() + (pr.significant ? " *" : "");
+    se.label = std::to_string(x) + ": " + legend_name(s, pr.point, spec) + (pr.significant ? " *" : "");
     se.line = false;
     se.color = x;
     p.xticks.emplace_back(x, std::to_string(x));
@@ -721,7 +728,7 @@ std::optional<plt::Figure> curve_plot(const Sweep& s, const std::vector<MetricCu
   p.ylabel = spec.metric + " (mean +- sd over seeds)";
   for (const MetricCurve& c : curves) {
     plt::Series se;
-    se.label = spec.series.empty() ? point_title(s, c.point, spec) : s.points[static_cast<std::size_t>(c.point)].var(spec.series);
+    se.label = legend_name(s, c.point, spec);
     for (std::size_t i = 0; i < c.steps.size(); ++i) {
       se.x.push_back(static_cast<double>(c.steps[i]));
       se.y.push_back(c.mean[i]);

@@ -127,6 +127,10 @@ file = "snr"
 type = "points"
 file = "points"
 [[plot]]
+type = "points"
+series = "bias"
+file = "points-series"
+[[plot]]
 type = "block-stats"
 file = "blocks"
 [[plot]]
@@ -184,6 +188,17 @@ file = "curve"
     EXPECT_EQ(std::string(sig, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << stem;
     EXPECT_GT(fs::file_size(png), 5000u) << stem;
   }
+  // Points are named by their variables, or with `series` by that variable's value where
+  // they have it (the baseline has no bias).
+  const auto text_of = [&](const char* stem) {
+    std::ifstream f(d / "out" / (std::string(stem) + ".svg"));
+    return std::string((std::istreambuf_iterator<char>(f)), {});
+  };
+  const std::string points = text_of("points"), by_bias = text_of("points-series");
+  EXPECT_NE(points.find(">1: recipe=a, bias=8 *<"), std::string::npos) << points;
+  EXPECT_NE(by_bias.find(">0: recipe=fp32<"), std::string::npos) << by_bias;
+  EXPECT_NE(by_bias.find(">1: 8 *<"), std::string::npos) << by_bias;
+  EXPECT_NE(by_bias.find(">2: 12<"), std::string::npos) << by_bias;
   // The histogram figure shows each format's range and labels its axes.
   std::ifstream in(d / "out" / "hist.svg");
   const std::string svg((std::istreambuf_iterator<char>(in)), {});
@@ -217,8 +232,6 @@ file = "curve"
   const std::string blocks((std::istreambuf_iterator<char>(blocks_in)), {});
   EXPECT_NE(blocks.find("12.50% sat, 25.0% zero"), std::string::npos);
   EXPECT_NE(blocks.find("grad_x"), std::string::npos);
-  std::ifstream points_in(d / "out" / "points.svg");
-  const std::string points((std::istreambuf_iterator<char>(points_in)), {});
   EXPECT_NE(points.find("baseline +- sd"), std::string::npos);
   EXPECT_NE(points.find(" *"), std::string::npos);  // bias 8: worse than the baseline
   // One integer tick per point, numbered as in the legend; no fractional ticks.
