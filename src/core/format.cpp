@@ -38,12 +38,12 @@ constexpr EnumName<Rounding> kRoundingAliases[] = {
 constexpr EnumName<Overflow> kOverflows[] = {{Overflow::saturate, "saturate"}, {Overflow::nan, "nan"}, {Overflow::inf, "inf"}};
 constexpr EnumName<Overflow> kOverflowAliases[] = {{Overflow::saturate, "clip"}, {Overflow::saturate, "sat"}};
 
-// The value `s` names in `names` or `aliases`; throws Error "unknown <what> '<s>' (known:
-// <names>)".
+// The value `s` names in `names` or `aliases`, in any case and with space around; the
+// error quotes `s` as given.
 template <class E, std::size_t N>
 E parse_named(const EnumName<E> (&names)[N], std::string_view s, const char* what, EnumAliases<E> aliases = {}) {
   if (const auto v = enum_find(names, lower(trim(s)), aliases)) return *v;
-  throw Error("unknown " + std::string(what) + " '" + std::string(s) + "' (known: " + enum_names(names) + ")");
+  throw enum_unknown(names, s, what);
 }
 
 }  // namespace

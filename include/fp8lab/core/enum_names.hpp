@@ -54,12 +54,19 @@ constexpr std::optional<E> enum_find(const EnumName<E> (&table)[N], std::string_
   return std::nullopt;
 }
 
-// The value named `text` (in `table` or `aliases`); throws Error "unknown <what> '<text>'
-// (known: a, b, c)", listing the table's names.
+// The error for a name `text` the table does not have: "unknown <what> '<text>' (known:
+// a, b, c)", listing the table's names (for parsers that look up a normalized form of the
+// text but quote what they were given).
+template <class E, std::size_t N>
+Error enum_unknown(const EnumName<E> (&table)[N], std::string_view text, std::string_view what) {
+  return Error("unknown " + std::string(what) + " '" + std::string(text) + "' (known: " + enum_names(table) + ")");
+}
+
+// The value named `text` (in `table` or `aliases`); throws enum_unknown's Error.
 template <class E, std::size_t N>
 E enum_parse(const EnumName<E> (&table)[N], std::string_view text, std::string_view what, EnumAliases<E> aliases = {}) {
   if (const auto v = enum_find(table, text, aliases)) return *v;
-  throw Error("unknown " + std::string(what) + " '" + std::string(text) + "' (known: " + enum_names(table) + ")");
+  throw enum_unknown(table, text, what);
 }
 
 }  // namespace fp8lab
