@@ -13,10 +13,10 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "commands.hpp"
+#include "fp8lab/core/machine.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/experiments/config.hpp"
 #include "fp8lab/experiments/trainer.hpp"
@@ -50,7 +50,7 @@ std::vector<std::string> rank_arguments(const TrainArgs& a, const experiments::T
   if (!a.config.empty()) args.push_back(a.config);
   for (const auto& x : a.set) args.insert(args.end(), {"--set", x});
   if (cfg.threads == 0) {
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int cores = core_count();
     args.insert(args.end(), {"--set", "threads=" + std::to_string(std::max(1, cores / a.nproc))});
   }
   if (a.resume) args.push_back("--resume");

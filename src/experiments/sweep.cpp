@@ -27,6 +27,7 @@
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/files.hpp"
+#include "fp8lab/core/machine.hpp"
 #include "fp8lab/experiments/progress.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 
@@ -221,7 +222,7 @@ int write_run_config(const Sweep& s, const Job& j, int threads) {
   if (j.resume && fs::exists(j.config)) {
     try {
       const int kept = load_train_config(j.config).threads;
-      return kept > 0 ? kept : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      return threads_or_all_cores(kept);
     } catch (const std::exception&) {
       return threads;  // the run itself says what is wrong with it
     }
@@ -241,7 +242,7 @@ class SweepRunner {
   SweepRunner(const Sweep& s, results::Store& store, const SweepOptions& opt, std::vector<Job>& jobs,
               SweepSummary& sum)
       : s_(s), store_(store), opt_(opt), jobs_(jobs), sum_(sum) {
-    const int cores = opt.cores > 0 ? opt.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int cores = threads_or_all_cores(opt.cores);
     threads_ = std::max(1, cores / std::max(1, opt.jobs));
     if (opt.progress && !jobs.empty())
       bar_ = std::make_unique<Progress>("sweep " + s.name, static_cast<std::int64_t>(jobs.size()), "runs");

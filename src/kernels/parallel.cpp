@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "fp8lab/core/machine.hpp"
 #include "fp8lab/kernels/kernels.hpp"
 
 namespace fp8lab::kernels {
@@ -68,7 +69,7 @@ class Pool {
   ~Pool() { stop_workers(); }
 
  private:
-  Pool() : threads_(std::max(1u, std::thread::hardware_concurrency())) {}
+  Pool() : threads_(core_count()) {}
 
   void start_workers(int count) {
     while (static_cast<int>(workers_.size()) < count) {

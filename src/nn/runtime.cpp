@@ -3,8 +3,7 @@
 #include <dlfcn.h>
 #include <torch/torch.h>
 
-#include <algorithm>
-#include <thread>
+#include "fp8lab/core/machine.hpp"
 
 namespace fp8lab::nn {
 
@@ -23,7 +22,7 @@ TorchSettings current_torch_settings() {
 }
 
 void apply(const TorchSettings& s) {
-  const int threads = s.threads > 0 ? s.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = threads_or_all_cores(s.threads);
   if (torch::get_num_threads() != threads) torch::set_num_threads(threads);
   at::globalContext().setFlushDenormal(s.flush_denormals);
 }
