@@ -19,26 +19,20 @@ namespace {
 
 constexpr EnumName<Granularity> kGranularities[] = {
     {Granularity::tensor, "tensor"}, {Granularity::line, "line"}, {Granularity::block, "block"}, {Granularity::tile, "tile"}};
+// The scale formats a spec may name: all but none (a spec without scales names none).
 constexpr EnumName<ScaleFormat> kScaleFormats[] = {
-    {ScaleFormat::none, "none"}, {ScaleFormat::e8m0, "e8m0"}, {ScaleFormat::ue4m3, "ue4m3"}, {ScaleFormat::fp32, "fp32"}};
+    {ScaleFormat::e8m0, "e8m0"}, {ScaleFormat::ue4m3, "ue4m3"}, {ScaleFormat::fp32, "fp32"}};
 constexpr EnumName<ScaleRule> kScaleRules[] = {
     {ScaleRule::floor, "floor"}, {ScaleRule::ceil, "ceil"}, {ScaleRule::nearest, "nearest"}};
-
-// A scale format a spec may name: any but "none" (a spec without scales names none).
-std::optional<ScaleFormat> scale_format_named(std::string_view s) {
-  const auto f = enum_find(kScaleFormats, s);
-  return f == ScaleFormat::none ? std::nullopt : f;
-}
 
 }  // namespace
 
 std::string_view to_string(Granularity g) { return enum_name(kGranularities, g); }
-std::string_view to_string(ScaleFormat s) { return enum_name(kScaleFormats, s); }
+std::string_view to_string(ScaleFormat s) { return s == ScaleFormat::none ? "none" : enum_name(kScaleFormats, s); }
 std::string_view to_string(ScaleRule r) { return enum_name(kScaleRules, r); }
 
 ScaleFormat parse_scale_format(std::string_view s) {
-  if (const auto f = scale_format_named(trim(s))) return *f;
-  throw Error("unknown scale format '" + std::string(s) + "': expected e8m0, ue4m3 or fp32");
+  return enum_parse(kScaleFormats, trim(s), "scale format");
 }
 
 ScaleRule parse_scale_rule(std::string_view s) { return enum_parse(kScaleRules, trim(s), "scale rule"); }
@@ -111,7 +105,7 @@ void parse_granularity(std::string_view g, ScaledSpec& s, const std::string& whe
 }
 
 void apply_option(std::string_view o, ScaledSpec& s, const std::string& where) {
-  if (const auto f = scale_format_named(o)) return void(s.scale = *f);
+  if (const auto f = enum_find(kScaleFormats, o)) return void(s.scale = *f);
   if (const auto r = enum_find(kScaleRules, o)) return void(s.rule = *r);
   if (o == "tensor-scale") return void(s.tensor_scale = true);
   if (o == "current") return void(s.history = 0);

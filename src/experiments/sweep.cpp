@@ -276,6 +276,10 @@ class SweepRunner {
     }
   }
 
+  // What a line to stderr starts with: a carriage return and erase-line where the progress
+  // bar is on a terminal, so that the line replaces the bar (which redraws below it).
+  const char* clear_bar() const { return bar_ && isatty(2) ? "\r\033[K" : ""; }
+
   // A resumed run that keeps more threads than this sweep gives a run shares the cores with
   // the other runs: slower, and its wall time does not compare.
   void warn_threads(const Job& j, int threads) {
@@ -283,7 +287,7 @@ class SweepRunner {
     std::fprintf(stderr,
                  "%ssweep %s: warning: %s seed %llu resumes with the %d threads it started with (%s), more than the %d "
                  "a run gets here: the runs oversubscribe the cores until it ends\n",
-                 bar_ && isatty(2) ? "\r\033[K" : "", s_.name.c_str(), s_.points[j.run->point].label().c_str(),
+                 clear_bar(), s_.name.c_str(), s_.points[j.run->point].label().c_str(),
                  static_cast<unsigned long long>(j.run->seed), threads, j.config.c_str(), threads_);
   }
 
@@ -292,7 +296,7 @@ class SweepRunner {
       return opt_.launch(*j.run, j.config, j.resume, j.log);
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lk(m_);
-      std::fprintf(stderr, "\nsweep %s: %s\n", s_.name.c_str(), e.what());
+      std::fprintf(stderr, "%ssweep %s: %s\n", clear_bar(), s_.name.c_str(), e.what());
       return 3;
     }
   }
@@ -314,12 +318,8 @@ class SweepRunner {
     std::snprintf(line, sizeof line, "[%d/%zu] %s seed %llu: %s%s (%.0f s%s)", ended_, jobs_.size(),
                   s_.points[j.run->point].label().c_str(), static_cast<unsigned long long>(j.run->seed),
                   std::string(to_string(status)).c_str(), metric.c_str(), seconds, exit.c_str());
-    if (bar_) {
-      std::fprintf(stderr, isatty(2) ? "\r\033[K%s\n" : "%s\n", line);
-      bar_->update(ended_);
-    } else {
-      std::fprintf(stderr, "%s\n", line);
-    }
+    std::fprintf(stderr, "%s%s\n", clear_bar(), line);
+    if (bar_) bar_->update(ended_);
   }
 
   const Sweep& s_;
