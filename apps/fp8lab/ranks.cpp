@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -27,6 +28,32 @@ volatile sig_atomic_t g_group = 0;  // the ranks' process group
 extern "C" void forward_sigint(int) {
   if (g_group > 0) ::kill(-g_group, SIGINT);
 }
+
+// While the ranks run, a SIGINT to the launcher goes to forward_sigint. SIGINT is held while
+// they start (they inherit the hold and each releases it once its own handler is in place)
+// and released by release(): a Ctrl-C that came meanwhile, or one that a sweep passes on to
+// a launcher it started with SIGINT held, is passed on once there is a group to pass it to.
+// The destructor restores the mask and the default action.
+class SigintToRanks {
+ public:
+  SigintToRanks() {
+    sigemptyset(&sigint_);
+    sigaddset(&sigint_, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigint_, &before_);
+    std::signal(SIGINT, forward_sigint);
+  }
+  SigintToRanks(const SigintToRanks&) = delete;
+  SigintToRanks& operator=(const SigintToRanks&) = delete;
+  void release() { pthread_sigmask(SIG_UNBLOCK, &sigint_, nullptr); }
+  ~SigintToRanks() {
+    pthread_sigmask(SIG_SETMASK, &before_, nullptr);
+    std::signal(SIGINT, SIG_DFL);
+    g_group = 0;
+  }
+
+ private:
+  sigset_t sigint_, before_;
+};
 
 // A TCP port on the loopback interface that is free now (the kernel's choice).
 int free_port() {
@@ -100,7 +127,7 @@ int run_ranks(int n, const std::vector<std::string>& args, double timeout_second
   std::vector<pid_t> pids;
   std::vector<int> status(static_cast<std::size_t>(n), 0);
   std::vector<bool> done(static_cast<std::size_t>(n), false);
-  std::signal(SIGINT, forward_sigint);
+  SigintToRanks sigint;
   for (int r = 0; r < n; ++r) {
     std::vector<std::string> a = args;
     if (r > 0) a.push_back("--no-progress");
@@ -110,6 +137,7 @@ int run_ranks(int n, const std::vector<std::string>& args, double timeout_second
       g_group = pids[0];
     }
   }
+  sigint.release();
   std::string list;
   for (const pid_t p : pids) {
     if (!list.empty()) list += ' ';
@@ -152,8 +180,6 @@ int run_ranks(int n, const std::vector<std::string>& args, double timeout_second
       }
     }
   }
-  std::signal(SIGINT, SIG_DFL);
-  g_group = 0;
   if (first_failure >= 0) return exit_code(status[static_cast<std::size_t>(first_failure)]);
   return exit_code(status[0]);
 }

@@ -261,9 +261,14 @@ TOML
   "$FP8LAB" train "$T/syn.toml" "${P[@]}" "${K[@]}" --set threads=1 --set "train.checkpoint=$T/dpk1.ckpt" >/dev/null 2>"$T/dpk1"
   # start_ranks NAME ARGS...: `train --nproc 2` in the background (stderr to $T/NAME), back once
   # its first checkpoint $T/NAME.ckpt exists; sets pid (the launcher's) and r1 (rank 1's).
+  # HOLD_SIGINT PROGRAM ARGS...: runs PROGRAM with SIGINT held, as a sweep starts its runs
+  # (an array, not a function: `cmd &` must start the program itself, so that $! is its pid).
+  HOLD_SIGINT=(perl -MPOSIX -e 'sigprocmask(SIG_BLOCK, POSIX::SigSet->new(SIGINT)) or die "sigprocmask"; exec @ARGV or die "exec"' --)
+  # With HOLD set, start_ranks starts the launcher with SIGINT held.
   start_ranks() {
-    local name=$1; shift
-    "$FP8LAB" train "$T/syn.toml" "${P[@]}" --set name="$name" --set "train.checkpoint=$T/$name.ckpt" --nproc 2 "$@" >/dev/null 2>"$T/$name" &
+    local name=$1 pre=(); shift
+    [ -n "${HOLD:-}" ] && pre=("${HOLD_SIGINT[@]}")
+    "${pre[@]}" "$FP8LAB" train "$T/syn.toml" "${P[@]}" --set name="$name" --set "train.checkpoint=$T/$name.ckpt" --nproc 2 "$@" >/dev/null 2>"$T/$name" &
     pid=$!
     for _ in $(seq 1 600); do [ -s "$T/$name.ckpt" ] && break; sleep 0.1; done
     r1=$(sed -n 's/^fp8lab: 2 processes on this machine (ranks 0..1: pids [0-9]* \([0-9]*\)).*/\1/p' "$T/$name")
@@ -290,6 +295,17 @@ TOML
   check "... after the timeout" [ $(($(date +%s) - t0)) -lt 20 ]
   check "... saying so" grep -q 'did not answer within 3.0 s' "$T/dph"
   check "... and the hung rank is gone" [ ! -d "/proc/$r1" ] || grep -q '^State:.*Z' "/proc/$r1/status"
+  # A launcher started with SIGINT held (as a sweep starts its runs) still passes a SIGINT
+  # on: both ranks stop at their next step with a checkpoint.
+  HOLD=1 start_ranks dpi --set train.epochs=400
+  check "HOLD_SIGINT holds SIGINT" "${HOLD_SIGINT[@]}" grep -q '^SigBlk:.*[2367abef]$' /proc/self/status
+  check "the held launcher's ranks started" [ -n "$r1" ]
+  kill -INT "$pid"
+  for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+  wait $pid; rc=$?
+  check "a launcher started with SIGINT held passes it on (got $rc, want 130)" [ $rc -eq 130 ]
+  check "... and the run stops with a checkpoint" [ "$("$FP8LAB" runs --db "$T/dp.db" --name dpi --csv | grep -c ',stopped,')" -eq 1 ]
   out=$("$FP8LAB" train "$T/syn.toml" --set train.epochs=9 --print-config); rc=$?
   check "print-config" grep -q '^epochs = 9$' <<<"$out"
   printf 'schema = 1\n[train]\nepochs = 2\nbach = 3\n' >"$T/bad.toml"
