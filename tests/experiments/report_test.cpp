@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "../common/testutil.hpp"
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/experiments/report.hpp"
 #include "fp8lab/experiments/sweep.hpp"
 #include "fp8lab/results/store.hpp"
@@ -61,8 +62,7 @@ void record(results::Store& store, const experiments::SweepRun& r, results::RunS
 }
 
 bool valid_svg(const std::string& path) {
-  std::ifstream in(path);
-  const std::string s((std::istreambuf_iterator<char>(in)), {});
+  const std::string s = read_file(path);
   if (s.rfind("<?xml", 0) != 0 || s.find("<svg") == std::string::npos || s.find("</svg>") == std::string::npos)
     return false;
   // Every element is closed: count opening tags against closing and self-closing ones.
@@ -190,18 +190,14 @@ file = "curve"
   }
   // Points are named by their variables, or with `series` by that variable's value where
   // they have it (the baseline has no bias).
-  const auto text_of = [&](const char* stem) {
-    std::ifstream f(d / "out" / (std::string(stem) + ".svg"));
-    return std::string((std::istreambuf_iterator<char>(f)), {});
-  };
-  const std::string points = text_of("points"), by_bias = text_of("points-series");
+  const std::string points = read_file((d / "out" / "points.svg").string());
+  const std::string by_bias = read_file((d / "out" / "points-series.svg").string());
   EXPECT_NE(points.find(">1: recipe=a, bias=8 *<"), std::string::npos) << points;
   EXPECT_NE(by_bias.find(">0: recipe=fp32<"), std::string::npos) << by_bias;
   EXPECT_NE(by_bias.find(">1: 8 *<"), std::string::npos) << by_bias;
   EXPECT_NE(by_bias.find(">2: 12<"), std::string::npos) << by_bias;
   // The histogram figure shows each format's range and labels its axes.
-  std::ifstream in(d / "out" / "hist.svg");
-  const std::string svg((std::istreambuf_iterator<char>(in)), {});
+  const std::string svg = read_file((d / "out" / "hist.svg").string());
   EXPECT_NE(svg.find("1.4.3:10 normal"), std::string::npos);
   EXPECT_NE(svg.find("1.5.2:33 subnormal"), std::string::npos);
   EXPECT_NE(svg.find("floor(log2 |x|)"), std::string::npos);
@@ -213,8 +209,7 @@ file = "curve"
   EXPECT_NE(svg.find("other layers"), std::string::npos);
   EXPECT_NE(svg.find("last layer"), std::string::npos);
   // Layer groups chosen by pattern: each layer in the first group it matches, the rest apart.
-  std::ifstream layers_in(d / "out" / "hist-layers.svg");
-  const std::string layers((std::istreambuf_iterator<char>(layers_in)), {});
+  const std::string layers = read_file((d / "out" / "hist-layers.svg").string());
   EXPECT_NE(layers.find("layer*.conv: 3 layers"), std::string::npos) << layers;
   EXPECT_NE(layers.find("fc: 1 layer"), std::string::npos);
   EXPECT_NE(layers.find("others: 1 layer"), std::string::npos);
@@ -222,14 +217,12 @@ file = "curve"
   EXPECT_EQ(layers.find("weights, step"), std::string::npos);  // kinds = ["gx"]
   EXPECT_TRUE(fs::exists(d / "out" / "table.md"));
   // The `also` metric's own table: its last logged values (metric + 1000), tested the same way.
-  std::ifstream also_in(d / "out" / "table-test_bleu.md");
-  const std::string also((std::istreambuf_iterator<char>(also_in)), {});
+  const std::string also = read_file((d / "out" / "table-test_bleu.md").string());
   EXPECT_NE(also.find("1092.00 ± 1.58 | 5 | baseline"), std::string::npos) << also;
   EXPECT_NE(also.find("1082.00 ± 1.58* | 5 |"), std::string::npos) << also;
   EXPECT_TRUE(fs::exists(d / "out" / "table-test_bleu.csv"));
   // The block figures: 5 layers x 8 groups, 5 saturated (12.50 %), 10 zero (25.0 %).
-  std::ifstream blocks_in(d / "out" / "blocks.svg");
-  const std::string blocks((std::istreambuf_iterator<char>(blocks_in)), {});
+  const std::string blocks = read_file((d / "out" / "blocks.svg").string());
   EXPECT_NE(blocks.find("12.50% sat, 25.0% zero"), std::string::npos);
   EXPECT_NE(blocks.find("grad_x"), std::string::npos);
   EXPECT_NE(points.find("baseline +- sd"), std::string::npos);
@@ -257,12 +250,10 @@ file = "curve"
   ASSERT_EQ(only_a.size(), 2u);
   EXPECT_EQ(only_a[0].point, 1);
   EXPECT_TRUE(experiments::metric_curves(rep, s, store, "dev_bleu", {}).empty());  // never logged
-  std::ifstream curve_in(d / "out" / "curve.svg");
-  const std::string curve((std::istreambuf_iterator<char>(curve_in)), {});
+  const std::string curve = read_file((d / "out" / "curve.svg").string());
   EXPECT_NE(curve.find("test_bleu (mean +- sd over seeds)"), std::string::npos);
   EXPECT_NE(curve.find("training step"), std::string::npos);
-  std::ifstream curve_csv_in(d / "out" / "curve.csv");
-  const std::string curve_csv((std::istreambuf_iterator<char>(curve_csv_in)), {});
+  const std::string curve_csv = read_file((d / "out" / "curve.csv").string());
   EXPECT_EQ(curve_csv.rfind("point,step,test_bleu_mean,test_bleu_sd,runs\n", 0), 0u) << curve_csv;
   EXPECT_NE(curve_csv.find(",100,1092.000000,1.581139,5\n"), std::string::npos) << curve_csv;
   EXPECT_NE(curve_csv.find(",100,1068.250000,"), std::string::npos) << curve_csv;
