@@ -570,7 +570,9 @@ std::string to_markdown(const Sweep& s, const SweepReport& r) {
       o << p.loss_scale << " | " << (p.mean_log2_scale ? fixed(*p.mean_log2_scale, 1) : "-") << " | "
         << (p.skipped_steps ? fixed(*p.skipped_steps, 1) : "-") << " | ";
     }
-    if (p.stats.n) o << fixed(p.stats.mean, dec) << " ± " << fixed(p.stats.sd, dec) << (p.significant ? "*" : "");
+    // One run has no spread: its value alone, not "± 0".
+    if (p.stats.n > 1) o << fixed(p.stats.mean, dec) << " ± " << fixed(p.stats.sd, dec) << (p.significant ? "*" : "");
+    else if (p.stats.n == 1) o << fixed(p.stats.mean, dec) << (p.significant ? "*" : "");
     else o << "-";
     o << " | " << p.stats.n;
     if (p.diverged) o << " (+" << p.diverged << " diverged)";
@@ -578,6 +580,8 @@ std::string to_markdown(const Sweep& s, const SweepReport& r) {
     o << " | " << (p.point == s.baseline ? "baseline" : p.test ? pvalue(p.test->p) : "-") << " |\n";
   }
   o << "\n" << r.metric << ": mean ± sample standard deviation over seeds";
+  if (std::any_of(r.points.begin(), r.points.end(), [](const PointResult& p) { return p.stats.n == 1; }))
+    o << " (a point of one run: its value alone)";
   if (s.baseline >= 0)
     o << "; * = worse than the baseline (" << s.points[static_cast<std::size_t>(s.baseline)].label()
       << ") by a one-sided Mann-Whitney U test at " << fixed(r.alpha * 100, 0) << " %";
@@ -597,7 +601,7 @@ std::string to_csv(const Sweep& s, const SweepReport& r) {
     o << csv_field(p.loss_scale) << ","
       << (p.mean_log2_scale ? fixed(*p.mean_log2_scale, 3) : "") << "," << (p.skipped_steps ? fixed(*p.skipped_steps, 1) : "")
       << "," << p.stats.n << "," << p.diverged << "," << p.missing << ",";
-    if (p.stats.n) o << fixed(p.stats.mean, 6) << "," << fixed(p.stats.sd, 6);
+    if (p.stats.n) o << fixed(p.stats.mean, 6) << "," << (p.stats.n > 1 ? fixed(p.stats.sd, 6) : "");
     else o << ",";
     o << ",";
     if (p.test) o << fixed(p.test->u, 1) << "," << pvalue(p.test->p) << "," << (p.significant ? 1 : 0);

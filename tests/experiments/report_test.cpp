@@ -304,6 +304,32 @@ TEST(Report, RunsOfANameGroupByRecipeAndLossScaling) {
   EXPECT_THROW(experiments::analyse_named(store, "py", s), Error);
 }
 
+// A point of one run has no spread: the table gives its value alone (not "± 0.00") and
+// says so below; the CSV leaves its sd empty. Points of several runs keep mean ± sd.
+TEST(Report, OneRunPointHasNoSpread) {
+  const fs::path db = dir() / "one-run.db";
+  fs::remove(db);
+  results::Store store(db.string());
+  auto add = [&](const std::string& recipe, double metric) {
+    const auto id = store.begin_run({"one", "python", "{}", recipe, "none", 0});
+    store.finish_run(id, results::RunStatus::finished, metric, "test_accuracy", 1.0);
+  };
+  add("fp32", 90.0);
+  add("fp32", 92.0);
+  add("resnet32-mixed", 88.5);
+  experiments::Sweep s;
+  const auto rep = experiments::analyse_named(store, "one", s);
+  ASSERT_EQ(rep.points.size(), 2u);
+  const std::string md = experiments::to_markdown(s, rep);
+  EXPECT_NE(md.find("| 91.00 ± 1.41 | 2 | baseline |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 88.50 | 1 |"), std::string::npos) << md;
+  EXPECT_EQ(md.find("88.50 ±"), std::string::npos) << md;
+  EXPECT_NE(md.find("(a point of one run: its value alone)"), std::string::npos) << md;
+  const std::string csv = experiments::to_csv(s, rep);
+  EXPECT_NE(csv.find(",1,0,0,88.500000,,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find(",2,0,0,91.000000,1.414214,"), std::string::npos) << csv;
+}
+
 // Item 5 of the data-parallel issue: the stores of a sharded sweep read as one give the
 // report of one store holding the same runs; the same run with another result in a second
 // store is refused, an identical copy counts once, and a failed attempt beside another
