@@ -570,10 +570,13 @@ std::string to_markdown(const Sweep& s, const SweepReport& r) {
       o << p.loss_scale << " | " << (p.mean_log2_scale ? fixed(*p.mean_log2_scale, 1) : "-") << " | "
         << (p.skipped_steps ? fixed(*p.skipped_steps, 1) : "-") << " | ";
     }
-    // One run has no spread: its value alone, not "± 0".
-    if (p.stats.n > 1) o << fixed(p.stats.mean, dec) << " ± " << fixed(p.stats.sd, dec) << (p.significant ? "*" : "");
-    else if (p.stats.n == 1) o << fixed(p.stats.mean, dec) << (p.significant ? "*" : "");
-    else o << "-";
+    if (p.stats.n) {
+      o << fixed(p.stats.mean, dec);
+      if (p.stats.n > 1) o << " ± " << fixed(p.stats.sd, dec);  // one run has no spread: its value alone
+      o << (p.significant ? "*" : "");
+    } else {
+      o << "-";
+    }
     o << " | " << p.stats.n;
     if (p.diverged) o << " (+" << p.diverged << " diverged)";
     if (p.missing) o << " (" << p.missing << " missing)";
