@@ -15,15 +15,30 @@ bool flushing_denormals() {
   volatile float half = tiny * 0.5f;
   return half == 0.0f;
 }
+
+// An OpenBLAS entry point, looked up in the libraries loaded (nullptr without OpenBLAS).
+template <typename Fn>
+Fn openblas_function(const char* name) {
+  return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+// Sets OpenBLAS's thread count where OpenBLAS is loaded. OpenBLAS keeps a pool of its own:
+// left at its default (every core) beside a one-thread run, its idle workers spin in
+// sched_yield and take cores from the run, and from a second run beside it.
+void set_blas_threads(int n) {
+  auto set = openblas_function<void (*)(int)>("openblas_set_num_threads");
+  if (set && blas_threads() != n) set(n);
+}
 }  // namespace
 
 TorchSettings current_torch_settings() {
-  return {static_cast<int>(torch::get_num_threads()), flushing_denormals()};
+  return {static_cast<int>(torch::get_num_threads()), flushing_denormals(), blas_threads()};
 }
 
 void apply(const TorchSettings& s) {
   const int threads = threads_or_all_cores(s.threads);
   if (torch::get_num_threads() != threads) torch::set_num_threads(threads);
+  set_blas_threads(s.blas_threads > 0 ? s.blas_threads : threads);
   at::globalContext().setFlushDenormal(s.flush_denormals);
 }
 
@@ -32,11 +47,15 @@ ScopedTorchSettings::ScopedTorchSettings(const TorchSettings& s) : before_(curre
 ScopedTorchSettings::~ScopedTorchSettings() { apply(before_); }
 
 std::string blas_core() {
-  using Fn = char* (*)();
-  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  auto fn = openblas_function<char* (*)()>("openblas_get_corename");
   if (!fn) return "";
   const char* name = fn();
   return name ? name : "";
+}
+
+int blas_threads() {
+  auto fn = openblas_function<int (*)()>("openblas_get_num_threads");
+  return fn ? fn() : 0;
 }
 
 }  // namespace fp8lab::nn

@@ -144,4 +144,26 @@ TEST(TorchSettings, ScopedSettingsAreRestored) {
   }
   EXPECT_EQ(nn::current_torch_settings().threads, before.threads);
   EXPECT_EQ(nn::current_torch_settings().flush_denormals, before.flush_denormals);
+  EXPECT_EQ(nn::current_torch_settings().blas_threads, before.blas_threads);
+}
+
+// torch::set_num_threads leaves OpenBLAS's pool alone; a run's thread count must reach it
+// too, or a one-thread run keeps OpenBLAS workers spinning beside it.
+TEST(TorchSettings, BlasThreadsFollowThreadsAndAreRestored) {
+  if (nn::blas_core().empty()) GTEST_SKIP() << "libtorch's BLAS is not OpenBLAS here";
+  const nn::TorchSettings before = nn::current_torch_settings();
+  ASSERT_GE(before.blas_threads, 1);
+  const int other = before.blas_threads == 1 ? 2 : 1;
+  {
+    nn::ScopedTorchSettings s({other, before.flush_denormals});
+    EXPECT_EQ(nn::blas_threads(), other);
+    EXPECT_EQ(nn::current_torch_settings().blas_threads, other);
+  }
+  EXPECT_EQ(nn::blas_threads(), before.blas_threads);
+  {
+    nn::ScopedTorchSettings s({1, before.flush_denormals, 3});  // an explicit count wins
+    EXPECT_EQ(nn::blas_threads(), 3);
+    EXPECT_EQ(nn::current_torch_settings().threads, 1);
+  }
+  EXPECT_EQ(nn::blas_threads(), before.blas_threads);
 }

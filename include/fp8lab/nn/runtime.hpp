@@ -15,12 +15,16 @@ namespace fp8lab::nn {
 struct TorchSettings {
   int threads = 1;               // libtorch's intra-op threads
   bool flush_denormals = false;  // the CPU's flush-to-zero / denormals-are-zero for float32
+  // OpenBLAS's own threads, which libtorch's float32 matmuls run on and which
+  // torch::set_num_threads does not reach; 0: as many as `threads`. Ignored when libtorch's
+  // BLAS is not OpenBLAS.
+  int blas_threads = 0;
 };
 
-// The settings in force now.
+// The settings in force now (blas_threads: OpenBLAS's count, 0 without OpenBLAS).
 TorchSettings current_torch_settings();
 
-// Applies `s` (threads < 1: one per core).
+// Applies `s` (threads < 1: one per core; blas_threads < 1: as many as threads).
 void apply(const TorchSettings& s);
 
 // Applies settings for its lifetime and restores the ones in force before.
@@ -37,5 +41,8 @@ class ScopedTorchSettings {
 
 // The OpenBLAS kernel family in use ("" when libtorch's BLAS is not OpenBLAS).
 std::string blas_core();
+
+// OpenBLAS's thread count (0 when libtorch's BLAS is not OpenBLAS).
+int blas_threads();
 
 }  // namespace fp8lab::nn
