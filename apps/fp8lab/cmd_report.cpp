@@ -36,6 +36,9 @@ void run_report(const ReportArgs& a) {
   const std::string out = a.out.empty() ? "reports/" + s.name : a.out;
   const auto files = experiments::write_report(s, rep, store, out);
   std::fputs(experiments::to_markdown(s, rep).c_str(), stdout);
+  if (rep.machines.size() > 1)
+    std::fprintf(stderr, "report %s: warning: its runs were not all made on one recorded processor (the table's last "
+                 "line names them); results from different processors are not bit-comparable\n", s.name.c_str());
   for (const auto& f : files) std::fprintf(stderr, "wrote %s\n", f.c_str());
 }
 }  // namespace

@@ -21,6 +21,7 @@ py::dict run_row(const results::RunRow& r) {
   d["recipe"] = r.recipe;
   d["loss_scale"] = r.loss_scale;
   d["code_version"] = r.code_version;
+  d["machine"] = r.machine;
   d["status"] = std::string(results::to_string(r.status));
   d["seed"] = r.seed;
   d["final_metric"] = r.final_metric ? py::cast(*r.final_metric) : py::none();

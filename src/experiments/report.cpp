@@ -454,6 +454,7 @@ SweepReport analyse(const Sweep& s, const results::Store& store) {
       continue;
     }
     pr.run_ids.push_back(st.row->id);
+    ++rep.machines[st.row->machine];
     if (st.row->status == results::RunStatus::diverged) {
       ++pr.diverged;
       continue;
@@ -507,6 +508,7 @@ SweepReport analyse_named(const results::Store& store, const std::string& name, 
       continue;
     }
     pr.run_ids.push_back(r.id);
+    ++rep.machines[r.machine];
     if (r.status == results::RunStatus::diverged) {
       ++pr.diverged;
       continue;
@@ -547,6 +549,21 @@ Columns columns(const Sweep& s, const SweepReport& r) {
   return c;
 }
 }  // namespace
+
+std::string machines_note(const SweepReport& r) {
+  const auto runs = [](int n) { return std::to_string(n) + (n == 1 ? " run" : " runs"); };
+  if (r.machines.empty() || (r.machines.size() == 1 && r.machines.begin()->first.empty())) return "";
+  if (r.machines.size() == 1) return "Runs made on " + r.machines.begin()->first + ".\n";
+  std::string o = r.machines.count("") ? "**Not every run records its processor**"
+                                       : "**Runs made on " + std::to_string(r.machines.size()) + " processors**";
+  o += "; results from different processors may differ in the last bits (their kernels differ): ";
+  bool first = true;
+  for (const auto& [m, n] : r.machines) {
+    o += (first ? "" : "; ") + (m.empty() ? std::string("not recorded") : m) + ": " + runs(n);
+    first = false;
+  }
+  return o + ".\n";
+}
 
 std::string to_markdown(const Sweep& s, const SweepReport& r) {
   const Columns c = columns(s, r);
@@ -589,6 +606,8 @@ std::string to_markdown(const Sweep& s, const SweepReport& r) {
     o << "; * = worse than the baseline (" << s.points[static_cast<std::size_t>(s.baseline)].label()
       << ") by a one-sided Mann-Whitney U test at " << fixed(r.alpha * 100, 0) << " %";
   o << ".\n";
+  const std::string machines = machines_note(r);
+  if (!machines.empty()) o << "\n" << machines;
   return o.str();
 }
 

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -180,14 +181,33 @@ struct Job {
 };
 
 // The runs still to do; those done, or running in another process, are counted in `sum`.
+// Runs made on other processors than this one are not bit-comparable with runs made here:
+// say so for the stored runs the sweep counts as done (by processor) and for each it resumes.
+void warn_other_machines(const Sweep& s, const std::map<std::string, int>& done_elsewhere) {
+  if (done_elsewhere.empty()) return;
+  int n = 0;
+  std::string list;
+  for (const auto& [m, k] : done_elsewhere) {
+    n += k;
+    list += (list.empty() ? "" : "; ") + (m.empty() ? std::string("not recorded") : m) + ": " + std::to_string(k);
+  }
+  std::fprintf(stderr,
+               "sweep %s: warning: %d of the runs it counts as done were made on another processor or do not record "
+               "theirs (%s); runs made here, on %s, may differ from them in the last bits (the report's table names "
+               "the processors)\n",
+               s.name.c_str(), n, list.c_str(), machine_description().c_str());
+}
+
 std::vector<Job> plan_jobs(const Sweep& s, const std::vector<results::RunRow>& rows, const std::string& dir,
                            SweepSummary& sum) {
   std::vector<Job> jobs;
+  std::map<std::string, int> done_elsewhere;
   for (const auto& r : s.runs) {
     const std::string base = (fs::path(dir) / r.key).string();
     const RunState st = run_state(r, rows, base + ".ckpt");
     if (st.kind == RunState::done) {
       ++sum.skipped;
+      if (st.row->machine != machine_description()) ++done_elsewhere[st.row->machine];
       continue;
     }
     if (st.kind == RunState::running) {
@@ -197,8 +217,15 @@ std::vector<Job> plan_jobs(const Sweep& s, const std::vector<results::RunRow>& r
                    static_cast<unsigned long long>(r.seed), static_cast<long long>(st.row->id));
       continue;
     }
+    if (st.kind == RunState::resume && st.row->machine != machine_description())
+      std::fprintf(stderr, "%s seed %llu: warning: started on %s, resumes here on %s\n",
+                   s.points[static_cast<std::size_t>(r.point)].label().c_str(),
+                   static_cast<unsigned long long>(r.seed),
+                   st.row->machine.empty() ? "a processor it does not record" : st.row->machine.c_str(),
+                   machine_description().c_str());
     jobs.push_back({&r, st.kind == RunState::resume, base + ".toml", base + ".log", base + ".ckpt"});
   }
+  warn_other_machines(s, done_elsewhere);
   return jobs;
 }
 

@@ -14,6 +14,7 @@
 
 #include "fp8lab/core/enum_names.hpp"
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/machine.hpp"
 #include "fp8lab/core/text.hpp"
 
 #include "fp8lab_code_version.hpp"  // generated at every build (cmake/code_version.cmake)
@@ -102,7 +103,8 @@ CREATE TABLE IF NOT EXISTS runs (
   created TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL,
   config TEXT NOT NULL, recipe TEXT NOT NULL, loss_scale TEXT NOT NULL, seed INTEGER NOT NULL,
   code_version TEXT NOT NULL, status TEXT NOT NULL, final_metric REAL, metric_name TEXT,
-  wall_seconds REAL NOT NULL DEFAULT 0, host TEXT NOT NULL, pid INTEGER NOT NULL);
+  wall_seconds REAL NOT NULL DEFAULT 0, host TEXT NOT NULL, pid INTEGER NOT NULL,
+  machine TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS metrics (
   run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL,
   name TEXT NOT NULL, value REAL NOT NULL);
@@ -138,6 +140,14 @@ std::string integrity_problems(sqlite3* db, const std::string& path, const char*
     out += (out.empty() ? "" : "; ") + std::string(sqlite3_errmsg(db));  // too damaged to check
   }
   return out;
+}
+
+// Whether `table` of the main database has `column`.
+bool has_column(sqlite3* db, const std::string& path, const char* table, const char* column) {
+  Stmt s(db, path, (std::string("PRAGMA table_info(") + table + ")").c_str());
+  while (s.step())
+    if (s.text(1) == column) return true;
+  return false;
 }
 
 std::string damaged(const std::string& path, const std::string& problems) {
@@ -188,6 +198,8 @@ Store::Store(const std::string& path) : path_(path) {
     exec("PRAGMA synchronous=NORMAL");
     exec("BEGIN IMMEDIATE");
     exec(kSchema);
+    // Version 2 stores gain the machine column; their runs' machine reads "" (not recorded).
+    if (!has_column(db_, path_, "runs", "machine")) exec("ALTER TABLE runs ADD COLUMN machine TEXT NOT NULL DEFAULT ''");
     exec(("PRAGMA user_version=" + std::to_string(kSchemaVersion)).c_str());
     exec(("PRAGMA application_id=" + std::to_string(kApplicationId)).c_str());
     exec("COMMIT");
@@ -232,10 +244,10 @@ void Store::mark_dead_runs() {
 std::int64_t Store::begin_run(const RunInfo& r) {
   Stmt s(db_, path_,
          "INSERT INTO runs (created, name, kind, config, recipe, loss_scale, seed, code_version, "
-         "status, host, pid) VALUES (?,?,?,?,?,?,?,?,'running',?,?)");
+         "status, host, pid, machine) VALUES (?,?,?,?,?,?,?,?,'running',?,?,?)");
   s.bind(1, now_utc()).bind(2, r.name).bind(3, r.kind).bind(4, r.config_json).bind(5, r.recipe);
   s.bind(6, r.loss_scale).bind(7, static_cast<std::int64_t>(r.seed)).bind(8, code_version());
-  s.bind(9, hostname()).bind(10, static_cast<std::int64_t>(::getpid()));
+  s.bind(9, hostname()).bind(10, static_cast<std::int64_t>(::getpid())).bind(11, machine_description());
   s.step();
   return sqlite3_last_insert_rowid(db_);
 }
@@ -278,8 +290,9 @@ void Store::absorb(const std::string& path, const std::vector<std::int64_t>& ids
         map.reset();
       }
       exec("INSERT INTO main.runs (id, created, name, kind, config, recipe, loss_scale, seed, code_version, status, "
-           "final_metric, metric_name, wall_seconds, host, pid) SELECT a.new, created, name, kind, config, recipe, "
-           "loss_scale, seed, code_version, status, final_metric, metric_name, wall_seconds, host, pid "
+           "final_metric, metric_name, wall_seconds, host, pid, machine) SELECT a.new, created, name, kind, config, "
+           "recipe, loss_scale, seed, code_version, status, final_metric, metric_name, wall_seconds, host, pid, "
+           "machine "
            "FROM src.runs r JOIN absorbed a ON r.id = a.old ORDER BY a.new");
       exec("INSERT INTO main.metrics (run_id, step, name, value) SELECT a.new, step, name, value "
            "FROM src.metrics m JOIN absorbed a ON m.run_id = a.old ORDER BY m.rowid");
@@ -348,15 +361,30 @@ std::vector<Store::StatRow> Store::stats(std::int64_t run) const {
   return out;
 }
 
+namespace {
+// A run's machine after it resumes `here`: unchanged where it ran here last, else with
+// "; resumed on <here>" added.
+std::string machine_after_resume(const std::string& recorded, const std::string& here) {
+  const std::string resumed = "; resumed on " + here;
+  if (recorded == here) return recorded;
+  if (recorded.empty()) return "not recorded" + resumed;
+  if (recorded.size() >= resumed.size() && recorded.compare(recorded.size() - resumed.size(), resumed.size(), resumed) == 0)
+    return recorded;  // resumed here before
+  return recorded + resumed;
+}
+}  // namespace
+
 void Store::resume_run(std::int64_t run, std::int64_t from_step) {
   transaction([&] {
+    std::string machine;
     {
-      Stmt s(db_, path_, "SELECT status FROM runs WHERE id = ?");
+      Stmt s(db_, path_, "SELECT status, machine FROM runs WHERE id = ?");
       s.bind(1, run);
       if (!s.step()) throw Error(path_ + ": no run " + std::to_string(run) + " to resume");
       const std::string st = s.text(0);
       if (has_outcome(parse_run_status(st)))
         throw Error(path_ + ": run " + std::to_string(run) + " has already ended (" + st + ")");
+      machine = machine_after_resume(s.text(1), machine_description());
     }
     for (const char* sql : {"DELETE FROM metrics WHERE run_id = ? AND step > ?",
                             "DELETE FROM tensor_stats WHERE run_id = ? AND step >= ?",
@@ -364,8 +392,8 @@ void Store::resume_run(std::int64_t run, std::int64_t from_step) {
       Stmt d(db_, path_, sql);
       d.bind(1, run).bind(2, from_step).step();
     }
-    Stmt u(db_, path_, "UPDATE runs SET status = 'running', host = ?, pid = ? WHERE id = ?");
-    u.bind(1, hostname()).bind(2, static_cast<std::int64_t>(::getpid())).bind(3, run).step();
+    Stmt u(db_, path_, "UPDATE runs SET status = 'running', host = ?, pid = ?, machine = ? WHERE id = ?");
+    u.bind(1, hostname()).bind(2, static_cast<std::int64_t>(::getpid())).bind(3, machine).bind(4, run).step();
   });
 }
 
@@ -382,7 +410,7 @@ void Store::finish_run(std::int64_t run, RunStatus status, std::optional<double>
 std::vector<RunRow> Store::runs(const RunFilter& f) const {
   Stmt s(db_, path_,
          "SELECT id, created, name, kind, recipe, loss_scale, status, code_version, config, seed, "
-         "final_metric, metric_name, wall_seconds FROM runs WHERE (?1 = '' OR status = ?1) AND "
+         "final_metric, metric_name, wall_seconds, machine FROM runs WHERE (?1 = '' OR status = ?1) AND "
          "(?2 = '' OR recipe = ?2) AND (?3 = '' OR name = ?3) ORDER BY id");
   s.bind(1, f.status ? std::string(to_string(*f.status)) : std::string()).bind(2, f.recipe).bind(3, f.name);
   std::vector<RunRow> out;
@@ -405,6 +433,7 @@ std::vector<RunRow> Store::runs(const RunFilter& f) const {
     if (!s.null(10)) r.final_metric = s.dbl(10);
     r.metric_name = s.text(11);
     r.wall_seconds = s.dbl(12);
+    r.machine = s.text(13);
     out.push_back(std::move(r));
   }
   return out;
@@ -428,13 +457,14 @@ std::vector<std::tuple<std::int64_t, int, bool>> Store::loss_scale_trace(std::in
 
 std::string to_csv(const std::vector<RunRow>& rows) {
   std::ostringstream o;
-  o << "id,created,name,kind,recipe,loss_scale,seed,status,metric_name,final_metric,wall_seconds,code_version\n";
+  o << "id,created,name,kind,recipe,loss_scale,seed,status,metric_name,final_metric,wall_seconds,code_version,"
+       "machine\n";
   for (const auto& r : rows) {
     o << r.id << ',' << r.created << ',' << csv_field(r.name) << ',' << csv_field(r.kind) << ','
       << csv_field(r.recipe) << ',' << csv_field(r.loss_scale) << ',' << r.seed << ',' << to_string(r.status) << ','
       << csv_field(r.metric_name) << ',';
     if (r.final_metric) o << *r.final_metric;
-    o << ',' << r.wall_seconds << ',' << csv_field(r.code_version) << '\n';
+    o << ',' << r.wall_seconds << ',' << csv_field(r.code_version) << ',' << csv_field(r.machine) << '\n';
   }
   return o.str();
 }
@@ -445,7 +475,8 @@ std::string to_json(const std::vector<RunRow>& rows) {
     nlohmann::json j = {{"id", r.id}, {"created", r.created}, {"name", r.name}, {"kind", r.kind},
                         {"recipe", r.recipe}, {"loss_scale", r.loss_scale}, {"seed", r.seed},
                         {"status", std::string(to_string(r.status))}, {"metric_name", r.metric_name},
-                        {"wall_seconds", r.wall_seconds}, {"code_version", r.code_version}};
+                        {"wall_seconds", r.wall_seconds}, {"code_version", r.code_version},
+                        {"machine", r.machine}};
     j["final_metric"] = r.final_metric ? nlohmann::json(*r.final_metric) : nlohmann::json(nullptr);
     const auto cfg = nlohmann::json::parse(r.config_json, nullptr, false);
     j["config"] = cfg.is_discarded() ? nlohmann::json(r.config_json) : cfg;

@@ -373,6 +373,9 @@ TOML
   check "report table" grep -q '^| fp32 | fp32 | fp32 | fp32 | fp32 | .* | 2 | baseline |$' <<<"$out"
   check "report files" [ -s "$T/rep/table.md" ] && [ -s "$T/rep/table.csv" ] && [ -s "$T/rep/snr.svg" ] && [ -s "$T/rep/snr.png" ]
   check "report: a metric plot of a non-numeric x is skipped" grep -q "plot 'plot1-metric' (metric) has no data" "$T/err"
+  check "report names the processor its runs were made on" grep -q '^Runs made on .\+\.$' "$T/rep/table.md"
+  one_processor() { ! grep -q "not all made on one recorded processor" "$T/err"; }
+  check "... and does not warn of several" one_processor
   # Slurm: the emitted job array names every shard once, each task writes its own store, and
   # the report over the tasks' stores is the report over the one store of the sweep above.
   "$FP8LAB" sweep "$T/sw.toml" --emit slurm --shards 3 --dir "$T/slurm" >"$T/job.sh" 2>"$T/err"; rc=$?

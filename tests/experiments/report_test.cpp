@@ -8,6 +8,7 @@
 
 #include "../common/testutil.hpp"
 #include "fp8lab/core/files.hpp"
+#include "fp8lab/core/machine.hpp"
 #include "fp8lab/experiments/report.hpp"
 #include "fp8lab/experiments/sweep.hpp"
 #include "fp8lab/results/store.hpp"
@@ -330,6 +331,46 @@ TEST(Report, OneRunPointHasNoSpread) {
   EXPECT_NE(csv.find(",2,0,0,91.000000,1.414214,"), std::string::npos) << csv;
 }
 
+// The table names the processor its runs were made on, and warns where they were made on
+// several or some did not record theirs (results from different processors are not
+// bit-comparable).
+TEST(Report, TableNamesTheProcessorsOfItsRuns) {
+  const fs::path db = dir() / "machines.db";
+  fs::remove(db);
+  results::Store store(db.string());
+  for (const char* recipe : {"fp32", "fp32", "resnet32-mixed"}) {
+    const auto id = store.begin_run({"machines", "python", "{}", recipe, "none", 0});
+    store.finish_run(id, results::RunStatus::finished, 90.0, "test_accuracy", 1.0);
+  }
+  const auto unfinished = store.begin_run({"machines", "python", "{}", "fp32", "none", 0});
+  store.finish_run(unfinished, results::RunStatus::failed, std::nullopt, "test_accuracy", 1.0);
+  experiments::Sweep s;
+  auto rep = experiments::analyse_named(store, "machines", s);
+  const std::string here = machine_description();
+  ASSERT_EQ(rep.machines.size(), 1u);
+  EXPECT_EQ(rep.machines.at(here), 3);  // the failed run has no result in the table
+  std::string md = experiments::to_markdown(s, rep);
+  EXPECT_NE(md.find("\nRuns made on " + here + ".\n"), std::string::npos) << md;
+
+  rep.machines = {{"A CPU (family 6, model 143; avx2 fma avx512f)", 2}, {"B CPU (family 25, model 1; avx2 fma)", 1}};
+  md = experiments::to_markdown(s, rep);
+  EXPECT_NE(md.find("**Runs made on 2 processors**; results from different processors may differ in the last bits"),
+            std::string::npos) << md;
+  EXPECT_NE(md.find(": A CPU (family 6, model 143; avx2 fma avx512f): 2 runs; B CPU (family 25, model 1; avx2 fma): 1 run.\n"),
+            std::string::npos) << md;
+  EXPECT_EQ(md.find("Runs made on A"), std::string::npos) << md;
+
+  rep.machines = {{"", 4}, {"B CPU", 1}};
+  EXPECT_EQ(experiments::machines_note(rep),
+            "**Not every run records its processor**; results from different processors may differ in the last bits "
+            "(their kernels differ): not recorded: 4 runs; B CPU: 1 run.\n");
+  rep.machines = {{"", 4}};  // a store from before runs recorded it: no line
+  EXPECT_EQ(experiments::machines_note(rep), "");
+  EXPECT_EQ(experiments::to_markdown(s, rep).find("Runs made on"), std::string::npos);
+  rep.machines.clear();
+  EXPECT_EQ(experiments::machines_note(rep), "");
+}
+
 // Item 5 of the data-parallel issue: the stores of a sharded sweep read as one give the
 // report of one store holding the same runs; the same run with another result in a second
 // store is refused, an identical copy counts once, and a failed attempt beside another
@@ -368,6 +409,7 @@ recipe = ["fp32", "resnet32-mixed"]
   EXPECT_EQ(experiments::to_markdown(s, a), experiments::to_markdown(s, b));
   EXPECT_EQ(experiments::to_csv(s, a), experiments::to_csv(s, b));
   ASSERT_EQ(all.store().runs().size(), s.runs.size());
+  EXPECT_EQ(all.store().runs()[0].machine, machine_description());  // copied with the run
   const auto id = all.store().runs()[0].id;
   EXPECT_FALSE(all.store().metric(id, "test_bleu").empty());
   // Every run of the combined store has its origin, and only those.

@@ -9,7 +9,10 @@
 #include <map>
 #include <set>
 
+#include <sqlite3.h>
+
 #include "../common/testutil.hpp"
+#include "fp8lab/core/machine.hpp"
 #include "fp8lab/experiments/report.hpp"
 #include "fp8lab/experiments/sweep.hpp"
 #include "small_sweep.hpp"
@@ -46,6 +49,19 @@ struct InProcess {
     return r.status == results::RunStatus::finished ? 0 : 1;
   }
 };
+
+// Says a stored run was made on `machine`, as a store shared with another computer would.
+void set_machine(const std::string& db, std::int64_t run, const std::string& machine) {
+  sqlite3* h = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+  sqlite3_stmt* st = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(h, "UPDATE runs SET machine = ? WHERE id = ?", -1, &st, nullptr), SQLITE_OK);
+  sqlite3_bind_text(st, 1, machine.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(st, 2, run);
+  EXPECT_EQ(sqlite3_step(st), SQLITE_DONE);
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+}
 
 }  // namespace
 
@@ -227,7 +243,10 @@ recipe = ["fp32", "resnet32-mixed"]
 
   // Again, two jobs on the 2 cores: the three finished runs are skipped, the stopped one
   // resumes in its store row with the 2 threads it started with (only the same count
-  // resumes bit for bit), and the sweep warns that it takes more than a run's share.
+  // resumes bit for bit), and the sweep warns that it takes more than a run's share. It
+  // started (the store says) on another processor: the sweep says so, and its row names both.
+  const std::int64_t stopped_id = store.runs({.status = results::RunStatus::stopped})[0].id;
+  set_machine(db, stopped_id, "Other CPU (family 1, model 2)");
   launcher.calls = 0;
   opt.jobs = 2;
   testing::internal::CaptureStderr();
@@ -235,6 +254,9 @@ recipe = ["fp32", "resnet32-mixed"]
   const std::string said = testing::internal::GetCapturedStderr();
   EXPECT_NE(said.find("resumes with the 2 threads it started with"), std::string::npos) << said;
   EXPECT_NE(said.find("more than the 1 a run gets here"), std::string::npos) << said;
+  EXPECT_NE(said.find("warning: started on Other CPU (family 1, model 2), resumes here on " + machine_description()),
+            std::string::npos) << said;
+  EXPECT_EQ(said.find("counts as done were made on another processor"), std::string::npos) << said;
   EXPECT_EQ(experiments::load_train_config((d / "runs" / (s.runs[3].key + ".toml")).string()).threads, 2);
   EXPECT_EQ(launcher.calls, 1);
   EXPECT_EQ(launcher.resumed, 1);
@@ -245,12 +267,25 @@ recipe = ["fp32", "resnet32-mixed"]
   EXPECT_EQ(rows.size(), 4u);  // resumed into the same row, not a new one
   for (const auto& r : rows) EXPECT_EQ(r.status, results::RunStatus::finished) << r.id;
 
-  // And again: nothing to do.
+  for (const auto& r : rows)
+    EXPECT_EQ(r.machine, r.id == stopped_id ? "Other CPU (family 1, model 2); resumed on " + machine_description()
+                                            : machine_description());
+
+  // And again: nothing to do. The runs it counts as done that were not all made here are
+  // named by processor.
   launcher.calls = 0;
   opt.jobs = 1;
+  set_machine(db, rows[0].id, "");
+  testing::internal::CaptureStderr();
   sum = experiments::run_sweep(s, store, opt);
+  const std::string again = testing::internal::GetCapturedStderr();
   EXPECT_EQ(launcher.calls, 0);
   EXPECT_EQ(sum.skipped, 4);
+  EXPECT_NE(again.find("warning: 2 of the runs it counts as done were made on another processor or do not record "
+                       "theirs (not recorded: 1; Other CPU (family 1, model 2); resumed on " + machine_description() +
+                       ": 1); runs made here, on " + machine_description()),
+            std::string::npos)
+      << again;
 
   // The report sees all four.
   const auto rep = experiments::analyse(s, store);

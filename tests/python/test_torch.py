@@ -404,6 +404,9 @@ def test_runs_land_in_the_results_store(tmp_path, cli):
     assert len(rows) == 1
     r = rows[0]
     assert (r["name"], r["status"], r["recipe"], r["final_metric"]) == ("python-cnn", "finished", "resnet32-152", 0.5)
+    # The processor it ran on ("unknown CPU" where /proc/cpuinfo names none); the same below
+    # through the binding.
+    assert r["machine"]
     report = cli("report", "--name", "python-cnn", "--db", db, "--out", tmp_path / "report")
     assert "| resnet32-152 | static:4 |" in report and "0.50" in report, report
     assert (tmp_path / "report" / "table.md").exists()
@@ -414,6 +417,7 @@ def test_runs_land_in_the_results_store(tmp_path, cli):
         with ft.RunRecorder(db, "broken") as run2:
             1 / 0
     assert store.runs(name="broken")[0]["status"] == "failed"
+    assert store.runs(name="python-cnn")[0]["machine"] == r["machine"]
 
 
 def test_errors_are_python_exceptions():

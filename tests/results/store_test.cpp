@@ -12,6 +12,8 @@
 
 #include "../common/testutil.hpp"
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/machine.hpp"
+#include "fp8lab/core/text.hpp"
 #include "fp8lab/results/store.hpp"
 
 using namespace fp8lab;
@@ -55,6 +57,8 @@ TEST(Store, RecordsRunsMetricsAndTraces) {
   EXPECT_EQ(all[0].status, results::RunStatus::finished);
   EXPECT_EQ(*all[0].final_metric, 85.25);
   EXPECT_EQ(all[0].code_version, Store::code_version());
+  EXPECT_EQ(all[0].machine, machine_description());
+  EXPECT_NE(all[0].machine, "");
   // The project's version and the build's `git describe --always --dirty` (written at
   // every build by cmake/code_version.cmake), or "unknown" outside a git checkout.
   EXPECT_TRUE(std::regex_match(Store::code_version(), std::regex(R"(\d+\.\d+\.\d+\+([0-9a-f]{7,40}(-dirty)?|unknown))")))
@@ -71,6 +75,97 @@ TEST(Store, RecordsRunsMetricsAndTraces) {
   const std::string json = to_json(all);
   EXPECT_NE(json.find("\"epochs\": 2"), std::string::npos) << json;
   EXPECT_NE(json.find("\"final_metric\": null"), std::string::npos);
+  EXPECT_NE(csv.find(",code_version,machine\n"), std::string::npos) << csv;
+  const std::string machine_csv = csv_field(machine_description());
+  EXPECT_NE(csv.find("," + machine_csv + "\n"), std::string::npos) << csv;
+  EXPECT_NE(json.find("\"machine\": "), std::string::npos) << json;
+}
+
+namespace {
+// Runs SQL on a store file directly, as another program (or an older fp8lab) would.
+void sql(const fs::path& p, const std::string& text) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(p.c_str(), &db), SQLITE_OK);
+  char* err = nullptr;
+  const int rc = sqlite3_exec(db, text.c_str(), nullptr, nullptr, &err);
+  EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "") << " in " << text;
+  sqlite3_free(err);
+  sqlite3_close(db);
+}
+std::int64_t user_version(const fs::path& p) {
+  sqlite3* db = nullptr;
+  sqlite3_open(p.c_str(), &db);
+  sqlite3_stmt* s = nullptr;
+  sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &s, nullptr);
+  const std::int64_t v = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int64(s, 0) : -1;
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  return v;
+}
+}  // namespace
+
+// A store written before runs recorded their machine (schema version 2, as an older fp8lab
+// made it) opens: its runs read machine "" and keep everything else, new runs record theirs.
+TEST(Store, AVersion2StoreGainsTheMachineColumn) {
+  const fs::path p = fresh("v2.db");
+  sql(p, R"(
+CREATE TABLE runs (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  created TEXT NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL,
+  config TEXT NOT NULL, recipe TEXT NOT NULL, loss_scale TEXT NOT NULL, seed INTEGER NOT NULL,
+  code_version TEXT NOT NULL, status TEXT NOT NULL, final_metric REAL, metric_name TEXT,
+  wall_seconds REAL NOT NULL DEFAULT 0, host TEXT NOT NULL, pid INTEGER NOT NULL);
+CREATE TABLE metrics (
+  run_id INTEGER NOT NULL REFERENCES runs(id), step INTEGER NOT NULL,
+  name TEXT NOT NULL, value REAL NOT NULL);
+INSERT INTO runs VALUES (1, '2026-11-28T00:00:00Z', 'test', 'image-classification', '{}', 'fp32', 'none', 3,
+  '0.1.0+abc1234', 'finished', 88.5, 'test_accuracy', 12.0, 'vm', 1);
+INSERT INTO metrics VALUES (1, 10, 'test_accuracy', 88.5);
+PRAGMA user_version = 2;
+PRAGMA application_id = 946236514;)");
+  ASSERT_EQ(kApplicationId, 946236514);
+  {
+    Store s(p.string());
+    const auto rows = s.runs();
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows[0].machine, "");
+    EXPECT_EQ(rows[0].seed, 3u);
+    EXPECT_EQ(*rows[0].final_metric, 88.5);
+    EXPECT_EQ(rows[0].code_version, "0.1.0+abc1234");
+    EXPECT_EQ(s.metric(1, "test_accuracy").size(), 1u);
+    const auto id = s.begin_run(info("fp32", 4));
+    EXPECT_EQ(s.runs()[1].id, id);
+    EXPECT_EQ(s.runs()[1].machine, machine_description());
+  }
+  EXPECT_EQ(user_version(p), kSchemaVersion);
+  EXPECT_NO_THROW(Store s(p.string()));  // and opens again as it is
+}
+
+// A run resumed on another processor says so: its steps came from both.
+TEST(Store, ARunResumedOnAnotherMachineNamesBoth) {
+  const fs::path p = fresh("resumed.db");
+  const std::string here = machine_description();
+  Store s(p.string());
+  const auto other = s.begin_run(info("fp32", 1));
+  const auto same = s.begin_run(info("fp32", 2));
+  const auto old = s.begin_run(info("fp32", 3));
+  for (const auto id : {other, same, old}) s.finish_run(id, RunStatus::stopped, std::nullopt, "", 1.0);
+  sql(p, "UPDATE runs SET machine = 'Other CPU (family 1, model 2)' WHERE id = " + std::to_string(other) +
+             "; UPDATE runs SET machine = '' WHERE id = " + std::to_string(old));
+  const auto machine_of = [&](std::int64_t id) {
+    for (const auto& r : s.runs())
+      if (r.id == id) return r.machine;
+    return std::string("?");
+  };
+  for (int round = 0; round < 2; ++round) {  // resumed here twice: named once
+    for (const auto id : {other, same, old}) {
+      s.resume_run(id, 0);
+      s.finish_run(id, RunStatus::stopped, std::nullopt, "", 1.0);
+    }
+    EXPECT_EQ(machine_of(other), "Other CPU (family 1, model 2); resumed on " + here);
+    EXPECT_EQ(machine_of(same), here);
+    EXPECT_EQ(machine_of(old), "not recorded; resumed on " + here);
+  }
 }
 
 TEST(Store, KilledRunIsMarkedIncomplete) {

@@ -38,7 +38,15 @@ struct SweepReport {
   std::vector<PointResult> points;
   double alpha = 0.05;
   bool higher_is_better = true;  // the direction the test looks for "worse"
+  // The processors the table's runs (finished or diverged) were made on
+  // (results::RunRow::machine; "" where the store did not record it) and how many runs each.
+  std::map<std::string, int> machines;
 };
+
+// The table's line on where its runs were made: "Runs made on X." for one recorded
+// processor; for several, a warning that names each with its run count (results from
+// different processors may differ in the last bits); "" where no run recorded one.
+std::string machines_note(const SweepReport& r);
 
 SweepReport analyse(const Sweep& s, const results::Store& store);
 // The same for every run named `name` whatever made it (a Python script through

@@ -15,7 +15,7 @@ struct sqlite3;
 
 namespace fp8lab::results {
 
-inline constexpr int kSchemaVersion = 2;  // 2: tensor_stats table
+inline constexpr int kSchemaVersion = 3;  // 2: tensor_stats table; 3: runs.machine
 inline constexpr int kApplicationId = 0x38666c62;  // "8flb": SQLite's application_id of a store
 
 // Where a run stands. `running` while its process trains; `incomplete` when that process
@@ -42,6 +42,10 @@ struct RunInfo {
 struct RunRow {
   std::int64_t id = 0;
   std::string created, name, kind, recipe, loss_scale, code_version, config_json;
+  // The processor it ran on (machine_description()); "<first>; resumed on <other>" for a run
+  // resumed on another; "" for a run recorded before stores kept it (schema version 3), and
+  // "not recorded; resumed on <other>" when such a run was resumed.
+  std::string machine;
   RunStatus status = RunStatus::running;
   std::uint64_t seed = 0;
   std::optional<double> final_metric;
