@@ -59,9 +59,6 @@ CpuEntry first_entry(std::string_view text) {
   return e;
 }
 
-}  // namespace
-
-namespace {
 // `words` joined by `sep`.
 std::string joined(const std::vector<std::string>& words, std::string_view sep) {
   std::string out;

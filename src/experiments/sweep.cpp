@@ -180,7 +180,6 @@ struct Job {
   std::string config, log, ckpt;
 };
 
-// The runs still to do; those done, or running in another process, are counted in `sum`.
 // Runs made on other processors than this one are not bit-comparable with runs made here:
 // say so for the stored runs the sweep counts as done (by processor) and for each it resumes.
 void warn_other_machines(const Sweep& s, const std::map<std::string, int>& done_elsewhere) {
@@ -198,6 +197,7 @@ void warn_other_machines(const Sweep& s, const std::map<std::string, int>& done_
                s.name.c_str(), n, list.c_str(), machine_description().c_str());
 }
 
+// The runs still to do; those done, or running in another process, are counted in `sum`.
 std::vector<Job> plan_jobs(const Sweep& s, const std::vector<results::RunRow>& rows, const std::string& dir,
                            SweepSummary& sum) {
   std::vector<Job> jobs;
