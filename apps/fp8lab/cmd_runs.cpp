@@ -1,6 +1,7 @@
 // fp8lab runs: list and filter the runs in the results store; export as CSV or JSON.
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,16 @@ struct RunsArgs {
   std::string status;
   bool csv = false, json = false, check = false;
 };
+
+// "Processors: <machine>: <n> runs; ..." for the rows listed (runs made on different processors may
+// differ in the last bits); "" for none.
+std::string processors_line(const std::vector<results::RunRow>& rows) {
+  std::map<std::string, int> count;
+  for (const auto& r : rows) ++count[results::machine_label(r.machine)];
+  std::string o;
+  for (const auto& [m, n] : count) o += (o.empty() ? "" : "; ") + m + ": " + std::to_string(n) + (n == 1 ? " run" : " runs");
+  return o.empty() ? "" : "Processors: " + o + "\n";
+}
 
 void run_runs(const RunsArgs& a) {
   const std::vector<std::string> dbs = a.db.empty() ? std::vector<std::string>{"results.db"} : a.db;
@@ -51,6 +62,7 @@ void run_runs(const RunsArgs& a) {
     t.add({dbs.size() > 1 ? stores.origin(r.id) : std::to_string(r.id), r.created, r.name, r.recipe, r.loss_scale, std::to_string(r.seed), std::string(to_string(r.status)),
            r.metric_name, r.final_metric ? fmt_f(*r.final_metric, 2) : "-", fmt_f(r.wall_seconds, 1)});
   t.print(false);
+  std::fputs(processors_line(rows).c_str(), stdout);
 }
 }  // namespace
 

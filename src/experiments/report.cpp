@@ -559,7 +559,7 @@ std::string machines_note(const SweepReport& r) {
   o += "; results from different processors may differ in the last bits (their kernels differ): ";
   bool first = true;
   for (const auto& [m, n] : r.machines) {
-    o += (first ? "" : "; ") + (m.empty() ? std::string("not recorded") : m) + ": " + runs(n);
+    o += (first ? "" : "; ") + results::machine_label(m) + ": " + runs(n);
     first = false;
   }
   return o + ".\n";

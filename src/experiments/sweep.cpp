@@ -188,7 +188,7 @@ void warn_other_machines(const Sweep& s, const std::map<std::string, int>& done_
   std::string list;
   for (const auto& [m, k] : done_elsewhere) {
     n += k;
-    list += (list.empty() ? "" : "; ") + (m.empty() ? std::string("not recorded") : m) + ": " + std::to_string(k);
+    list += (list.empty() ? "" : "; ") + results::machine_label(m) + ": " + std::to_string(k);
   }
   std::fprintf(stderr,
                "sweep %s: warning: %d of the runs it counts as done were made on another processor or do not record "

@@ -361,13 +361,15 @@ std::vector<Store::StatRow> Store::stats(std::int64_t run) const {
   return out;
 }
 
+std::string machine_label(const std::string& machine) { return machine.empty() ? "not recorded" : machine; }
+
 namespace {
 // A run's machine after it resumes `here`: unchanged where it ran here last, else with
 // "; resumed on <here>" added.
 std::string machine_after_resume(const std::string& recorded, const std::string& here) {
   const std::string resumed = "; resumed on " + here;
   if (recorded == here) return recorded;
-  if (recorded.empty()) return "not recorded" + resumed;
+  if (recorded.empty()) return machine_label(recorded) + resumed;
   if (recorded.size() >= resumed.size() && recorded.compare(recorded.size() - resumed.size(), resumed.size(), resumed) == 0)
     return recorded;  // resumed here before
   return recorded + resumed;

@@ -182,6 +182,7 @@ if "$FP8LAB" --help | grep -q quickstart && [ -d /usr/share/datasets/fashion-mni
   check "store has both runs finished" [ "$(grep -c ',quickstart,image-classification,.*,finished,test_accuracy,' <<<"$runs")" -eq 2 ]
   check "runs --json carries the config" grep -q '"epochs": 1' <<<"$("$FP8LAB" runs --db "$T/r.db" --json)"
   check "runs --check says ok" grep -q 'r.db: ok' <<<"$("$FP8LAB" runs --db "$T/r.db" --check)"
+  check "runs names the processor of its runs" grep -q '^Processors: .\+: 2 runs$' <<<"$("$FP8LAB" runs --db "$T/r.db")"
   check "runs filter" [ "$("$FP8LAB" runs --db "$T/r.db" --recipe fp32 --csv | grep -c finished)" -eq 1 ]
   expect_fail "quickstart without data" "no train-images" "$FP8LAB" quickstart --data "$T/none"
   expect_fail "quickstart bad recipe" "unknown key 'q'" "$FP8LAB" quickstart --recipe q=1.4.3

@@ -168,6 +168,12 @@ TEST(Store, ARunResumedOnAnotherMachineNamesBoth) {
   }
 }
 
+// Tables and warnings name a run without a processor record "not recorded".
+TEST(Store, MachineLabelNamesAMissingRecord) {
+  EXPECT_EQ(machine_label(""), "not recorded");
+  EXPECT_EQ(machine_label("Other CPU (family 1, model 2)"), "Other CPU (family 1, model 2)");
+}
+
 TEST(Store, KilledRunIsMarkedIncomplete) {
   const fs::path p = fresh("k.db");
   const pid_t child = fork();

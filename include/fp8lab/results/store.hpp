@@ -53,6 +53,9 @@ struct RunRow {
   double wall_seconds = 0;
 };
 
+// A run's machine as tables and warnings name it: "not recorded" where it is "".
+std::string machine_label(const std::string& machine);
+
 struct RunFilter {
   std::optional<RunStatus> status;  // empty: any
   std::string recipe, name;         // empty: any
