@@ -197,6 +197,7 @@ std::optional<plt::Figure> loss_scale_plot(const Sweep& s, const results::Store&
     se.label = legend_name(s, static_cast<int>(i), spec);
     se.markers = false;
     for (const auto& [step, l2, skipped] : trace) se.x.push_back(static_cast<double>(step)), se.y.push_back(l2);
+    plt::drop_flat_interior_points(se);  // a step trace: the same line from its change points
     p.series.push_back(std::move(se));
   }
   if (p.series.empty()) return std::nullopt;

@@ -565,6 +565,18 @@ const std::string& font_path() {
   return p;
 }
 
+void drop_flat_interior_points(Series& s) {
+  if (s.markers || !s.err.empty() || s.x.size() != s.y.size()) return;
+  std::vector<double> x, y;
+  const std::size_t n = s.y.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool interior = i > 0 && i + 1 < n && s.y[i] == s.y[i - 1] && s.y[i] == s.y[i + 1];
+    if (!interior) x.push_back(s.x[i]), y.push_back(s.y[i]);
+  }
+  s.x = std::move(x);
+  s.y = std::move(y);
+}
+
 std::string to_svg(const Figure& f) {
   int w, h;
   const List l = layout(f, w, h);

@@ -50,3 +50,25 @@ TEST(Plot, ALongTitleIsDrawnSmallerNotCutOff) {
   f.title = "short";
   EXPECT_NE(results::plot::to_svg(f).find("font-size=\"15.00\""), std::string::npos) << results::plot::to_svg(f).substr(0, 600);
 }
+
+// A step trace keeps the first and last point of each run of equal y, and nothing between.
+TEST(Plot, DropFlatInteriorPointsKeepsEachRunsEnds) {
+  results::plot::Series s{"scale", {0, 1, 2, 3, 4, 5, 6, 7}, {0, 0, 0, 1, 1, 1, 0, 2}, {}, 0};
+  s.markers = false;
+  results::plot::drop_flat_interior_points(s);
+  EXPECT_EQ(s.x, (std::vector<double>{0, 2, 3, 5, 6, 7}));
+  EXPECT_EQ(s.y, (std::vector<double>{0, 0, 1, 1, 0, 2}));
+  // Two points, or none, stay as they are.
+  results::plot::Series two{"", {0, 1}, {3, 3}, {}, 0};
+  two.markers = false;
+  results::plot::drop_flat_interior_points(two);
+  EXPECT_EQ(two.x.size(), 2u);
+  // A series with markers or error bars shows every point: untouched.
+  results::plot::Series marked{"", {0, 1, 2}, {1, 1, 1}, {}, 0};
+  results::plot::drop_flat_interior_points(marked);
+  EXPECT_EQ(marked.x.size(), 3u);
+  results::plot::Series bars{"", {0, 1, 2}, {1, 1, 1}, {0.1, 0.1, 0.1}, 0};
+  bars.markers = false;
+  results::plot::drop_flat_interior_points(bars);
+  EXPECT_EQ(bars.x.size(), 3u);
+}
