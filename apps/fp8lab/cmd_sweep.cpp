@@ -25,7 +25,7 @@ namespace {
 struct SweepArgs {
   std::string sweep, db = "results.db", dir, shard, emit, time;
   int jobs = 1, cores = 0, shards = 0, cpus_per_task = 0;
-  bool dry_run = false, no_progress = false;
+  bool dry_run = false, no_progress = false, same_machine = false;
 };
 
 extern "C" void on_sweep_second_sigint(int) {
@@ -78,6 +78,7 @@ int run_sweep_cmd(const SweepArgs& a) {
   opt.dir = a.dir;
   opt.progress = !a.no_progress;
   opt.dry_run = a.dry_run;
+  opt.same_machine = a.same_machine;
   std::optional<ProgramCopy> copy;
   if (!a.dry_run) copy.emplace();
   opt.launch = [&](const experiments::SweepRun&, const std::string& config, bool resume, const std::string& log) {
@@ -145,6 +146,9 @@ void register_sweep(CLI::App& app) {
   cmd->add_option("--time", args->time, "With --emit: each task's time limit (Slurm's --time, e.g. 4:00:00)");
   cmd->add_flag("--dry-run", args->dry_run, "List what would run");
   cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
+  cmd->add_flag("--same-machine", args->same_machine,
+                "Refuse to count or resume runs made on another processor (or recording none): every run of the "
+                "report made here");
   cmd->callback([args] {
     const int rc = run_sweep_cmd(*args);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -180,16 +180,22 @@ struct Job {
   std::string config, log, ckpt;
 };
 
+// "<machine>: <n>; ..." for runs counted by processor, and their total.
+std::pair<std::string, int> count_list(const std::map<std::string, int>& by_machine) {
+  int n = 0;
+  std::string list;
+  for (const auto& [m, k] : by_machine) {
+    n += k;
+    list += (list.empty() ? "" : "; ") + results::machine_label(m) + ": " + std::to_string(k);
+  }
+  return {list, n};
+}
+
 // Runs made on other processors than this one are not bit-comparable with runs made here:
 // say so for the stored runs the sweep counts as done (by processor) and for each it resumes.
 void warn_other_machines(const Sweep& s, const std::map<std::string, int>& done_elsewhere) {
   if (done_elsewhere.empty()) return;
-  int n = 0;
-  std::string list;
-  for (const auto& [m, k] : done_elsewhere) {
-    n += k;
-    list += (list.empty() ? "" : "; ") + results::machine_label(m) + ": " + std::to_string(k);
-  }
+  const auto [list, n] = count_list(done_elsewhere);
   std::fprintf(stderr,
                "sweep %s: warning: %d of the runs it counts as done were made on another processor or do not record "
                "theirs (%s); runs made here, on %s, may differ from them in the last bits (the report's table names "
@@ -197,17 +203,28 @@ void warn_other_machines(const Sweep& s, const std::map<std::string, int>& done_
                s.name.c_str(), n, list.c_str(), machine_description().c_str());
 }
 
+// With same_machine: refuses a sweep whose store holds runs it would count as done or resume
+// that were made elsewhere (or record no processor), before anything runs.
+void refuse_other_machines(const Sweep& s, const std::map<std::string, int>& elsewhere) {
+  if (elsewhere.empty()) return;
+  const auto [list, n] = count_list(elsewhere);
+  throw Error("sweep " + s.name + ": --same-machine: " + std::to_string(n) +
+              " of the runs it would count as done or resume were made on another processor or do not record theirs (" +
+              list + "), and this is " + machine_description() +
+              "; give the sweep a store of its own (--db), or drop --same-machine to count them with a warning");
+}
+
 // The runs still to do; those done, or running in another process, are counted in `sum`.
 std::vector<Job> plan_jobs(const Sweep& s, const std::vector<results::RunRow>& rows, const std::string& dir,
-                           SweepSummary& sum) {
+                           bool same_machine, SweepSummary& sum) {
   std::vector<Job> jobs;
-  std::map<std::string, int> done_elsewhere;
+  std::map<std::string, int> done_elsewhere, elsewhere;
   for (const auto& r : s.runs) {
     const std::string base = (fs::path(dir) / r.key).string();
     const RunState st = run_state(r, rows, base + ".ckpt");
     if (st.kind == RunState::done) {
       ++sum.skipped;
-      if (st.row->machine != machine_description()) ++done_elsewhere[st.row->machine];
+      if (st.row->machine != machine_description()) ++done_elsewhere[st.row->machine], ++elsewhere[st.row->machine];
       continue;
     }
     if (st.kind == RunState::running) {
@@ -217,7 +234,9 @@ std::vector<Job> plan_jobs(const Sweep& s, const std::vector<results::RunRow>& r
                    static_cast<unsigned long long>(r.seed), static_cast<long long>(st.row->id));
       continue;
     }
-    if (st.kind == RunState::resume && st.row->machine != machine_description())
+    if (st.kind == RunState::resume && st.row->machine != machine_description() && same_machine)
+      ++elsewhere[st.row->machine];
+    else if (st.kind == RunState::resume && st.row->machine != machine_description())
       std::fprintf(stderr, "%s seed %llu: warning: started on %s, resumes here on %s\n",
                    s.points[static_cast<std::size_t>(r.point)].label().c_str(),
                    static_cast<unsigned long long>(r.seed),
@@ -225,6 +244,7 @@ std::vector<Job> plan_jobs(const Sweep& s, const std::vector<results::RunRow>& r
                    machine_description().c_str());
     jobs.push_back({&r, st.kind == RunState::resume, base + ".toml", base + ".log", base + ".ckpt"});
   }
+  if (same_machine) refuse_other_machines(s, elsewhere);
   warn_other_machines(s, done_elsewhere);
   return jobs;
 }
@@ -368,7 +388,7 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
   const std::string dir = opt.dir.empty() ? "runs/" + s.name : opt.dir;
   SweepSummary sum;
   sum.total = static_cast<int>(s.runs.size());
-  std::vector<Job> jobs = plan_jobs(s, store.runs({.name = s.name}), dir, sum);
+  std::vector<Job> jobs = plan_jobs(s, store.runs({.name = s.name}), dir, opt.same_machine, sum);
   if (opt.dry_run) {  // changes nothing on disk
     print_plan(s, jobs, sum);
     return sum;

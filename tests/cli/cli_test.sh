@@ -361,6 +361,8 @@ TOML
   "$FP8LAB" sweep "$T/sw.toml" "${W[@]}" 2>"$T/err"; rc=$?
   check "sweep again exits 0 (got $rc)" [ $rc -eq 0 ]
   check "sweep again skips all" grep -q '4 runs: 4 already done, 0 started' "$T/err"
+  "$FP8LAB" sweep "$T/sw.toml" "${W[@]}" --same-machine 2>"$T/err"; rc=$?
+  check "sweep --same-machine accepts runs all made here (got $rc)" [ $rc -eq 0 ] && grep -q '4 runs: 4 already done' "$T/err"
   # Shards: each holds half the runs, and together they hold each run once.
   for i in 0 1; do
     "$FP8LAB" sweep "$T/sw.toml" --db "$T/shard.db" --dir "$T/shardruns" --shard $i/2 --dry-run 2>"$T/shard$i"

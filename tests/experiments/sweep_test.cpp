@@ -287,6 +287,22 @@ recipe = ["fp32", "resnet32-mixed"]
             std::string::npos)
       << again;
 
+  // With same_machine the sweep refuses those runs instead, naming them, and runs nothing.
+  opt.same_machine = true;
+  try {
+    experiments::run_sweep(s, store, opt);
+    ADD_FAILURE() << "a sweep with same_machine counted runs made elsewhere";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--same-machine: 2 of the runs it would count as done or resume were made on another "
+                        "processor or do not record theirs (not recorded: 1; Other CPU"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("this is " + machine_description()), std::string::npos) << what;
+  }
+  EXPECT_EQ(launcher.calls, 0);
+  opt.same_machine = false;
+
   // The report sees all four.
   const auto rep = experiments::analyse(s, store);
   ASSERT_EQ(rep.points.size(), 2u);

@@ -138,6 +138,9 @@ struct SweepOptions {
   std::string dir;       // configs, logs and checkpoints: <dir>/<key>.{toml,log,ckpt}
   bool progress = true;
   bool dry_run = false;  // list what would run
+  // Refuse (Error, before anything runs) when runs it would count as done or resume were made
+  // on another processor or record none; otherwise it counts them with a warning.
+  bool same_machine = false;
   // Runs one training run to completion (blocking) and returns its exit status. The CLI
   // spawns its own `train` command through launch_process; tests may train in-process.
   std::function<int(const SweepRun&, const std::string& config_path, bool resume,
