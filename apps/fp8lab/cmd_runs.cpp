@@ -25,10 +25,8 @@ struct RunsArgs {
 // differ in the last bits); "" for none.
 std::string processors_line(const std::vector<results::RunRow>& rows) {
   std::map<std::string, int> count;
-  for (const auto& r : rows) ++count[results::machine_label(r.machine)];
-  std::string o;
-  for (const auto& [m, n] : count) o += (o.empty() ? "" : "; ") + m + ": " + std::to_string(n) + (n == 1 ? " run" : " runs");
-  return o.empty() ? "" : "Processors: " + o + "\n";
+  for (const auto& r : rows) ++count[r.machine];
+  return count.empty() ? "" : "Processors: " + results::machine_counts(count) + "\n";
 }
 
 void run_runs(const RunsArgs& a) {

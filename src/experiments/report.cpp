@@ -552,18 +552,12 @@ Columns columns(const Sweep& s, const SweepReport& r) {
 }  // namespace
 
 std::string machines_note(const SweepReport& r) {
-  const auto runs = [](int n) { return std::to_string(n) + (n == 1 ? " run" : " runs"); };
   if (r.machines.empty() || (r.machines.size() == 1 && r.machines.begin()->first.empty())) return "";
   if (r.machines.size() == 1) return "Runs made on " + r.machines.begin()->first + ".\n";
   std::string o = r.machines.count("") ? "**Not every run records its processor**"
                                        : "**Runs made on " + std::to_string(r.machines.size()) + " processors**";
-  o += "; results from different processors may differ in the last bits (their kernels differ): ";
-  bool first = true;
-  for (const auto& [m, n] : r.machines) {
-    o += (first ? "" : "; ") + results::machine_label(m) + ": " + runs(n);
-    first = false;
-  }
-  return o + ".\n";
+  return o + "; results from different processors may differ in the last bits (their kernels differ): " +
+         results::machine_counts(r.machines) + ".\n";
 }
 
 std::string to_markdown(const Sweep& s, const SweepReport& r) {

@@ -192,7 +192,8 @@ std::pair<std::string, int> count_list(const std::map<std::string, int>& by_mach
 }
 
 // Runs made on other processors than this one are not bit-comparable with runs made here:
-// say so for the stored runs the sweep counts as done (by processor) and for each it resumes.
+// say so for the stored runs the sweep counts as done (by processor); plan_jobs says it for
+// each it resumes.
 void warn_other_machines(const Sweep& s, const std::map<std::string, int>& done_elsewhere) {
   if (done_elsewhere.empty()) return;
   const auto [list, n] = count_list(done_elsewhere);
@@ -218,13 +219,14 @@ void refuse_other_machines(const Sweep& s, const std::map<std::string, int>& els
 std::vector<Job> plan_jobs(const Sweep& s, const std::vector<results::RunRow>& rows, const std::string& dir,
                            bool same_machine, SweepSummary& sum) {
   std::vector<Job> jobs;
-  std::map<std::string, int> done_elsewhere, elsewhere;
+  // Runs made elsewhere that it counts as done, and with same_machine those it would resume.
+  std::map<std::string, int> elsewhere;
   for (const auto& r : s.runs) {
     const std::string base = (fs::path(dir) / r.key).string();
     const RunState st = run_state(r, rows, base + ".ckpt");
     if (st.kind == RunState::done) {
       ++sum.skipped;
-      if (st.row->machine != machine_description()) ++done_elsewhere[st.row->machine], ++elsewhere[st.row->machine];
+      if (st.row->machine != machine_description()) ++elsewhere[st.row->machine];
       continue;
     }
     if (st.kind == RunState::running) {
@@ -234,18 +236,22 @@ std::vector<Job> plan_jobs(const Sweep& s, const std::vector<results::RunRow>& r
                    static_cast<unsigned long long>(r.seed), static_cast<long long>(st.row->id));
       continue;
     }
-    if (st.kind == RunState::resume && st.row->machine != machine_description() && same_machine)
-      ++elsewhere[st.row->machine];
-    else if (st.kind == RunState::resume && st.row->machine != machine_description())
-      std::fprintf(stderr, "%s seed %llu: warning: started on %s, resumes here on %s\n",
-                   s.points[static_cast<std::size_t>(r.point)].label().c_str(),
-                   static_cast<unsigned long long>(r.seed),
-                   st.row->machine.empty() ? "a processor it does not record" : st.row->machine.c_str(),
-                   machine_description().c_str());
+    if (st.kind == RunState::resume && st.row->machine != machine_description()) {
+      if (same_machine)
+        ++elsewhere[st.row->machine];
+      else
+        std::fprintf(stderr, "%s seed %llu: warning: started on %s, resumes here on %s\n",
+                     s.points[static_cast<std::size_t>(r.point)].label().c_str(),
+                     static_cast<unsigned long long>(r.seed),
+                     st.row->machine.empty() ? "a processor it does not record" : st.row->machine.c_str(),
+                     machine_description().c_str());
+    }
     jobs.push_back({&r, st.kind == RunState::resume, base + ".toml", base + ".log", base + ".ckpt"});
   }
-  if (same_machine) refuse_other_machines(s, elsewhere);
-  warn_other_machines(s, done_elsewhere);
+  if (same_machine)
+    refuse_other_machines(s, elsewhere);
+  else
+    warn_other_machines(s, elsewhere);
   return jobs;
 }
 

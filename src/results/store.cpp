@@ -363,6 +363,13 @@ std::vector<Store::StatRow> Store::stats(std::int64_t run) const {
 
 std::string machine_label(const std::string& machine) { return machine.empty() ? "not recorded" : machine; }
 
+std::string machine_counts(const std::map<std::string, int>& runs_by_machine) {
+  std::string o;
+  for (const auto& [m, n] : runs_by_machine)
+    o += (o.empty() ? "" : "; ") + machine_label(m) + ": " + std::to_string(n) + (n == 1 ? " run" : " runs");
+  return o;
+}
+
 namespace {
 // A run's machine after it resumes `here`: unchanged where it ran here last, else with
 // "; resumed on <here>" added.

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -55,6 +56,8 @@ struct RunRow {
 
 // A run's machine as tables and warnings name it: "not recorded" where it is "".
 std::string machine_label(const std::string& machine);
+// Runs counted by the machine they record, as tables name them: "<label>: <n> run(s); ...".
+std::string machine_counts(const std::map<std::string, int>& runs_by_machine);
 
 struct RunFilter {
   std::optional<RunStatus> status;  // empty: any
