@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "fp8lab/results/stats.hpp"
 #include "fp8lab/results/store.hpp"
 
 namespace fp8lab::python {
@@ -31,9 +32,32 @@ py::dict run_row(const results::RunRow& r) {
   return d;
 }
 
+results::Alternative alternative(const std::string& name) {
+  if (name == "less") return results::Alternative::less;
+  if (name == "greater") return results::Alternative::greater;
+  if (name == "two-sided") return results::Alternative::two_sided;
+  throw py::value_error("mann_whitney_u: alternative '" + name + "' is not less, greater or two-sided");
+}
+
+py::dict mann_whitney(const std::vector<double>& x, const std::vector<double>& y, const std::string& alt,
+                      const std::string& method) {
+  const results::MannWhitney r = results::mann_whitney_u(x, y, alternative(alt), method);
+  py::dict d;
+  d["u"] = r.u;
+  d["p"] = r.p;
+  d["exact"] = r.exact;
+  d["z"] = r.z;
+  return d;
+}
+
 }  // namespace
 
 void bind_results(py::module_& m) {
+  m.def("mann_whitney_u", &mann_whitney, py::arg("x"), py::arg("y"), py::arg("alternative") = "two-sided",
+        py::arg("method") = "auto",
+        "The Mann-Whitney U test of x against y, as `fp8lab report` runs it (docs/experiments.md): "
+        "{u, p, exact, z}. alternative: less (x lower), greater or two-sided; method: auto, exact or "
+        "asymptotic.");
   using Row = Store::StatRow;
   py::class_<Row>(m, "StatRow", "One statistics record: a tensor kind of a layer at a step")
       .def_readonly("step", &Row::step)

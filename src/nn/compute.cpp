@@ -2,65 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <mutex>
 #include <string>
-#include <tuple>
 #include <vector>
-
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/nn/tensor_quant.hpp"
-#include "dnnl_bridge.hpp"
+#include "compute_detail.hpp"
 
 namespace fp8lab::nn {
 
-namespace {
-
-using detail::engine;
-
-// One matmul primitive per shape and operand layout (row strides of a and b; b may be
-// column-major, a transposed view), created once.
-struct MatmulKey {
-  std::int64_t batch, m, k, n, a_rs, a_cs, b_rs, b_cs;  // batch 0: plain 2-D matrices
-  auto tie() const { return std::tie(batch, m, k, n, a_rs, a_cs, b_rs, b_cs); }
-  bool operator<(const MatmulKey& o) const { return tie() < o.tie(); }
-};
-
-struct MatmulPrim {
-  dnnl::memory::desc a, b, c;
-  dnnl::matmul prim;
-};
-
-const MatmulPrim& matmul_primitive(const MatmulKey& key) {
-  static std::mutex m;
-  static std::map<MatmulKey, MatmulPrim> cache;
-  std::lock_guard<std::mutex> lk(m);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  using dt = dnnl::memory::data_type;
-  MatmulPrim p;
-  if (key.batch == 0) {
-    p.a = dnnl::memory::desc({key.m, key.k}, dt::bf16, {key.a_rs, key.a_cs});
-    p.b = dnnl::memory::desc({key.k, key.n}, dt::bf16, {key.b_rs, key.b_cs});
-    p.c = dnnl::memory::desc({key.m, key.n}, dt::f32, {key.n, 1});
-  } else {  // matrices back to back, each row- or column-major
-    p.a = dnnl::memory::desc({key.batch, key.m, key.k}, dt::bf16, {key.m * key.k, key.a_rs, key.a_cs});
-    p.b = dnnl::memory::desc({key.batch, key.k, key.n}, dt::bf16, {key.k * key.n, key.b_rs, key.b_cs});
-    p.c = dnnl::memory::desc({key.batch, key.m, key.n}, dt::f32, {key.m * key.n, key.n, 1});
-  }
-  p.prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p.a, p.b, p.c), engine()));
-  return cache.emplace(key, std::move(p)).first->second;
-}
-
-}  // namespace
-
 bool bf16_products_available() {
-  static const bool available = [] {
-    const auto isa = dnnl::get_effective_cpu_isa();
-    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
-  }();
+  static const bool available = detail::onednn().bf16_products() != 0;
   return available;
 }
 
@@ -70,11 +22,6 @@ bool exact_in_bf16(const Format& f) {
 }
 
 namespace detail {
-
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
 
 void require_bf16_products(const char* what) {
   if (!bf16_products_available())
@@ -110,12 +57,8 @@ std::optional<torch::Tensor> product_bf16(const torch::Tensor& a, const torch::T
   if (!ab) return std::nullopt;
   const auto bb = form(b);
   if (!bb) return std::nullopt;
-  const MatmulPrim& p =
-      matmul_primitive({batch, m, k, n, ab->stride(-2), ab->stride(-1), bb->stride(-2), bb->stride(-1)});
-  dnnl::memory am(p.a, engine(), ab->data_ptr()), bm(p.b, engine(), bb->data_ptr()), cm(p.c, engine(), c.data_ptr());
-  dnnl::stream s(engine());
-  p.prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-  s.wait();
+  detail::check_onednn(detail::onednn().matmul(batch, m, k, n, ab->stride(-2), ab->stride(-1), bb->stride(-2),
+                                               bb->stride(-1), ab->data_ptr(), bb->data_ptr(), c.data_ptr<float>()));
   return c;
 }
 

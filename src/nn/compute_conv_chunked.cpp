@@ -6,7 +6,7 @@
 #include <ATen/ops/col2im.h>
 #include <ATen/ops/im2col.h>
 
-#include "dnnl_bridge.hpp"
+#include "compute_detail.hpp"
 
 namespace fp8lab::nn::detail {
 

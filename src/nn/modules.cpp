@@ -56,17 +56,17 @@ QuantConv2dImpl::QuantConv2dImpl(torch::nn::Conv2dOptions o) : options(std::move
 
 QuantConv2dImpl::QuantConv2dImpl(torch::nn::Conv2dOptions o, torch::Tensor w, torch::Tensor b)
     : options(std::move(o)) {
-  if (!c10::holds_alternative<torch::ExpandingArray<2>>(options.padding()) ||
-      !c10::holds_alternative<torch::enumtype::kZeros>(options.padding_mode()))
+  if (!std::holds_alternative<torch::ExpandingArray<2>>(options.padding()) ||
+      !std::holds_alternative<torch::enumtype::kZeros>(options.padding_mode()))
     throw Error("QuantConv2d: only numeric zero padding is supported");
   weight = register_parameter("weight", std::move(w));
   bias = b.defined() ? register_parameter("bias", std::move(b)) : register_parameter("bias", {}, false);
 }
 
 void QuantConv2dImpl::reset() {
-  if (!c10::holds_alternative<torch::ExpandingArray<2>>(options.padding()))
+  if (!std::holds_alternative<torch::ExpandingArray<2>>(options.padding()))
     throw Error("QuantConv2d: padding must be given as numbers ('same'/'valid' are not supported)");
-  if (!c10::holds_alternative<torch::enumtype::kZeros>(options.padding_mode()))
+  if (!std::holds_alternative<torch::enumtype::kZeros>(options.padding_mode()))
     throw Error("QuantConv2d: only zero padding is supported");
   const auto& k = *options.kernel_size();
   weight = register_parameter(
@@ -85,7 +85,7 @@ void QuantConv2dImpl::reset() {
 torch::Tensor QuantConv2dImpl::forward(const torch::Tensor& x) {
   if (!state) state = float_state("conv2d");
   const auto& s = *options.stride();
-  const auto& p = *c10::get<torch::ExpandingArray<2>>(options.padding());
+  const auto& p = *std::get<torch::ExpandingArray<2>>(options.padding());
   const auto& d = *options.dilation();
   return quant_conv2d(x, weight, bias, {s[0], s[1]}, {p[0], p[1]}, {d[0], d[1]}, options.groups(),
                       state);

@@ -529,7 +529,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
     auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(), batch_positions(), call,
                                                   backward_grad_refs(), false, layer_products);
     const auto backward = [&](const torch::Tensor& gq, bool want_dx, bool want_dw) {
-      return at::convolution_backward(gq, xq, wq, c10::nullopt, stride, padding, dilation, false, {0, 0},
+      return at::convolution_backward(gq, xq, wq, std::nullopt, stride, padding, dilation, false, {0, 0},
                                       groups, {want_dx, want_dw, false});
     };
     torch::Tensor dx, dw;

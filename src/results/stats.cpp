@@ -12,22 +12,28 @@ namespace {
 
 double normal_cdf(double z) { return 0.5 * std::erfc(-z / std::sqrt(2.0)); }
 
-// Counts of each U in 0..n1*n2 over all C(n1+n2, n1) orderings without ties:
-// f(n1, n2, u) = f(n1-1, n2, u-n2) + f(n1, n2-1, u)   (is the largest value an x or a y?)
-std::vector<double> exact_counts(int n1, int n2) {
-  // table[b][u] for the current a, built up over a = 0..n1.
-  std::vector<std::vector<double>> prev(n2 + 1), cur(n2 + 1);
-  for (int b = 0; b <= n2; ++b) prev[b] = {1.0};  // a = 0: U is 0
-  for (int a = 1; a <= n1; ++a) {
-    cur[0] = {1.0};  // b = 0: U is 0
-    for (int b = 1; b <= n2; ++b) {
-      cur[b].assign(static_cast<std::size_t>(a * b + 1), 0.0);
-      for (std::size_t u = 0; u < prev[b].size(); ++u) cur[b][u + b] += prev[b][u];  // largest is x: beats b ys
-      for (std::size_t u = 0; u < cur[b - 1].size(); ++u) cur[b][u] += cur[b - 1][u];
+// "auto" takes the exact distribution up to this many values in all (about 50 ms at 100).
+constexpr std::size_t kExactUpTo = 100;
+
+// The exact (permutation) distribution of x's rank sum: over all C(n, n1) ways to choose
+// which n1 of the n pooled values are x's, the number of ways that give each doubled rank
+// sum. `ranks2` holds every value's doubled mid-rank (an integer: tied values share
+// the mean of their ranks), so ties are part of the distribution, not approximated away.
+// ways[j][s]: subsets of j of the values seen so far whose doubled ranks sum to s.
+std::vector<double> rank_sum_counts(const std::vector<long>& ranks2, std::size_t n1) {
+  const long total = std::accumulate(ranks2.begin(), ranks2.end(), 0L);
+  std::vector<std::vector<double>> ways(n1 + 1, std::vector<double>(static_cast<std::size_t>(total) + 1, 0.0));
+  ways[0][0] = 1;
+  std::size_t seen = 0;
+  for (long r : ranks2) {
+    ++seen;
+    for (std::size_t j = std::min(seen, n1); j >= 1; --j) {
+      std::vector<double>& to = ways[j];
+      const std::vector<double>& from = ways[j - 1];
+      for (std::size_t sum = static_cast<std::size_t>(r); sum < to.size(); ++sum) to[sum] += from[sum - r];
     }
-    std::swap(prev, cur);
   }
-  return prev[n2];
+  return ways[n1];
 }
 
 }  // namespace
@@ -44,33 +50,35 @@ MannWhitney mann_whitney_u(const std::vector<double>& x, const std::vector<doubl
   for (const auto& [v, s] : all)
     if (!std::isfinite(v)) throw Error("Mann-Whitney U: a value is not finite");
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  // Mid-ranks; tie groups for the variance correction.
-  double rank_x = 0, tie_term = 0;
-  bool ties = false;
+  // Mid-ranks, doubled so that they are integers; tie groups for the variance correction.
+  std::vector<long> ranks2;
+  long rank2_x = 0;
+  double tie_term = 0;
   for (std::size_t i = 0; i < n;) {
     std::size_t j = i;
     while (j < n && all[j].first == all[i].first) ++j;
-    const double t = static_cast<double>(j - i), mid = (static_cast<double>(i + 1) + static_cast<double>(j)) / 2;
-    if (j - i > 1) ties = true, tie_term += t * t * t - t;
-    for (std::size_t k = i; k < j; ++k)
-      if (all[k].second == 0) rank_x += mid;
+    const double t = static_cast<double>(j - i);
+    const long mid2 = static_cast<long>(i + 1 + j);
+    if (j - i > 1) tie_term += t * t * t - t;
+    for (std::size_t k = i; k < j; ++k) {
+      ranks2.push_back(mid2);
+      if (all[k].second == 0) rank2_x += mid2;
+    }
     i = j;
   }
   MannWhitney r;
-  r.u = rank_x - static_cast<double>(n1 * (n1 + 1)) / 2;
-  const bool exact = method == "exact" || (method == "auto" && !ties && n1 <= 20 && n2 <= 20);
-  if (exact && ties) throw Error("Mann-Whitney U: the exact distribution needs samples without ties");
-  if (exact) {
+  const long u2 = rank2_x - static_cast<long>(n1 * (n1 + 1));  // 2 U
+  r.u = static_cast<double>(u2) / 2;
+  if (method == "exact" || (method == "auto" && n <= kExactUpTo)) {
     r.exact = true;
-    const std::vector<double> f = exact_counts(static_cast<int>(n1), static_cast<int>(n2));
-    const double total = std::accumulate(f.begin(), f.end(), 0.0);
-    const auto u = static_cast<std::size_t>(std::llround(r.u));
-    double le = 0, ge = 0;
-    for (std::size_t k = 0; k < f.size(); ++k) {
-      if (k <= u) le += f[k];
-      if (k >= u) ge += f[k];
+    const std::vector<double> f = rank_sum_counts(ranks2, n1);
+    double le = 0, ge = 0, all_ways = 0;
+    for (std::size_t s2 = 0; s2 < f.size(); ++s2) {
+      all_ways += f[s2];
+      if (static_cast<long>(s2) <= rank2_x) le += f[s2];
+      if (static_cast<long>(s2) >= rank2_x) ge += f[s2];
     }
-    le /= total, ge /= total;
+    le /= all_ways, ge /= all_ways;
     r.p = alt == Alternative::less ? le : alt == Alternative::greater ? ge : std::min(1.0, 2 * std::min(le, ge));
     return r;
   }

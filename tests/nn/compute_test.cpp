@@ -209,7 +209,7 @@ std::vector<std::int64_t> v2(const std::array<std::int64_t, 2>& a) { return {a[0
 std::array<torch::Tensor, 3> float32_conv(const Conv& c, const torch::Tensor& x, const torch::Tensor& w,
                                           const torch::Tensor& gy) {
   const torch::Tensor y = torch::conv2d(x, w, {}, v2(c.g.stride), v2(c.g.padding), v2(c.g.dilation), c.g.groups);
-  auto [gx, gw, unused] = at::convolution_backward(gy, x, w, c10::nullopt, v2(c.g.stride), v2(c.g.padding),
+  auto [gx, gw, unused] = at::convolution_backward(gy, x, w, std::nullopt, v2(c.g.stride), v2(c.g.padding),
                                                    v2(c.g.dilation), false, {0, 0}, c.g.groups, {true, true, false});
   return {y, gx, gw};
 }

@@ -129,7 +129,7 @@ TEST(Ops, QuantizedConvAndMatmulAreTheComposition) {
     auto g = 1e-5 * torch::randn(y.sizes());
     auto grads = torch::autograd::grad({y}, {x, w}, {g});
     const auto gq = scalar_q(g, lq[TensorKind::gx], st->seed_for(TensorKind::gx, 0));
-    auto [dx, dw, db] = at::convolution_backward(gq, xq, wq, c10::nullopt, {1, 1}, {1, 1}, {1, 1},
+    auto [dx, dw, db] = at::convolution_backward(gq, xq, wq, std::nullopt, {1, 1}, {1, 1}, {1, 1},
                                                  false, {0, 0}, 4, {true, true, false});
     EXPECT_TRUE(bit_equal(grads[0], dx));
     EXPECT_TRUE(bit_equal(grads[1], scalar_q(dw, lq[TensorKind::gw], st->seed_for(TensorKind::gw, 0))));

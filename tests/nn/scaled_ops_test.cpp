@@ -135,7 +135,7 @@ TEST(ScaledOps, GroupedConvBlocksAlongInputChannelsAndBatchPositions) {
   const torch::Tensor wb = ref_quantize(w0, G * Cg, K * K * Og, w_grad_x, s);
   const torch::Tensor gd = ref_quantize(g, P, O, by_channels(O), s), gb = ref_quantize(g, O, P, by_positions(O), s);
   const auto backward = [&](const torch::Tensor& gq, bool dx, bool dw) {
-    return at::convolution_backward(gq, xb, wb, c10::nullopt, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, G,
+    return at::convolution_backward(gq, xb, wb, std::nullopt, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, G,
                                     {dx, dw, false});
   };
   EXPECT_TRUE(bit_equal(grads[0], std::get<0>(backward(gd, true, false))));

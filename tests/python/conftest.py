@@ -28,3 +28,17 @@ def cli():
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "exhaustive: every float32 input (CTest label exhaustive; about an hour)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Exhaustive tests run only when asked for (-m exhaustive)."""
+    if "exhaustive" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="all 2^32 inputs: run with -m exhaustive")
+    for item in items:
+        if "exhaustive" in item.keywords:
+            item.add_marker(skip)

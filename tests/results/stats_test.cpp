@@ -25,16 +25,31 @@ TEST(MannWhitney, ScipyDocumentationExample) {
 }
 
 TEST(MannWhitney, HandWorkedWithTies) {
-  // x = 1 2 3, y = 3 4 5: ranks 1 2 3.5 | 3.5 5 6, U_x = 6.5 - 6 = 0.5; one tie pair:
-  // sigma^2 = 9/12 (7 - 6/30) = 5.1; less: z = (0.5 - 4.5 + 0.5) / sqrt(5.1) = -1.54983.
+  // x = 1 2 3, y = 3 4 5: ranks 1 2 3.5 | 3.5 5 6, U_x = 6.5 - 6 = 0.5. Of the C(6,3) = 20
+  // ways to pick x's ranks, only {1, 2, 3.5} (either 3.5) has a rank sum as low: p = 2/20.
   const auto r = results::mann_whitney_u({1, 2, 3}, {3, 4, 5}, Alternative::less);
-  EXPECT_FALSE(r.exact);  // ties force the approximation
+  EXPECT_TRUE(r.exact);  // ties are part of the exact distribution
   EXPECT_DOUBLE_EQ(r.u, 0.5);
-  EXPECT_NEAR(r.z, -3.5 / std::sqrt(5.1), 1e-12);
-  EXPECT_NEAR(r.p, 0.060597, 1e-5);
-  EXPECT_NE(test::error_of([] { results::mann_whitney_u({1, 2, 3}, {3, 4, 5}, Alternative::less, "exact"); })
-                .find("ties"),
-            std::string::npos);
+  EXPECT_NEAR(r.p, 2.0 / 20, 1e-15);
+  EXPECT_NEAR(results::mann_whitney_u({1, 2, 3}, {3, 4, 5}, Alternative::greater).p, 1.0, 1e-15);
+  EXPECT_NEAR(results::mann_whitney_u({1, 2, 3}, {3, 4, 5}, Alternative::two_sided).p, 4.0 / 20, 1e-15);
+  // The normal approximation, one tie pair: sigma^2 = 9/12 (7 - 6/30) = 5.1;
+  // less: z = (0.5 - 4.5 + 0.5) / sqrt(5.1) = -1.54983.
+  const auto a = results::mann_whitney_u({1, 2, 3}, {3, 4, 5}, Alternative::less, "asymptotic");
+  EXPECT_FALSE(a.exact);
+  EXPECT_NEAR(a.z, -3.5 / std::sqrt(5.1), 1e-12);
+  EXPECT_NEAR(a.p, 0.060597, 1e-5);
+  // Every value tied: every assignment has the same U, so p is 1 either way.
+  EXPECT_DOUBLE_EQ(results::mann_whitney_u({2, 2}, {2, 2}, Alternative::less).p, 1.0);
+}
+
+TEST(MannWhitney, AutoTakesTheApproximationPastOneHundredValues) {
+  std::vector<double> x, y;
+  for (int i = 0; i < 50; ++i) x.push_back(i), y.push_back(i + 10.5);
+  EXPECT_TRUE(results::mann_whitney_u(x, y, Alternative::less).exact);  // 100 values
+  y.push_back(99);
+  EXPECT_FALSE(results::mann_whitney_u(x, y, Alternative::less).exact);  // 101
+  EXPECT_TRUE(results::mann_whitney_u(x, y, Alternative::less, "exact").exact);
 }
 
 TEST(MannWhitney, ExactDistributionProperties) {

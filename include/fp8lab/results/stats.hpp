@@ -1,6 +1,9 @@
 // Significance against a baseline, as the paper marks its tables: the Mann-Whitney U test
-// (Wilcoxon rank-sum), exact for small samples without ties, otherwise the normal
-// approximation with tie correction and continuity correction (as scipy.stats.mannwhitneyu).
+// (Wilcoxon rank-sum). Exact for samples of up to 100 values in all, ties included: the
+// p-value is the share of the C(n1 + n2, n1) assignments of the pooled values (tied values
+// at their mid-ranks) to the two samples whose U is at least as extreme, as
+// scipy.stats.mannwhitneyu's permutation method computes it. Larger samples take the normal
+// approximation with tie and continuity corrections (scipy's "asymptotic").
 #pragma once
 
 #include <string>
@@ -17,9 +20,8 @@ struct MannWhitney {
   double z = 0;        // the normal statistic (0 when exact)
 };
 
-// `exact`: "auto" (exact when both samples have at most 20 values and there are no ties),
-// "exact" (an Error if there are ties), or "asymptotic". Throws Error for an empty sample
-// or a non-finite value.
+// `method`: "auto" (exact for up to 100 values in all, else asymptotic), "exact" or
+// "asymptotic". Throws Error for an empty sample or a non-finite value.
 MannWhitney mann_whitney_u(const std::vector<double>& x, const std::vector<double>& y,
                            Alternative alt = Alternative::two_sided, const std::string& method = "auto");
 

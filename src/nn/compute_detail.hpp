@@ -1,5 +1,5 @@
-// What the compute layer's matmul and convolution share (internal to src/nn): oneDNN's CPU
-// engine, the bfloat16 check and the choice of path.
+// What the compute layer's matmul and convolution share (internal to src/nn): the library
+// of bfloat16 products, the bfloat16 check and the choice of path.
 #pragma once
 
 #include <array>
@@ -8,16 +8,20 @@
 #include <string>
 #include <vector>
 
-#include <oneapi/dnnl/dnnl.hpp>
 #include <torch/torch.h>
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/nn/compute.hpp"
+#include "onednn/onednn_api.h"
 
 namespace fp8lab::nn::detail {
 
-// The process's oneDNN CPU engine.
-dnnl::engine& engine();
+// The bfloat16 products (onednn/onednn_api.h), loaded on first use (onednn_loader.cpp);
+// Error naming the paths tried where the library cannot be loaded.
+const fp8lab_onednn_api& onednn();
+
+// Throws Error with `message` where a call of the library failed (message not null).
+void check_onednn(const char* message);
 
 // Throws Error if this CPU has no bfloat16 products (`what` names the product).
 void require_bf16_products(const char* what);
