@@ -215,6 +215,16 @@ struct Beam {
   std::vector<Hyp> live, finished;
   bool done = false;
 
+  // Each row's `beam` best next tokens of `logits` [rows, vocab], ranked by the logits with
+  // ties to the lower token (as argmax, and so greedy decoding, breaks them), and their
+  // log-probabilities: (vals, idx), each [rows, beam]. torch::topk leaves the order of equal
+  // values open, and ranking by the log-probabilities could merge logits they round together.
+  static std::pair<torch::Tensor, torch::Tensor> candidates(const torch::Tensor& logits, int beam) {
+    const torch::Tensor idx =
+        std::get<1>(logits.sort(/*stable=*/true, -1, /*descending=*/true)).narrow(-1, 0, beam).contiguous();
+    return {torch::log_softmax(logits, -1).gather(-1, idx), idx};
+  }
+
   // `logp` [rows, >= beam]: the top log-probabilities and `idx` their tokens, row h.row for
   // live hypothesis h. Keeps the best `beam` extensions; those ending in eos finish.
   void advance(const torch::TensorAccessor<float, 2>& vals, const torch::TensorAccessor<std::int64_t, 2>& idx,
@@ -227,7 +237,7 @@ struct Beam {
         h.logp += static_cast<double>(vals[parent.row][k]);
         cand.push_back(std::move(h));
       }
-    std::sort(cand.begin(), cand.end(), [](const Hyp& a, const Hyp& c) { return a.logp > c.logp; });
+    std::stable_sort(cand.begin(), cand.end(), [](const Hyp& a, const Hyp& c) { return a.logp > c.logp; });
     live.clear();
     for (auto& h : cand) {
       if (static_cast<int>(live.size()) >= beam) break;
@@ -296,8 +306,7 @@ std::vector<std::vector<int>> TransformerImpl::beam_search(const torch::Tensor& 
   for (std::int64_t b = 0; b < B; ++b) beams[static_cast<std::size_t>(b)].live.push_back({{bos}, 0.0, b});
   torch::Tensor next = torch::full({B}, bos, torch::kInt64);
   for (int t = 0; t < max_len && cache.rows() > 0; ++t) {
-    const torch::Tensor logp = torch::log_softmax(decode_step(cache, next), -1);
-    const auto [vals, idx] = logp.topk(beam, -1);  // [R, beam]
+    const auto [vals, idx] = Beam::candidates(decode_step(cache, next), beam);  // [R, beam]
     const auto va = vals.accessor<float, 2>();
     const auto ia = idx.accessor<std::int64_t, 2>();
     std::vector<std::int64_t> parents, tokens;
@@ -362,9 +371,8 @@ std::vector<std::vector<int>> TransformerImpl::beam_search_reference(const torch
       torch::Tensor ys = torch::empty({n, static_cast<std::int64_t>(bm.live[0].ids.size())}, torch::kInt64);
       for (std::int64_t i = 0; i < n; ++i)
         for (std::size_t k = 0; k < bm.live[i].ids.size(); ++k) ys[i][static_cast<std::int64_t>(k)] = bm.live[i].ids[k];
-      const torch::Tensor logp =
-          torch::log_softmax(decode(ys, memory.expand({n, -1, -1}), s.expand({n, -1})).select(1, -1), -1);
-      const auto [vals, idx] = logp.topk(beam, -1);  // [n, beam]
+      const auto [vals, idx] =
+          Beam::candidates(decode(ys, memory.expand({n, -1, -1}), s.expand({n, -1})).select(1, -1), beam);
       bm.advance(vals.accessor<float, 2>(), idx.accessor<std::int64_t, 2>(), beam, eos);
       for (std::int64_t i = 0; i < static_cast<std::int64_t>(bm.live.size()); ++i) bm.live[i].row = i;
     }

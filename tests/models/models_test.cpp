@@ -250,7 +250,7 @@ struct ToyTranslation {
     model = models::Transformer(o);
     auto g = at::make_generator<at::CPUGeneratorImpl>(11);
     torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(3e-3).betas({0.9, 0.98}));
-    for (int step = 0; step < 400; ++step) {
+    for (int step = 0; step < 800; ++step) {
       const auto [src, tgt] = batch(g, 32);
       const torch::Tensor logits = model->forward(src, tgt.slice(1, 0, -1));
       const torch::Tensor loss = torch::nn::functional::cross_entropy(

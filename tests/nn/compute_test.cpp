@@ -2,6 +2,8 @@
 // path, and bfloat16 products against float32 ones. This file also runs as the ctest
 // `compute_without_bf16`, with oneDNN limited to AVX2 as on a CPU without bfloat16
 // products: there auto must take float32 and bf16 be refused.
+#include <dlfcn.h>
+#include <link.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,6 +29,52 @@ using test::error_of;
 bool isa_limited() {
   const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
   return isa != nullptr && std::strcmp(isa, "AVX2") == 0;
+}
+
+// The names of the shared objects loaded in this process.
+std::vector<std::string> loaded_objects() {
+  std::vector<std::string> names;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* out) {
+        if (info->dlpi_name != nullptr) static_cast<std::vector<std::string>*>(out)->push_back(info->dlpi_name);
+        return 0;
+      },
+      &names);
+  return names;
+}
+
+bool loaded(const std::vector<std::string>& objects, const std::string& name) {
+  return std::any_of(objects.begin(), objects.end(),
+                     [&](const std::string& o) { return o.find(name) != std::string::npos; });
+}
+
+// Debian's oneDNN 2.x (the bfloat16 products) and the oneDNN 3.x inside libtorch_cpu run in
+// one process without meeting (src/nn/onednn/onednn_api.h): libdnnl.so.2 is loaded, yet
+// none of its symbols is in the global scope where libtorch's code would bind to them, and
+// products on both give their right results one after the other.
+TEST(Compute, DebiansOneDnnStaysApartFromLibtorchs) {
+  const bool bf16 = bf16_products_available();  // loads libfp8lab_onednn.so
+  const auto objects = loaded_objects();
+  EXPECT_TRUE(loaded(objects, "libfp8lab_onednn.so"));
+  EXPECT_TRUE(loaded(objects, "libdnnl.so.2"));
+  EXPECT_TRUE(loaded(objects, "libtorch_cpu.so"));
+  // oneDNN 2.x's C interface (dnnl_matmul_desc_init is gone from 3.x) and the weak call_once
+  // trampoline both libraries define: neither is found from the global scope.
+  EXPECT_EQ(dlsym(RTLD_DEFAULT, "dnnl_matmul_desc_init"), nullptr);
+  EXPECT_EQ(dlsym(RTLD_DEFAULT, "dnnl_engine_create"), nullptr);
+  torch::manual_seed(3);
+  const torch::Tensor a = torch::randint(-8, 8, {64, 96}).to(torch::kFloat),
+                      b = torch::randint(-8, 8, {96, 48}).to(torch::kFloat);
+  const torch::Tensor want = torch::matmul(a.to(torch::kDouble), b.to(torch::kDouble)).to(torch::kFloat);
+  for (int round = 0; round < 2; ++round) {
+    // libtorch's own bfloat16 matmul (its oneDNN on this CPU): small integers, exact sums.
+    EXPECT_TRUE(test::bit_equal(torch::matmul(a.to(torch::kBFloat16), b.to(torch::kBFloat16)).to(torch::kFloat),
+                                want.to(torch::kBFloat16).to(torch::kFloat)));
+    if (!bf16) continue;
+    Compute taken = Compute::fp32;
+    EXPECT_TRUE(test::bit_equal(matmul(a, b, Compute::bf16, &taken), want));
+    EXPECT_EQ(taken, Compute::bf16);
+  }
 }
 
 TEST(Compute, NamesParseAndPrintBack) {

@@ -13,10 +13,12 @@ out and checks fp8lab's own rule on them instead (docs/spec.md §2.1):
     input is finite.
   - The MX element types (float6_e2m3fn, float6_e3m2fn, float4_e2m1fn) have no NaN:
     ml_dtypes stores NaN as a zero of the sign opposite the NaN's; fp8lab stores +0.
-  - float8_e8m0fnu: ml_dtypes gives -0 its NaN, fp8lab code 0 (2^-127) like +0.
+  - float8_e8m0fnu: ml_dtypes gives +-0 its NaN, fp8lab code 0 (2^-127), as for every
+    input below 2^-127.
   - torch's float8_e4m3fn conversion saturates and turns +-Inf into +-max, where fp8lab
     keeps an infinity visible as NaN; torch's e5m2 NaN is 0x7f/0xff, fp8lab's 0x7e/0xfe;
-    torch's float8_e8m0fnu drops the sign of negative inputs and of -0.
+    torch's float8_e8m0fnu drops the sign of negative inputs and of -0, and rounds the
+    float32 subnormals above 2^-127 up to 2^-126 (fp8lab, like ml_dtypes, to the nearest).
 """
 import os
 
@@ -98,13 +100,13 @@ def left_out(name: str, x: np.ndarray) -> np.ndarray:
     if name in ("e2m3fn", "e3m2fn", "e2m1fn"):
         return np.isnan(x)
     if name == "e8m0":
-        return (x == 0) & np.signbit(x)
+        return x == 0
     return np.zeros(x.shape, bool)
 
 
 def fp8lab_rule_on_left_out(name: str, fmt: fp8lab.Format, x: np.ndarray, got: np.ndarray) -> None:
     """fp8lab's own rule on the inputs left out: +0 for a NaN in an MX element format, code 0
-    for -0 in E8M0."""
+    (2^-127) for a zero in E8M0."""
     if x.size:
         assert (got == 0).all(), f"{name}: {x[got != 0][:4]} should give code 0"
 
@@ -191,8 +193,8 @@ def torch_left_out(name: str, x: np.ndarray) -> np.ndarray:
         return np.isinf(x)  # torch: +-max; fp8lab: NaN
     if name == "e5m2":
         return np.isnan(x)  # torch's NaN code is 0x7f/0xff
-    if name == "e8m0":
-        return np.signbit(x) & ~np.isnan(x)  # torch drops the sign
+    if name == "e8m0":  # torch drops the sign; rounds subnormals in (2^-127, 2^-126) up
+        return (np.signbit(x) & ~np.isnan(x)) | ((np.abs(x) > 2.0 ** -127) & (np.abs(x) < 2.0 ** -126))
     return np.zeros(x.shape, bool)
 
 
@@ -209,10 +211,16 @@ def test_torch_dtypes(name, dtype, mode):
         assert np.isnan(y).all() and (np.abs(t) == fmt.max).all()
     if name == "e5m2":  # NaN either way
         assert np.isnan(y).all() and np.isnan(t).all()
-    if name == "e8m0":  # a negative input: fp8lab NaN (code 0 for -0), torch the magnitude's code
-        neg = x[skip] < 0
-        assert np.isnan(y[neg]).all() and (got[skip][~neg] == 0).all()
-        np.testing.assert_array_equal(torch_codes(x[skip], dtype), torch_codes(np.abs(x[skip]), dtype))
+    if name == "e8m0":
+        # A negative input: fp8lab NaN (code 0 for -0), torch the magnitude's code.
+        xs, gs = x[skip], got[skip]
+        neg, zero = (xs < 0), (xs == 0)
+        assert np.isnan(y[neg]).all() and (gs[zero] == 0).all()
+        np.testing.assert_array_equal(torch_codes(xs[neg], dtype), torch_codes(-xs[neg], dtype))
+        # The subnormals: torch 2^-126; fp8lab the nearest, as ml_dtypes.
+        sub = (np.abs(xs) > 2.0 ** -127) & (np.abs(xs) < 2.0 ** -126) & ~neg
+        assert sub.any() and (torch_codes(xs[sub], dtype) == 1).all()
+        np.testing.assert_array_equal(gs[sub], ml_codes(xs[sub], ml_dtypes.float8_e8m0fnu))
 
 
 def test_torch_bfloat16_and_float16():

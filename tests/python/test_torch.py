@@ -305,6 +305,11 @@ def test_multihead_attention_equals_torch_in_float32(batch_first):
     torch.testing.assert_close(got_self, want_self, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g_self, w_self, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got_cross, want_cross, rtol=1e-5, atol=1e-6)
+    # torch 2.x's is_causal hint (what nn.TransformerEncoderLayer passes): with the causal
+    # mask as torch takes it, and without a mask, where the quantized layer makes the mask.
+    want_hint, _ = mha(x, x, x, attn_mask=causal, is_causal=True, need_weights=False)
+    torch.testing.assert_close(qm[0](x, x, x, attn_mask=causal, is_causal=True)[0], want_hint, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(qm[0](x, x, x, is_causal=True)[0], want_hint, rtol=1e-5, atol=1e-6)
     assert list(ft.quant_state(qm).layers) == ["0.in_proj", "0.scores", "0.context", "0.out_proj"]
 
 
@@ -457,14 +462,14 @@ def test_quantized_models_copy_and_pickle():
     buf = io.BytesIO()
     torch.save(m, buf)
     buf.seek(0)
-    loaded = torch.load(buf)
+    loaded = torch.load(buf, weights_only=False)  # a whole module, not a state dict
     assert ft.quant_state(loaded).quantizers() == st.quantizers()
     same(loaded(x), c(x))
     # A traced model (a GraphModule) keeps its state through copies and pickling too.
     a = ft.quantize_model(Attention(), "a=1.4.3/stochastic,w=1.4.3")
     xa = torch.randn(2, 5, 16)
     a(xa)
-    copies = (copy.deepcopy(a), torch.load(io.BytesIO(_saved(a))))
+    copies = (copy.deepcopy(a), torch.load(io.BytesIO(_saved(a)), weights_only=False))
     ref = a(xa)  # step 1
     for other in copies:
         so = ft.quant_state(other)

@@ -128,7 +128,8 @@ class QuantMultiheadAttention(torch.nn.Module):
     `in_proj`), the scores Q K^T (`scores`), the context A V (`context`) and the output
     projection (`out_proj`). It holds the attention module's own parameters and takes the
     same arguments (batch_first, key_padding_mask, attn_mask, need_weights,
-    average_attn_weights); add_bias_kv and add_zero_attn are not supported."""
+    average_attn_weights, is_causal: with attn_mask given, a hint that it is causal, as in
+    torch; without one, the causal mask); add_bias_kv and add_zero_attn are not supported."""
 
     def __init__(self, mha: torch.nn.MultiheadAttention):
         super().__init__()
@@ -170,7 +171,7 @@ class QuantMultiheadAttention(torch.nn.Module):
         return F.linear(x, w, b) if layer is None else fn.linear(x, w, b, layer)
 
     def forward(self, query, key, value, key_padding_mask: Optional[torch.Tensor] = None, need_weights: bool = True,
-                attn_mask: Optional[torch.Tensor] = None, average_attn_weights: bool = True):
+                attn_mask: Optional[torch.Tensor] = None, average_attn_weights: bool = True, is_causal: bool = False):
         batched = query.dim() == 3
         if not batched:
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
@@ -190,6 +191,8 @@ class QuantMultiheadAttention(torch.nn.Module):
         k = k.reshape(S, N * h, d).transpose(0, 1)
         v = v.reshape(S, N * h, d).transpose(0, 1)
         scores = self.scores(q, k.transpose(1, 2))  # [N h, L, S]
+        if is_causal and attn_mask is None:  # torch's hint without its mask: the causal one
+            attn_mask = torch.ones(L, S, dtype=torch.bool, device=scores.device).triu(1)
         mask = self._mask(attn_mask, key_padding_mask, N, L, S, scores.dtype)
         if mask is not None:
             scores = scores + mask
