@@ -9,7 +9,7 @@ cross-entropy, backward, SGD with momentum) timed in one process, interleaved ro
 
 and the ratios py_q / cpp_q (goal: below 1.05), py_fp32 / cpp_fp32 and py_q / py_fp32.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/bench_python.py [--batch 32] [--compute auto]
+    PYTHONPATH=build/python .venv/bin/python bench/bench_python.py [--batch 32] [--compute auto]
 """
 import argparse
 import os

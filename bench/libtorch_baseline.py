@@ -1,10 +1,10 @@
 """The float32 baseline against libtorch's defaults: a CIFAR ResNet-20 (16-32-64 channels,
 batch norm, ReLU, identity and 1x1-convolution shortcuts, as fp8lab's models::CifarResNet)
 written in plain PyTorch, one SGD step (momentum 0.9) on a random batch, best of N steps,
-in the default layout (NCHW) and channels-last. Same libtorch (Debian's python3-torch is
-built from the sources of libtorch-dev), same thread count as bench_train.
+in the default layout (NCHW) and channels-last. Same libtorch (the torch of .venv, which
+bench_train links), same thread count as bench_train.
 
-    /usr/bin/python3 bench/libtorch_baseline.py [batch] [steps]
+    .venv/bin/python bench/libtorch_baseline.py [batch] [steps]
 """
 import sys
 import time
