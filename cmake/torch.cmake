@@ -33,6 +33,16 @@ string(REPLACE "\n" ";" _fp8lab_torch_out "${_fp8lab_torch_out}")
 list(GET _fp8lab_torch_out 0 _fp8lab_torch_prefix)
 list(GET _fp8lab_torch_out 1 FP8LAB_TORCH_VERSION)
 list(PREPEND CMAKE_PREFIX_PATH "${_fp8lab_torch_prefix}")
+# Always this Python's torch, also in a build folder first configured for another one (pip
+# reuses build-pip/<wheel tag> across environments): what torch's CMake files cached for
+# another torch is dropped.
+if(DEFINED CACHE{FP8LAB_TORCH_PREFIX} AND NOT FP8LAB_TORCH_PREFIX STREQUAL _fp8lab_torch_prefix)
+  message(STATUS "fp8lab: torch changed (${FP8LAB_TORCH_PREFIX} -> ${_fp8lab_torch_prefix})")
+  foreach(v Torch_DIR Caffe2_DIR TORCH_LIBRARY c10_LIBRARY kineto_LIBRARY)
+    unset(${v} CACHE)
+  endforeach()
+endif()
+set(FP8LAB_TORCH_PREFIX "${_fp8lab_torch_prefix}" CACHE INTERNAL "torch.utils.cmake_prefix_path of the last configure")
 
 find_package(Torch ${FP8LAB_TORCH_MIN} REQUIRED CONFIG)
 if(Torch_VERSION VERSION_GREATER_EQUAL 3)
