@@ -20,7 +20,6 @@ out and checks fp8lab's own rule on them instead (docs/spec.md §2.1):
     torch's float8_e8m0fnu drops the sign of negative inputs and of -0, and rounds the
     float32 subnormals above 2^-127 up to 2^-126 (fp8lab, like ml_dtypes, to the nearest).
 """
-import os
 
 import ml_dtypes
 import numpy as np
