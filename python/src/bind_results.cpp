@@ -32,16 +32,9 @@ py::dict run_row(const results::RunRow& r) {
   return d;
 }
 
-results::Alternative alternative(const std::string& name) {
-  if (name == "less") return results::Alternative::less;
-  if (name == "greater") return results::Alternative::greater;
-  if (name == "two-sided") return results::Alternative::two_sided;
-  throw py::value_error("mann_whitney_u: alternative '" + name + "' is not less, greater or two-sided");
-}
-
 py::dict mann_whitney(const std::vector<double>& x, const std::vector<double>& y, const std::string& alt,
                       const std::string& method) {
-  const results::MannWhitney r = results::mann_whitney_u(x, y, alternative(alt), method);
+  const results::MannWhitney r = results::mann_whitney_u(x, y, results::parse_alternative(alt), method);
   py::dict d;
   d["u"] = r.u;
   d["p"] = r.p;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "fp8lab/core/enum_names.hpp"
 #include "fp8lab/core/format.hpp"
 
 namespace fp8lab::results {
@@ -36,7 +37,14 @@ std::vector<double> rank_sum_counts(const std::vector<long>& ranks2, std::size_t
   return ways[n1];
 }
 
+constexpr EnumName<Alternative> kAlternatives[] = {
+    {Alternative::less, "less"}, {Alternative::greater, "greater"}, {Alternative::two_sided, "two-sided"}};
+
 }  // namespace
+
+std::string_view to_string(Alternative a) { return enum_name(kAlternatives, a); }
+
+Alternative parse_alternative(std::string_view name) { return enum_parse(kAlternatives, name, "alternative"); }
 
 MannWhitney mann_whitney_u(const std::vector<double>& x, const std::vector<double>& y, Alternative alt,
                            const std::string& method) {

@@ -43,6 +43,15 @@ TEST(MannWhitney, HandWorkedWithTies) {
   EXPECT_DOUBLE_EQ(results::mann_whitney_u({2, 2}, {2, 2}, Alternative::less).p, 1.0);
 }
 
+TEST(MannWhitney, AlternativesParseAndPrintBack) {
+  for (Alternative a : {Alternative::less, Alternative::greater, Alternative::two_sided})
+    EXPECT_EQ(results::parse_alternative(results::to_string(a)), a);
+  EXPECT_EQ(results::to_string(Alternative::two_sided), "two-sided");
+  EXPECT_NE(test::error_of([] { (void)results::parse_alternative("lower"); })
+                .find("unknown alternative 'lower' (known: less, greater, two-sided)"),
+            std::string::npos);
+}
+
 TEST(MannWhitney, AutoTakesTheApproximationPastOneHundredValues) {
   std::vector<double> x, y;
   for (int i = 0; i < 50; ++i) x.push_back(i), y.push_back(i + 10.5);

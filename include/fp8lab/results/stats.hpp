@@ -7,11 +7,16 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fp8lab::results {
 
 enum class Alternative { less, greater, two_sided };  // of x against y
+
+// "less", "greater", "two-sided"; parse_alternative throws Error naming the known ones.
+std::string_view to_string(Alternative a);
+Alternative parse_alternative(std::string_view name);
 
 struct MannWhitney {
   double u = 0;        // U of the first sample: rank sum of x minus n_x (n_x + 1) / 2
