@@ -38,6 +38,7 @@ std::vector<Field> fields(TrainConfig& c) {
       {"model.depth_mult", &c.model.depth_mult},
       {"model.bn_momentum", &c.model.bn_momentum},
       {"model.dropout", &c.model.dropout},
+      {"model.channels_last", &c.model.channels_last},
       {"data.name", &c.data.name},
       {"data.dir", &c.data.dir},
       {"data.train_limit", &c.data.train_limit},
@@ -323,15 +324,17 @@ std::string to_toml(const TrainConfig& cin) {
   return out;
 }
 
-// Keys added after runs were recorded, left out of the JSON at the default that reproduces
+// Keys added after runs were recorded, left out of the JSON at the value that reproduces
 // those runs bit for bit: a stored config, a sweep's run identity and a checkpoint's config
-// stay the same for every run that does not set them.
+// stay the same for every run that does not set them (model.channels_last: the runs
+// recorded before it ran NCHW, so its default, channels-last, is written out).
 namespace {
 bool left_out_at_default(const std::string& key, const TrainConfig& c) {
   return (key == "quant.compute" && c.quant.compute == QuantConfig{}.compute) ||
          (key == "quant.accumulate" && c.quant.accumulate == QuantConfig{}.accumulate) ||
          (key == "data.drop_long" && c.data.drop_long == DataConfig{}.drop_long) ||
-         (key == "model.bn_momentum" && c.model.bn_momentum == ModelConfig{}.bn_momentum);
+         (key == "model.bn_momentum" && c.model.bn_momentum == ModelConfig{}.bn_momentum) ||
+         (key == "model.channels_last" && !c.model.channels_last);
 }
 }  // namespace
 

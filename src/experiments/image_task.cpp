@@ -132,6 +132,7 @@ class ImageTask final : public Task {
     spec.dropout = c.model.dropout;
     spec.bn_momentum = c.model.bn_momentum;
     model_ = models::make_image_model(spec);
+    if (c.model.channels_last) models::to_channels_last(*model_.module);
   }
   torch::nn::Module& module() override { return *model_.module; }
   std::string description() const override {
@@ -145,7 +146,7 @@ class ImageTask final : public Task {
     auto aug_gen = at::make_generator<at::CPUGeneratorImpl>(step_seed ^ 0xA06);
     auto [x, y] = train_b_->batch(idx, aug_, &aug_gen);
     const Mixed mx = mix(x, y, cfg_.train, step_seed ^ 0x313);
-    const torch::Tensor out = model_.forward(mx.x);
+    const torch::Tensor out = model_.forward(laid_out(mx.x));
     const auto ce = torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(cfg_.train.label_smoothing);
     torch::Tensor l = torch::nn::functional::cross_entropy(out, y, ce);
     if (mx.lam < 1) l = l * mx.lam + torch::nn::functional::cross_entropy(out, mx.y2, ce) * (1 - mx.lam);
@@ -156,12 +157,17 @@ class ImageTask final : public Task {
     const std::int64_t n = test_src_->size();
     for (std::int64_t b = 0; b < n; b += 500) {
       auto [x, y] = test_b_->batch(torch::arange(b, std::min(n, b + 500), torch::kInt64), {}, nullptr);
-      correct += model_.forward(x).argmax(1).eq(y).sum().item<std::int64_t>();
+      correct += model_.forward(laid_out(x)).argmax(1).eq(y).sum().item<std::int64_t>();
     }
     return 100.0 * static_cast<double>(correct) / static_cast<double>(n);
   }
 
  private:
+  // A batch in the layout of the model's weights (model.channels_last).
+  torch::Tensor laid_out(const torch::Tensor& x) const {
+    return cfg_.model.channels_last ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
+  }
+
   TrainConfig cfg_;
   std::shared_ptr<data::ImageSource> train_src_, test_src_;
   std::unique_ptr<data::ImageBatcher> train_b_, test_b_;

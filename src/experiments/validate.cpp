@@ -47,6 +47,7 @@ void validate_task(const TrainConfig& c) {
     check(c.data.max_tokens >= 4 && c.data.max_tokens <= 4096, "data.max_tokens must be in 4..4096");
     check(c.train.mixup == 0 && c.train.cutmix == 0, "mixup and cutmix are for images");
     check(c.data.augment == "none" || c.data.augment.empty(), "data.augment is for images");
+    check(c.model.channels_last, "model.channels_last is for image models (task " + c.task + " has no convolutions)");
   }
   if (c.task == "translation") {
     check(!c.data.src_lang.empty() && !c.data.tgt_lang.empty() && c.data.src_lang != c.data.tgt_lang,

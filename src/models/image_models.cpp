@@ -189,6 +189,12 @@ std::vector<std::string> image_model_presets() {
           "efficientnet-b4", "efficientnet-b5", "efficientnet-b6", "efficientnet-b7"};
 }
 
+void to_channels_last(torch::nn::Module& m) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.parameters())
+    if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+}
+
 namespace {
 std::string count_params(const torch::nn::Module& m) {
   std::int64_t n = 0;

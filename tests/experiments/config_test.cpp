@@ -87,6 +87,24 @@ TEST(Config, AccumulateIsRecordedExceptAtItsDefault) {
   EXPECT_NE(e.find("positive integer"), std::string::npos) << e;
 }
 
+// model.channels_last is on by default and recorded; off (the layout of the runs recorded
+// before the key existed) it is left out, so those runs keep their identity. It is for
+// image models only.
+TEST(Config, ChannelsLastIsRecordedWhenOn) {
+  const auto plain = parse_train_config("", "plain");
+  EXPECT_TRUE(plain.model.channels_last);
+  EXPECT_NE(experiments::to_json(plain).find("\"channels_last\":true"), std::string::npos);
+  const auto nchw = parse_train_config("", "nchw", {"model.channels_last=false"});
+  EXPECT_FALSE(nchw.model.channels_last);
+  EXPECT_EQ(experiments::to_json(nchw).find("channels_last"), std::string::npos);
+  experiments::validate(nchw);
+  const std::string e = test::error_of([] {
+    parse_train_config("", "lm", {"task=\"language-model\"", "model.name=\"gpt-tiny\"", "data.name=\"text\"",
+                                  "data.dir=\"/nonexistent\"", "model.channels_last=false"});
+  });
+  EXPECT_NE(e.find("model.channels_last is for image models"), std::string::npos) << e;
+}
+
 // A recipe file's compute and accumulate complete the config where it leaves them at their
 // defaults (so the run records them); a config value that differs is an error naming both.
 TEST(Config, RecipeFileComputeAndAccumulateCompleteTheConfig) {

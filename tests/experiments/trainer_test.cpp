@@ -11,6 +11,7 @@
 #include "../../src/experiments/train_state.hpp"
 #include "fp8lab/experiments/sweep.hpp"
 #include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/nn/compute.hpp"
 #include "fp8lab/results/store.hpp"
 
 using namespace fp8lab;
@@ -162,6 +163,35 @@ void check_resume_equals_uninterrupted(const std::string& model, const std::stri
     EXPECT_EQ(st1[i].step, st2[i].step);
     EXPECT_EQ(st1[i].histogram, st2[i].histogram);
   }
+}
+
+// model.channels_last changes no value that fp8lab computes: with the products on the
+// compute layer (which runs convolutions channels-last in either case, docs/spec.md §7.2)
+// a run with augmentation, mixup, cutmix, stochastic rounding and loss scaling is the same
+// bit for bit in both layouts; in float32 the two differ only in the order of sums.
+TEST(Trainer, ChannelsLastChangesNoQuantizedValue) {
+  const auto run = [](const std::string& name, bool channels_last, const std::string& compute) {
+    auto c = busy(name);
+    c.train.epochs = 1;
+    c.model.width = 16;
+    c.data.synthetic_channels = 3;
+    c.data.image_size = 16;
+    c.model.channels_last = channels_last;
+    c.quant.compute = compute;
+    return experiments::train(c, nullptr, quiet());
+  };
+  const auto nchw = run("layout-nchw", false, "fp32"), nhwc = run("layout-nhwc", true, "fp32");
+  ASSERT_EQ(nchw.status, results::RunStatus::finished);
+  ASSERT_EQ(nhwc.status, results::RunStatus::finished);
+  EXPECT_NEAR(nhwc.final_train_loss, nchw.final_train_loss, 1e-3 * std::abs(nchw.final_train_loss));
+  // Different sums: the layout reached libtorch's convolutions (oneDNN's NHWC kernels sum in
+  // another order than its blocked NCHW ones on these 16-64-channel layers).
+  EXPECT_NE(nhwc.final_train_loss, nchw.final_train_loss);
+  if (!nn::bf16_products_available()) GTEST_SKIP() << "no bfloat16 products on this CPU (auto is fp32 here)";
+  const auto a = run("layout-nchw-auto", false, "auto"), b = run("layout-nhwc-auto", true, "auto");
+  EXPECT_EQ(a.final_train_loss, b.final_train_loss);
+  EXPECT_EQ(a.evals, b.evals);
+  for (int k = 0; k < nn::kKinds; ++k) EXPECT_EQ(a.counts[k].underflow, b.counts[k].underflow);
 }
 
 TEST(Trainer, MovingAverageDecayWarmsUp) {

@@ -142,6 +142,58 @@ TEST(Models, EfficientNetForwardBackwardQuantized) {
             std::string::npos);
 }
 
+// to_channels_last lays every convolution weight out NHWC without changing a value; a
+// channels-last batch then gives the NCHW model's outputs and gradients up to the order of
+// float32 sums (through batch norms on 4 images: relative 1e-4 to 1e-3 of the largest
+// gradient; a layout mix-up would be of order 1).
+TEST(Models, ChannelsLastKeepsValuesAndLayout) {
+  for (const char* name : {"resnet8", "efficientnet-b0"}) {
+    SCOPED_TRACE(name);
+    models::ImageModelSpec s;
+    s.name = name;
+    s.width_mult = 0.25;
+    s.depth_mult = 0.5;
+    s.num_classes = 3;
+    s.image_size = 16;
+    torch::manual_seed(0);
+    auto a = models::make_image_model(s);
+    torch::manual_seed(0);
+    auto b = models::make_image_model(s);
+    models::to_channels_last(*b.module);
+    const auto pa = a.module->parameters(), pb = b.module->parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    int convs = 0;
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(torch::equal(pa[i], pb[i]));
+      if (pb[i].dim() == 4) {
+        ++convs;
+        EXPECT_TRUE(pb[i].is_contiguous(torch::MemoryFormat::ChannelsLast));
+        if (pb[i].size(2) * pb[i].size(3) > 1 && pb[i].size(1) > 1)
+          EXPECT_FALSE(pb[i].is_contiguous()) << "weight " << i << " " << pb[i].sizes();
+      }
+    }
+    EXPECT_GE(convs, 7);
+    torch::manual_seed(1);
+    const torch::Tensor x = torch::randn({4, 3, 16, 16});
+    a.module->train();
+    b.module->train();
+    torch::manual_seed(2);  // the same dropout and stochastic-depth draws (per sample and per
+    const torch::Tensor ya = a.forward(x);  // feature: no mask has the layout of an image)
+    torch::manual_seed(2);
+    const torch::Tensor yb = b.forward(x.contiguous(torch::MemoryFormat::ChannelsLast));
+    EXPECT_TRUE(torch::allclose(ya, yb, 1e-4, 1e-5)) << (ya - yb).abs().max().item<double>();
+    ya.pow(2).sum().backward();
+    yb.pow(2).sum().backward();
+    double largest = 0;  // gradients that vanish in exact arithmetic are rounding noise of this size
+    for (const auto& p : pa) largest = std::max(largest, p.grad().abs().max().item<double>());
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      const double diff = (pa[i].grad() - pb[i].grad()).abs().max().item<double>();
+      const double scale = pa[i].grad().abs().max().item<double>();
+      EXPECT_LE(diff, 2e-3 * scale + 1e-6 * largest) << "parameter " << i << " " << pa[i].sizes() << ": " << diff << " of " << scale;
+    }
+  }
+}
+
 TEST(Models, EfficientNetBatchNormMomentum) {
   // Every batch norm takes the spec's momentum; 0 keeps the reference's 0.01.
   for (const auto& [given, expected] : std::vector<std::pair<double, double>>{{0, 0.01}, {0.1, 0.1}}) {

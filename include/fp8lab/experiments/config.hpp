@@ -30,6 +30,10 @@ struct ModelConfig {
   double width_mult = 0, depth_mult = 0;  // EfficientNet overrides (0: the preset's)
   double bn_momentum = 0;  // EfficientNet's batch-norm momentum (0: the preset's, 0.01)
   double dropout = -1;                    // (-1: the preset's)
+  // Image models: convolution weights and input images channels-last (NHWC strides), the
+  // layout of libtorch's fastest float32 convolutions on the CPU (oneDNN's). Values are the
+  // same either way up to the order of the float32 sums (docs/spec.md §7.2).
+  bool channels_last = true;
 };
 
 struct DataConfig {

@@ -116,4 +116,9 @@ struct ImageModel {
 ImageModel make_image_model(const ImageModelSpec& spec);
 std::vector<std::string> image_model_presets();
 
+// Lays every 4-D parameter (the convolution weights) of `m` out channels-last, in place and
+// with the same values: with channels-last inputs, libtorch's CPU convolutions then run on
+// oneDNN's NHWC kernels, its fastest float32 path, and return channels-last activations.
+void to_channels_last(torch::nn::Module& m);
+
 }  // namespace fp8lab::models
