@@ -7,6 +7,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "fp8lab/core/code_set.hpp"
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/files.hpp"
@@ -42,7 +43,8 @@ struct AxisView {
 AxisView axis_view(const std::vector<std::size_t>& shape, int axis, const std::string& file) {
   const int nd = static_cast<int>(shape.size());
   const int a = axis < 0 ? axis + nd : axis;
-  if (nd == 0) return {};
+  if (nd == 0)
+    throw Error(file + ": a 0-d array has no axis for a scaled format's groups; save it with shape (1,)");
   if (a < 0 || a >= nd)
     throw Error("--axis " + std::to_string(axis) + " does not exist in " + file + " (" + std::to_string(nd) + " dimensions)");
   AxisView v;
@@ -68,9 +70,28 @@ void from_rows(const T* t, T* x, const AxisView& v) {
       for (std::size_t i = 0; i < v.inner; ++i) x[(o * v.len + l) * v.inner + i] = t[(o * v.inner + i) * v.len + l];
 }
 
-std::string sibling(const std::string& npy, const std::string& what) {
-  const std::string stem = npy.size() > 4 && npy.ends_with(".npy") ? npy.substr(0, npy.size() - 4) : npy;
-  return stem + "." + what + ".npy";
+// The 0-based axis the groups run along.
+int axis_index(int axis, const std::vector<std::size_t>& shape) {
+  return axis < 0 ? axis + static_cast<int>(shape.size()) : axis;
+}
+
+// Throws Error when the first `n` codes hold one outside a `width`-bit format (e.g. 0xFF
+// for E2M1), naming the file and the index: such a code decodes to nothing.
+template <class Code>
+void check_codes(const Code* codes, std::size_t n, int width, const std::string& file) {
+  if (width >= static_cast<int>(8 * sizeof(Code))) return;
+  for (std::size_t i = 0; i < n; ++i)
+    if (codes[i] >> width)
+      throw Error(file + ": value " + std::to_string(+codes[i]) + " at index " + std::to_string(i) + " is not a " +
+                  std::to_string(width) + "-bit code");
+}
+
+// Throws Error when one of `outputs` is one of `inputs` (by name or as a file).
+void check_outputs_differ(const std::vector<std::string>& outputs, const std::vector<std::string>& inputs) {
+  for (const auto& o : outputs)
+    for (const auto& i : inputs)
+      if (o == i || same_file(o, i))
+        throw Error("output must differ from input: the output's file '" + o + "' is the input '" + i + "'");
 }
 
 // The scale codes as an array: the input's shape with the axis cut into groups (per line:
@@ -100,13 +121,13 @@ void print_scaled_summary(const ScaledSpec& s, const ScaledCounts& c, std::size_
                           const std::string& output, bool codes) {
   std::fprintf(stderr,
                "%s %zu values to %s (%.3g bits per value): %llu groups, %llu saturated, %llu NaN, %llu zero; "
-               "scale underflow %llu, overflow %llu; elements clamped %llu, flushed to zero %llu; %.3f s -> %s\n",
+               "scale underflow %llu, overflow %llu; elements clamped %llu, flushed to zero %llu, NaN %llu; %.3f s -> %s\n",
                codes ? "encoded" : "quantized", n, to_string(s).c_str(), bits,
                static_cast<unsigned long long>(c.groups), static_cast<unsigned long long>(c.saturated_groups),
                static_cast<unsigned long long>(c.nan_groups), static_cast<unsigned long long>(c.zero_groups),
                static_cast<unsigned long long>(c.scale_underflow), static_cast<unsigned long long>(c.scale_overflow),
                static_cast<unsigned long long>(c.elements.overflow), static_cast<unsigned long long>(c.elements.underflow),
-               secs, output.c_str());
+               static_cast<unsigned long long>(c.elements.nan), secs, output.c_str());
   if (s.history > 0) std::fprintf(stderr, "(delayed scaling without a history: the array's own amax was used)\n");
 }
 
@@ -133,17 +154,20 @@ std::string shape_text(const std::vector<std::size_t>& shape) {
 // (and INPUT.tensor_scale.npy the tensor scale), as --codes wrote them (docs/spec.md §6.5).
 void run_scaled_decode(const QuantizeArgs& a, const ScaledSpec& s) {
   const NpyArray in = read_npy(a.input);
+  check_outputs_differ({a.output}, code_set_paths(a.input, s.tensor_scale));
   if (in.dtype != DType::u8)
     throw Error(a.input + ": --decode of " + to_string(s) + " codes needs dtype |u1, the file has " + npy_descr(in.dtype));
   if (in.fortran_order) throw Error(a.input + ": Fortran-ordered arrays are not supported for scaled formats");
   const AxisView v = axis_view(in.shape, a.axis, a.input);
   const BlockLayout l = block_layout(s, v.rows(), v.len);
-  const std::string scales_path = sibling(a.input, "scales");
-  const NpyArray sc = read_npy(scales_path);
+  const CodeSet set = read_code_set(a.input, to_string(s), axis_index(a.axis, in.shape), s.tensor_scale);
+  const std::string scales_path = code_set_files(a.input).scales;
+  const NpyArray& sc = set.scales;
   const NpyArray want = expected_scales(s, in.shape, a.axis, l);
   if (sc.dtype != want.dtype || sc.shape != want.shape || sc.fortran_order)
     throw Error(scales_path + ": the scales of " + a.input + " under " + to_string(s) + " are " + npy_descr(want.dtype) +
                 " " + shape_text(want.shape) + " (C order), the file has " + npy_descr(sc.dtype) + " " + shape_text(sc.shape));
+  check_codes(in.data.data(), in.size(), s.element.format.width(), a.input);
   std::vector<std::uint32_t> ordered(l.groups());
   const std::uint32_t top = s.scale == ScaleFormat::fp32 ? ~0u : scale_format(s.scale).max_code();
   for (std::size_t i = 0; i < ordered.size(); ++i) {
@@ -159,8 +183,8 @@ void run_scaled_decode(const QuantizeArgs& a, const ScaledSpec& s) {
     scales = to_rows(ordered.data(), AxisView{v.outer, l.grid_cols(), v.inner});
   float ts = 1;
   if (s.tensor_scale) {
-    const std::string ts_path = sibling(a.input, "tensor_scale");
-    const NpyArray t = read_npy(ts_path);
+    const std::string ts_path = code_set_files(a.input).tensor_scale;
+    const NpyArray& t = *set.tensor_scale;
     if (t.dtype != DType::f32 || t.size() != 1)
       throw Error(ts_path + ": the tensor scale is one float32 (<f4 (1,)), the file has " + npy_descr(t.dtype) + " " +
                   shape_text(t.shape));
@@ -183,6 +207,7 @@ void run_scaled_decode(const QuantizeArgs& a, const ScaledSpec& s) {
 
 void run_scaled_quantize(const QuantizeArgs& a, const ScaledSpec& s) {
   if (a.decode) return run_scaled_decode(a, s);
+  if (a.codes) check_outputs_differ(code_set_paths(a.output, s.tensor_scale), {a.input});
   const NpyArray in = read_npy(a.input);
   if (in.dtype != DType::f32)
     throw Error(a.input + ": dtype " + std::string(npy_descr(in.dtype)) + " is not float32 ('<f4')");
@@ -209,18 +234,18 @@ void run_scaled_quantize(const QuantizeArgs& a, const ScaledSpec& s) {
   if (a.codes) {
     if (v.inner == 1) std::memcpy(out.data.data(), codes.data(), n);
     else from_rows(codes.data(), out.data.data(), v);
-    write_npy(sibling(a.output, "scales"), scale_array(s, scales, in.shape, a.axis, l, v));
+    CodeSet set{std::move(out), scale_array(s, scales, in.shape, a.axis, l, v), std::nullopt};
     if (s.tensor_scale) {
-      NpyArray t{DType::f32, {1}, false, std::vector<std::uint8_t>(4)};
-      std::memcpy(t.data.data(), &ts, 4);
-      write_npy(sibling(a.output, "tensor_scale"), t);
+      set.tensor_scale = NpyArray{DType::f32, {1}, false, std::vector<std::uint8_t>(4)};
+      std::memcpy(set.tensor_scale->data.data(), &ts, 4);
     }
+    write_code_set(a.output, to_string(s), axis_index(a.axis, in.shape), set);
   } else if (v.inner == 1) {
     std::memcpy(out.data.data(), y.data(), n * 4);
   } else {
     from_rows(y.data(), reinterpret_cast<float*>(out.data.data()), v);
   }
-  write_npy(a.output, out);
+  if (!a.codes) write_npy(a.output, out);
   if (!a.quiet) print_scaled_summary(s, counts, n, bits_per_element(s, v.rows(), v.len), secs, a.output, a.codes);
 }
 
@@ -262,6 +287,8 @@ void run_quantize(const QuantizeArgs& a) {
                   npy_descr(want) + ", the file has " + npy_descr(in.dtype));
     out.dtype = DType::f32;
     out.data.resize(n * 4);
+    if (want == DType::u8) check_codes(in.data.data(), n, q.format.width(), a.input);
+    else check_codes(reinterpret_cast<const std::uint16_t*>(in.data.data()), n, q.format.width(), a.input);
     if (want == DType::u8)
       kernels::decode(in.data.data(), reinterpret_cast<float*>(out.data.data()), n, q.format);
     else

@@ -18,6 +18,7 @@ namespace fp8lab::cli {
 void setup_process() {
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  ::signal(SIGXFSZ, SIG_IGN);
 }
 
 std::string self_program() {

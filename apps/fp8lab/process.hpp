@@ -9,6 +9,9 @@
 //  - libtorch's threads and flush-to-zero: per run, from the run's config
 //    (train.threads, train.flush_denormals), applied by experiments::train for the run's
 //    duration and restored afterwards (nn/runtime.hpp).
+//  - SIGXFSZ ignored (as Python does): a write past a file-size limit (`ulimit -f`) then
+//    fails with EFBIG, which the writers report and clean up after, instead of killing
+//    the process with its temporaries left behind.
 // A program of your own that links the libraries can make the same choices on purpose.
 #pragma once
 

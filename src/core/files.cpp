@@ -1,5 +1,6 @@
 #include "fp8lab/core/files.hpp"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,17 +21,52 @@
 namespace fp8lab {
 
 namespace {
-// A name no other writer of `path` uses at the same time: this process, a per-process
-// counter (threads) and a random number (a process with a recycled pid).
+
+namespace fs = std::filesystem;
+
+// This host's name as it may appear in a file name ("host" where it has other characters).
+const std::string& host_tag() {
+  static const std::string tag = [] {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return std::string("host");
+    std::string h(buf);
+    const bool plain = !h.empty() && std::all_of(h.begin(), h.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+    });
+    return plain ? h : std::string("host");
+  }();
+  return tag;
+}
+
+// A name no other writer of `path` uses at the same time: this host and process, a
+// per-process counter (threads) and a random number (a process with a recycled pid).
 std::string temporary_name(const std::string& path) {
   static std::atomic<std::uint64_t> counter{0};
   static const std::uint64_t salt = std::random_device{}();
-  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)) + "." +
-         std::to_string(salt);
+  return path + ".tmp." + host_tag() + "." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)) +
+         "." + std::to_string(salt);
 }
-}  // namespace
 
-namespace {
+// Removes the temporaries of `path` that a process of this host left when it was killed
+// (its pid no longer runs). Temporaries of live processes and of other hosts (a shared
+// file system) stay; what cannot be removed stays too.
+void remove_stale_temporaries(const std::string& path) {
+  const fs::path p(path);
+  const std::string prefix = p.filename().string() + ".tmp." + host_tag() + ".";
+  std::error_code ec;
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    long pid = 0;
+    const char* first = name.data() + prefix.size();
+    const auto r = std::from_chars(first, name.data() + name.size(), pid);
+    if (r.ec != std::errc() || r.ptr == first || *r.ptr != '.' || pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code rm;
+    fs::remove(it->path(), rm);
+  }
+}
 
 // Writes the bytes to an existing file that is not a regular one (a device such as
 // /dev/null, a FIFO) in place: renaming over it would replace the device or pipe.
@@ -41,37 +77,84 @@ void write_in_place(const std::string& path, const void* bytes, std::size_t n) {
     throw Error(path + ": write failed (" + std::strerror(errno) + ")");
 }
 
-void write_via_rename(const std::string& path, const void* bytes, std::size_t n) {
+// Writes `bytes` to a fresh temporary of `path`, flushed to disk; returns its name. On
+// failure the temporary is removed and Error names `path` and the reason.
+std::string write_temporary(const std::string& path, const void* bytes, std::size_t n) {
+  remove_stale_temporaries(path);
   const std::string tmp = temporary_name(path);
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw Error(path + ": cannot create temporary file (" + std::strerror(errno) + ")");
   bool ok = (n == 0 || std::fwrite(bytes, 1, n, f) == n);
-  ok = (std::fflush(f) == 0) && ok;
-  ok = (::fsync(::fileno(f)) == 0) && ok;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+  int err = ok ? 0 : errno;
+  if (std::fflush(f) != 0 && ok) ok = false, err = errno;
+  if (::fsync(::fileno(f)) != 0 && ok) ok = false, err = errno;
+  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    throw Error(path + ": write failed (" + std::strerror(err ? err : EIO) + ")");
+  }
+  return tmp;
+}
+
+void commit_temporary(const std::string& tmp, const std::string& path) {
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string why = std::strerror(errno);
     std::remove(tmp.c_str());
     throw Error(path + ": write failed (" + why + ")");
   }
 }
 
-}  // namespace
-
-void write_file_atomic(const std::string& path, const void* bytes, std::size_t n) {
-  // A symbolic link is followed: its target is replaced, the link stays.
-  std::string target = path;
+// Where a write of `path` goes: a symbolic link's target (the link stays), and whether it
+// is an existing device or pipe to write in place. A folder is an error.
+struct Target {
+  std::string path;
+  bool in_place = false;
+};
+Target target_of(const std::string& path) {
+  Target t{path, false};
   std::error_code ec;
-  if (std::filesystem::is_symlink(path, ec)) {
-    target = std::filesystem::weakly_canonical(path, ec).string();
+  if (fs::is_symlink(path, ec)) {
+    t.path = fs::weakly_canonical(path, ec).string();
     if (ec) throw Error(path + ": cannot resolve the symbolic link (" + ec.message() + ")");
   }
   struct stat st {};
-  if (::stat(target.c_str(), &st) == 0) {
+  if (::stat(t.path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder");
-    if (!S_ISREG(st.st_mode)) return write_in_place(target, bytes, n);
+    t.in_place = !S_ISREG(st.st_mode);
   }
-  write_via_rename(target, bytes, n);
+  return t;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const void* bytes, std::size_t n) {
+  const Target t = target_of(path);
+  if (t.in_place) return write_in_place(t.path, bytes, n);
+  commit_temporary(write_temporary(t.path, bytes, n), t.path);
+}
+
+void write_files_atomic(const std::vector<FileWrite>& files) {
+  std::vector<Target> targets;
+  for (const auto& f : files) targets.push_back(target_of(f.path));
+  std::vector<std::string> temps(files.size());
+  try {
+    for (std::size_t i = 0; i < files.size(); ++i)
+      if (!targets[i].in_place) temps[i] = write_temporary(targets[i].path, files[i].bytes.data(), files[i].bytes.size());
+  } catch (...) {
+    for (const auto& t : temps)
+      if (!t.empty()) std::remove(t.c_str());
+    throw;
+  }
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    try {
+      if (targets[i].in_place) write_in_place(targets[i].path, files[i].bytes.data(), files[i].bytes.size());
+      else commit_temporary(temps[i], targets[i].path);
+    } catch (...) {
+      for (std::size_t j = i + 1; j < files.size(); ++j)
+        if (!temps[j].empty()) std::remove(temps[j].c_str());
+      throw;
+    }
+  }
 }
 
 void check_file_name(const std::string& name, const std::string& what) {

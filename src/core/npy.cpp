@@ -147,7 +147,7 @@ NpyArray parse_npy(std::string_view bytes, const std::string& path) {
 
 NpyArray read_npy(const std::string& path) { return parse_npy(read_file(path), path); }
 
-void write_npy(const std::string& path, const NpyArray& a) {
+std::string npy_bytes(const NpyArray& a, const std::string& path) {
   if (a.data.size() != a.size() * itemsize(a.dtype))
     throw Error(path + ": internal error: data size does not match shape");
   std::string dict = std::string("{'descr': '") + npy_descr(a.dtype) +
@@ -170,7 +170,12 @@ void write_npy(const std::string& path, const NpyArray& a) {
   out += static_cast<char>(dict.size() >> 8);
   out += dict;
   out.append(reinterpret_cast<const char*>(a.data.data()), a.data.size());
-  write_file_atomic(path, out.data(), out.size());
+  return out;
+}
+
+void write_npy(const std::string& path, const NpyArray& a) {
+  const std::string bytes = npy_bytes(a, path);
+  write_file_atomic(path, bytes.data(), bytes.size());
 }
 
 }  // namespace fp8lab

@@ -104,20 +104,36 @@ void parse_granularity(std::string_view g, ScaledSpec& s, const std::string& whe
   }
 }
 
-void apply_option(std::string_view o, ScaledSpec& s, const std::string& where) {
-  if (const auto f = enum_find(kScaleFormats, o)) return void(s.scale = *f);
-  if (const auto r = enum_find(kScaleRules, o)) return void(s.rule = *r);
-  if (o == "tensor-scale") return void(s.tensor_scale = true);
-  if (o == "current") return void(s.history = 0);
+// What an option sets: each may be given once in a format's text (after a preset it
+// replaces the preset's choice); a second one contradicts or repeats the first.
+enum class OptionKind { scale, rule, tensor_scale, history };
+
+OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& where) {
+  if (const auto f = enum_find(kScaleFormats, o)) return s.scale = *f, OptionKind::scale;
+  if (const auto r = enum_find(kScaleRules, o)) return s.rule = *r, OptionKind::rule;
+  if (o == "tensor-scale") return s.tensor_scale = true, OptionKind::tensor_scale;
+  if (o == "current") return s.history = 0, OptionKind::history;
   if (o.substr(0, 8) == "delayed-") {
     int n = 0;
     if (!parse_positive(o.substr(8), n))
       throw Error(where + "'" + std::string(o) + "': expected delayed-N with N the history length");
     s.history = n;
-    return;
+    return OptionKind::history;
   }
   throw Error(where + "unknown option '" + std::string(o) +
               "': expected e8m0, ue4m3, fp32, floor, ceil, nearest, tensor-scale, current or delayed-N");
+}
+
+void apply_options(const std::vector<std::string_view>& options, ScaledSpec& s, const std::string& where) {
+  static constexpr const char* kWhat[] = {"scale format", "rounding rule", "tensor scale", "scaling (current or delayed)"};
+  std::string_view given[4];
+  for (std::string_view o : options) {
+    const auto k = static_cast<std::size_t>(apply_option(o, s, where));
+    if (!given[k].empty())
+      throw Error(where + "'" + std::string(o) + "' after '" + std::string(given[k]) + "': the " + kWhat[k] +
+                  " is given twice");
+    given[k] = o;
+  }
 }
 
 const ScaledPreset* find_preset(std::string_view name) {
@@ -150,7 +166,7 @@ ScaledSpec parse_scaled(std::string_view text_in) {
     s = parse_scaled(p->spec);
     options.assign(parts.begin() + 1, parts.end());
   }
-  for (std::string_view o : options) apply_option(o, s, where);
+  apply_options(options, s, where);
   validate(s);
   return s;
 }

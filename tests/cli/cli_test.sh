@@ -142,11 +142,50 @@ expect_fail "axis of a fixed bias" "--axis applies to scaled formats only" "$FP8
 expect_fail "scaled overflow mode" "scaled elements saturate" "$FP8LAB" quantize "$T/m.npy" "$T/bad.npy" -f mxfp8_e4m3 -o nan
 expect_fail "bad granularity" "blocks are 1xK and tiles KxK" "$FP8LAB" quantize "$T/m.npy" "$T/bad.npy" -f e4m3fn@2x8
 expect_fail "decode without scales" "mc2.scales.npy" bash -c "cp '$T/mc.npy' '$T/mc2.npy' && '$FP8LAB' quantize '$T/mc2.npy' '$T/bad.npy' -f e2m1fn@1x4 --decode"
-expect_fail "decode with other blocks" "the scales of" "$FP8LAB" quantize "$T/mc.npy" "$T/bad.npy" -f e2m1fn@1x2 --decode
+expect_fail "decode with other blocks" "the code set was written for e2m1fn@1x4" "$FP8LAB" quantize "$T/mc.npy" "$T/bad.npy" -f e2m1fn@1x2 --decode
+cp "$T/mc.npy" "$T/nm.npy"; cp "$T/mc.scales.npy" "$T/nm.scales.npy"  # a set without a manifest
+expect_fail "decode with other blocks, no manifest" "the scales of" "$FP8LAB" quantize "$T/nm.npy" "$T/bad.npy" -f e2m1fn@1x2 --decode
 cp "$T/nv.npy" "$T/nvx.npy"; cp "$T/nv.tensor_scale.npy" "$T/nvx.tensor_scale.npy"
 make_npy "$T/nvx.scales.npy" '|u1' '2, 1' '\x38\xc8'
 expect_fail "decode a code outside UE4M3" "value 200 at index 1 is not a ue4m3 code" "$FP8LAB" quantize "$T/nvx.npy" "$T/bad.npy" -f nvfp4 --decode
 check "failed scaled quantize wrote nothing" [ ! -e "$T/bad.npy" ]
+# A code set is one result (docs/reliability.md): no part of it may be an input, a failed
+# write leaves the old set whole, and parts of different sets are refused together.
+make_npy "$T/x0d.npy" '<f4' '' '\x00\x00\x80\x3f'
+expect_fail "0-d array, scaled" "a 0-d array has no axis" "$FP8LAB" quantize "$T/x0d.npy" "$T/bad.npy" -f mxfp4 --codes
+expect_fail "codes over their input's scales" "output must differ from input" "$FP8LAB" quantize "$T/mc.scales.npy" "$T/mc.npy" -f e2m1fn@1x4 --codes
+expect_fail "decode over the input's scales" "output must differ from input" "$FP8LAB" quantize "$T/mc.npy" "$T/mc.scales.npy" -f e2m1fn@1x4 --decode
+expect_fail "decode over the input's tensor scale" "output must differ from input" "$FP8LAB" quantize "$T/nv.npy" "$T/nv.tensor_scale.npy" -f nvfp4 --decode
+check "the set survives" cmp -s <(tail -c 2 "$T/mc.scales.npy") <(printf '\x7e\xff')
+check "a code set has a manifest" grep -q '^format e2m1fn@1x4:e8m0:floor$' "$T/mc.codeset"
+"$FP8LAB" quantize "$T/x.npy" "$T/other.npy" -f e2m1fn@1x4 --axis 0 --codes -q 2>/dev/null
+make_npy "$T/m2.npy" '<f4' '2, 4' '\x00\x00\x80\x40\x00\x00\x40\x40\x00\x00\x00\xbf\xcd\xcc\xcc\x3d\x00\x00\x80\x3f\x00\x00\x7a\x44\x9a\x99\x99\xbe\x00\x00\x80\x3f'
+"$FP8LAB" quantize "$T/m2.npy" "$T/mc2set.npy" -f e2m1fn@1x4 --codes -q
+cp "$T/mc.npy" "$T/mix.npy"; cp "$T/mc.codeset" "$T/mix.codeset"; cp "$T/mc2set.scales.npy" "$T/mix.scales.npy"
+sed -i 's/ mc\./ mix./' "$T/mix.codeset"
+expect_fail "scales of another set" "does not belong to the code set" "$FP8LAB" quantize "$T/mix.npy" "$T/bad.npy" -f e2m1fn@1x4 --decode
+expect_fail "decoded under another format" "the code set was written for e2m1fn@1x4:e8m0:floor" "$FP8LAB" quantize "$T/mc.npy" "$T/bad.npy" -f e2m1fn@1x4:ceil --decode
+make_npy "$T/ff.npy" '|u1' '2, 4' '\x04\x07\x0a\x00\xff\x00\x00\x00'
+cp "$T/mc.scales.npy" "$T/ff.scales.npy"
+expect_fail "a code outside E2M1" "value 255 at index 4 is not a 4-bit code" "$FP8LAB" quantize "$T/ff.npy" "$T/bad.npy" -f e2m1fn@1x4 --decode
+expect_fail "fixed-bias code outside E2M1" "is not a 4-bit code" "$FP8LAB" quantize "$T/ff.npy" "$T/bad.npy" -f e2m1fn --decode
+expect_fail "contradictory scaled options" "the rounding rule is given twice" "$FP8LAB" quantize "$T/m.npy" "$T/bad.npy" -f mxfp4:ceil:floor
+err=$("$FP8LAB" quantize "$T/m.npy" "$T/un.npy" -f ue4m3@1x4 2>&1 >/dev/null)
+# -0.5 in row 0, and row 1 (a NaN group): 5 NaN elements.
+check "negative values to an unsigned format are counted as NaN ($err)" grep -q 'NaN 5;' <<<"$err"
+# A file-size limit: the write fails with a message (not SIGXFSZ), the old set stays whole
+# and no temporary is left.
+make_npy "$T/big.npy" '<f4' '32, 32' ''
+head -c 4096 /dev/zero >>"$T/big.npy"
+"$FP8LAB" quantize "$T/m.npy" "$T/lim.npy" -f mxfp4 --codes -q
+cp "$T/lim.npy" "$T/lim.keep"; cp "$T/lim.scales.npy" "$T/lim.scales.keep"; cp "$T/lim.codeset" "$T/lim.codeset.keep"
+e=$( (ulimit -f 1; "$FP8LAB" quantize "$T/big.npy" "$T/lim.npy" -f mxfp4 --codes -q) 2>&1); rc=$?
+check "file-size limit: exit 2 (got $rc: $e)" [ $rc -eq 2 ]
+check "file-size limit: says why ($e)" grep -q 'File too large' <<<"$e"
+check "file-size limit: codes kept" cmp -s "$T/lim.npy" "$T/lim.keep"
+check "file-size limit: scales kept" cmp -s "$T/lim.scales.npy" "$T/lim.scales.keep"
+check "file-size limit: manifest kept" cmp -s "$T/lim.codeset" "$T/lim.codeset.keep"
+check "file-size limit: no temporaries" [ -z "$(ls "$T" | grep '\.tmp\.')" ]
 expect_fail "inf on fn" "overflow mode 'inf'" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn -o inf
 ln -f "$T/x.npy" "$T/x-hardlink.npy"
 expect_fail "quantize onto its input" "output must differ from input" "$FP8LAB" quantize "$T/x.npy" "$T/x-hardlink.npy" -f e4m3fn

@@ -5,10 +5,16 @@
 #include <cctype>
 #include <cstdio>
 
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "../common/testutil.hpp"
@@ -133,4 +139,88 @@ TEST(Files, SameFileIsDecidedByIdentityNotName) {
   write_file_atomic((d / "b.npy").string(), std::string("x"));
   EXPECT_FALSE(same_file(a.string(), (d / "b.npy").string()));
   EXPECT_FALSE(same_file(a.string(), (d / "missing.npy").string()));
+}
+
+namespace {
+// The files of folder `d`, sorted.
+std::vector<std::string> names_in(const fs::path& d) {
+  std::vector<std::string> n;
+  for (const auto& e : fs::directory_iterator(d)) n.push_back(e.path().filename().string());
+  std::sort(n.begin(), n.end());
+  return n;
+}
+
+// Runs `f` in a child process under a file-size limit of `limit` bytes (SIGXFSZ ignored,
+// as fp8lab's program does, so that a write past it fails with EFBIG); its exit status:
+// 0 when `f` threw Error, 1 when it returned, 2 when it threw something else.
+int under_file_size_limit(rlim_t limit, const std::function<void()>& f) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    rlimit r{limit, limit};
+    ::setrlimit(RLIMIT_FSIZE, &r);
+    int code = 1;
+    try {
+      f();
+    } catch (const Error&) {
+      code = 0;
+    } catch (...) {
+      code = 2;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+}  // namespace
+
+// A set of files is written all or nothing: when the second cannot be written (past a
+// file-size limit), the first is not replaced either, and no temporary stays behind.
+TEST(Files, ASetOfFilesIsWrittenWholeOrNotAtAll) {
+  const fs::path d = test::temp_dir("fp8lab_files") / "set";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const std::string a = (d / "a.npy").string(), b = (d / "b.npy").string();
+  write_files_atomic({{a, "old a"}, {b, "old b"}});
+  EXPECT_EQ(read_file(a), "old a");
+  EXPECT_EQ(read_file(b), "old b");
+  const std::string big(4096, 'x');
+  EXPECT_EQ(under_file_size_limit(1024, [&] { write_files_atomic({{a, "new a"}, {b, big}}); }), 0);
+  EXPECT_EQ(read_file(a), "old a");
+  EXPECT_EQ(read_file(b), "old b");
+  EXPECT_EQ(names_in(d), (std::vector<std::string>{"a.npy", "b.npy"}));
+  // The single-file writer fails the same way, cleanly.
+  EXPECT_EQ(under_file_size_limit(1024, [&] { write_file_atomic(b, big); }), 0);
+  EXPECT_EQ(read_file(b), "old b");
+  EXPECT_EQ(names_in(d), (std::vector<std::string>{"a.npy", "b.npy"}));
+  write_files_atomic({{a, "new a"}, {b, big}});
+  EXPECT_EQ(read_file(a), "new a");
+  EXPECT_EQ(read_file(b), big);
+  EXPECT_NE(error_of([&] { write_files_atomic({{a, "x"}, {d.string(), "y"}}); }).find("is a folder"),
+            std::string::npos);
+  EXPECT_EQ(read_file(a), "new a");
+}
+
+// Temporaries that a killed process of this host left beside a file are removed by the next
+// write of that file; a live process's, another host's and other files' stay.
+TEST(Files, StaleTemporariesOfEndedProcessesAreRemoved) {
+  const fs::path d = test::temp_dir("fp8lab_files") / "stale";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof host - 1), 0);
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string h(host), out = "out.npy";
+  const std::string stale = out + ".tmp." + h + "." + std::to_string(dead) + ".0.7";
+  const std::string live = out + ".tmp." + h + "." + std::to_string(::getppid()) + ".0.7";
+  const std::string remote = out + ".tmp.otherhost." + std::to_string(dead) + ".0.7";
+  const std::string other = "other.npy.tmp." + h + "." + std::to_string(dead) + ".0.7";
+  for (const auto& n : {stale, live, remote, other}) write_file_atomic((d / n).string(), std::string("partial"));
+  write_file_atomic((d / out).string(), std::string("whole"));
+  std::vector<std::string> want = {live, other, out, remote};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(names_in(d), want);
 }

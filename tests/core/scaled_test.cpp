@@ -98,10 +98,19 @@ TEST(ScaledNotation, RefusesWithTheReason) {
            {"e4m3fn@1x131072", "block size must be in"},
            {"1.4.3:300@1x32", "bias must be in [-256, 256]"},
            {"nofmt@1x32", "format 'nofmt'"},
+           // Each kind of option once: a second contradicts (or repeats) the first.
+           {"mxfp4:ceil:floor", "'floor' after 'ceil': the rounding rule is given twice"},
+           {"mxfp4:floor:floor", "the rounding rule is given twice"},
+           {"e4m3fn@1x32:e8m0:fp32", "'fp32' after 'e8m0': the scale format is given twice"},
+           {"nvfp4:tensor-scale:tensor-scale", "the tensor scale is given twice"},
+           {"e4m3fn@tensor:fp32:delayed-4:current", "'current' after 'delayed-4'"},
        }) {
     const std::string e = error_of([&] { (void)parse_scaled(bad); });
     EXPECT_NE(e.find(what), std::string::npos) << bad << " -> " << e;
   }
+  // After a preset, one option of a kind replaces the preset's choice.
+  EXPECT_EQ(parse_scaled("mxfp4:ceil").rule, parse_scaled("e2m1fn@1x32:e8m0:ceil").rule);
+  EXPECT_EQ(parse_scaled("e4m3_delayed:current").history, 0);
   ScaledSpec s = parse_scaled("mxfp8_e4m3");
   s.element.overflow = Overflow::nan;
   EXPECT_NE(error_of([&] { validate(s); }).find("saturate"), std::string::npos);

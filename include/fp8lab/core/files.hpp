@@ -6,18 +6,33 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace fp8lab {
 
 // Writes `bytes` to `path` atomically: a temporary file with a unique name in the same
-// folder, flushed to disk, then renamed over `path`. On failure the temporary is removed,
-// `path` is untouched and Error is thrown naming it. A symbolic link is followed (its
+// folder (`path.tmp.<host>.<pid>.<n>.<salt>`), flushed to disk, then renamed over `path`.
+// On failure the temporary is removed, `path` is untouched and Error is thrown naming it.
+// Temporaries of `path` left by processes of this host that have ended (killed before
+// they could remove them) are removed first. A symbolic link is followed (its
 // target is replaced, the link kept); an existing file that is not a regular one (a device
 // such as /dev/null, a FIFO) is written in place, never replaced; a folder is an error.
 void write_file_atomic(const std::string& path, const void* bytes, std::size_t n);
 inline void write_file_atomic(const std::string& path, const std::string& text) {
   write_file_atomic(path, text.data(), text.size());
 }
+
+// Several files written as one result (a scaled format's codes and their side files): each
+// is first written in full to a temporary beside its path and flushed to disk; only when
+// every one is, they are renamed over their paths, in the order given. On a failure before
+// the renames (a full disk, a file-size limit) every temporary is removed and no path is
+// changed. Paths follow symbolic links as write_file_atomic does; a path that is an
+// existing device or pipe is written in place, in its turn.
+struct FileWrite {
+  std::string path;
+  std::string_view bytes;
+};
+void write_files_atomic(const std::vector<FileWrite>& files);
 
 // Whether two paths name the same existing file (same device and inode), whatever their
 // names.

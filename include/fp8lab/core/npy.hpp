@@ -26,6 +26,8 @@ struct NpyArray {
 NpyArray read_npy(const std::string& path);
 // The same from the file's bytes; `name` names them in errors.
 NpyArray parse_npy(std::string_view bytes, const std::string& name);
+// The array as the bytes of a .npy file (version 1.0); `name` names it in errors.
+std::string npy_bytes(const NpyArray& a, const std::string& name);
 // Throws Error on failure; a partially written file never replaces `path`.
 void write_npy(const std::string& path, const NpyArray& a);
 
