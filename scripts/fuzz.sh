@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes every parser of outside input with clang's libFuzzer (AddressSanitizer and
-# UndefinedBehaviorSanitizer on): format strings and recipe lines, recipe TOML, .npy, IDX,
-# SWORD imp text. Each target starts from its committed seed corpus (tests/fuzz/corpus/NAME)
+# UndefinedBehaviorSanitizer on): format strings (scaled ones too) and recipe lines, recipe
+# TOML, .npy, IDX, SWORD imp text, configs, sweep files, checkpoint headers, code sets with
+# their manifests, the Slurm emitter. Each target starts from its committed seed corpus (tests/fuzz/corpus/NAME)
 # and first replays the regression inputs (tests/fuzz/regressions/NAME: every crash found
 # stays there as a test).
 #   scripts/fuzz.sh            20 seconds per target (what CI runs)
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-20}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(format recipe_toml npy idx imp config sweep checkpoint_header cifar parallel_text)
+[ ${#targets[@]} -eq 0 ] && targets=(format recipe_toml npy idx imp config sweep checkpoint_header cifar parallel_text code_set slurm)
 CXX=clang++ CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFP8LAB_FUZZ=ON \
   -DFP8LAB_WITH_TORCH=OFF -DFP8LAB_BUILD_APPS=OFF -DFP8LAB_BUILD_TESTS=OFF -DFP8LAB_BUILD_BENCH=OFF >/dev/null
 cmake --build build-fuzz --target "${targets[@]/#/fuzz_}"

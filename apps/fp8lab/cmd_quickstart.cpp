@@ -34,8 +34,10 @@ void run_quickstart(QuickstartArgs a) {
   base.name = "quickstart";
   base.model.name = "resnet" + std::to_string(a.depth);
   base.model.width = a.width;
-  base.data.name = "mnist";
-  base.data.dir = a.data_dir;
+  // Fashion-MNIST's own folder under its own name; any other folder of the same layout as "mnist".
+  const bool fashion = a.data_dir == data::kFashionMnistDir;
+  base.data.name = fashion ? "fashion-mnist" : "mnist";
+  base.data.dir = fashion ? "" : a.data_dir;
   base.data.train_limit = a.limit;
   base.train.epochs = a.epochs;
   base.train.batch = a.batch;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/experiments/report.hpp"
 #include "fp8lab/results/store_set.hpp"
@@ -33,6 +34,9 @@ void run_report(const ReportArgs& a) {
   } else {
     rep = experiments::analyse_named(store, a.name, s);
   }
+  // The default folder is named after the sweep or the runs: a name that is no plain file
+  // name (a run's name from Python may be "../x") needs an --out of the user's choosing.
+  if (a.out.empty()) check_file_name(s.name, "run name (for the default folder reports/<name>; or give --out)");
   const std::string out = a.out.empty() ? "reports/" + s.name : a.out;
   const auto files = experiments::write_report(s, rep, store, out);
   std::fputs(experiments::to_markdown(s, rep).c_str(), stdout);

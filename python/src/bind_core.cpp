@@ -197,8 +197,11 @@ void bind_tensor_functions(py::module_& m) {
           throw py::type_error("decode: codes of " + to_string(f) + " are " + (f.width() <= 8 ? "uint8" : "uint16") +
                                ", got " + std::string(c10::toString(codes.scalar_type())));
         if (!codes.device().is_cpu()) throw py::type_error("decode: fp8lab works on CPU tensors");
+        const torch::Tensor c = codes.contiguous();
+        if (f.width() <= 8) check_codes(c.data_ptr<std::uint8_t>(), static_cast<std::size_t>(c.numel()), f, "decode");
+        else check_codes(reinterpret_cast<const std::uint16_t*>(c.data_ptr<std::int16_t>()), static_cast<std::size_t>(c.numel()), f, "decode");
         py::gil_scoped_release nogil;
-        return nn::decode_tensor(codes, f);
+        return nn::decode_tensor(c, f);
       },
       py::arg("codes"), py::arg("format"));
   m.def(
@@ -247,6 +250,7 @@ void bind_tensor_functions(py::module_& m) {
                       std::to_string(codes.size(1)) + " matrix");
         nn::ScaledTensor q;
         q.codes = codes.contiguous();
+        check_codes(q.codes.data_ptr<std::uint8_t>(), static_cast<std::size_t>(q.codes.numel()), s.element.format, "decode");
         q.scales = scales.contiguous();
         q.tensor_scale = tensor_scale;
         py::gil_scoped_release nogil;

@@ -118,6 +118,26 @@ void require_codable(const Format& f) {
                 " bits wide: codes and kernels take at most 16 bits (E + M <= 15)");
 }
 
+namespace {
+template <class Code>
+void check_codes_of(const Code* codes, std::size_t n, const Format& f, const std::string& what) {
+  const int width = f.width();
+  if (width >= static_cast<int>(8 * sizeof(Code))) return;
+  const unsigned top = ~0u << width;
+  for (std::size_t i = 0; i < n; ++i)
+    if (codes[i] & top)
+      throw Error(what + ": value " + std::to_string(+codes[i]) + " at index " + std::to_string(i) + " is not a " +
+                  std::to_string(width) + "-bit code of " + to_string(f));
+}
+}  // namespace
+
+void check_codes(const std::uint8_t* codes, std::size_t n, const Format& f, const std::string& what) {
+  check_codes_of(codes, n, f, what);
+}
+void check_codes(const std::uint16_t* codes, std::size_t n, const Format& f, const std::string& what) {
+  check_codes_of(codes, n, f, what);
+}
+
 std::uint32_t encode(float x, const QuantSpec& q, std::uint64_t index, QuantCounts* counts) {
   const Format& f = q.format;
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);

@@ -1,5 +1,7 @@
 #include "fp8lab/core/text.hpp"
 
+#include <cstdio>
+
 #include "fp8lab/core/format.hpp"
 
 namespace fp8lab {
@@ -115,6 +117,29 @@ std::string unshield_toml_text(std::string_view text) {
     else
       out.append(text.substr(i, n));
     i += n;
+  }
+  return out;
+}
+
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != 0x7f) {
+      out += ch;
+    } else if (c == 0) {
+      out += "\\0";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else {
+      char b[5];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    }
   }
   return out;
 }

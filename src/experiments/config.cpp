@@ -13,6 +13,7 @@
 
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/machine.hpp"
 
 namespace fp8lab::experiments {
 
@@ -194,7 +195,7 @@ void check_ranges(const TrainConfig& c) {
     throw Error(std::string("config: ") + e.what());
   }
   check_finite(c);
-  check(c.threads >= 0, "threads must be >= 0");
+  check(c.threads >= 0 && c.threads <= kMaxThreads, "threads must be in 0.." + std::to_string(kMaxThreads) + " (0: all cores)");
   check(c.model.width >= 0 && c.model.width <= 4096, "model.width must be in 0..4096");
   check(c.model.width_mult >= 0 && c.model.depth_mult >= 0, "model multipliers must be >= 0");
   check(c.model.bn_momentum >= 0 && c.model.bn_momentum <= 1, "model.bn_momentum must be in 0..1 (0: the preset's)");
@@ -205,26 +206,35 @@ void check_ranges(const TrainConfig& c) {
             c.data.synthetic_channels >= 1,
         "synthetic data needs train, test > 0, classes >= 2, channels >= 1");
   const auto& o = c.optimizer;
-  check(o.lr > 0 && std::isfinite(o.lr), "optimizer.lr must be > 0");
+  // Upper bounds far above any setting that trains, low enough that no product of them
+  // overflows (a learning rate of 1e300 times a gradient is Inf before the first step).
+  check(o.lr > 0 && o.lr <= 1e6, "optimizer.lr must be in (0, 1e6]");
   check(o.momentum >= 0 && o.momentum < 1, "optimizer.momentum must be in [0, 1)");
-  check(o.weight_decay >= 0, "optimizer.weight_decay must be >= 0");
+  check(o.weight_decay >= 0 && o.weight_decay <= 1e6, "optimizer.weight_decay must be in [0, 1e6]");
   check(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "optimizer betas must be in [0, 1)");
-  check(o.eps > 0 && o.alpha > 0 && o.alpha < 1, "optimizer.eps must be > 0, alpha in (0, 1)");
+  check(o.eps > 0 && o.eps <= 1 && o.alpha > 0 && o.alpha < 1, "optimizer.eps must be in (0, 1], alpha in (0, 1)");
   const auto& s = c.schedule;
   for (double f : s.decay_at) check(f > 0 && f < 1, "schedule.decay_at fractions must be in (0, 1)");
-  check(s.factor > 0 && s.gamma > 0 && s.every_epochs > 0, "schedule factor, gamma, every_epochs must be > 0");
-  check(s.warmup_steps >= 0, "schedule.warmup_steps must be >= 0");
+  check(s.factor > 0 && s.gamma > 0 && s.every_epochs > 0 && s.factor <= 1e6 && s.gamma <= 1e6 &&
+            s.every_epochs <= 1e6,
+        "schedule factor, gamma, every_epochs must be in (0, 1e6]");
+  constexpr std::int64_t kMaxSteps = 1'000'000'000'000;
+  check(s.warmup_steps >= 0 && s.warmup_steps <= kMaxSteps, "schedule.warmup_steps must be in 0..10^12");
   const auto& t = c.train;
   check(t.epochs >= 1 || t.steps > 0, "train.epochs must be >= 1 (or train.steps > 0)");
-  check(t.steps >= 0, "train.steps must be >= 0");
-  check(t.batch >= 1, "train.batch must be >= 1");
+  check(t.epochs <= 1'000'000, "train.epochs must be at most 10^6");
+  check(t.steps >= 0 && t.steps <= kMaxSteps, "train.steps must be in 0..10^12");
+  check(t.batch >= 1 && t.batch <= (1 << 24), "train.batch must be in 1..2^24");
   check(t.micro_batches >= 1 && t.micro_batches <= t.batch,
         "train.micro_batches must be in 1..train.batch (" + std::to_string(t.batch) + ")");
   check(t.label_smoothing >= 0 && t.label_smoothing < 1, "train.label_smoothing must be in [0, 1)");
-  check(t.mixup >= 0 && t.cutmix >= 0, "train.mixup and train.cutmix must be >= 0");
+  check(t.mixup >= 0 && t.cutmix >= 0 && t.mixup <= 1e6 && t.cutmix <= 1e6,
+        "train.mixup and train.cutmix must be in [0, 1e6]");
   check(t.ema >= 0 && t.ema < 1, "train.ema must be in [0, 1)");
   check(t.average_last >= 0 && t.average_last <= 100, "train.average_last must be in 0..100");
-  check(t.eval_interval >= 0 && t.stats_interval >= 0 && t.checkpoint_interval >= 0, "intervals must be >= 0");
+  check(t.eval_interval >= 0 && t.stats_interval >= 0 && t.checkpoint_interval >= 0 && t.eval_interval <= kMaxSteps &&
+            t.checkpoint_interval <= kMaxSteps,
+        "intervals must be in 0..10^12");
 }
 
 TrainConfig read_train_config(const std::string& text, const std::string& source,

@@ -405,33 +405,4 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
   return sum;
 }
 
-std::string slurm_script(const Sweep& s, const SlurmOptions& o) {
-  if (o.shards < 1) throw Error("--shards must be >= 1");
-  const std::string dir = fs::absolute(o.dir).lexically_normal().string();
-  const std::string file = fs::absolute(o.sweep_file).lexically_normal().string();
-  const std::string last = std::to_string(o.shards - 1), n = std::to_string(o.shards);
-  std::string stores;
-  for (int i = 0; i < o.shards && i < 4; ++i) stores += " --db " + shell_quote(dir + "/shard-" + std::to_string(i) + ".db");
-  if (o.shards > 4) stores += " ... --db " + shell_quote(dir + "/shard-" + last + ".db");
-  std::string t = "#!/bin/bash\n";
-  t += "# fp8lab sweep " + s.name + " (" + std::to_string(s.runs.size()) + " runs) as a Slurm job array: array task i\n";
-  t += "# runs shard i/" + n + " of the runs into its own results store. Submit as it is: sbatch THIS_FILE\n";
-  t += "# (arguments after the file go to each task's fp8lab sweep). When every task has ended:\n";
-  t += "#   fp8lab report " + shell_quote(file) + stores + "\n";
-  t += "#SBATCH --job-name=" + s.name + "\n";
-  t += "#SBATCH --array=0-" + last + "\n";
-  t += "#SBATCH --ntasks=1\n";
-  t += "#SBATCH --cpus-per-task=" + std::to_string(o.cpus_per_task) + "\n";
-  if (!o.time.empty()) t += "#SBATCH --time=" + o.time + "\n";
-  t += "#SBATCH --output=" + dir + "/slurm-%A_%a.out\n";
-  t += "set -euo pipefail\n";
-  t += ": \"${SLURM_ARRAY_TASK_ID:?run this script with sbatch (it is a job array)}\"\n";
-  t += "mkdir -p " + shell_quote(dir) + "\n";
-  t += "exec " + shell_quote(o.program) + " sweep " + shell_quote(file) + " --shard \"${SLURM_ARRAY_TASK_ID}/" + n +
-       "\" --db " + shell_quote(dir) + "/shard-\"${SLURM_ARRAY_TASK_ID}\".db --dir " + shell_quote(dir + "/runs") +
-       " --jobs " + std::to_string(o.jobs) + " --cores \"${SLURM_CPUS_PER_TASK:-" + std::to_string(o.cpus_per_task) +
-       "}\" --no-progress \"$@\"\n";
-  return t;
-}
-
 }  // namespace fp8lab::experiments

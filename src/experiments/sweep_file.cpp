@@ -72,12 +72,16 @@ std::vector<Value> values_of(const toml::node& n, const std::string& name, const
       throw Error(where(source, *v) + "variable '" + name + "': '" + k + "' must be a number");
     };
     const double from = num("from", std::nullopt), to = num("to", std::nullopt), step = num("step", 1.0);
+    if (!std::isfinite(from) || !std::isfinite(to) || !std::isfinite(step))
+      throw Error(where(source, n) + "variable '" + name + "': range ends and step must be finite numbers (got from = " +
+                  shortest_float(from) + ", to = " + shortest_float(to) + ", step = " + shortest_float(step) + ")");
     if (!(step > 0) || to < from)
       throw Error(where(source, n) + "variable '" + name + "': range needs from <= to and step > 0");
     const bool integral = t->get("from")->is_integer() && t->get("to")->is_integer() &&
                           (!t->get("step") || t->get("step")->is_integer());
-    const auto count = static_cast<std::int64_t>(std::floor((to - from) / step + 1e-9)) + 1;
-    if (count > 100000) throw Error(where(source, n) + "variable '" + name + "': range has over 100000 values");
+    const double values = std::floor((to - from) / step + 1e-9) + 1;  // Inf where the quotient overflows
+    if (!(values <= 100000)) throw Error(where(source, n) + "variable '" + name + "': range has over 100000 values");
+    const auto count = static_cast<std::int64_t>(values);
     for (std::int64_t i = 0; i < count; ++i) {
       const double v = from + static_cast<double>(i) * step;
       if (integral) {
@@ -210,7 +214,14 @@ void set_plot_key(PlotSpec& p, const std::string& key, const toml::node& v, cons
   else if (key == "x") p.x = string_of(v, source, what + " must be a string");
   else if (key == "y") p.y = string_of(v, source, what + " must be a string");
   else if (key == "series") p.series = string_of(v, source, what + " must be a string");
-  else if (key == "file") p.file = string_of(v, source, what + " must be a string");
+  else if (key == "file") {
+    p.file = string_of(v, source, what + " must be a string");
+    try {
+      check_file_name(p.file, "plot 'file'");  // written inside the report's folder, nowhere else
+    } catch (const Error& e) {
+      throw Error(where(source, v) + e.what());
+    }
+  }
   else if (key == "formats") p.formats = strings_of(v, source, what);
   else if (key == "kinds") p.kinds = strings_of(v, source, what);
   else if (key == "layers") p.layers = strings_of(v, source, what);
@@ -475,9 +486,11 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
     throw Error(source + ": " + e.what());
   }
   if (s.seeds.empty()) s.seeds.push_back(1);
-  for (const auto& m : s.also)
+  for (const auto& m : s.also) {
     if (m.empty() || m == s.metric)
       throw Error(source + ": 'also' names " + (m.empty() ? "an empty metric" : "the main metric '" + m + "'"));
+    check_file_name("table-" + m, source + ": 'also' metric (the report writes table-<metric>.md)");
+  }
   expand_grids(s, f.grids, source);
   if (!f.baseline.empty()) s.baseline = baseline_point(s, f.baseline, source);
   check_plot_variables(s, source);

@@ -129,10 +129,15 @@ std::string recent_key(std::size_t k) { return "recent" + std::to_string(k); }
 constexpr std::string_view kMagic = "fp8lab-checkpoint ";
 
 // The archive bytes of a checkpoint file, its length and checksum verified. A file without
-// the header line (what schema 1 wrote) is returned whole, for its schema to be read.
+// the header line is refused before libtorch reads a byte of it: it is damaged (the line
+// deleted or overwritten), not a checkpoint, or from schema 1, which this fp8lab does not
+// read either.
 std::string unframed(const std::string& path) {
   std::string bytes = read_file(path);
-  (void)checksum_unframe(bytes, kMagic, path, "checkpoint");
+  if (!checksum_unframe(bytes, kMagic, path, "checkpoint"))
+    throw Error(path + ": not an fp8lab checkpoint: it does not start with the integrity line '" +
+                std::string(kMagic) + "bytes=N fnv1a64=H' (damaged, not written by fp8lab, or of schema 1, " +
+                "which this fp8lab does not read)");
   return bytes;
 }
 
@@ -285,8 +290,26 @@ void refuse_unfinished_checkpoint(const std::string& path) {
               std::to_string(state.value("step", meta.value("step", 0))) + ")" + choices);
 }
 
+namespace {
+// The path a checkpoint's name stands for: symbolic links followed, also one whose target
+// does not exist yet (a run's first checkpoint), then "." and ".." resolved.
+fs::path real_path(const std::string& name) {
+  fs::path p = fs::absolute(name);
+  std::error_code ec;
+  for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  const fs::path real = fs::weakly_canonical(p, ec);
+  return ec ? p.lexically_normal() : real;
+}
+}  // namespace
+
 CheckpointLock::CheckpointLock(const std::string& checkpoint) {
-  const fs::path lock = fs::absolute(checkpoint).string() + ".lock";
+  // Keyed by the checkpoint's real path: every name of it (a symbolic link, "./", "..")
+  // takes the same lock.
+  const fs::path lock = real_path(checkpoint).string() + ".lock";
   if (lock.has_parent_path()) fs::create_directories(lock.parent_path());
   fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw Error(lock.string() + ": cannot create the checkpoint lock (" + std::strerror(errno) + ")");

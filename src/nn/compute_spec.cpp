@@ -1,5 +1,6 @@
 #include "fp8lab/nn/compute_spec.hpp"
 
+#include <algorithm>
 #include <exception>
 #include <string>
 #include <utility>
@@ -30,14 +31,13 @@ Accumulation parse_accumulation(std::string_view s) {
     throw Error("accumulation '" + std::string(s) + "': expected fp32 or FORMAT@CHUNK (e.g. 1.8.10@128)");
   Accumulation a;
   const std::string chunk(s.substr(at + 1));
-  std::size_t used = 0;
-  try {
-    a.chunk = std::stoll(chunk, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != chunk.size() || chunk.empty() || a.chunk < 1)
+  if (chunk.empty() || chunk.find_first_not_of("0123456789") != std::string::npos || chunk.find_first_not_of('0') == std::string::npos)
     throw Error("accumulation '" + std::string(s) + "': chunk '" + chunk + "' is not a positive integer");
+  constexpr std::int64_t kMaxChunk = std::int64_t{1} << 24;  // longer than any product's sum
+  const std::size_t digits = chunk.size() - std::min(chunk.find_first_not_of('0'), chunk.size());
+  a.chunk = digits > 9 ? kMaxChunk + 1 : std::stoll(chunk);
+  if (a.chunk > kMaxChunk)
+    throw Error("accumulation '" + std::string(s) + "': chunk " + chunk + " is out of range 1.." + std::to_string(kMaxChunk));
   try {
     a.partial = parse_format(s.substr(0, at));
   } catch (const Error& e) {

@@ -433,6 +433,15 @@ Saved restore_operands(AutogradContext* ctx, TensorKind ka, TensorKind kb, bool 
   return s;
 }
 
+// `t` as a matrix of its last dimension's rows, [leading elements, last]: also where the
+// last dimension is 0 (a Linear with no inputs or outputs, which torch runs), where
+// reshape({-1, 0}) cannot say how many rows.
+torch::Tensor as_rows(const torch::Tensor& t) {
+  std::int64_t rows = 1;
+  for (std::int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return t.reshape({rows, t.dim() > 0 ? t.size(-1) : 1});
+}
+
 class LinearFn : public torch::autograd::Function<LinearFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
@@ -444,7 +453,7 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     // Other paths: the product through the compute layer, then the bias.
     std::vector<std::int64_t> shape(xq.sizes().begin(), xq.sizes().end());
     shape.back() = wq.size(0);
-    torch::Tensor y = st->product(xq.reshape({-1, wq.size(1)}), wq.t()).reshape(shape);
+    torch::Tensor y = st->product(as_rows(xq), wq.t()).reshape(shape);
     return b.numel() > 0 ? y.add_(b) : y;
   }
 
@@ -452,11 +461,11 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     const bool layer_products = state_of(ctx)->ctx->layer_products();
     const auto [st, call, xq_saved, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w, layer_products);
     torch::Tensor g = std::move(grads[0]);
-    const std::int64_t out_f = wq.size(0), in_f = wq.size(1);
+    const std::int64_t in_f = wq.size(1);
     torch::Tensor dx, dw, db;
     // The bias gradient is of the float32 gradient: before g may be quantized in place.
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
-      db = g.reshape({-1, out_f}).sum(0);
+      db = as_rows(g).sum(0);
     const std::vector<std::int64_t> g_shape(g.sizes().begin(), g.sizes().end());
     const std::int64_t g_dims = g.dim();
     auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call,
@@ -465,14 +474,14 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     // quantizers the gradients are bit-identical to torch::linear's.
     const bool fp32 = !st->ctx->layer_products();
     if (ctx->needs_input_grad(0)) {
-      dx = fp32 ? g_for_dx.reshape({-1, out_f}).mm(wq) : st->product(g_for_dx.reshape({-1, out_f}), wq);
+      dx = fp32 ? as_rows(g_for_dx).mm(wq) : st->product(as_rows(g_for_dx), wq);
       std::vector<std::int64_t> shape = g_shape;
       shape.back() = in_f;
       dx = dx.reshape(shape);
     }
     if (ctx->needs_input_grad(1)) {
-      const torch::Tensor xq = xq_saved.reshape({-1, in_f});
-      const torch::Tensor gq = g_for_dw.reshape({-1, out_f});
+      const torch::Tensor xq = as_rows(xq_saved);
+      const torch::Tensor gq = as_rows(g_for_dw);
       dw = st->quantize_along(TensorKind::gw, (fp32 ? xq.t().mm(gq) : st->product(xq.t(), gq)).t().contiguous(),
                               last_dim(), call);
     }

@@ -3,6 +3,8 @@
 #include "fp8lab/nn/compute_spec.hpp"
 #include "fp8lab/nn/recipe.hpp"
 
+#include "fp8lab/core/files.hpp"
+
 #include <fstream>
 #include <sstream>
 
@@ -323,6 +325,9 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
   const toml::table root = parse_toml(text, source);
   const toml::table* t = &root;
   if (auto* sub = root["recipe"].as_table()) t = sub;
+  if (t->empty())
+    throw Error(source + ": the recipe sets nothing (an empty recipe would train in float32 without a word); "
+                "give each tensor kind a quantizer, e.g. a = \"1.4.3:10\", or a = \"fp32\" on purpose");
   Recipe r;
   r.name = source;
   for (auto&& [k, v] : *t) {
@@ -402,11 +407,9 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
 
 Recipe load_recipe(const std::string& arg) {
   if (arg.size() > 5 && arg.substr(arg.size() - 5) == ".toml") {
-    std::ifstream in(arg);
-    if (!in) throw Error(arg + ": cannot open recipe file");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return parse_recipe_toml(ss.str(), arg);
+    // The readers of config files: a regular file within the memory budget (no device,
+    // pipe or folder), read whole.
+    return parse_recipe_toml(read_file(arg), arg);
   }
   return parse_recipe(arg);
 }

@@ -439,6 +439,16 @@ TOML
   check "runs over several stores names each run's store" grep -q "shard-2.db run 1 " <<<"$("$FP8LAB" runs "${D[@]}")"
   check "runs over several stores lists them all" [ "$("$FP8LAB" runs "${D[@]}" --csv | grep -c ',finished,')" -eq 4 ]
   check "runs --check over several stores" [ "$("$FP8LAB" runs "${D[@]}" --check | grep -c ': ok$')" -eq 3 ]
+  # What goes into the script is the user's data, never lines of the user's choosing.
+  nl=$'\n'
+  expect_fail "a newline in --dir" "a control character (code 10) cannot go into a job script" "$FP8LAB" sweep "$T/sw.toml" --emit slurm --dir "$T/a${nl}touch $T/pwned${nl}"
+  expect_fail "a newline in --time" "not a Slurm time limit" "$FP8LAB" sweep "$T/sw.toml" --emit slurm --time "1:00${nl}touch $T/pwned"
+  expect_fail "a bogus --time" "--time 'bogus': not a Slurm time limit" "$FP8LAB" sweep "$T/sw.toml" --emit slurm --time bogus
+  expect_fail "a space in --dir" "cannot hold ' '" "$FP8LAB" sweep "$T/sw.toml" --emit slurm --dir "$T/a b"
+  expect_fail "a % in --dir" "cannot hold '%'" "$FP8LAB" sweep "$T/sw.toml" --emit slurm --dir "$T/a%j"
+  check "nothing of it ran" [ ! -e "$T/pwned" ]
+  emits() { "$FP8LAB" sweep "$T/sw.toml" --emit slurm --dir "$T/slurm-t" --time "$1" >/dev/null 2>&1; }
+  for t in 30 30:00 4:00:00 2-12 2-12:30 2-12:30:15 UNLIMITED; do check "--time $t accepted" emits "$t"; done
   expect_fail "--shard with --emit" "leave out --shard" "$FP8LAB" sweep "$T/sw.toml" --emit slurm --shard 0/2
   expect_fail "--shards without --emit" "use them with --emit slurm" "$FP8LAB" sweep "$T/sw.toml" --shards 2 --db "$T/sw.db"
   expect_fail "report without a sweep or a name" "give a sweep file or --name NAME" "$FP8LAB" report --db "$T/sw.db"

@@ -154,3 +154,8 @@ TEST(Text, CsvFieldQuotesOnlyWhatNeedsIt) {
   EXPECT_EQ(csv_field("two\nlines"), "\"two\nlines\"");
   EXPECT_EQ(csv_field("cr\r"), "\"cr\r\"");
 }
+
+TEST(Text, PrintableShowsControlCharactersOnOneLine) {
+  EXPECT_EQ(printable(std::string("a\nb\tc\rd\0e\x1b[1m\x7f", 14)), "a\\nb\\tc\\rd\\0e\\x1b[1m\\x7f");
+  EXPECT_EQ(printable("plain text, \xc3\xa9t\xc3\xa9"), "plain text, \xc3\xa9t\xc3\xa9");  // UTF-8 stays
+}

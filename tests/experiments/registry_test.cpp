@@ -67,6 +67,22 @@ TEST(Registry, UnknownNamesAreErrorsAlsoThroughSet) {
     const std::string e = error_of([&] { experiments::parse_train_config("", "t.toml", {key + "=" + value}); });
     EXPECT_NE(e.find(expected), std::string::npos) << e;
   }
+  // Huge but finite values are range errors naming the key, never a failure inside the run.
+  for (const auto& [key, value, expected] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"optimizer.lr", "1e300", "optimizer.lr must be in (0, 1e6]"},
+           {"optimizer.weight_decay", "1e30", "optimizer.weight_decay must be in [0, 1e6]"},
+           {"optimizer.eps", "10.0", "optimizer.eps must be in (0, 1]"},
+           {"schedule.gamma", "1e300", "schedule factor, gamma, every_epochs must be in (0, 1e6]"},
+           {"threads", "100000", "threads must be in 0..1024"},
+           {"train.steps", "100000000000000", "train.steps must be in 0..10^12"},
+           {"train.batch", "1000000000", "train.batch must be in 1..2^24"},
+           {"train.mixup", "1e300", "train.mixup and train.cutmix must be in [0, 1e6]"},
+           {"quant.accumulate", "\"1.8.10@100000000000\"", "chunk 100000000000 is out of range 1..16777216"},
+           {"quant.accumulate", "\"1.8.10@99999999999999999999999\"", "is out of range"},
+           {"quant.accumulate", "\"1.8.10@-5\"", "is not a positive integer"}}) {
+    const std::string e = error_of([&] { experiments::parse_train_config("", "t.toml", {key + "=" + value}); });
+    EXPECT_NE(e.find(expected), std::string::npos) << key << "=" << value << ": " << e;
+  }
   // A name of another task is refused too.
   const std::string e = error_of(
       [] { experiments::parse_train_config("", "t.toml", {"task=translation", "data.name=bible-en-es"}); });

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <random>
+#include <sstream>
 
 #include "../../src/experiments/train_state.hpp"
 #include "../common/testutil.hpp"
@@ -127,19 +128,31 @@ TEST(RunState, ADamagedCheckpointIsRefusedWithTheFileNamed) {
   EXPECT_NO_THROW(experiments::Checkpoint(path, "{}"));
 }
 
-TEST(RunState, CheckpointOfThePreviousSchemaIsRefusedNamingBothVersions) {
+// A checkpoint file must start with its integrity line: without it (schema 1 wrote none;
+// a deleted line; an empty or random file) it is refused before libtorch reads it, and a
+// framed archive of another schema names both versions.
+TEST(RunState, CheckpointsWithoutTheirIntegrityLineOrOfAnotherSchemaAreRefused) {
   // What schema 1 wrote: the run's numbers as JSON under "meta", the model at the root.
   const std::string path = (dir() / "schema1.ckpt").string();
   torch::serialize::OutputArchive a;
   a.write("meta", c10::IValue(std::string(R"({"schema": 1, "config": "{}", "step": 3, "finished": false})")));
   a.write("weight", torch::zeros({2}));
-  a.save_to(path);
+  std::ostringstream archive;
+  a.save_to(archive);
   experiments::TrainConfig c;
   c.name = "old";
   c.train.checkpoint = path;
   experiments::TrainOptions o;
   o.resume = true;
   o.progress = false;
+  for (const std::string& body : {archive.str(), std::string(), std::string(4096, '\x5a')}) {
+    write_file_atomic(path, body);
+    const std::string e = error_of([&] { experiments::train(c, nullptr, o); });
+    EXPECT_NE(e.find(path + ": not an fp8lab checkpoint: it does not start with the integrity line"), std::string::npos)
+        << e;
+    EXPECT_EQ(e.find("libtorch"), std::string::npos) << e;
+  }
+  write_file_atomic(path, checksum_frame("fp8lab-checkpoint ", archive.str()));
   const std::string e = error_of([&] { experiments::train(c, nullptr, o); });
   EXPECT_NE(e.find(path + ": checkpoint schema 1, this fp8lab reads schema 2"), std::string::npos) << e;
 }

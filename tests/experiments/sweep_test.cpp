@@ -119,6 +119,22 @@ TEST(Sweep, ErrorsNameTheProblemAndLine) {
   EXPECT_NE(error_of([] { parse("baseline = \"recipe=fp16\"\n[[grid]]\nrecipe = [\"fp32\"]\n"); }).find("matches no point"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse("[[grid]]\nb = { from = 3, to = 1 }\n"); }).find("from <= to"), std::string::npos);
+  // A range of NaN or infinite ends yields no points silently no longer; nor does one too
+  // long to count.
+  for (const char* r : {"{ from = 1, to = nan }", "{ from = nan, to = 1 }", "{ from = 0, to = inf }",
+                        "{ from = 0, to = 1, step = nan }"})
+    EXPECT_NE(error_of([&] { parse(std::string("[[grid]]\nb = ") + r + "\n"); }).find("must be finite numbers"),
+              std::string::npos)
+        << r;
+  EXPECT_NE(error_of([] { parse("[[grid]]\nb = { from = 0, to = 1e300, step = 1e-300 }\n"); }).find("over 100000"),
+            std::string::npos);
+  // A plot's file and an 'also' metric stay inside the report's folder.
+  for (const char* f : {"../../x", "/tmp/x", "a/b", ".hidden", ""})
+    EXPECT_NE(error_of([&] { parse(std::string("[[plot]]\ntype = \"metric\"\nx = \"b\"\nfile = \"") + f + "\"\n"); })
+                  .find("plot 'file'"),
+              std::string::npos)
+        << f;
+  EXPECT_NE(error_of([] { parse("also = [\"../../x\"]\n"); }).find("'also' metric"), std::string::npos);
   EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"pie\"\n"); }).find("pie"), std::string::npos);
   EXPECT_NE(error_of([] { parse("metric = \"nsp_loss\"\nalso = [\"nsp_loss\"]\n"); }).find("'also'"), std::string::npos);
   EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"points\"\nlayers = [\"*.se_*\"]\n"); }).find("'layers'"),

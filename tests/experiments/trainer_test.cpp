@@ -288,13 +288,25 @@ TEST(Trainer, TwoRunsNeverShareACheckpoint) {
   EXPECT_NE(e.find("another run is using this checkpoint (process " + std::to_string(::getpid()) + ")"),
             std::string::npos)
       << e;
+  // Another name of the same checkpoint (a symbolic link, a spelling through "..") takes
+  // the same lock.
+  const fs::path link = dir() / "locked-link.ckpt";
+  fs::remove(link);
+  fs::create_symlink(fs::absolute(c.train.checkpoint), link);
+  for (const std::string& other : {link.string(), (dir() / ".." / dir().filename() / "locked.ckpt").string()}) {
+    auto d = small("other");
+    d.train.checkpoint = other;
+    EXPECT_NE(error_of([&] { experiments::train(d, nullptr, quiet()); }).find("another run is using this checkpoint"),
+              std::string::npos)
+        << other;
+  }
 }
 
 TEST(Trainer, DivergenceIsRecordedNotACrash) {
   results::Store store((dir() / "r2.db").string());
   auto c = small("boom");
   c.quant.recipe = "fp32";
-  c.optimizer.lr = 1e12;  // blows up within a few steps
+  c.optimizer.lr = 1e6;  // the largest accepted: blows up within a few steps
   const auto r = experiments::train(c, &store, quiet());
   EXPECT_EQ(r.status, results::RunStatus::diverged);
   EXPECT_EQ(store.runs({.name = "boom"})[0].status, results::RunStatus::diverged);

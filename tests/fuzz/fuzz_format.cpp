@@ -1,10 +1,12 @@
-// Format strings and one-line recipes (docs/spec.md §1, §4.2): any text either parses or
-// throws fp8lab::Error; a parsed format prints and parses back to itself.
+// Format strings, scaled format strings and one-line recipes (docs/spec.md §1, §4.2, §6):
+// any text either parses or throws fp8lab::Error; a parsed format, fixed-bias or scaled,
+// prints and parses back to itself.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/core/scaled.hpp"
 #include "fp8lab/nn/recipe.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -12,6 +14,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const fp8lab::Format f = fp8lab::parse_format(text);
     if (!(fp8lab::parse_format(fp8lab::to_string(f)) == f)) __builtin_trap();
+  } catch (const fp8lab::Error&) {
+  }
+  try {
+    const fp8lab::ScaledSpec s = fp8lab::parse_scaled(text);
+    if (!(fp8lab::parse_scaled(fp8lab::to_string(s)) == s)) __builtin_trap();
   } catch (const fp8lab::Error&) {
   }
   try {

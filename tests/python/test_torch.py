@@ -5,6 +5,7 @@ fp8lab.quantize (docs/spec.md §4), quantize_model against the C++ library's qua
 on the same weights and inputs (tests/python/cpp_reference.cpp), and the float32 path
 against torch's own layers.
 """
+import copy
 import json
 import subprocess
 
@@ -423,6 +424,41 @@ def test_runs_land_in_the_results_store(tmp_path, cli):
             1 / 0
     assert store.runs(name="broken")[0]["status"] == "failed"
     assert store.runs(name="python-cnn")[0]["machine"] == r["machine"]
+
+
+def test_a_module_used_twice_is_quantized_at_every_use():
+    lin = torch.nn.Linear(6, 6)
+    seq = torch.nn.Sequential(lin, torch.nn.ReLU(), lin, torch.nn.Sequential(lin))
+    qm = ft.quantize_model(seq, "a=1.4.3,w=1.4.3,gx=1.5.2,gw=1.5.2")
+    assert isinstance(qm[0], ft.QuantLinear)
+    assert qm[2] is qm[0] and qm[3][0] is qm[0]  # one conversion in every place: weights shared
+    assert qm[0].weight is lin.weight
+    st = ft.quant_state(qm)
+    assert list(st.layers) == ["0"]
+    assert not st.skipped
+    # One layer, the first: its input stays float32 (the recipe's exempt_first) at every use.
+    assert st.quantizers()["0"]["a"] == "fp32"
+    x = torch.randn(3, 6)
+    w, b = q(lin.weight, "1.4.3"), lin.bias
+    same(qm(x), F.linear(F.linear(torch.relu(F.linear(x, w, b)), w, b), w, b))
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (4, 0)])
+def test_layers_without_inputs_or_outputs_run_as_torch_does(shape):
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(*shape)
+    qm = ft.quantize_model(torch.nn.Sequential(copy.deepcopy(ref)), "a=1.4.3,w=1.4.3,gx=1.5.2,gw=1.5.2")
+    x = torch.randn(3, shape[0], requires_grad=True)
+    y = qm(x)
+    same(y, ref(x))  # no input features: the bias alone; no outputs: an empty result
+    y.sum().backward()
+    assert x.grad.shape == x.shape and qm[0].weight.grad.shape == ref.weight.shape
+
+
+def test_codes_outside_their_format_are_refused():
+    with pytest.raises(ValueError, match="value 255 at index 2 is not a 4-bit code"):
+        fp8lab.decode(torch.tensor([1, 2, 255], dtype=torch.uint8), "e2m1fn")
+    assert fp8lab.decode(torch.tensor([1, 2, 15], dtype=torch.uint8), "e2m1fn").shape == (3,)
 
 
 def test_errors_are_python_exceptions():

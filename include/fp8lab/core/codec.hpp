@@ -52,4 +52,10 @@ inline float quantize(float x, const Format& f) {
 // Throws Error if the format is too wide for codes (width > 16).
 void require_codable(const Format& f);
 
+// Throws Error naming `what` and the index of the first of the `n` codes that is not a
+// code of `f` (a bit set above its width, e.g. 0xFF for 4-bit E2M1): such a code decodes
+// to nothing. The codes of the CLI's files and of Python's tensors pass through it.
+void check_codes(const std::uint8_t* codes, std::size_t n, const Format& f, const std::string& what);
+void check_codes(const std::uint16_t* codes, std::size_t n, const Format& f, const std::string& what);
+
 }  // namespace fp8lab

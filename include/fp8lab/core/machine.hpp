@@ -16,6 +16,10 @@ int core_count();
 // core_count().
 int threads_or_all_cores(int threads);
 
+// The most threads a command or config may ask for (`--threads`, `threads`): more than any
+// machine fp8lab runs on has, few enough that thread pools stay small.
+inline constexpr int kMaxThreads = 1024;
+
 // The processor, as a run's record names it: its model name, family and model numbers, and
 // which of the extensions that choose between kernels it has (kMachineFlags), e.g.
 // "AMD EPYC (family 25, model 1; avx2 fma)". oneDNN, OpenBLAS and Highway each pick their

@@ -136,11 +136,25 @@ def _settings(r: _core.Recipe, compute: Optional[str], accumulate: Optional[str]
     return out[0], out[1]
 
 
-def _convert_children(module: torch.nn.Module, prefix: str, attention: bool, skipped: list) -> None:
-    """Replaces plain layers by quantized ones in place, depth first."""
-    for name, child in list(module.named_children()):
+def _convert_children(module: torch.nn.Module, prefix: str, attention: bool, skipped: list,
+                      seen: Optional[dict] = None) -> None:
+    """Replaces plain layers by quantized ones in place, depth first. A module that appears
+    in several places (one Linear used twice in a Sequential) is converted once and the
+    conversion put in every place, so that every use is quantized and the weights stay
+    shared; `seen` maps the id of each module met so far to (the module, what replaced it),
+    the module kept so that its id cannot be reused while the conversion runs."""
+    seen = {} if seen is None else seen
+    # _modules, not named_children(): named_children() yields a module used twice only once.
+    for name, child in list(module._modules.items()):
+        if child is None:
+            continue
         path = f"{prefix}.{name}" if prefix else name
+        if id(child) in seen:
+            if seen[id(child)][1] is not child:
+                setattr(module, name, seen[id(child)][1])
+            continue
         if isinstance(child, _LEAVES):
+            seen[id(child)] = (child, child)
             continue
         if type(child) in (torch.nn.Linear, torch.nn.modules.linear.NonDynamicallyQuantizableLinear):
             setattr(module, name, QuantLinear.adopt(child))
@@ -161,7 +175,8 @@ def _convert_children(module: torch.nn.Module, prefix: str, attention: bool, ski
                 # libtorch's fused inference path of encoder layers (eval mode, no grad) reads
                 # the weights directly and would bypass the quantized layers: turn it off.
                 child.activation_relu_or_gelu = 0
-            _convert_children(child, path, attention, skipped)
+            _convert_children(child, path, attention, skipped, seen)
+        seen[id(child)] = (child, module._modules[name])
 
 
 class _Tracer(torch.fx.Tracer):
