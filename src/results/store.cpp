@@ -150,6 +150,33 @@ bool has_column(sqlite3* db, const std::string& path, const char* table, const c
   return false;
 }
 
+// What a failed SQLite call on the store means for the user, by its error code: a store
+// that cannot be written (permissions, a full disk, another process's lock) is named as
+// such, not as something that is not a store.
+std::string access_problem(sqlite3* db, const std::string& path) {
+  const int code = sqlite3_errcode(db) & 0xff;
+  const std::string msg = sqlite3_errmsg(db);
+  switch (code) {
+    case SQLITE_READONLY:
+    case SQLITE_PERM:
+      return path + ": cannot write the results store (" + msg +
+             "): check the permissions of the file and of its folder (SQLite also writes " + path + "-wal and " + path +
+             "-shm beside it); nothing was changed";
+    case SQLITE_FULL:
+      return path + ": cannot write the results store: the disk is full; nothing was changed";
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return path + ": the results store is locked by another process (" + msg + "); try again when it is done";
+    case SQLITE_CANTOPEN:
+    case SQLITE_IOERR:
+      return path + ": cannot read or write the results store (" + msg + ")";
+    case SQLITE_NOTADB:
+      return path + ": not an fp8lab results store (not an SQLite database); nothing was changed";
+    default:
+      return "";
+  }
+}
+
 std::string damaged(const std::string& path, const std::string& problems) {
   return path + ": the results store is damaged (" + problems +
          "); nothing was written. Restore it from a copy, or recover what is readable with `sqlite3 " + path +
@@ -169,6 +196,7 @@ void Store::check_before_writing() {
     while (t.step()) ++tables, has_runs = has_runs || t.text(0) == "runs";
   } catch (const Error&) {
     if (sqlite3_errcode(db_) == SQLITE_CORRUPT) throw Error(damaged(path_, sqlite3_errmsg(db_)));
+    if (const std::string why = access_problem(db_, path_); !why.empty()) throw Error(why);
     throw Error(path_ + ": not a results store (" + std::string(sqlite3_errmsg(db_)) + "); nothing was changed");
   }
   const bool ours = app == kApplicationId || (app == 0 && version >= 1 && has_runs);
@@ -218,8 +246,7 @@ void Store::exec(const char* sql) const {
   if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
     const std::string msg = err ? err : sqlite3_errmsg(db_);
     sqlite3_free(err);
-    if (msg.find("file is not a database") != std::string::npos)
-      throw Error(path_ + ": not an fp8lab results store (not an SQLite database)");
+    if (const std::string why = access_problem(db_, path_); !why.empty()) throw Error(why);
     throw Error(path_ + ": results store: " + msg);
   }
 }

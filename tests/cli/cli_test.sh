@@ -205,6 +205,18 @@ make_npy "$T/f64.npy" '<f8' '1,' '\x00\x00\x00\x00\x00\x00\xf0\x3f'
 expect_fail "wrong dtype" "dtype '<f8'" "$FP8LAB" quantize "$T/f64.npy" "$T/o.npy" -f e4m3fn
 expect_fail "decode wrong dtype" "needs dtype |u1" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn --decode
 expect_fail "runs without store" "no results store" "$FP8LAB" runs --db "$T/none.db"
+# A store that cannot be written is named as such, not as something that is not a store
+# (as another user: root writes whatever the permissions say).
+if [ "$(id -u)" -eq 0 ] && id nobody >/dev/null 2>&1 && su nobody -s /bin/bash -c "test -x '$FP8LAB'" 2>/dev/null; then
+  RO=$(mktemp -d); chmod 755 "$RO"
+  : >"$RO/s.db"
+  "$FP8LAB" runs --db "$RO/s.db" >/dev/null 2>&1
+  chmod 555 "$RO"; chmod 444 "$RO/s.db"
+  e=$(su nobody -s /bin/bash -c "'$FP8LAB' runs --db '$RO/s.db'" 2>&1); rc=$?
+  check "read-only store: exit 2 (got $rc)" [ $rc -eq 2 ]
+  check "read-only store: says it cannot be written ($e)" grep -q 'cannot write the results store' <<<"$e"
+  chmod -R u+w "$RO"; rm -rf "$RO"
+fi
 expect_fail "missing input" "cannot open" "$FP8LAB" quantize "$T/nope.npy" "$T/o.npy" -f e4m3fn
 echo keep >"$T/keep.npy"
 "$FP8LAB" quantize "$T/trunc.npy" "$T/keep.npy" -f e4m3fn 2>/dev/null

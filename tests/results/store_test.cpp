@@ -261,7 +261,8 @@ TEST(Store, ChecksTheFileBeforeChangingAnything) {
   // Not SQLite at all.
   const fs::path text = fresh("text.db");
   std::ofstream(text) << "hello, this is not a database, but it is long enough to look like a header\n";
-  EXPECT_NE(test::error_of([&] { Store s(text.string()); }).find("not a results store"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { Store s(text.string()); }).find("not an fp8lab results store (not an SQLite database)"),
+            std::string::npos);
   // An empty file becomes a store.
   const fs::path empty = fresh("empty.db");
   std::ofstream(empty).close();
