@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "fp8lab/nn/runtime.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/results/store.hpp"
 
@@ -227,7 +228,7 @@ void Checkpoint::read(const std::string& config_json, Use use) {
     archive_.load_from(bytes_.data(), bytes_.size());
     meta = read_meta(archive_);
   } catch (const std::exception& e) {
-    throw Error(path + ": not a readable fp8lab checkpoint (" + std::string(e.what()).substr(0, 200) + ")");
+    throw Error(path + ": not a readable fp8lab checkpoint (" + nn::torch_error_text(e, 200) + ")");
   }
   const int schema = meta.value("schema", 0);
   if (schema != kCheckpointSchema)
@@ -255,7 +256,7 @@ void Checkpoint::read(const std::string& config_json, Use use) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error(path + ": damaged checkpoint (" + std::string(e.what()).substr(0, 200) + ")");
+    throw Error(path + ": damaged checkpoint (" + nn::torch_error_text(e, 200) + ")");
   }
 }
 
@@ -267,7 +268,7 @@ void Checkpoint::restore(torch::nn::Module& model, torch::optim::Optimizer& opti
     model.load(m);
     optimizer.load(o);
   } catch (const std::exception& e) {
-    throw Error(path_ + ": checkpoint does not fit the model (" + std::string(e.what()).substr(0, 200) + ")");
+    throw Error(path_ + ": checkpoint does not fit the model (" + nn::torch_error_text(e, 200) + ")");
   }
 }
 

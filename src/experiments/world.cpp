@@ -1,6 +1,7 @@
 // The data-parallel world on c10d's TCP store and Gloo process group (world.hpp).
 #define USE_C10D_GLOO 1
 #include "fp8lab/experiments/world.hpp"
+#include "fp8lab/nn/runtime.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -98,7 +99,7 @@ World::World(const WorldConfig& cfg) : cfg_(cfg), impl_(std::make_unique<Impl>()
   } catch (const std::exception& e) {
     throw Error("data-parallel rendezvous at " + where + " (rank " + std::to_string(cfg.rank) + " of " +
                 std::to_string(cfg.size) + ", timeout " + timeout_text(cfg.timeout) +
-                ") failed: " + std::string(e.what()).substr(0, 300));
+                ") failed: " + nn::torch_error_text(e));
   }
 }
 
@@ -111,12 +112,9 @@ void finish(c10d::Work& work, const WorldConfig& c, const std::string& what) {
   try {
     work.wait(c.timeout);
   } catch (const std::exception& e) {
-    std::string msg = e.what();
-    const auto nl = msg.find('\n');
-    if (nl != std::string::npos) msg.resize(nl);
     throw Error("data-parallel rank " + std::to_string(c.rank) + " of " + std::to_string(c.size) + ": " + what +
                 " failed (another rank died or did not answer within " + timeout_text(c.timeout) + "): " +
-                msg.substr(0, 300));
+                nn::torch_error_text(e));
   }
 }
 

@@ -58,4 +58,14 @@ int blas_threads() {
   return fn ? fn() : 0;
 }
 
+std::string torch_error_text(const std::exception& e, std::size_t limit) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  std::string msg = c10 ? c10->what_without_backtrace() : e.what();
+  if (const auto at = msg.find("Exception raised from"); at != std::string::npos) msg.resize(at);
+  if (const auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+  while (!msg.empty() && (msg.back() == ' ' || msg.back() == '\r')) msg.pop_back();
+  if (msg.size() > limit) msg = msg.substr(0, limit) + "...";
+  return msg.empty() ? std::string("libtorch gave no reason") : msg;
+}
+
 }  // namespace fp8lab::nn

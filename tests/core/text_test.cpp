@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "../common/testutil.hpp"
+#include "fp8lab/core/format.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/core/toml_parse.hpp"
 
@@ -158,4 +159,11 @@ TEST(Text, CsvFieldQuotesOnlyWhatNeedsIt) {
 TEST(Text, PrintableShowsControlCharactersOnOneLine) {
   EXPECT_EQ(printable(std::string("a\nb\tc\rd\0e\x1b[1m\x7f", 14)), "a\\nb\\tc\\rd\\0e\\x1b[1m\\x7f");
   EXPECT_EQ(printable("plain text, \xc3\xa9t\xc3\xa9"), "plain text, \xc3\xa9t\xc3\xa9");  // UTF-8 stays
+}
+
+// An error message that quotes input with a NUL or an escape sequence keeps all of it, on
+// the terminal as text: what() is a C string, which a raw NUL would cut short.
+TEST(Text, ErrorMessagesKeepWhatFollowsANul) {
+  const Error e("name 'a" + std::string(1, '\0') + "b\x1b[2J' is bad\nsecond line");
+  EXPECT_EQ(std::string(e.what()), "name 'a\\0b\\x1b[2J' is bad\nsecond line");
 }

@@ -167,3 +167,18 @@ TEST(TorchSettings, BlasThreadsFollowThreadsAndAreRestored) {
   }
   EXPECT_EQ(nn::blas_threads(), before.blas_threads);
 }
+
+// libtorch's exceptions quoted in fp8lab's messages lose the C++ backtrace libtorch appends.
+TEST(TorchSettings, TorchErrorsAreQuotedWithoutTheirBacktrace) {
+  try {
+    (void)torch::zeros({2, 3}).mm(torch::zeros({4, 5}));
+    FAIL() << "mm of mismatched shapes did not throw";
+  } catch (const std::exception& e) {
+    const std::string t = nn::torch_error_text(e);
+    EXPECT_NE(t.find("cannot be multiplied"), std::string::npos) << t;
+    EXPECT_EQ(t.find("Exception raised from"), std::string::npos) << t;
+    EXPECT_EQ(t.find('\n'), std::string::npos) << t;
+    EXPECT_EQ(t.find("frame #"), std::string::npos) << t;
+  }
+  EXPECT_EQ(nn::torch_error_text(std::runtime_error(std::string(400, 'x')), 10), "xxxxxxxxxx...");
+}

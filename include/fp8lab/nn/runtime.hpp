@@ -8,6 +8,7 @@
 // docs/training.md.
 #pragma once
 
+#include <exception>
 #include <string>
 
 namespace fp8lab::nn {
@@ -44,5 +45,10 @@ std::string blas_core();
 
 // OpenBLAS's thread count (0 when libtorch's BLAS is not OpenBLAS).
 int blas_threads();
+
+// What an exception from libtorch says, as a part of one of fp8lab's messages: c10::Error's
+// text without the C++ backtrace libtorch appends ("Exception raised from ...", frames),
+// its first line only, at most `limit` characters.
+std::string torch_error_text(const std::exception& e, std::size_t limit = 300);
 
 }  // namespace fp8lab::nn
