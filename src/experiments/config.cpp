@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <variant>
@@ -122,6 +123,20 @@ bool plain_text(const std::string& s) {
   return true;
 }
 
+// What a number that TOML could not hold is: a `--set` value that is not valid TOML
+// arrives as a string, and "99999999999999999999" or "1e999" is a number out of range,
+// not text of the wrong type.
+std::string number_problem(const toml::node& v, bool integer) {
+  const auto s = v.value_exact<std::string>();
+  static const std::regex int_form(R"([+-]?[0-9][0-9_]*)");
+  static const std::regex float_form(R"([+-]?([0-9][0-9_]*)?(\.[0-9_]+)?([eE][+-]?[0-9]+)?)");
+  if (s && std::regex_match(*s, int_form))
+    return "is out of range (" + *s + " does not fit a 64-bit integer)";
+  if (s && !s->empty() && std::regex_match(*s, float_form) && s->find_first_of("0123456789") != std::string::npos)
+    return integer ? "must be an integer" : "is out of range (" + *s + " is not a finite number)";
+  return integer ? "must be an integer" : "must be a number";
+}
+
 // Assigns a TOML value to a field; throws Error (without location) on a type mismatch.
 void assign(const Field& f, const toml::node& v) {
   std::visit(
@@ -137,7 +152,7 @@ void assign(const Field& f, const toml::node& v) {
           else throw Error("must be true or false");
         } else if constexpr (std::is_same_v<T, double>) {
           if (auto d = v.value<double>()) *p = *d;
-          else throw Error("must be a number");
+          else throw Error(number_problem(v, false));
         } else if constexpr (std::is_same_v<T, std::vector<double>>) {
           const auto* arr = v.as_array();
           if (!arr) throw Error("must be an array of numbers");
@@ -149,7 +164,7 @@ void assign(const Field& f, const toml::node& v) {
           *p = out;
         } else {
           const auto i = v.value_exact<std::int64_t>();
-          if (!i) throw Error("must be an integer");
+          if (!i) throw Error(number_problem(v, true));
           if constexpr (std::is_same_v<T, int>) {
             if (*i < -(1LL << 31) || *i >= (1LL << 31)) throw Error("is out of range");
           }

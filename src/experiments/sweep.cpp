@@ -362,6 +362,18 @@ class SweepRunner {
     ++ended_;
     const auto row = find_run(*j.run, store_.runs({.name = s_.name}));
     const RunStatus status = row ? row->status : RunStatus::failed;
+    // The process this sweep started has ended, yet the newest row of its config is still
+    // running: another sweep on the same store started the same run first, and this one's
+    // was refused by the checkpoint's lock. Not a failure of either (a process killed by a
+    // signal while it ran is one, and its row stays running until the store is reopened).
+    if (status == RunStatus::running && rc != 0 && rc < 128) {
+      ++sum_.busy;
+      std::fprintf(stderr, "%s[%d/%zu] %s seed %llu: running in another process (run %lld); left alone\n", clear_bar(),
+                   ended_, jobs_.size(), s_.points[j.run->point].label().c_str(),
+                   static_cast<unsigned long long>(j.run->seed), static_cast<long long>(row->id));
+      if (bar_) bar_->update(ended_);
+      return;
+    }
     if (status == RunStatus::finished) ++sum_.finished;
     else if (status == RunStatus::diverged) ++sum_.diverged;
     else if (status != RunStatus::stopped) ++sum_.failed;

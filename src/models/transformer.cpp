@@ -1,6 +1,8 @@
 #include "fp8lab/models/transformer.hpp"
 
 #include <torch/torch.h>
+#include <algorithm>
+#include <numeric>
 
 #include <cmath>
 
@@ -219,9 +221,27 @@ struct Beam {
   // ties to the lower token (as argmax, and so greedy decoding, breaks them), and their
   // log-probabilities: (vals, idx), each [rows, beam]. torch::topk leaves the order of equal
   // values open, and ranking by the log-probabilities could merge logits they round together.
+  // The ranking is that of a stable descending sort (NaN first, as torch sorts it), found by
+  // a partial sort of each row: O(vocab log beam) instead of a full sort of the vocabulary.
   static std::pair<torch::Tensor, torch::Tensor> candidates(const torch::Tensor& logits, int beam) {
-    const torch::Tensor idx =
-        std::get<1>(logits.sort(/*stable=*/true, -1, /*descending=*/true)).narrow(-1, 0, beam).contiguous();
+    const torch::Tensor l = logits.to(torch::kFloat).contiguous();
+    const std::int64_t rows = l.size(0), vocab = l.size(1);
+    if (beam < 1 || beam > vocab)
+      throw Error("beam search: a beam of " + std::to_string(beam) + " over a vocabulary of " + std::to_string(vocab));
+    torch::Tensor idx = torch::empty({rows, beam}, torch::kInt64);
+    std::vector<std::int64_t> order(static_cast<std::size_t>(vocab));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* v = l.data_ptr<float>() + r * vocab;
+      const auto before = [v](std::int64_t a, std::int64_t b) {
+        const bool na = std::isnan(v[a]), nb = std::isnan(v[b]);
+        if (na != nb) return na;
+        if (!na && v[a] != v[b]) return v[a] > v[b];
+        return a < b;
+      };
+      std::iota(order.begin(), order.end(), std::int64_t{0});
+      std::partial_sort(order.begin(), order.begin() + beam, order.end(), before);
+      std::copy(order.begin(), order.begin() + beam, idx.data_ptr<std::int64_t>() + r * beam);
+    }
     return {torch::log_softmax(logits, -1).gather(-1, idx), idx};
   }
 

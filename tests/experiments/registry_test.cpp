@@ -79,7 +79,13 @@ TEST(Registry, UnknownNamesAreErrorsAlsoThroughSet) {
            {"train.mixup", "1e300", "train.mixup and train.cutmix must be in [0, 1e6]"},
            {"quant.accumulate", "\"1.8.10@100000000000\"", "chunk 100000000000 is out of range 1..16777216"},
            {"quant.accumulate", "\"1.8.10@99999999999999999999999\"", "is out of range"},
-           {"quant.accumulate", "\"1.8.10@-5\"", "is not a positive integer"}}) {
+           {"quant.accumulate", "\"1.8.10@-5\"", "is not a positive integer"},
+           // Numbers TOML cannot hold are out of range, not of the wrong type.
+           {"train.batch", "99999999999999999999", "'train.batch' is out of range (99999999999999999999 does not fit"},
+           {"seed", "18446744073709551616", "'seed' is out of range"},
+           {"optimizer.lr", "1e999", "'optimizer.lr' is out of range (1e999 is not a finite number)"},
+           {"optimizer.lr", "fast", "'optimizer.lr' must be a number"},
+           {"train.batch", "1.5", "'train.batch' must be an integer"}}) {
     const std::string e = error_of([&] { experiments::parse_train_config("", "t.toml", {key + "=" + value}); });
     EXPECT_NE(e.find(expected), std::string::npos) << key << "=" << value << ": " << e;
   }

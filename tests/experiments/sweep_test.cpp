@@ -229,6 +229,43 @@ TEST(Sweep, LaunchedProgramStartsWithSigintHeld) {
   EXPECT_EQ(text, "still running\n");  // without the hold, sh ends at the signal with status 130
 }
 
+// Two sweeps on one store that start the same run at once: the one whose process the
+// checkpoint's lock refuses reports the run as running elsewhere, not as failed.
+TEST(Sweep, ARunTheOtherSweepStartedFirstIsNotAFailure) {
+  const fs::path d = dir() / "race";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const auto s = parse(R"(
+seeds = 2
+[[grid]]
+recipe = ["fp32"]
+"quant.recipe" = "{recipe}"
+)" + std::string(test::kSmall), "race-sweep");
+  const std::string db = (d / "r.db").string();
+  results::Store store(db);
+  int calls = 0;
+  experiments::SweepOptions opt;
+  opt.dir = (d / "runs").string();
+  opt.progress = false;
+  opt.cores = 2;
+  // As the other sweep would: its row of the run is there, running, when this sweep's own
+  // process is refused (exit 2) by the checkpoint's lock.
+  opt.launch = [&](const experiments::SweepRun& run, const std::string& config, bool, const std::string&) {
+    ++calls;
+    results::Store other(db);
+    const auto c = experiments::load_train_config(config);
+    other.begin_run({c.name, c.task, experiments::to_json(c), c.quant.recipe, c.quant.loss_scale, run.seed});
+    return 2;
+  };
+  testing::internal::CaptureStderr();
+  const auto sum = experiments::run_sweep(s, store, opt);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(sum.failed, 0) << err;
+  EXPECT_EQ(sum.busy, 2) << err;
+  EXPECT_NE(err.find("running in another process"), std::string::npos) << err;
+}
+
 TEST(Sweep, RunAgainSkipsFinishedAndResumesStopped) {
   const fs::path d = dir() / "resume";
   fs::remove_all(d);
