@@ -91,7 +91,7 @@ NpyArray scale_array(const ScaledSpec& s, const std::vector<std::uint32_t>& code
   NpyArray a;
   a.dtype = s.scale == ScaleFormat::fp32 ? DType::f32 : DType::u8;
   a.data.resize(codes.size() * itemsize(a.dtype));
-  if (s.granularity == Granularity::tensor) a.shape = {1};
+  if (s.granularity == Granularity::tensor) a.shape = {l.groups()};  // 1, or 0 for an empty array
   else if (s.granularity == Granularity::tile) a.shape = {l.grid_rows(), l.grid_cols()};
   else {
     a.shape = shape;
@@ -125,7 +125,7 @@ void print_scaled_summary(const ScaledSpec& s, const ScaledCounts& c, std::size_
 NpyArray expected_scales(const ScaledSpec& s, const std::vector<std::size_t>& shape, int axis, const BlockLayout& l) {
   NpyArray a;
   a.dtype = s.scale == ScaleFormat::fp32 ? DType::f32 : DType::u8;
-  if (s.granularity == Granularity::tensor) a.shape = {1};
+  if (s.granularity == Granularity::tensor) a.shape = {l.groups()};  // 1, or 0 for an empty array
   else if (s.granularity == Granularity::tile) a.shape = {l.grid_rows(), l.grid_cols()};
   else {
     a.shape = shape;

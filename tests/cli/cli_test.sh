@@ -153,6 +153,12 @@ check "failed scaled quantize wrote nothing" [ ! -e "$T/bad.npy" ]
 # write leaves the old set whole, and parts of different sets are refused together.
 make_npy "$T/x0d.npy" '<f4' '' '\x00\x00\x80\x3f'
 expect_fail "0-d array, scaled" "a 0-d array has no axis" "$FP8LAB" quantize "$T/x0d.npy" "$T/bad.npy" -f mxfp4 --codes
+make_npy "$T/empty.npy" '<f4' '0, 32' ''
+"$FP8LAB" quantize "$T/empty.npy" "$T/ec.npy" -f e4m3_tensor --codes -q; rc=$?
+check "an empty array's per-tensor codes (got $rc)" [ $rc -eq 0 ]
+check "no scale for no values" grep -aq "'shape': (0,)" "$T/ec.scales.npy"
+"$FP8LAB" quantize "$T/ec.npy" "$T/ed.npy" -f e4m3_tensor --decode -q; rc=$?
+check "and back (got $rc)" [ $rc -eq 0 ]
 expect_fail "codes over their input's scales" "output must differ from input" "$FP8LAB" quantize "$T/mc.scales.npy" "$T/mc.npy" -f e2m1fn@1x4 --codes
 expect_fail "decode over the input's scales" "output must differ from input" "$FP8LAB" quantize "$T/mc.npy" "$T/mc.scales.npy" -f e2m1fn@1x4 --decode
 expect_fail "decode over the input's tensor scale" "output must differ from input" "$FP8LAB" quantize "$T/nv.npy" "$T/nv.tensor_scale.npy" -f nvfp4 --decode

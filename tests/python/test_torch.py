@@ -469,6 +469,8 @@ def test_errors_are_python_exceptions():
         ft.linear(torch.empty(2, 3, device="meta"), torch.randn(4, 3), None, lay)
     with pytest.raises(ValueError, match="recipe|format|'nonsense'"):
         ft.quantize_model(cnn(), "nonsense")
+    with pytest.raises(TypeError, match="torch.nn.Module, got int"):
+        ft.quantize_model(42, "fp32")
     with pytest.raises(ValueError):
         ft.layer("l", a="1.9.9")
     with pytest.raises(ValueError, match="contradicts"):

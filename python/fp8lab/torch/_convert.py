@@ -300,6 +300,8 @@ def quantize_model(model: torch.nn.Module, recipe: Union[str, _core.Recipe] = "f
     record exponent histograms every N steps. fp8lab.torch.quant_state(model) gives the
     layers, counts and statistics.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"quantize_model takes a torch.nn.Module, got {type(model).__name__}")
     if trace not in ("auto", "off", "require"):
         raise ValueError(f"trace must be 'auto', 'off' or 'require' (got {trace!r})")
     if getattr(model, "_fp8lab_state", None) is not None:
