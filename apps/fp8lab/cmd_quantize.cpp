@@ -84,19 +84,26 @@ void check_outputs_differ(const std::vector<std::string>& outputs, const std::ve
         throw Error("output must differ from input: the output's file '" + o + "' is the input '" + i + "'");
 }
 
-// The scale codes as an array: the input's shape with the axis cut into groups (per line:
-// length 1; per tensor: [1]; tiles: the 2-D grid of the [rows, len] view).
-NpyArray scale_array(const ScaledSpec& s, const std::vector<std::uint32_t>& codes, const std::vector<std::size_t>& shape,
-                     int axis, const BlockLayout& l, const AxisView& v) {
+// The dtype and shape of the scales of codes of shape `shape`: the input's shape with the
+// axis cut into groups (per line: length 1), [1] per tensor ([0] for an empty array), the
+// 2-D grid of the [rows, len] view for tiles. scale_array writes them; --decode checks them.
+NpyArray expected_scales(const ScaledSpec& s, const std::vector<std::size_t>& shape, int axis, const BlockLayout& l) {
   NpyArray a;
   a.dtype = s.scale == ScaleFormat::fp32 ? DType::f32 : DType::u8;
-  a.data.resize(codes.size() * itemsize(a.dtype));
   if (s.granularity == Granularity::tensor) a.shape = {l.groups()};  // 1, or 0 for an empty array
   else if (s.granularity == Granularity::tile) a.shape = {l.grid_rows(), l.grid_cols()};
   else {
     a.shape = shape;
-    a.shape[static_cast<std::size_t>(axis < 0 ? axis + static_cast<int>(shape.size()) : axis)] = l.grid_cols();
+    a.shape[static_cast<std::size_t>(axis_index(axis, shape))] = l.grid_cols();
   }
+  return a;
+}
+
+// The scale codes as an array of expected_scales' dtype and shape.
+NpyArray scale_array(const ScaledSpec& s, const std::vector<std::uint32_t>& codes, const std::vector<std::size_t>& shape,
+                     int axis, const BlockLayout& l, const AxisView& v) {
+  NpyArray a = expected_scales(s, shape, axis, l);
+  a.data.resize(codes.size() * itemsize(a.dtype));
   std::vector<std::uint32_t> ordered = codes;
   if (s.granularity == Granularity::block || s.granularity == Granularity::line)
     from_rows(codes.data(), ordered.data(), AxisView{v.outer, l.grid_cols(), v.inner});
@@ -121,18 +128,6 @@ void print_scaled_summary(const ScaledSpec& s, const ScaledCounts& c, std::size_
   if (s.history > 0) std::fprintf(stderr, "(delayed scaling without a history: the array's own amax was used)\n");
 }
 
-// The shape and dtype scale_array gives the scales of codes of shape `shape`.
-NpyArray expected_scales(const ScaledSpec& s, const std::vector<std::size_t>& shape, int axis, const BlockLayout& l) {
-  NpyArray a;
-  a.dtype = s.scale == ScaleFormat::fp32 ? DType::f32 : DType::u8;
-  if (s.granularity == Granularity::tensor) a.shape = {l.groups()};  // 1, or 0 for an empty array
-  else if (s.granularity == Granularity::tile) a.shape = {l.grid_rows(), l.grid_cols()};
-  else {
-    a.shape = shape;
-    a.shape[static_cast<std::size_t>(axis < 0 ? axis + static_cast<int>(shape.size()) : axis)] = l.grid_cols();
-  }
-  return a;
-}
 
 std::string shape_text(const std::vector<std::size_t>& shape) {
   std::string t = "(";
@@ -252,8 +247,7 @@ void run_quantize(const QuantizeArgs& a) {
   if (a.codes && a.decode) throw Error("--codes and --decode exclude each other");
   if (a.threads < 0 || a.threads > kMaxThreads)
     throw Error("--threads must be in 0.." + std::to_string(kMaxThreads) + " (0: all cores)");
-  if (a.input == a.output || same_file(a.input, a.output))
-    throw Error("output must differ from input: '" + a.output + "' is the file '" + a.input + "'");
+  check_outputs_differ({a.output}, {a.input});
   if (scaled.scaled()) {
     scaled.element = q;
     validate(scaled);

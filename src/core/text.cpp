@@ -121,27 +121,6 @@ std::string unshield_toml_text(std::string_view text) {
   return out;
 }
 
-std::string printable(std::string_view text) {
-  std::string out;
-  for (const char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c != 0x7f) {
-      out += ch;
-    } else if (c == 0) {
-      out += "\\0";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else {
-      char b[5];
-      std::snprintf(b, sizeof b, "\\x%02x", c);
-      out += b;
-    }
-  }
-  return out;
-}
+std::string printable(std::string_view text) { return escape_controls(text, false); }
 
 }  // namespace fp8lab

@@ -63,12 +63,8 @@ TEST(Registry, UnknownNamesAreErrorsAlsoThroughSet) {
            {"model.name", "vgg16", "'vgg16' is not a model of task image-classification (known: resnet8"},
            {"model.bn_momentum", "0.1", "model.bn_momentum is for EfficientNet (resnet8 keeps PyTorch's 0.1)"},
            {"model.bn_momentum", "1.5", "model.bn_momentum must be in 0..1"},
-           {"data.drop_long", "true", "data.drop_long is for translation"}}) {
-    const std::string e = error_of([&] { experiments::parse_train_config("", "t.toml", {key + "=" + value}); });
-    EXPECT_NE(e.find(expected), std::string::npos) << e;
-  }
-  // Huge but finite values are range errors naming the key, never a failure inside the run.
-  for (const auto& [key, value, expected] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"data.drop_long", "true", "data.drop_long is for translation"},
+           // Huge but finite values are range errors naming the key, never a failure inside the run.
            {"optimizer.lr", "1e300", "optimizer.lr must be in (0, 1e6]"},
            {"optimizer.weight_decay", "1e30", "optimizer.weight_decay must be in [0, 1e6]"},
            {"optimizer.eps", "10.0", "optimizer.eps must be in (0, 1]"},

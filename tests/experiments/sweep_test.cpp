@@ -25,6 +25,14 @@ using test::error_of;
 namespace {
 fs::path dir() { return test::temp_dir("fp8lab_sweep"); }
 
+// An empty folder `name` of dir().
+fs::path fresh(const std::string& name) {
+  const fs::path d = dir() / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
 experiments::Sweep parse(const std::string& body, const std::string& name = "t") {
   return experiments::parse_sweep("name = \"" + name + "\"\n" + body, "sweep.toml", dir().string());
 }
@@ -232,9 +240,7 @@ TEST(Sweep, LaunchedProgramStartsWithSigintHeld) {
 // Two sweeps on one store that start the same run at once: the one whose process the
 // checkpoint's lock refuses reports the run as running elsewhere, not as failed.
 TEST(Sweep, ARunTheOtherSweepStartedFirstIsNotAFailure) {
-  const fs::path d = dir() / "race";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const fs::path d = fresh("race");
   const auto s = parse(R"(
 seeds = 2
 [[grid]]
@@ -267,9 +273,7 @@ recipe = ["fp32"]
 }
 
 TEST(Sweep, RunAgainSkipsFinishedAndResumesStopped) {
-  const fs::path d = dir() / "resume";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const fs::path d = fresh("resume");
   const auto s = parse(R"(
 seeds = 2
 [[grid]]
@@ -365,9 +369,7 @@ recipe = ["fp32", "resnet32-mixed"]
 }
 
 TEST(Sweep, LeavesRunsOfAnotherLiveProcessAlone) {
-  const fs::path d = dir() / "busy";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const fs::path d = fresh("busy");
   const auto s = parse("seeds = 2\n" + std::string(test::kSmall), "busy-sweep");
   ASSERT_EQ(s.runs.size(), 2u);
   const std::string db = (d / "b.db").string();

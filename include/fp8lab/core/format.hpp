@@ -11,34 +11,18 @@
 
 namespace fp8lab {
 
+// `text` with its control characters (NUL, escape, DEL...) written as \\0, \\n, \\t, \\r
+// or \\xNN; with `keep_line_breaks`, newlines and tabs stay as they are.
+std::string escape_controls(std::string_view text, bool keep_line_breaks);
+
 // A user-facing error with a message a person can act on. The CLI prints it and exits 2.
 // Control characters that the message quotes from the input (a NUL, which would cut the
-// C string what() returns short; an escape sequence) are written as \0 or \xNN; line
+// C string what() returns short; an escape sequence) are escaped (escape_controls); line
 // breaks and tabs stay.
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(shown(what)) {}
+  explicit Error(const std::string& what) : std::runtime_error(escape_controls(what, true)) {}
   explicit Error(const char* what) : Error(std::string(what)) {}
-
- private:
-  static std::string shown(const std::string& m) {
-    std::string out;
-    out.reserve(m.size());
-    for (const char ch : m) {
-      const auto c = static_cast<unsigned char>(ch);
-      if (c == 0) {
-        out += "\\0";
-      } else if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
-        static constexpr char hex[] = "0123456789abcdef";
-        out += "\\x";
-        out += hex[c >> 4];
-        out += hex[c & 15];
-      } else {
-        out += ch;
-      }
-    }
-    return out;
-  }
 };
 
 // Which codes are non-finite and how NaN is encoded (docs/spec.md §1.3).

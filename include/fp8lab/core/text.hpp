@@ -82,8 +82,8 @@ std::optional<Utf8Char> utf8_at(std::string_view text, std::size_t i);
 // Whether all of `text` is well-formed UTF-8.
 bool valid_utf8(std::string_view text);
 
-// `text` as it can be shown in one line of a message: control characters (NUL, newline,
-// escape...) and DEL written as \0, \n, \t, \r or \xNN, everything else as it is.
+// `text` as it can be shown in one line of a message: escape_controls without keeping line
+// breaks (fp8lab/core/format.hpp).
 std::string printable(std::string_view text);
 
 // The UTF-8 bytes of a code point (at most U+10FFFF, not a surrogate).
