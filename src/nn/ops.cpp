@@ -494,6 +494,45 @@ ConvGeometry geometry(const std::vector<std::int64_t>& stride, const std::vector
   return {{stride[0], stride[1]}, {padding[0], padding[1]}, {dilation[0], dilation[1]}, groups};
 }
 
+// Whether libtorch's own weight gradient of this convolution would run the kernel that
+// corrupts the heap: torch 2.13's oneDNN (jit_avx512_common_1x1_convolution_bwd_weights),
+// for a 1x1 convolution with a stride above 1 and fewer than 16 input channels in
+// channels-last, writes out of bounds at batch sizes such as 3, 5, 7 and 21 (a CIFAR
+// ResNet of width 4 or 8: its shortcut projections), and the process dies in malloc.
+bool onednn_1x1_strided_grad_w_bug(const torch::Tensor& x, const torch::Tensor& w,
+                                   const std::vector<std::int64_t>& stride, const std::vector<std::int64_t>& padding) {
+  return w.size(2) == 1 && w.size(3) == 1 && (stride[0] > 1 || stride[1] > 1) && padding[0] == 0 &&
+         padding[1] == 0 && x.size(1) < 16 &&
+         (x.suggest_memory_format() == torch::MemoryFormat::ChannelsLast ||
+          w.suggest_memory_format() == torch::MemoryFormat::ChannelsLast);
+}
+
+// libtorch's gradients (dx, dw) of a convolution for the output gradient g. A 1x1
+// convolution with stride s and no padding reads only the input's positions (s i, s j):
+// where the kernel above would run, its weight gradient is taken as the stride-1 product of
+// those positions, which is the same sum.
+std::pair<torch::Tensor, torch::Tensor> torch_conv_backward(const torch::Tensor& g, const torch::Tensor& x,
+                                                            const torch::Tensor& w,
+                                                            const std::vector<std::int64_t>& stride,
+                                                            const std::vector<std::int64_t>& padding,
+                                                            const std::vector<std::int64_t>& dilation,
+                                                            std::int64_t groups, bool want_dx, bool want_dw) {
+  const auto call = [&](const torch::Tensor& in, const std::vector<std::int64_t>& st, bool dx, bool dw) {
+    return at::convolution_backward(g, in, w, std::nullopt, st, padding, dilation, false, {0, 0}, groups,
+                                    {dx, dw, false});
+  };
+  if (!want_dw || !onednn_1x1_strided_grad_w_bug(x, w, stride, padding)) {
+    auto r = call(x, stride, want_dx, want_dw);
+    return {std::get<0>(r), std::get<1>(r)};
+  }
+  torch::Tensor dx;
+  if (want_dx) dx = std::get<0>(call(x, stride, true, false));
+  const torch::Tensor picked = x.slice(2, 0, x.size(2), stride[0])
+                                   .slice(3, 0, x.size(3), stride[1])
+                                   .contiguous(x.suggest_memory_format());
+  return {dx, std::get<1>(call(picked, {1, 1}, false, true))};
+}
+
 class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
@@ -538,8 +577,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
     auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(), batch_positions(), call,
                                                   backward_grad_refs(), false, layer_products);
     const auto backward = [&](const torch::Tensor& gq, bool want_dx, bool want_dw) {
-      return at::convolution_backward(gq, xq, wq, std::nullopt, stride, padding, dilation, false, {0, 0},
-                                      groups, {want_dx, want_dw, false});
+      return torch_conv_backward(gq, xq, wq, stride, padding, dilation, groups, want_dx, want_dw);
     };
     torch::Tensor dx, dw;
     if (layer_products) {  // the compute layer's products
@@ -548,10 +586,10 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
       dx = std::move(r.dx);
       dw = std::move(r.dw);
     } else if (g_for_dx.is_same(g_for_dw)) {  // one quantized gradient: one call, as libtorch's own backward
-      std::tie(dx, dw, std::ignore) = backward(g_for_dx, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+      std::tie(dx, dw) = backward(g_for_dx, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
     } else {
-      if (ctx->needs_input_grad(0)) dx = std::get<0>(backward(g_for_dx, true, false));
-      if (ctx->needs_input_grad(1)) dw = std::get<1>(backward(g_for_dw, false, true));
+      if (ctx->needs_input_grad(0)) dx = backward(g_for_dx, true, false).first;
+      if (ctx->needs_input_grad(1)) dw = backward(g_for_dw, false, true).second;
     }
     if (dw.defined()) dw = st->quantize_along(TensorKind::gw, std::move(dw), weight_forward(), call);
     return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
