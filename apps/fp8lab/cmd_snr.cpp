@@ -100,8 +100,7 @@ void run_snr(const SnrArgs& a) {
   DistSpec d = parse_dist_spec(a.dist);
   if (!(a.scale > 0) || !std::isfinite(a.scale)) throw Error("--scale must be a positive number");
   if (!(a.span > 0)) throw Error("--span must be a positive number of octaves");
-  constexpr std::int64_t kMaxSamples = std::int64_t{1} << 30;  // 4 GiB of float32 samples
-  if (a.samples < 1 || a.samples > kMaxSamples)
+  if (a.samples < 1 || a.samples > static_cast<std::int64_t>(kMaxSamples))
     throw Error("--samples must be in 1.." + std::to_string(kMaxSamples) + " (got " + std::to_string(a.samples) + ")");
   if (a.row < 1 || a.row > kMaxSamples) throw Error("--row must be a positive number of values");
   if (!a.plot.empty() && a.blocks.empty()) throw Error("--plot draws the --blocks sweep: give --blocks too");

@@ -162,7 +162,8 @@ void register_train(CLI::App& app) {
   cmd->add_option("--set", args->set, "Override a config key: --set optimizer.lr=0.05 (repeatable)");
   auto* resume = cmd->add_flag("--resume", args->resume, "Continue the run from its checkpoint");
   cmd->add_flag("--restart", args->restart, "Start afresh, discarding an unfinished run's checkpoint")->excludes(resume);
-  cmd->add_option("--stop-after", args->stop_after, "Stop after N steps with a checkpoint (resume later)");
+  cmd->add_option("--stop-after", args->stop_after, "Stop after N steps with a checkpoint (resume later)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1'000'000'000'000}));
   cmd->add_option("--db", args->db, "Results store (SQLite)")->capture_default_str();
   cmd->add_flag("--print-config", args->print_config, "Print the full config (all defaults filled in) and exit");
   cmd->add_flag("--no-progress", args->no_progress, "No progress bar");
@@ -172,7 +173,7 @@ void register_train(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--timeout", args->timeout,
                   "Data-parallel: seconds a process waits for the others at any exchange before it fails the run")
-      ->check(CLI::Range(1.0, 86400.0))
+      ->check(finite_range(1.0, 86400.0))
       ->capture_default_str();
   cmd->add_option("--bucket-kb", args->bucket_kb,
                   "Data-parallel: gradients leave in buckets of about N KiB while the backward pass runs (one "

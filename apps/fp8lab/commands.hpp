@@ -3,7 +3,22 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
+#include <string>
+
 namespace fp8lab::cli {
+// A number in [lo, hi], NaN refused: CLI::Range compares, and NaN passes every comparison.
+inline CLI::Validator finite_range(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v < lo || v > hi)
+          return "'" + text + "' is not a number in [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + "]";
+        return "";
+      },
+      "FLOAT in [" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]");
+}
+
 void register_formats(CLI::App& app);
 void register_snr(CLI::App& app);
 void register_values(CLI::App& app);

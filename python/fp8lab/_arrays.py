@@ -54,6 +54,9 @@ def _spec(format: FormatLike):
 
 
 def _axis(t: torch.Tensor, axis: int) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise TypeError(f"axis must be an integer, not {type(axis).__name__}")
+    axis = int(axis)
     if t.dim() == 0:
         raise ValueError("scaled formats need at least one dimension to group along")
     if not -t.dim() <= axis < t.dim():

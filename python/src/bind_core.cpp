@@ -284,7 +284,9 @@ void bind_analysis(py::module_& m) {
         },
         py::arg("format"), py::arg("dist") = "normal", py::arg("scale") = 1.0,
         "The SNR model: Appendix A for a scaled integer (E = 0), Appendix B otherwise");
-  m.def("sample", [](const std::string& dist, std::size_t n, std::uint64_t seed, double scale) {
+  m.def("sample", [](const std::string& dist, std::int64_t count, std::uint64_t seed, double scale) {
+          if (count < 0) throw Error("sample: n must be >= 0 (got " + std::to_string(count) + ")");
+          const auto n = static_cast<std::size_t>(count);
           std::vector<float> x = sample(dist_of(dist, scale), n, seed);
           torch::Tensor t = torch::empty({static_cast<std::int64_t>(n)}, torch::kFloat32);
           std::memcpy(t.data_ptr<float>(), x.data(), n * sizeof(float));

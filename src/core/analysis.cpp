@@ -156,6 +156,9 @@ double snr_model_db(const Format& f, const DistSpec& d) {
 std::vector<float> sample(const DistSpec& d, std::size_t n, std::uint64_t seed) {
   // Our own transforms of mt19937_64's bits, so that samples do not depend on the
   // standard library's distribution implementations.
+  if (n > kMaxSamples)
+    throw Error("samples: " + std::to_string(n) + " asked, at most " + std::to_string(kMaxSamples) +
+                " (2^30, 4 GiB of float32) are drawn at once");
   std::mt19937_64 rng(seed);
   const auto uniform01 = [&] {  // in (0, 1)
     return (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;

@@ -135,7 +135,15 @@ void write_file_atomic(const std::string& path, const void* bytes, std::size_t n
 
 void write_files_atomic(const std::vector<FileWrite>& files) {
   std::vector<Target> targets;
-  for (const auto& f : files) targets.push_back(target_of(f.path));
+  for (const auto& f : files) {
+    targets.push_back(target_of(f.path));
+    // A device or pipe is written in place, at once: it cannot wait with the others for the
+    // renames, so a set holding one would not be all or nothing.
+    if (targets.back().in_place && files.size() > 1)
+      throw Error(f.path + ": is not a regular file (a device or pipe); the " + std::to_string(files.size()) +
+                  " files of one result are written together, all or none, which a device cannot take part in: "
+                  "give the path of a file");
+  }
   std::vector<std::string> temps(files.size());
   try {
     for (std::size_t i = 0; i < files.size(); ++i)

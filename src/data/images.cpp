@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/random.hpp"
 #include "io.hpp"
@@ -52,6 +53,15 @@ ImageSet load_cifar(const std::string& dir_in, bool train, int classes) {
 ImageSet synthetic_images(std::int64_t n, std::int64_t channels, std::int64_t size, std::int64_t classes,
                           std::uint64_t seed) {
   if (n < 1 || channels < 1 || size < 1 || classes < 2) throw Error("synthetic images: bad shape");
+  // The draw holds the class patterns and, per image, float32 noise, the mixed float32 image
+  // and its bytes: about 13 bytes per pixel and channel.
+  const double pixels = static_cast<double>(channels) * static_cast<double>(size) * static_cast<double>(size);
+  const double need = pixels * (4.0 * static_cast<double>(classes) + 13.0 * static_cast<double>(n));
+  if (need > static_cast<double>(memory_budget()))
+    throw Error("synthetic images: " + std::to_string(n) + " images and " + std::to_string(classes) + " classes of " +
+                std::to_string(channels) + "x" + std::to_string(size) + "x" + std::to_string(size) + " need about " +
+                std::to_string(static_cast<long long>(need / (1 << 20))) + " MiB, more than the memory budget of " +
+                std::to_string(memory_budget() >> 20) + " MiB (half the machine's memory): make the set smaller");
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const torch::Tensor patterns = torch::rand({classes, channels, size, size}, gen);
   ImageSet s;

@@ -217,9 +217,11 @@ void check_ranges(const TrainConfig& c) {
   check(c.model.dropout < 1, "model.dropout must be < 1");
   check(c.data.train_limit >= 0 && c.data.test_limit >= 0, "data limits must be >= 0");
   check(c.data.image_size >= 0 && c.data.image_size <= 1024, "data.image_size must be in 0..1024");
-  check(c.data.synthetic_train > 0 && c.data.synthetic_test > 0 && c.data.synthetic_classes >= 2 &&
-            c.data.synthetic_channels >= 1,
-        "synthetic data needs train, test > 0, classes >= 2, channels >= 1");
+  check(c.data.synthetic_train > 0 && c.data.synthetic_test > 0 && c.data.synthetic_train <= (1 << 24) &&
+            c.data.synthetic_test <= (1 << 24),
+        "data.synthetic_train and data.synthetic_test must be in 1..2^24");
+  check(c.data.synthetic_classes >= 2 && c.data.synthetic_classes <= 100000, "data.synthetic_classes must be in 2..100000");
+  check(c.data.synthetic_channels >= 1 && c.data.synthetic_channels <= 1024, "data.synthetic_channels must be in 1..1024");
   const auto& o = c.optimizer;
   // Upper bounds far above any setting that trains, low enough that no product of them
   // overflows (a learning rate of 1e300 times a gradient is Inf before the first step).

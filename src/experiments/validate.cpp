@@ -54,6 +54,10 @@ void validate_task(const TrainConfig& c) {
           "data.src_lang and data.tgt_lang must be two different suffixes");
     check(c.train.beam >= 1 && c.train.beam <= 64, "train.beam must be in 1..64");
   }
+  check(c.train.beam == TrainLoopConfig{}.beam || c.task == "translation",
+        "train.beam is for translation (task " + c.task + " does not decode)");
+  check(!c.train.bleu_lowercase || c.task == "translation",
+        "train.bleu_lowercase is for translation (task " + c.task + " has no BLEU)");
   check(!c.data.drop_long || c.task == "translation", "data.drop_long is for translation");
   if (c.task == "bert") check(c.data.max_tokens >= 8, "data.max_tokens must be in 8..4096 for BERT");
 }

@@ -448,7 +448,6 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
                                const torch::Tensor& b, LayerStatePtr st) {
     auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), true},
                                       {w, TensorKind::w, 0, last_dim(), second_last(2)}, st->ctx->layer_products());
-    ctx->saved_data["bias"] = b.numel() > 0;
     if (!st->ctx->layer_products()) return torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor());
     // Other paths: the product through the compute layer, then the bias.
     std::vector<std::int64_t> shape(xq.sizes().begin(), xq.sizes().end());
@@ -463,9 +462,9 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     torch::Tensor g = std::move(grads[0]);
     const std::int64_t in_f = wq.size(1);
     torch::Tensor dx, dw, db;
-    // The bias gradient is of the float32 gradient: before g may be quantized in place.
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2))
-      db = as_rows(g).sum(0);
+    // The bias gradient is of the float32 gradient: before g may be quantized in place. (The
+    // stand-in for "no bias" never needs one; a bias of no elements, Linear(n, 0), does.)
+    if (ctx->needs_input_grad(2)) db = as_rows(g).sum(0);
     const std::vector<std::int64_t> g_shape(g.sizes().begin(), g.sizes().end());
     const std::int64_t g_dims = g.dim();
     auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call,
@@ -543,7 +542,6 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
     auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(), batch_positions()},
                                       {w, TensorKind::w, 0, weight_forward(), weight_grad_x(w, groups)},
                                       st->ctx->layer_products());
-    ctx->saved_data["bias"] = b.numel() > 0;
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["dilation"] = dilation;
@@ -565,9 +563,9 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
     const auto dilation = ctx->saved_data["dilation"].toIntVector();
     const std::int64_t groups = ctx->saved_data["groups"].toInt();
     torch::Tensor db;
-    if (layer_products && ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) {
+    if (layer_products && ctx->needs_input_grad(2)) {
       db = g.sum({0, 2, 3});  // of the float32 g, before it may be quantized in place
-    } else if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) {
+    } else if (ctx->needs_input_grad(2)) {
       // libtorch's own bias reduction of the float32 g (so that float32 quantizers match
       // exactly), before g may be quantized in place.
       const std::vector<std::int64_t> bias_sizes{wq.size(0)};

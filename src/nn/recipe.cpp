@@ -324,7 +324,14 @@ KindQuant kind_from_toml(const toml::node& n, const std::string& source, std::st
 Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
   const toml::table root = parse_toml(text, source);
   const toml::table* t = &root;
-  if (auto* sub = root["recipe"].as_table()) t = sub;
+  if (auto* sub = root["recipe"].as_table()) {
+    // The recipe in a [recipe] table: nothing may stand beside it, or it would be ignored.
+    for (auto&& [k, v] : root)
+      if (k.str() != "recipe")
+        throw Error(where(source, v) + "'" + std::string(k.str()) +
+                    "' stands outside the [recipe] table: put every key of the recipe inside it");
+    t = sub;
+  }
   if (t->empty())
     throw Error(source + ": the recipe sets nothing (an empty recipe would train in float32 without a word); "
                 "give each tensor kind a quantizer, e.g. a = \"1.4.3:10\", or a = \"fp32\" on purpose");
@@ -390,7 +397,8 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
         r.overrides.push_back(std::move(o));
       }
     } else if (key == "recipe") {
-      continue;
+      throw Error(where(source, v) + "'recipe' must be the [recipe] table holding the recipe's keys (a recipe file "
+                  "does not name another recipe)");
     } else {
       TensorKind kind;
       try {

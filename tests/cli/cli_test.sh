@@ -192,6 +192,9 @@ check "file-size limit: codes kept" cmp -s "$T/lim.npy" "$T/lim.keep"
 check "file-size limit: scales kept" cmp -s "$T/lim.scales.npy" "$T/lim.scales.keep"
 check "file-size limit: manifest kept" cmp -s "$T/lim.codeset" "$T/lim.codeset.keep"
 check "file-size limit: no temporaries" [ -z "$(ls "$T" | grep '\.tmp\.')" ]
+# A code set is several files written together: a device cannot take part (nothing is made beside it).
+expect_fail "code set onto a device" "/dev/null: is not a regular file" "$FP8LAB" quantize "$T/m.npy" /dev/null -f mxfp4 --codes
+check "code set onto a device: nothing beside it" [ ! -e /dev/null.scales.npy ] && [ ! -e /dev/null.codeset ]
 expect_fail "inf on fn" "overflow mode 'inf'" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn -o inf
 ln -f "$T/x.npy" "$T/x-hardlink.npy"
 expect_fail "quantize onto its input" "output must differ from input" "$FP8LAB" quantize "$T/x.npy" "$T/x-hardlink.npy" -f e4m3fn
@@ -312,6 +315,13 @@ TOML
   check "... saying so" grep -q 'written by 2 processes, the run goes on with 1: the same run' "$T/dp3"
   check "... with the same weights" [ "$(fnv "$T/dp1")" = "$(fnv "$T/dp3")" ]
   expect_fail "--nproc with one micro-batch" "add --set train.micro_batches=2" "$FP8LAB" train "$T/syn.toml" --nproc 2 --db "$T/dp.db"
+  # NaN passes every comparison: refused by name, not handed to the ranks.
+  expect_fail "--timeout nan" "--timeout: 'nan' is not a number in [1" "$FP8LAB" train "$T/syn.toml" "${P[@]}" --nproc 2 --timeout nan
+  expect_fail "--stop-after -1" "--stop-after" "$FP8LAB" train "$T/syn.toml" "${P[@]}" --stop-after -1
+  # Micro-batches of unequal sizes on two threads: the narrow ResNet's strided 1x1 shortcut
+  # is where torch 2.13's oneDNN corrupted the heap (docs/spec.md §7.2).
+  "$FP8LAB" train "$T/syn.toml" "${P[@]}" --set threads=2 --set train.micro_batches=3 --set name=dpu --set "train.checkpoint=$T/dpu.ckpt" >/dev/null 2>"$T/dpu"; rc=$?
+  check "unequal micro-batches on two threads exit 0 (got $rc: $(tail -1 "$T/dpu"))" [ $rc -eq 0 ]
   expect_fail "half a launcher's variables" "RANK, WORLD_SIZE set but MASTER_ADDR, MASTER_PORT not" env RANK=0 WORLD_SIZE=2 "$FP8LAB" train "$T/syn.toml" --db "$T/dp.db"
   # A rank killed mid-run ends the other at once; the run is marked failed, and resumes to
   # the weights of the uninterrupted run.

@@ -125,6 +125,25 @@ TEST(Files, WritesFollowLinksAndNeverReplaceDevicesOrPipes) {
             std::string::npos);
 }
 
+TEST(Files, ASetOfSeveralFilesRefusesADeviceOrPipeBeforeWritingAny) {
+  // A device or pipe is written at once, in place: it cannot wait for the set's renames.
+  const fs::path d = test::temp_dir("fp8lab_files") / "set_device";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const fs::path fifo = d / "codes.npy", side = d / "codes.scales.npy";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string err = test::error_of([&] {
+    write_files_atomic({{side.string(), "scales"}, {fifo.string(), "codes"}});
+  });
+  EXPECT_NE(err.find("codes.npy: is not a regular file"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(side));
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_EQ(std::distance(fs::directory_iterator(d), fs::directory_iterator()), 1);  // no temporaries
+  // A set of one is a plain write: a device takes it in place.
+  write_files_atomic({{"/dev/null", "discarded"}});
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+}
+
 TEST(Files, SameFileIsDecidedByIdentityNotName) {
   const fs::path d = test::temp_dir("fp8lab_files") / "same";
   fs::remove_all(d);

@@ -147,3 +147,9 @@ TEST(Synthetic, DeterministicAndClassDependent) {
   EXPECT_EQ(a.labels[7].item<std::int64_t>(), 2);
   EXPECT_FALSE(a.images.equal(data::synthetic_images(20, 2, 6, 5, 43).images));
 }
+
+TEST(Synthetic, ASetBeyondTheMemoryBudgetIsRefusedBeforeAllocating) {
+  // 2^24 images of 64x1024x1024 would be petabytes: refused by size, not by std::bad_alloc.
+  const std::string e = error_of([] { data::synthetic_images(std::int64_t{1} << 24, 64, 1024, 10, 1); });
+  EXPECT_NE(e.find("more than the memory budget"), std::string::npos) << e;
+}

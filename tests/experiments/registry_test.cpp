@@ -64,6 +64,8 @@ TEST(Registry, UnknownNamesAreErrorsAlsoThroughSet) {
            {"model.bn_momentum", "0.1", "model.bn_momentum is for EfficientNet (resnet8 keeps PyTorch's 0.1)"},
            {"model.bn_momentum", "1.5", "model.bn_momentum must be in 0..1"},
            {"data.drop_long", "true", "data.drop_long is for translation"},
+           {"train.beam", "4", "train.beam is for translation (task image-classification does not decode)"},
+           {"train.bleu_lowercase", "true", "train.bleu_lowercase is for translation"},
            // Huge but finite values are range errors naming the key, never a failure inside the run.
            {"optimizer.lr", "1e300", "optimizer.lr must be in (0, 1e6]"},
            {"optimizer.weight_decay", "1e30", "optimizer.weight_decay must be in [0, 1e6]"},
@@ -73,6 +75,9 @@ TEST(Registry, UnknownNamesAreErrorsAlsoThroughSet) {
            {"train.steps", "100000000000000", "train.steps must be in 0..10^12"},
            {"train.batch", "1000000000", "train.batch must be in 1..2^24"},
            {"train.mixup", "1e300", "train.mixup and train.cutmix must be in [0, 1e6]"},
+           {"data.synthetic_classes", "1000000000", "data.synthetic_classes must be in 2..100000"},
+           {"data.synthetic_train", "1000000000000", "data.synthetic_train and data.synthetic_test must be in 1..2^24"},
+           {"data.synthetic_channels", "100000", "data.synthetic_channels must be in 1..1024"},
            {"quant.accumulate", "\"1.8.10@100000000000\"", "chunk 100000000000 is out of range 1..16777216"},
            {"quant.accumulate", "\"1.8.10@99999999999999999999999\"", "is out of range"},
            {"quant.accumulate", "\"1.8.10@-5\"", "is not a positive integer"},

@@ -171,6 +171,19 @@ gw = "e5m2/nan"
             std::string::npos);
 }
 
+TEST(Recipe, TomlRecipeTableHoldsTheWholeRecipe) {
+  // A [recipe] table is the recipe: read as the top level would be.
+  const Recipe r = parse_recipe_toml("[recipe]\na = \"1.4.3:10\"\nkeep_last = true\n", "r.toml");
+  EXPECT_EQ(r.base[TensorKind::a]->element.format, parse_format("1.4.3:10"));
+  EXPECT_TRUE(r.keep_last);
+  // A key beside the table would be ignored: refused, with its line.
+  const std::string beside = error_of([] { parse_recipe_toml("w = \"e4m3\"\n[recipe]\na = \"e4m3\"\n", "r.toml"); });
+  EXPECT_NE(beside.find("r.toml:1: 'w' stands outside the [recipe] table"), std::string::npos) << beside;
+  // 'recipe' as a string (naming another file) would set nothing: refused.
+  const std::string named = error_of([] { parse_recipe_toml("recipe = \"other.toml\"\n", "r.toml"); });
+  EXPECT_NE(named.find("r.toml:1: 'recipe' must be the [recipe] table"), std::string::npos) << named;
+}
+
 TEST(Recipe, TomlErrorsNameLineAndKey) {
   EXPECT_NE(error_of([] { parse_recipe_toml("a = \"1.4.3\"\nbogus = 1\n", "r.toml"); }).find("r.toml:2: unknown key 'bogus'"),
             std::string::npos);

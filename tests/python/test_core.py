@@ -280,6 +280,12 @@ def test_errors_are_python_exceptions():
         fp8lab.quantize(x, "mxfp4", axis=2)
     with pytest.raises(ValueError):
         fp8lab.quantize(x, "1.4.3", random_bits=0)
+    with pytest.raises(TypeError, match="axis must be an integer"):
+        fp8lab.quantize(np.ones((2, 32), np.float32), "mxfp4", axis=1.5)
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        fp8lab.sample("normal", -1)
+    with pytest.raises(ValueError, match="at most 1073741824"):  # refused, never allocated
+        fp8lab.sample("normal", 10**15)
 
 
 def test_kernels_release_the_gil():

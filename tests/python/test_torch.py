@@ -7,6 +7,7 @@ against torch's own layers.
 """
 import copy
 import json
+import re
 import subprocess
 
 import numpy as np
@@ -453,6 +454,8 @@ def test_layers_without_inputs_or_outputs_run_as_torch_does(shape):
     same(y, ref(x))  # no input features: the bias alone; no outputs: an empty result
     y.sum().backward()
     assert x.grad.shape == x.shape and qm[0].weight.grad.shape == ref.weight.shape
+    ref(x).sum().backward()
+    same(qm[0].bias.grad, ref.bias.grad)  # a bias of no elements has its gradient of none, as in torch
 
 
 def test_codes_outside_their_format_are_refused():
@@ -480,6 +483,15 @@ def test_errors_are_python_exceptions():
         ft.quantize_model(m, "fp32")
     with pytest.raises(ValueError):  # shapes that do not fit: libtorch's message, not a crash
         ft.linear(torch.randn(2, 3), torch.randn(4, 5), None, lay)
+    x, w = torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    for kwargs, error, text in [({"stride": 0}, ValueError, "stride=0: each must be at least 1"),
+                                ({"padding": -1}, ValueError, "padding=-1"),
+                                ({"dilation": (1, 0)}, ValueError, "dilation"),
+                                ({"groups": 0}, ValueError, "groups=0"),
+                                ({"stride": "2"}, TypeError, "stride='2'"),
+                                ({"padding": (1, 2, 3)}, TypeError, "padding")]:
+        with pytest.raises(error, match=re.escape(text)):
+            ft.conv2d(x, w, None, lay, **kwargs)
 
 
 def test_quantized_models_copy_and_pickle():

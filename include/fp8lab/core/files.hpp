@@ -26,8 +26,9 @@ inline void write_file_atomic(const std::string& path, const std::string& text) 
 // is first written in full to a temporary beside its path and flushed to disk; only when
 // every one is, they are renamed over their paths, in the order given. On a failure before
 // the renames (a full disk, a file-size limit) every temporary is removed and no path is
-// changed. Paths follow symbolic links as write_file_atomic does; a path that is an
-// existing device or pipe is written in place, in its turn.
+// changed. Paths follow symbolic links as write_file_atomic does. A path that is an
+// existing device or pipe (which is written in place, never renamed over) is refused in a
+// set of several files before anything is written; a set of one writes it in place.
 struct FileWrite {
   std::string path;
   std::string_view bytes;

@@ -43,8 +43,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     return _core.quant_linear(x, weight, bias, layer)
 
 
-def _pair(v: Union[int, Sequence[int]]) -> list:
-    return [int(v), int(v)] if isinstance(v, int) else [int(i) for i in v]
+def _pair(v: Union[int, Sequence[int]], name: str, least: int) -> list:
+    """A conv2d argument as [h, w], each an integer >= least (ValueError or TypeError naming it)."""
+    items = [v, v] if isinstance(v, int) else list(v) if isinstance(v, (tuple, list)) else None
+    if items is None or len(items) != 2 or not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+        raise TypeError(f"conv2d: {name}={v!r}: expected an integer or two")
+    if min(items) < least:
+        raise ValueError(f"conv2d: {name}={v!r}: each must be at least {least}")
+    return items
 
 
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: LayerState, stride=1,
@@ -54,9 +60,11 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     if isinstance(padding, str):
         raise ValueError(f"conv2d: padding={padding!r}; give the padding as numbers "
                          "(QuantConv2d converts 'same' and 'valid')")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"conv2d: groups={groups!r}: expected an integer >= 1")
     unbatched = x.dim() == 3
-    y = _core.quant_conv2d(x.unsqueeze(0) if unbatched else x, weight, bias, _pair(stride), _pair(padding),
-                           _pair(dilation), int(groups), layer)
+    y = _core.quant_conv2d(x.unsqueeze(0) if unbatched else x, weight, bias, _pair(stride, "stride", 1),
+                           _pair(padding, "padding", 0), _pair(dilation, "dilation", 1), groups, layer)
     return y.squeeze(0) if unbatched else y
 
 
