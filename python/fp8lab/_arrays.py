@@ -24,6 +24,9 @@ def _tensor(x, what: str, *, writable: bool = False):
     if isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             raise TypeError(f"{what}: fp8lab works on CPU tensors, got one on {x.device}; use .cpu()")
+        if writable and torch._debug_has_internal_overlap(x) == 1:
+            raise ValueError(f"{what}: in-place quantization of a tensor whose elements share memory (an expanded "
+                             "view); quantize x.clone() instead")
         return x, False
     if isinstance(x, np.ndarray):
         if writable and not x.flags.writeable:
@@ -37,6 +40,18 @@ def _tensor(x, what: str, *, writable: bool = False):
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(x), True
     raise TypeError(f"{what}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
+
+
+def _check_rounding(what: str, rounding, overflow, seed, random_bits) -> None:
+    """The rounding arguments' types and the seed's range, named (the kernels take them as C++ values)."""
+    for name, v in (("rounding", rounding), ("overflow", overflow)):
+        if not isinstance(v, str):
+            raise TypeError(f"{what}: {name} must be a name (a str), not {type(v).__name__}")
+    for name, v in (("seed", seed), ("random_bits", random_bits)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{what}: {name} must be an integer, not {type(v).__name__}")
+    if not 0 <= int(seed) < 2**64:
+        raise ValueError(f"{what}: seed must be in 0..2^64-1 (got {seed})")
 
 
 def _require_float32(t: torch.Tensor, what: str) -> None:
@@ -95,6 +110,7 @@ def quantize(x, format: FormatLike, *, rounding: str = "nearest-even", overflow:
     inplace: overwrite x. return_counts: also return what rounding did (a dict).
     Bit-identical to the C++ kernels and `fp8lab quantize`.
     """
+    _check_rounding("quantize", rounding, overflow, seed, random_bits)
     t, numpy = _tensor(x, "quantize", writable=inplace)
     _require_float32(t, "quantize")
     spec = _spec(format)
@@ -130,6 +146,7 @@ def encode(x, format: FormatLike, *, rounding: str = "nearest-even", overflow: s
            seed: int = 0, random_bits: int = 32, axis: int = -1, return_counts: bool = False):
     """The codes of x in the format: uint8 up to 8 bits, uint16 (int16 for torch, which has
     no uint16) up to 16; a ScaledCodes for a scaled format."""
+    _check_rounding("encode", rounding, overflow, seed, random_bits)
     t, numpy = _tensor(x, "encode")
     _require_float32(t, "encode")
     spec = _spec(format)

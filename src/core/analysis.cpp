@@ -159,6 +159,12 @@ std::vector<float> sample(const DistSpec& d, std::size_t n, std::uint64_t seed) 
   if (n > kMaxSamples)
     throw Error("samples: " + std::to_string(n) + " asked, at most " + std::to_string(kMaxSamples) +
                 " (2^30, 4 GiB of float32) are drawn at once");
+  // The widest values drawn: the scale, times the outliers' own scale.
+  const double reach = d.scale * (d.dist == Distribution::outliers ? d.outlier_scale : 1.0);
+  if (!(d.scale >= kMinSampleScale) || !(reach <= kMaxSampleScale))
+    throw Error("samples: scale " + shortest_float(d.scale) +
+                (d.dist == Distribution::outliers ? " times the outlier scale " + shortest_float(d.outlier_scale) : std::string()) +
+                " is outside [1e-30, 1e30], where the samples are finite, normal float32 numbers");
   std::mt19937_64 rng(seed);
   const auto uniform01 = [&] {  // in (0, 1)
     return (static_cast<double>(rng() >> 11) + 0.5) * 0x1.0p-53;

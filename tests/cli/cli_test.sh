@@ -201,6 +201,8 @@ expect_fail "quantize onto its input" "output must differ from input" "$FP8LAB" 
 expect_fail "quantize a folder" "is a folder" "$FP8LAB" quantize "$T" "$T/o.npy" -f e4m3fn
 expect_fail "bad rounding" "unknown rounding 'up'" "$FP8LAB" quantize "$T/x.npy" "$T/o.npy" -f e4m3fn -r up
 expect_fail "negative samples" "--samples must be in 1.." "$FP8LAB" snr 1.4.3 --samples -5
+expect_fail "samples beyond float32" "outside [1e-30, 1e30]" "$FP8LAB" snr 1.4.3 --scale 1e300
+expect_fail "outliers beyond float32" "times the outlier scale 1e+29" "$FP8LAB" snr 1.4.3 --dist normal-outliers:0.1:1e29 --scale 100
 expect_fail "bad dist" "unknown distribution" "$FP8LAB" snr 1.4.3 --dist cauchy
 expect_fail "student-t without dof" "expected student-t:DOF" "$FP8LAB" snr 1.4.3 --dist student-t
 expect_fail "bad outlier fraction" "the outlier fraction must be a positive number" "$FP8LAB" snr 1.4.3 --dist normal-outliers:x:10

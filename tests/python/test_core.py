@@ -280,12 +280,22 @@ def test_errors_are_python_exceptions():
         fp8lab.quantize(x, "mxfp4", axis=2)
     with pytest.raises(ValueError):
         fp8lab.quantize(x, "1.4.3", random_bits=0)
+    with pytest.raises(ValueError, match="share memory"):
+        fp8lab.quantize(torch.ones(1).expand(8), "1.4.3", inplace=True)
+    with pytest.raises(TypeError, match="rounding must be a name"):
+        fp8lab.quantize(x, "1.4.3", rounding=3)
+    with pytest.raises(ValueError, match="seed must be in 0..2\\^64-1"):
+        fp8lab.encode(x, "1.4.3", rounding="stochastic", seed=-1)
+    with pytest.raises(ValueError, match="seed must be in"):
+        fp8lab.quantize(x, "1.4.3", rounding="stochastic", seed=2**70)
     with pytest.raises(TypeError, match="axis must be an integer"):
         fp8lab.quantize(np.ones((2, 32), np.float32), "mxfp4", axis=1.5)
     with pytest.raises(ValueError, match="n must be >= 0"):
         fp8lab.sample("normal", -1)
     with pytest.raises(ValueError, match="at most 1073741824"):  # refused, never allocated
         fp8lab.sample("normal", 10**15)
+    with pytest.raises(ValueError, match=r"outside \[1e-30, 1e30\]"):  # float32 samples would be Inf
+        fp8lab.sample("normal", 10, scale=1e300)
 
 
 def test_kernels_release_the_gil():

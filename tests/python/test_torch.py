@@ -483,6 +483,16 @@ def test_errors_are_python_exceptions():
         ft.quantize_model(m, "fp32")
     with pytest.raises(ValueError):  # shapes that do not fit: libtorch's message, not a crash
         ft.linear(torch.randn(2, 3), torch.randn(4, 5), None, lay)
+    # Inputs that do not fit a converted layer: a ValueError naming the layer, quantized or exempt.
+    qm = ft.quantize_model(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(),
+                                               torch.nn.Linear(4 * 6 * 6, 5), torch.nn.Linear(5, 2)),
+                           "a=1.4.3,w=1.4.3,gx=1.5.2,gw=1.5.2")
+    with pytest.raises(ValueError, match=r"QuantConv2d '0': expected an input \[N, 3, H, W\]"):
+        qm(torch.randn(1, 2, 8, 8))
+    with pytest.raises(ValueError, match="smaller than the dilated kernel"):
+        qm(torch.randn(1, 3, 2, 2))
+    with pytest.raises(ValueError, match="QuantLinear '2': the input's last dimension is 7, the layer takes 144"):
+        qm[2](torch.randn(2, 7))
     x, w = torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3)
     for kwargs, error, text in [({"stride": 0}, ValueError, "stride=0: each must be at least 1"),
                                 ({"padding": -1}, ValueError, "padding=-1"),

@@ -53,7 +53,9 @@ double snr_model_db(const Format& f, const DistSpec& d);
 
 // Deterministic samples (the same on every machine for a seed).
 // At most kMaxSamples (2^30, 4 GiB of float32): more is refused (Error), not allocated.
+// The scale (times the outliers' scale) must lie in [kMinSampleScale, kMaxSampleScale].
 inline constexpr std::size_t kMaxSamples = std::size_t{1} << 30;
+inline constexpr double kMinSampleScale = 1e-30, kMaxSampleScale = 1e30;
 std::vector<float> sample(const DistSpec& d, std::size_t n, std::uint64_t seed);
 
 // 10 log10(sum x^2 / sum (x - Q(x))^2) under nearest-even, saturating quantization.

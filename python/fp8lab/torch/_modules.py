@@ -40,9 +40,16 @@ class QuantLinear(torch.nn.Linear):
         return q
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"{self._name()}: the input's last dimension is "
+                             f"{x.shape[-1] if x.dim() else 'missing (a 0-d tensor)'}, the layer takes "
+                             f"{self.in_features} features (input shape {tuple(x.shape)})")
         if self.layer is None:
             return F.linear(x, self.weight, self.bias)
         return fn.linear(x, self.weight, self.bias, self.layer)
+
+    def _name(self) -> str:
+        return f"QuantLinear '{self.layer.name}'" if self.layer is not None else "QuantLinear (float32)"
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {_describe(self.layer)}"
@@ -81,7 +88,21 @@ class QuantConv2d(torch.nn.Conv2d):
                              "pad the input with F.pad and use numeric padding")
         return [t // 2 for t in totals]
 
+    def _check_input(self, x: torch.Tensor) -> None:
+        name = f"QuantConv2d '{self.layer.name}'" if self.layer is not None else "QuantConv2d (float32)"
+        if x.dim() not in (3, 4) or x.shape[-3] != self.in_channels:
+            raise ValueError(f"{name}: expected an input [N, {self.in_channels}, H, W] or [{self.in_channels}, H, W], "
+                             f"got shape {tuple(x.shape)}")
+        if isinstance(self.padding, str):
+            return
+        for size, pad, dil, k in zip(x.shape[-2:], self.padding, self.dilation, self.kernel_size):
+            if size + 2 * pad < dil * (k - 1) + 1:
+                raise ValueError(f"{name}: the input's {tuple(x.shape[-2:])} positions, padded by "
+                                 f"{tuple(self.padding)}, are smaller than the dilated kernel "
+                                 f"{tuple(d * (k - 1) + 1 for d, k in zip(self.dilation, self.kernel_size))}")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
         if self.layer is None:
             return super().forward(x)
         padding = self._numeric_padding()
