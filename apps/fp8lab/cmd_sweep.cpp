@@ -15,6 +15,7 @@
 
 #include "commands.hpp"
 #include "process.hpp"
+#include "fp8lab/core/files.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/experiments/sweep.hpp"
 #include "fp8lab/experiments/trainer.hpp"
@@ -50,7 +51,7 @@ int emit_slurm(const SweepArgs& a, const experiments::Sweep& s) {
   o.cpus_per_task = a.cpus_per_task > 0 ? a.cpus_per_task : a.jobs;
   o.time = a.time;
   const std::string script = experiments::slurm_script(s, o);
-  std::filesystem::create_directories(o.dir);
+  make_folder(o.dir);
   std::fputs(script.c_str(), stdout);
   std::fprintf(stderr, "sweep %s: %zu runs in %d array tasks; submit with sbatch\n", s.name.c_str(), s.runs.size(),
                o.shards);

@@ -174,6 +174,20 @@ void check_file_name(const std::string& name, const std::string& what) {
                 "not starting with '.' or '-'");
 }
 
+void make_folder(const std::string& path) {
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (!ec) return;
+  // The first part of the path that exists and is not a folder, if that is what stopped it.
+  for (fs::path p = path; !p.empty(); p = p.parent_path()) {
+    std::error_code e2;
+    if (fs::exists(p, e2) && !fs::is_directory(p, e2))
+      throw Error(p.string() + ": exists and is not a folder (a folder is needed for " + path + ")");
+    if (p == p.parent_path()) break;
+  }
+  throw Error(path + ": cannot make the folder (" + ec.message() + ")");
+}
+
 bool same_file(const std::string& a, const std::string& b) {
   struct stat sa {}, sb {};
   return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&

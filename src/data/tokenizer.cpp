@@ -99,7 +99,7 @@ Tokenizer Tokenizer::train_or_load(const std::string& prefix, const std::vector<
   for (const auto& p : inputs) files += (files.empty() ? "" : ",") + p;
   // Trained under a temporary prefix, then renamed: a killed training leaves no half model.
   const std::string tmp = prefix + ".tmp" + std::to_string(::getpid());
-  if (!fs::path(prefix).parent_path().empty()) fs::create_directories(fs::path(prefix).parent_path());
+  if (!fs::path(prefix).parent_path().empty()) make_folder(fs::path(prefix).parent_path().string());
   std::string cmd = "spm_train --input=" + shell_quote(files) + " --model_prefix=" + shell_quote(tmp) +
                     " --vocab_size=" + std::to_string(o.vocab_size) + " --model_type=" + o.model_type +
                     " --character_coverage=1.0 --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3"

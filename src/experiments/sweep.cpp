@@ -411,7 +411,7 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
     print_plan(s, jobs, sum);
     return sum;
   }
-  fs::create_directories(dir);
+  make_folder(dir);
   SweepRunner(s, store, opt, jobs, sum).run();
   sum.stopped = stop_requested();
   return sum;

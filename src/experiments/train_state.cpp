@@ -174,7 +174,7 @@ void save_checkpoint(const std::string& path, const std::string& config_json, co
     return n;
   });
   const fs::path target = fs::absolute(path);
-  if (target.has_parent_path()) fs::create_directories(target.parent_path());
+  if (target.has_parent_path()) make_folder(target.parent_path().string());
   write_file_atomic(target.string(), checksum_frame(kMagic, bytes));
 }
 
@@ -311,7 +311,7 @@ CheckpointLock::CheckpointLock(const std::string& checkpoint) {
   // Keyed by the checkpoint's real path: every name of it (a symbolic link, "./", "..")
   // takes the same lock.
   const fs::path lock = real_path(checkpoint).string() + ".lock";
-  if (lock.has_parent_path()) fs::create_directories(lock.parent_path());
+  if (lock.has_parent_path()) make_folder(lock.parent_path().string());
   fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw Error(lock.string() + ": cannot create the checkpoint lock (" + std::strerror(errno) + ")");
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {

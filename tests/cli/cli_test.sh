@@ -486,10 +486,10 @@ TOML
   # A path the system refuses (a file where a folder must be, a name too long) is the
   # user's error: exit 2 with the operation and the path, never an internal error.
   touch "$T/afile"
-  expect_fail "report --out on a file" "Not a directory [$T/afile]" "$FP8LAB" report "$T/sw.toml" --db "$T/sw.db" --out "$T/afile"
+  expect_fail "report --out on a file" "$T/afile: exists and is not a folder" "$FP8LAB" report "$T/sw.toml" --db "$T/sw.db" --out "$T/afile"
   e=$("$FP8LAB" sweep "$T/sw.toml" --db "$T/sw.db" --dir "$T/afile" --no-progress 2>&1 >/dev/null); rc=$?
   check "sweep --dir on a file: exit 2 (got $rc)" [ $rc -eq 2 ]
-  check "sweep --dir on a file: the last line says why (got: $e)" grep -qF "error: cannot create directories: Not a directory [$T/afile]" <<<"$(tail -1 <<<"$e")"
+  check "sweep --dir on a file: the last line says why (got: $e)" grep -qF "error: $T/afile: exists and is not a folder" <<<"$(tail -1 <<<"$e")"
   expect_fail "runs --db name too long" "File name too long" "$FP8LAB" runs --db "$(printf 'a%.0s' $(seq 300))"
   "$FP8LAB" sweep "$T/sw.toml" --db "$T/sw.db" --dir "$T/dryrun" --dry-run >/dev/null 2>&1
   check "sweep --dry-run creates no folder" [ ! -e "$T/dryrun" ]

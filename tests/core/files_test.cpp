@@ -144,6 +144,18 @@ TEST(Files, ASetOfSeveralFilesRefusesADeviceOrPipeBeforeWritingAny) {
   EXPECT_TRUE(fs::is_character_file("/dev/null"));
 }
 
+TEST(Files, MakeFolderNamesAFileInTheWay) {
+  const fs::path d = test::temp_dir("fp8lab_files") / "folders";
+  fs::remove_all(d);
+  make_folder((d / "a" / "b").string());
+  EXPECT_TRUE(fs::is_directory(d / "a" / "b"));
+  make_folder((d / "a" / "b").string());  // there already: nothing to do
+  write_file_atomic((d / "f").string(), std::string("x"));
+  const std::string e = test::error_of([&] { make_folder((d / "f" / "out").string()); });
+  EXPECT_NE(e.find("f: exists and is not a folder (a folder is needed for "), std::string::npos) << e;
+  EXPECT_EQ(read_file((d / "f").string()), "x");
+}
+
 TEST(Files, SameFileIsDecidedByIdentityNotName) {
   const fs::path d = test::temp_dir("fp8lab_files") / "same";
   fs::remove_all(d);

@@ -39,6 +39,10 @@ void write_files_atomic(const std::vector<FileWrite>& files);
 // names.
 bool same_file(const std::string& a, const std::string& b);
 
+// Makes the folder `path` and its parents where missing; throws Error naming the path and
+// the reason (a file in the way: "exists and is not a folder"; permissions; a full disk).
+void make_folder(const std::string& path);
+
 // How many bytes one input file may bring into memory: half of the machine's physical
 // memory. Files read whole (.npy arrays, configs, checkpoints) above it are refused.
 std::uint64_t memory_budget();
