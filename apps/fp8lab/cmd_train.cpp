@@ -130,9 +130,12 @@ int run_train(const TrainArgs& a) {
          "2^" + std::to_string(r.final_log2_scale), std::to_string(r.skipped_steps), pct(ovf, tot), pct(und, tot),
          fmt_f(r.samples_per_second, 1), fmt_f(r.seconds, 1)});
   t.print(false);
-  if (r.products_bf16 > 0 || cfg.quant.compute != "fp32" || cfg.quant.accumulate != "fp32")
+  const nn::Compute compute = experiments::compute_of(cfg.quant);
+  const nn::Accumulation accumulate = experiments::accumulation_of(cfg.quant);
+  if (r.products_bf16 > 0 || compute != nn::Compute::fp32 || accumulate.chunked())
     std::fprintf(stderr, "products (quant.compute = %s, quant.accumulate = %s): %lld on bfloat16, %lld on float32\n",
-                 cfg.quant.compute.c_str(), cfg.quant.accumulate.c_str(), static_cast<long long>(r.products_bf16),
+                 std::string(nn::to_string(compute)).c_str(), nn::to_string(accumulate).c_str(),
+                 static_cast<long long>(r.products_bf16),
                  static_cast<long long>(r.products_fp32));
   if (r.status == results::RunStatus::stopped) {
     std::fprintf(stderr, "stopped at step %lld; checkpoint %s. Continue with: fp8lab train %s%s --resume\n",

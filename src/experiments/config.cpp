@@ -20,7 +20,8 @@ namespace fp8lab::experiments {
 
 namespace {
 
-using FieldPtr = std::variant<std::string*, int*, std::int64_t*, std::uint64_t*, double*, bool*, std::vector<double>*>;
+using FieldPtr = std::variant<std::string*, int*, std::int64_t*, std::uint64_t*, double*, bool*, std::vector<double>*,
+                              std::optional<nn::Compute>*, std::optional<nn::Accumulation>*>;
 struct Field {
   std::string key;  // dotted: "train.epochs"
   FieldPtr ptr;
@@ -147,6 +148,14 @@ void assign(const Field& f, const toml::node& v) {
           if (!s) throw Error("must be a string");
           if (!plain_text(*s)) throw Error("must be UTF-8 text without control characters or plane-15 private-use characters");
           *p = *s;
+        } else if constexpr (std::is_same_v<T, std::optional<nn::Compute>>) {
+          const auto s = v.value_exact<std::string>();
+          if (!s) throw Error("must be a string (fp32, bf16 or auto)");
+          *p = nn::parse_compute(*s);
+        } else if constexpr (std::is_same_v<T, std::optional<nn::Accumulation>>) {
+          const auto s = v.value_exact<std::string>();
+          if (!s) throw Error("must be a string (fp32 or FORMAT@CHUNK)");
+          *p = nn::parse_accumulation(*s);
         } else if constexpr (std::is_same_v<T, bool>) {
           if (auto b = v.value_exact<bool>()) *p = *b;
           else throw Error("must be true or false");
@@ -175,6 +184,19 @@ void assign(const Field& f, const toml::node& v) {
         }
       },
       f.ptr);
+}
+
+// Whether the field's TOML value is a string (text, or a setting parsed from text).
+bool takes_text(const Field& f) {
+  return std::holds_alternative<std::string*>(f.ptr) || std::holds_alternative<std::optional<nn::Compute>*>(f.ptr) ||
+         std::holds_alternative<std::optional<nn::Accumulation>*>(f.ptr);
+}
+
+// A setting's text as the config writes it; nullopt for one not set.
+template <class T>
+std::optional<std::string> setting_text(const std::optional<T>& v) {
+  if (!v) return std::nullopt;
+  return std::string(nn::to_string(*v));
 }
 
 Field* find_field(std::vector<Field>& fs, const std::string& key) {
@@ -307,7 +329,7 @@ TrainConfig read_train_config(const std::string& text, const std::string& source
     } catch (const Error&) {
       vt = toml::table{{"v", value}};  // not TOML: a bare string
     }
-    if (find_field(fs, key) && std::holds_alternative<std::string*>(find_field(fs, key)->ptr) && !vt["v"].is_string())
+    if (find_field(fs, key) && takes_text(*find_field(fs, key)) && !vt["v"].is_string())
       vt = toml::table{{"v", value}};  // e.g. --set quant.recipe=fp32 parses as a key, or 1.4.3 as a number
     set_from(key, *vt.get("v"), where);
   }
@@ -319,6 +341,8 @@ std::string to_toml(const TrainConfig& cin) {
   TrainConfig c = cin;
   std::string out = "schema = " + std::to_string(kConfigSchema) + "\n", section;
   for (const auto& f : fields(c)) {
+    if (const auto* o = std::get_if<std::optional<nn::Compute>*>(&f.ptr); o && !**o) continue;  // unset
+    if (const auto* o = std::get_if<std::optional<nn::Accumulation>*>(&f.ptr); o && !**o) continue;
     const auto dot = f.key.find('.');
     std::string leaf = f.key;
     if (dot != std::string::npos) {
@@ -333,6 +357,9 @@ std::string to_toml(const TrainConfig& cin) {
           using T = std::remove_pointer_t<decltype(p)>;
           if constexpr (std::is_same_v<T, std::string>) {
             value = nlohmann::json(*p).dump();  // a JSON string is a valid TOML basic string
+          } else if constexpr (std::is_same_v<T, std::optional<nn::Compute>> ||
+                               std::is_same_v<T, std::optional<nn::Accumulation>>) {
+            value = nlohmann::json(*setting_text(*p)).dump();
           } else if constexpr (std::is_same_v<T, bool>) {
             value = *p ? "true" : "false";
           } else if constexpr (std::is_same_v<T, double>) {
@@ -357,8 +384,8 @@ std::string to_toml(const TrainConfig& cin) {
 // recorded before it ran NCHW, so its default, channels-last, is written out).
 namespace {
 bool left_out_at_default(const std::string& key, const TrainConfig& c) {
-  return (key == "quant.compute" && c.quant.compute == QuantConfig{}.compute) ||
-         (key == "quant.accumulate" && c.quant.accumulate == QuantConfig{}.accumulate) ||
+  return (key == "quant.compute" && compute_of(c.quant) == nn::Compute::fp32) ||
+         (key == "quant.accumulate" && !accumulation_of(c.quant).chunked()) ||
          (key == "data.drop_long" && c.data.drop_long == DataConfig{}.drop_long) ||
          (key == "model.bn_momentum" && c.model.bn_momentum == ModelConfig{}.bn_momentum) ||
          (key == "model.channels_last" && !c.model.channels_last);
@@ -373,7 +400,16 @@ std::string to_json(const TrainConfig& cin) {
     if (left_out_at_default(f.key, c)) continue;
     const auto dot = f.key.find('.');
     nlohmann::json& slot = dot == std::string::npos ? j[f.key] : j[f.key.substr(0, dot)][f.key.substr(dot + 1)];
-    std::visit([&](auto* p) { slot = *p; }, f.ptr);
+    std::visit(
+        [&](auto* p) {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, std::optional<nn::Compute>> ||
+                        std::is_same_v<T, std::optional<nn::Accumulation>>)
+            slot = *setting_text(*p);  // set: left out above otherwise
+          else
+            slot = *p;
+        },
+        f.ptr);
   }
   return j.dump();
 }

@@ -210,8 +210,8 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::str
   ctx_ = std::make_shared<nn::QuantContext>();
   ctx_->seed = cfg.seed;
   ctx_->stats_interval = cfg.train.stats_interval;
-  ctx_->compute = nn::parse_compute(cfg.quant.compute);
-  ctx_->accumulate = nn::parse_accumulation(cfg.quant.accumulate);
+  ctx_->compute = compute_of(cfg.quant);
+  ctx_->accumulate = accumulation_of(cfg.quant);
   qm_ = nn::quantize_model(task_->module(), recipe, ctx_);
   const nn::KindQuant grad_comm = nn::parse_kind_quant(cfg.quant.grad_comm);
   if (cfg.train.micro_batches > 1 || world_ || grad_comm) {
@@ -610,8 +610,11 @@ void start_together(World& world, const std::string& config_json, std::string er
 
 }  // namespace
 
-TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOptions& opt) {
-  validate(cfg);
+TrainResult train(const TrainConfig& given, results::Store* store, const TrainOptions& opt) {
+  // A config built in code completes as one read from text: settings it leaves unset from
+  // its recipe file, else their defaults; then the checks.
+  TrainConfig cfg = given;
+  complete_config(cfg);
   if (opt.resume && !opt.checkpoints) throw Error("--resume needs checkpoints");
   if (opt.resume && opt.restart) throw Error("--resume and --restart exclude each other");
   World* const world = opt.world;
@@ -649,8 +652,9 @@ TrainResult train(const TrainConfig& cfg, results::Store* store, const TrainOpti
   }
 }
 
-Evaluation evaluate_checkpoint(const TrainConfig& cfg, const EvaluateOptions& opt) {
-  validate(cfg);
+Evaluation evaluate_checkpoint(const TrainConfig& given, const EvaluateOptions& opt) {
+  TrainConfig cfg = given;
+  complete_config(cfg);
   const nn::ScopedTorchSettings settings({cfg.threads, cfg.train.flush_denormals});
   const std::string config_json = to_json(cfg);
   Checkpoint checkpoint(opt.checkpoint.empty() ? checkpoint_path(cfg) : opt.checkpoint, config_json,

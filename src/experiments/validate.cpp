@@ -62,22 +62,6 @@ void validate_task(const TrainConfig& c) {
   if (c.task == "bert") check(c.data.max_tokens >= 8, "data.max_tokens must be in 8..4096 for BERT");
 }
 
-// The canonical name of a config's quant.compute or quant.accumulate value.
-std::string canonical(std::string_view key, const std::string& value) {
-  return key == "compute" ? std::string(nn::to_string(nn::parse_compute(value)))
-                          : nn::to_string(nn::parse_accumulation(value));
-}
-
-// Whether the config's `value` of quant.`key` agrees with the recipe file's `file_value`
-// (empty: the file does not set it); throws Error naming both where they differ.
-void check_against_recipe(std::string_view key, const std::string& value, const std::string& file_value,
-                          const std::string& recipe) {
-  if (file_value.empty() || canonical(key, value) == file_value) return;
-  throw Error("config: quant." + std::string(key) + " = '" + value + "' differs from " + std::string(key) +
-              " = '" + file_value + "' in the recipe file " + recipe +
-              " (remove one, or set them alike)");
-}
-
 nn::Recipe recipe_of(const QuantConfig& q) {
   try {
     return nn::load_recipe(q.recipe);
@@ -86,25 +70,14 @@ nn::Recipe recipe_of(const QuantConfig& q) {
   }
 }
 
-// The recipe and loss scaling parse (a recipe file is read, and the compute and
-// accumulation it may set agree with the config's): a run that could not start is refused
-// before anything is recorded.
+// The recipe and loss scaling parse (a recipe file is read): a run that could not start is
+// refused before anything is recorded.
 void validate_quant(const QuantConfig& q) {
-  const nn::Recipe recipe = recipe_of(q);
+  (void)recipe_of(q);
   try {
     (void)nn::parse_loss_scale(q.loss_scale);
   } catch (const Error& e) {
     throw Error(std::string("config: quant.loss_scale: ") + e.what());
-  }
-  try {
-    (void)nn::parse_compute(q.compute);
-  } catch (const Error& e) {
-    throw Error(std::string("config: quant.compute: ") + e.what());
-  }
-  try {
-    (void)nn::parse_accumulation(q.accumulate);
-  } catch (const Error& e) {
-    throw Error(std::string("config: quant.accumulate: ") + e.what());
   }
   try {
     const nn::KindQuant comm = nn::parse_kind_quant(q.grad_comm);
@@ -115,17 +88,15 @@ void validate_quant(const QuantConfig& q) {
   } catch (const Error& e) {
     throw Error(std::string("config: quant.grad_comm: ") + e.what());
   }
-  check_against_recipe("compute", q.compute, recipe.compute, q.recipe);
-  check_against_recipe("accumulate", q.accumulate, recipe.accumulate, q.recipe);
 }
 
 }  // namespace
 
 void adopt_recipe_settings(TrainConfig& c) {
   const nn::Recipe r = recipe_of(c.quant);
-  const QuantConfig defaults;
-  if (!r.compute.empty() && c.quant.compute == defaults.compute) c.quant.compute = r.compute;
-  if (!r.accumulate.empty() && c.quant.accumulate == defaults.accumulate) c.quant.accumulate = r.accumulate;
+  if (!c.quant.compute) c.quant.compute = r.compute.empty() ? nn::Compute::fp32 : nn::parse_compute(r.compute);
+  if (!c.quant.accumulate)
+    c.quant.accumulate = r.accumulate.empty() ? nn::Accumulation{} : nn::parse_accumulation(r.accumulate);
 }
 
 void complete_config(TrainConfig& c) {

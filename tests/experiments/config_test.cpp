@@ -56,19 +56,22 @@ TEST(Config, TomlAndJsonRoundTrip) {
 
 // quant.compute at its default (fp32: the products of every run recorded before the key
 // existed) is left out of the JSON, so stored configs, sweep identities and checkpoints
-// stay as they were; any other value is recorded, and a bad one is refused by name.
+// stay as they were; any other value is recorded, and a bad one is refused by name where
+// the config is read.
 TEST(Config, ComputeIsRecordedExceptAtItsDefault) {
   const auto plain = parse_train_config("", "plain");
   EXPECT_EQ(experiments::to_json(plain).find("compute"), std::string::npos);
   const auto fp32 = parse_train_config("", "fp32", {"quant.compute=fp32"});
   EXPECT_EQ(experiments::to_json(fp32), experiments::to_json(plain));
   const auto with_auto = parse_train_config("", "auto", {"quant.compute=auto"});
+  EXPECT_EQ(with_auto.quant.compute, nn::Compute::auto_);
   EXPECT_NE(experiments::to_json(with_auto).find("\"compute\":\"auto\""), std::string::npos);
   EXPECT_NE(experiments::to_toml(with_auto).find("compute = \"auto\""), std::string::npos);
-  experiments::TrainConfig bad = plain;
-  bad.quant.compute = "fp16";
-  const std::string e = test::error_of([&] { experiments::validate(bad); });
-  EXPECT_NE(e.find("quant.compute"), std::string::npos) << e;
+  const std::string e = test::error_of([] { experiments::read_train_config("[quant]\ncompute = \"fp16\"\n", "c.toml"); });
+  EXPECT_NE(e.find("c.toml:2: 'quant.compute'"), std::string::npos) << e;
+  EXPECT_NE(test::error_of([] { experiments::read_train_config("[quant]\ncompute = 16\n", "c.toml"); })
+                .find("'quant.compute' must be a string (fp32, bf16 or auto)"),
+            std::string::npos);
 }
 
 // quant.accumulate likewise (fp32 by default, docs/spec.md §7.3).
@@ -78,11 +81,10 @@ TEST(Config, AccumulateIsRecordedExceptAtItsDefault) {
   const auto fp32 = parse_train_config("", "fp32", {"quant.accumulate=fp32"});
   EXPECT_EQ(experiments::to_json(fp32), experiments::to_json(plain));
   const auto chunked = parse_train_config("", "chunked", {"quant.accumulate=1.8.10@128"});
+  EXPECT_EQ(chunked.quant.accumulate->chunk, 128);
   EXPECT_NE(experiments::to_json(chunked).find("\"accumulate\":\"1.8.10@128\""), std::string::npos);
   EXPECT_NE(experiments::to_toml(chunked).find("accumulate = \"1.8.10@128\""), std::string::npos);
-  experiments::TrainConfig bad = plain;
-  bad.quant.accumulate = "1.8.10@0";
-  const std::string e = test::error_of([&] { experiments::validate(bad); });
+  const std::string e = test::error_of([] { parse_train_config("", "t", {"quant.accumulate=1.8.10@0"}); });
   EXPECT_NE(e.find("quant.accumulate"), std::string::npos) << e;
   EXPECT_NE(e.find("positive integer"), std::string::npos) << e;
 }
@@ -105,28 +107,43 @@ TEST(Config, ChannelsLastIsRecordedWhenOn) {
   EXPECT_NE(e.find("model.channels_last is for image models"), std::string::npos) << e;
 }
 
-// A recipe file's compute and accumulate complete the config where it leaves them at their
-// defaults (so the run records them); a config value that differs is an error naming both.
-TEST(Config, RecipeFileComputeAndAccumulateCompleteTheConfig) {
+// One precedence rule for quant.compute and quant.accumulate (docs/spec.md §7): a value given
+// explicitly (config file or --set) beats the recipe file's, which beats the default.
+// Every source of a value, alone and against the others.
+TEST(Config, ExplicitSettingsBeatTheRecipeFileWhichBeatsTheDefault) {
   const auto dir = test::temp_dir("fp8lab_config_recipe");
   const std::string recipe = (dir / "deepseek.toml").string();
   std::ofstream(recipe) << "a = \"e4m3fn\"\nw = \"e4m3fn\"\ncompute = \"auto\"\naccumulate = \"1.8.10@128\"\n";
-  const auto c = parse_train_config("", "t", {"quant.recipe=" + recipe});
-  EXPECT_EQ(c.quant.compute, "auto");
-  EXPECT_EQ(c.quant.accumulate, "1.8.10@128");
-  EXPECT_NE(experiments::to_json(c).find("\"accumulate\":\"1.8.10@128\""), std::string::npos);
-  // The same values given again (by any name) agree; different ones are refused.
-  EXPECT_NO_THROW(parse_train_config("", "t", {"quant.recipe=" + recipe, "quant.compute=auto"}));
-  const std::string e = error_of([&] { parse_train_config("", "t", {"quant.recipe=" + recipe, "quant.compute=bf16"}); });
-  EXPECT_NE(e.find("quant.compute = 'bf16'"), std::string::npos) << e;
-  EXPECT_NE(e.find("compute = 'auto'"), std::string::npos) << e;
-  EXPECT_NE(e.find(recipe), std::string::npos) << e;
-  // A config built in code and never completed is refused by validate, not run silently.
+  const std::string with_recipe = "[quant]\nrecipe = \"" + recipe + "\"\n";
+  const auto chunk_of = [](const experiments::TrainConfig& c) { return c.quant.accumulate->chunk; };
+  // The default alone.
+  const auto plain = parse_train_config("", "t");
+  EXPECT_EQ(plain.quant.compute, nn::Compute::fp32);
+  EXPECT_EQ(chunk_of(plain), 0);
+  // The recipe file alone completes the config, and the run records its values.
+  const auto from_file = parse_train_config(with_recipe, "t");
+  EXPECT_EQ(from_file.quant.compute, nn::Compute::auto_);
+  EXPECT_EQ(chunk_of(from_file), 128);
+  EXPECT_NE(experiments::to_json(from_file).find("\"accumulate\":\"1.8.10@128\""), std::string::npos);
+  // The config file's own value beats the recipe file's, the default's spelling included.
+  const auto in_file = parse_train_config(with_recipe + "compute = \"fp32\"\naccumulate = \"fp32\"\n", "t");
+  EXPECT_EQ(in_file.quant.compute, nn::Compute::fp32);
+  EXPECT_EQ(chunk_of(in_file), 0);
+  // --set beats the recipe file (quant.compute=fp32 was once replaced by the file's auto).
+  const auto by_set = parse_train_config(with_recipe, "t", {"quant.compute=fp32", "quant.accumulate=1.5.10@32"});
+  EXPECT_EQ(by_set.quant.compute, nn::Compute::fp32);
+  EXPECT_EQ(chunk_of(by_set), 32);
+  // --set beats the config file too.
+  const auto both = parse_train_config("[quant]\ncompute = \"bf16\"\n", "t", {"quant.compute=auto"});
+  EXPECT_EQ(both.quant.compute, nn::Compute::auto_);
+  // A config built in code and never completed: train() and validate-free readers see fp32
+  // until complete_config takes the recipe file's values.
   experiments::TrainConfig raw;
   raw.quant.recipe = recipe;
-  EXPECT_NE(error_of([&] { experiments::validate(raw); }).find("quant.compute = 'fp32'"), std::string::npos);
+  EXPECT_FALSE(raw.quant.compute);
+  EXPECT_EQ(experiments::compute_of(raw.quant), nn::Compute::fp32);
   experiments::complete_config(raw);
-  EXPECT_EQ(raw.quant.compute, "auto");
+  EXPECT_EQ(raw.quant.compute, nn::Compute::auto_);
   std::filesystem::remove_all(dir);
 }
 
@@ -135,8 +152,8 @@ TEST(Config, RecipeFileComputeAndAccumulateCompleteTheConfig) {
 TEST(Config, ShippedDeepSeekRecipeSetsComputeAndAccumulation) {
   const std::string recipe = std::string(FP8LAB_SOURCE_DIR) + "/configs/recipes/deepseek-v3.toml";
   const auto c = parse_train_config("", "t", {"quant.recipe=" + recipe});
-  EXPECT_EQ(c.quant.compute, "auto");
-  EXPECT_EQ(c.quant.accumulate, "1.8.13@128");
+  EXPECT_EQ(c.quant.compute, nn::Compute::auto_);
+  EXPECT_EQ(nn::to_string(*c.quant.accumulate), "1.8.13@128");
 }
 
 TEST(Config, StringsAreUtf8TextAndRoundTripExactly) {

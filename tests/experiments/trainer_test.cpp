@@ -177,7 +177,7 @@ TEST(Trainer, ChannelsLastChangesNoQuantizedValue) {
     c.data.synthetic_channels = 3;
     c.data.image_size = 16;
     c.model.channels_last = channels_last;
-    c.quant.compute = compute;
+    c.quant.compute = nn::parse_compute(compute);
     return experiments::train(c, nullptr, quiet());
   };
   const auto nchw = run("layout-nchw", false, "fp32"), nhwc = run("layout-nhwc", true, "fp32");

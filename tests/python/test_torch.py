@@ -476,8 +476,6 @@ def test_errors_are_python_exceptions():
         ft.quantize_model(42, "fp32")
     with pytest.raises(ValueError):
         ft.layer("l", a="1.9.9")
-    with pytest.raises(ValueError, match="contradicts"):
-        ft.quantize_model(cnn(), str(REPO / "configs/recipes/deepseek-v3.toml"), compute="fp32")
     with pytest.raises(ValueError, match="already"):
         m = ft.quantize_model(cnn(), "fp32")
         ft.quantize_model(m, "fp32")
@@ -502,6 +500,18 @@ def test_errors_are_python_exceptions():
                                 ({"padding": (1, 2, 3)}, TypeError, "padding")]:
         with pytest.raises(error, match=re.escape(text)):
             ft.conv2d(x, w, None, lay, **kwargs)
+
+
+def test_arguments_beat_the_recipe_file_which_beats_the_default():
+    # The precedence of `fp8lab train` (docs/spec.md §4.2), for each source of a value.
+    recipe = str(REPO / "configs/recipes/deepseek-v3.toml")  # compute auto, accumulate 1.8.13@128
+    ctx = lambda m: ft.quant_state(m).context
+    from_file = ctx(ft.quantize_model(cnn(), recipe))
+    assert (from_file.compute, from_file.accumulate) == ("auto", "1.8.13@128")
+    given = ctx(ft.quantize_model(cnn(), recipe, compute="fp32", accumulate="fp32"))
+    assert (given.compute, given.accumulate) == ("fp32", "fp32")
+    default = ctx(ft.quantize_model(cnn(), "fp32"))
+    assert (default.compute, default.accumulate) == ("fp32", "fp32")
 
 
 def test_quantized_models_copy_and_pickle():

@@ -15,8 +15,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "fp8lab/nn/compute_spec.hpp"
 
 namespace fp8lab::experiments {
 
@@ -109,8 +112,12 @@ struct TrainLoopConfig {
 struct QuantConfig {
   std::string recipe = "fp32";      // a preset name, a one-line recipe or a .toml file
   std::string loss_scale = "none";  // none, static:K, backoff[:...], logmax[:...]
-  std::string compute = "fp32";     // how products run: fp32, bf16 or auto (docs/spec.md §7)
-  std::string accumulate = "fp32";  // how the products' sums accumulate: fp32 or FORMAT@CHUNK (§7.3)
+  // How products run (fp32, bf16 or auto, docs/spec.md §7) and how their sums accumulate
+  // (fp32 or FORMAT@CHUNK, §7.3), parsed where the config is read. Unset: not given in the
+  // config file or by --set; complete_config then takes the recipe file's value, else fp32
+  // (one precedence rule: explicit, then the recipe file, then the default).
+  std::optional<nn::Compute> compute;
+  std::optional<nn::Accumulation> accumulate;
   // The format the gradients of the micro-batches (and processes) travel in before they are
   // summed in float32: fp32, or a quantizer (docs/spec.md §6.4: "1.5.2:20",
   // "e5m2@tensor:fp32:nearest", "mxfp8_e5m2/stochastic"), each parameter's gradient
@@ -143,10 +150,13 @@ void check_ranges(const TrainConfig& c);
 // check_ranges, then what needs the registries and the other layers (src/experiments/validate.cpp).
 void validate(const TrainConfig& c);
 
-// A recipe file's `compute` and `accumulate` (docs/spec.md §4.2) into the config's
-// quant.compute and quant.accumulate where the config leaves them at their defaults
-// (validate() then refuses a config value that differs from the file's, naming both).
+// quant.compute and quant.accumulate where the config leaves them unset: the recipe file's
+// `compute` and `accumulate` (docs/spec.md §4.2), else fp32. A value given explicitly is
+// kept, whatever the recipe file says.
 void adopt_recipe_settings(TrainConfig& c);
+// The products' path and accumulation of a config: unset (a config never completed) is fp32.
+inline nn::Compute compute_of(const QuantConfig& q) { return q.compute.value_or(nn::Compute::fp32); }
+inline nn::Accumulation accumulation_of(const QuantConfig& q) { return q.accumulate.value_or(nn::Accumulation{}); }
 // adopt_recipe_settings, then validate: what every config read from text goes through.
 void complete_config(TrainConfig& c);
 

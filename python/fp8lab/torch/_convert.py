@@ -126,12 +126,10 @@ def _recipe(recipe) -> _core.Recipe:
 
 
 def _settings(r: _core.Recipe, compute: Optional[str], accumulate: Optional[str]) -> Tuple[str, str]:
-    """The run's compute and accumulation: the arguments, else the recipe file's, else
-    float32; an argument that contradicts the recipe file is an error naming both."""
+    """The run's compute and accumulation, by the precedence of `fp8lab train`
+    (docs/spec.md §4.2): the arguments, else the recipe file's, else float32."""
     out = []
-    for what, arg, from_file in (("compute", compute, r.compute), ("accumulate", accumulate, r.accumulate)):
-        if arg is not None and from_file and arg != from_file:
-            raise ValueError(f"{what}={arg!r} contradicts the recipe's {what} = {from_file!r}")
+    for arg, from_file in ((compute, r.compute), (accumulate, r.accumulate)):
         out.append(arg if arg is not None else (from_file or "fp32"))
     return out[0], out[1]
 
