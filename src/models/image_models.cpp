@@ -126,12 +126,6 @@ EfficientNetOptions efficientnet_preset(int b) {
   return o;
 }
 
-int efficientnet_resolution(int b) {
-  static const int res[8] = {224, 240, 260, 300, 380, 456, 528, 600};
-  if (b < 0 || b > 7) throw Error("EfficientNet-B" + std::to_string(b) + " does not exist (B0..B7)");
-  return res[b];
-}
-
 namespace {
 // Channels scaled by the width multiplier, rounded to a multiple of 8 (never down by >10%).
 std::int64_t round_filters(std::int64_t c, double mult) {

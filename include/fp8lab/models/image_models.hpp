@@ -77,7 +77,6 @@ struct EfficientNetOptions {
 };
 // The paper's coefficients: b0 (1.0, 1.0, 224, 0.2) ... b4 (1.4, 1.8, 380, 0.4) ... b7.
 EfficientNetOptions efficientnet_preset(int b);
-int efficientnet_resolution(int b);
 
 struct EfficientNetImpl : torch::nn::Module {
   explicit EfficientNetImpl(EfficientNetOptions o = {});
