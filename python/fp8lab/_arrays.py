@@ -42,13 +42,18 @@ def _tensor(x, what: str, *, writable: bool = False):
     raise TypeError(f"{what}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
 
 
+def _is_integer(v) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return not isinstance(v, bool) and isinstance(v, (int, np.integer))
+
+
 def _check_rounding(what: str, rounding, overflow, seed, random_bits) -> None:
     """The rounding arguments' types and the seed's range, named (the kernels take them as C++ values)."""
     for name, v in (("rounding", rounding), ("overflow", overflow)):
         if not isinstance(v, str):
             raise TypeError(f"{what}: {name} must be a name (a str), not {type(v).__name__}")
     for name, v in (("seed", seed), ("random_bits", random_bits)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        if not _is_integer(v):
             raise TypeError(f"{what}: {name} must be an integer, not {type(v).__name__}")
     if not 0 <= int(seed) < 2**64:
         raise ValueError(f"{what}: seed must be in 0..2^64-1 (got {seed})")
@@ -69,7 +74,7 @@ def _spec(format: FormatLike):
 
 
 def _axis(t: torch.Tensor, axis: int) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+    if not _is_integer(axis):
         raise TypeError(f"axis must be an integer, not {type(axis).__name__}")
     axis = int(axis)
     if t.dim() == 0:

@@ -327,7 +327,7 @@ CorpusFiles prepare_bible_corpus(const std::string& dir, const std::string& en_m
   const auto en = parse_imp(run_mod2imp(en_module), "mod2imp " + en_module);
   const auto es = parse_imp(run_mod2imp(es_module), "mod2imp " + es_module);
   const auto pairs = align_verses(en, es, &files.report);
-  make_folder(fs::path(d).string());
+  make_folder(d.string());
   std::map<std::string, std::array<std::string, 3>> parts;
   for (const auto& p : pairs) {
     auto& f = parts[split_of(p.ref)];

@@ -27,6 +27,12 @@ struct Field {
   FieldPtr ptr;
 };
 
+// A quantization setting parsed from its text (std::optional<T>: unset, or its value).
+template <class T>
+inline constexpr bool kIsSetting = false;
+template <class T>
+inline constexpr bool kIsSetting<std::optional<T>> = true;
+
 // Every field of the config, in the order to_toml writes them: the one table that parsing,
 // --set, TOML and JSON output share.
 std::vector<Field> fields(TrainConfig& c) {
@@ -188,14 +194,27 @@ void assign(const Field& f, const toml::node& v) {
 
 // Whether the field's TOML value is a string (text, or a setting parsed from text).
 bool takes_text(const Field& f) {
-  return std::holds_alternative<std::string*>(f.ptr) || std::holds_alternative<std::optional<nn::Compute>*>(f.ptr) ||
-         std::holds_alternative<std::optional<nn::Accumulation>*>(f.ptr);
+  return std::visit(
+      [](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        return std::is_same_v<T, std::string> || kIsSetting<T>;
+      },
+      f.ptr);
 }
 
-// A setting's text as the config writes it; nullopt for one not set.
+// Whether the field is a setting left unset (written neither to TOML nor to JSON).
+bool unset_setting(const Field& f) {
+  return std::visit(
+      [](auto* p) {
+        if constexpr (kIsSetting<std::remove_pointer_t<decltype(p)>>) return !p->has_value();
+        else return false;
+      },
+      f.ptr);
+}
+
+// A set setting's text as the config writes it.
 template <class T>
-std::optional<std::string> setting_text(const std::optional<T>& v) {
-  if (!v) return std::nullopt;
+std::string setting_text(const std::optional<T>& v) {
   return std::string(nn::to_string(*v));
 }
 
@@ -341,8 +360,7 @@ std::string to_toml(const TrainConfig& cin) {
   TrainConfig c = cin;
   std::string out = "schema = " + std::to_string(kConfigSchema) + "\n", section;
   for (const auto& f : fields(c)) {
-    if (const auto* o = std::get_if<std::optional<nn::Compute>*>(&f.ptr); o && !**o) continue;  // unset
-    if (const auto* o = std::get_if<std::optional<nn::Accumulation>*>(&f.ptr); o && !**o) continue;
+    if (unset_setting(f)) continue;
     const auto dot = f.key.find('.');
     std::string leaf = f.key;
     if (dot != std::string::npos) {
@@ -357,9 +375,8 @@ std::string to_toml(const TrainConfig& cin) {
           using T = std::remove_pointer_t<decltype(p)>;
           if constexpr (std::is_same_v<T, std::string>) {
             value = nlohmann::json(*p).dump();  // a JSON string is a valid TOML basic string
-          } else if constexpr (std::is_same_v<T, std::optional<nn::Compute>> ||
-                               std::is_same_v<T, std::optional<nn::Accumulation>>) {
-            value = nlohmann::json(*setting_text(*p)).dump();
+          } else if constexpr (kIsSetting<T>) {
+            value = nlohmann::json(setting_text(*p)).dump();
           } else if constexpr (std::is_same_v<T, bool>) {
             value = *p ? "true" : "false";
           } else if constexpr (std::is_same_v<T, double>) {
@@ -397,15 +414,14 @@ std::string to_json(const TrainConfig& cin) {
   nlohmann::json j;
   j["schema"] = kConfigSchema;
   for (const auto& f : fields(c)) {
-    if (left_out_at_default(f.key, c)) continue;
+    if (unset_setting(f) || left_out_at_default(f.key, c)) continue;
     const auto dot = f.key.find('.');
     nlohmann::json& slot = dot == std::string::npos ? j[f.key] : j[f.key.substr(0, dot)][f.key.substr(dot + 1)];
     std::visit(
         [&](auto* p) {
           using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, std::optional<nn::Compute>> ||
-                        std::is_same_v<T, std::optional<nn::Accumulation>>)
-            slot = *setting_text(*p);  // set: left out above otherwise
+          if constexpr (kIsSetting<T>)
+            slot = setting_text(*p);  // set: unset ones were left out above
           else
             slot = *p;
         },

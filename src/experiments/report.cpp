@@ -790,7 +790,7 @@ std::vector<std::pair<Sweep, SweepReport>> also_reports(const Sweep& s, const re
 
 std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, const results::Store& store,
                                       const std::string& out_dir) {
-  make_folder(fs::path(out_dir).string());
+  make_folder(out_dir);
   const auto rows = store.runs({.name = s.name});
   std::vector<std::string> files;
   const std::string md = (fs::path(out_dir) / "table.md").string(), csv = (fs::path(out_dir) / "table.csv").string();

@@ -2,9 +2,10 @@
 // and a log2 exponent histogram. Quantize, encode and decode are SIMD (Highway, chosen at
 // run time for this CPU); the histogram is scalar code (four interleaved count tables over
 // the exponent field, about a third of the streaming rate: docs/benchmarks.md), since it runs
-// only on statistics steps. All are multithreaded above a size threshold. Every kernel is bit-exact with the scalar codec
-// (fp8lab/core/codec.hpp) on every target, for any thread count: stochastic rounding draws
-// the random bits of element i from (seed, index_offset + i) only.
+// only on statistics steps. All are multithreaded above a size threshold. Every kernel is
+// bit-exact with the scalar codec (fp8lab/core/codec.hpp) on every target, for any thread
+// count: stochastic rounding draws the random bits of element i from (seed, index_offset +
+// i) only.
 #pragma once
 
 #include <array>

@@ -12,6 +12,11 @@ import torch.nn.functional as F
 from . import _functional as fn
 
 
+def _label(kind: str, layer) -> str:
+    """How an error names a converted layer: by its layer name, or as left float32."""
+    return f"{kind} '{layer.name}'" if layer is not None else f"{kind} (float32)"
+
+
 def _describe(layer) -> str:
     if layer is None:
         return "float32"
@@ -41,15 +46,12 @@ class QuantLinear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(f"{self._name()}: the input's last dimension is "
+            raise ValueError(f"{_label('QuantLinear', self.layer)}: the input's last dimension is "
                              f"{x.shape[-1] if x.dim() else 'missing (a 0-d tensor)'}, the layer takes "
                              f"{self.in_features} features (input shape {tuple(x.shape)})")
         if self.layer is None:
             return F.linear(x, self.weight, self.bias)
         return fn.linear(x, self.weight, self.bias, self.layer)
-
-    def _name(self) -> str:
-        return f"QuantLinear '{self.layer.name}'" if self.layer is not None else "QuantLinear (float32)"
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {_describe(self.layer)}"
@@ -89,7 +91,7 @@ class QuantConv2d(torch.nn.Conv2d):
         return [t // 2 for t in totals]
 
     def _check_input(self, x: torch.Tensor) -> None:
-        name = f"QuantConv2d '{self.layer.name}'" if self.layer is not None else "QuantConv2d (float32)"
+        name = _label("QuantConv2d", self.layer)
         if x.dim() not in (3, 4) or x.shape[-3] != self.in_channels:
             raise ValueError(f"{name}: expected an input [N, {self.in_channels}, H, W] or [{self.in_channels}, H, W], "
                              f"got shape {tuple(x.shape)}")
