@@ -78,6 +78,13 @@ void release_sigint() {
   pthread_sigmask(SIG_UNBLOCK, &sigint, nullptr);
 }
 
+// Gloo writes to the other ranks with writev(), which raises SIGPIPE when a peer has died:
+// left at its default, the signal would end this rank at once, before it reports the failed
+// exchange and marks the run failed in the store. Ignored, the write fails with EPIPE and
+// the exchange with an error that says so (docs/training.md, "Failures"). This is the program's own
+// process state, set before Gloo starts its threads.
+void ignore_sigpipe() { std::signal(SIGPIPE, SIG_IGN); }
+
 // The exit status of a run: 0 finished, or stopped as --stop-after asked; 130 stopped by
 // Ctrl-C; 1 diverged.
 int exit_status(const TrainArgs& a, results::RunStatus s) {
@@ -101,7 +108,10 @@ int run_train(const TrainArgs& a) {
     return run_ranks(a.nproc, rank_arguments(a, cfg), a.timeout);
   }
   std::optional<experiments::World> world;
-  if (wc && wc->size > 1) world.emplace(*wc);
+  if (wc && wc->size > 1) {
+    ignore_sigpipe();
+    world.emplace(*wc);
+  }
   const bool writer = !world || world->rank() == 0;
   std::optional<results::Store> store;
   if (writer) store.emplace(a.db);

@@ -350,7 +350,7 @@ TOML
   check "a killed rank fails the run (got $rc)" [ $rc -ne 0 ]
   check "... well within the timeout" [ $(($(date +%s) - t0)) -lt 20 ]
   check "... naming the rank and the signal" grep -q 'rank 1 of 2 was killed by signal 9' "$T/dpk"
-  check "... and rank 0's failed exchange" grep -q 'data-parallel rank 0 of 2: .* failed' "$T/dpk"
+  check "... and rank 0's failed exchange (launcher: $(grep '^fp8lab: rank' "$T/dpk" | tr '\n' ' '))" grep -q 'data-parallel rank 0 of 2: .* failed' "$T/dpk"
   check "... marked failed in the store" [ "$("$FP8LAB" runs --db "$T/dp.db" --name dpk --csv | grep -c ',failed,')" -eq 1 ]
   "$FP8LAB" train "$T/syn.toml" "${P[@]}" "${K[@]}" --nproc 2 --resume >/dev/null 2>"$T/dpk2"; rc=$?
   check "the killed run resumes (got $rc)" [ $rc -eq 0 ]
