@@ -69,16 +69,6 @@ void validate(const ScaledSpec& s) {
 
 namespace {
 
-std::vector<std::string_view> split(std::string_view s, char sep) {
-  std::vector<std::string_view> out;
-  for (std::size_t start = 0;;) {
-    const std::size_t at = s.find(sep, start);
-    out.push_back(s.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
-    if (at == std::string_view::npos) return out;
-    start = at + 1;
-  }
-}
-
 bool parse_positive(std::string_view s, int& out) {
   if (s.empty() || s.front() == '+' || s.front() == '-') return false;
   const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);

@@ -412,13 +412,11 @@ void expand_grids(Sweep& s, const std::vector<const toml::table*>& grids, const 
 // The index of the first point whose variables match "variable=value, ...".
 int baseline_point(const Sweep& s, const std::string& baseline, const std::string& source) {
   std::map<std::string, std::string> want;
-  std::stringstream ss(baseline);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
-    const auto eq = part.find('=');
-    if (eq == std::string::npos) throw Error(source + ": baseline \"" + baseline + "\": expected variable=value[, ...]");
-    const std::string_view pv(part);
-    want[std::string(trim(pv.substr(0, eq)))] = std::string(trim(pv.substr(eq + 1)));
+  for (const std::string_view part : split(baseline, ',')) {
+    if (trim(part).empty()) continue;
+    const std::optional<KeyValue> kv = key_value(part);
+    if (!kv) throw Error(source + ": baseline \"" + baseline + "\": expected variable=value[, ...]");
+    want[std::string(trim(kv->key))] = std::string(trim(kv->value));
   }
   for (std::size_t i = 0; i < s.points.size(); ++i) {
     bool ok = true;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <string>
 
 #include "fp8lab/core/format.hpp"
@@ -29,6 +30,43 @@ TEST(LossScale, ParsesConfigs) {
   EXPECT_THROW(parse_loss_scale("backoff:c=1"), Error);
   EXPECT_THROW(parse_loss_scale("backoff:factor=3"), Error);
   EXPECT_THROW(parse_loss_scale("logmax:c=x"), Error);
+}
+
+TEST(LossScale, OneLineFormWritesWhatDiffersFromTheMethodsDefault) {
+  EXPECT_EQ(to_string(parse_loss_scale("none")), "none");
+  EXPECT_EQ(to_string(parse_loss_scale("backoff")), "backoff");
+  EXPECT_EQ(to_string(parse_loss_scale("backoff:init=16,interval=2000")), "backoff");
+  EXPECT_EQ(to_string(parse_loss_scale("fixed:22")), "static:22");
+  EXPECT_EQ(to_string(parse_loss_scale("static:22,max_log2=30")), "static:22,max_log2=30");
+  EXPECT_EQ(to_string(parse_loss_scale("backoff:factor=4,interval=50,init=10")), "backoff:init=10,interval=50,factor=4");
+  EXPECT_EQ(to_string(parse_loss_scale("logmax:c=1,init=10,beta2=0.99,max=448")),
+            "logmax:init=10,c=1,beta2=0.99,max=448");
+}
+
+// Every config the parser can produce prints to a line that parses back to it: drawn at
+// random over every key of every method, values at the edges of their ranges included.
+TEST(LossScale, EveryConfigRoundTripsThroughItsOneLineForm) {
+  std::mt19937_64 rng(7);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int i = 0; i < 20000; ++i) {
+    LossScaleConfig c;
+    c.method = static_cast<LossScaleMethod>(pick(0, 3));
+    c.min_log2 = pick(-126, 0);
+    c.max_log2 = pick(0, 127);
+    c.init_log2 = pick(c.min_log2, c.max_log2);
+    if (c.method == LossScaleMethod::backoff) {
+      c.interval = pick(0, 1) ? pick(1, 1000000000) : 2000;
+      c.backoff_log2_factor = pick(1, 64);
+    }
+    if (c.method == LossScaleMethod::logmax) {
+      c.c = std::uniform_real_distribution<double>(-8, 8)(rng);
+      c.beta1 = std::uniform_real_distribution<double>(1e-9, 1 - 1e-9)(rng);
+      c.beta2 = pick(0, 1) ? 0.999 : std::uniform_real_distribution<double>(1e-9, 1 - 1e-9)(rng);
+      c.grad_format_max = std::ldexp(std::uniform_real_distribution<double>(0.5, 1)(rng), pick(-100, 100));
+    }
+    const std::string line = to_string(c);
+    ASSERT_EQ(parse_loss_scale(line), c) << line;
+  }
 }
 
 TEST(LossScale, OutOfRangeValuesAreErrorsNotConversions) {

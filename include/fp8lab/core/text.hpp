@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace fp8lab {
 
@@ -17,6 +18,29 @@ inline std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
   return s;
+}
+
+// The one tokenizer of the mini-languages (format names, scaled specs, recipes, loss
+// scaling, accumulation, sweep axes): `text` cut at every `sep`, empty pieces kept ("a,,b"
+// is "a", "", "b"; "" is one empty piece).
+inline std::vector<std::string_view> split(std::string_view text, char sep) {
+  std::vector<std::string_view> out;
+  for (std::size_t start = 0;;) {
+    const std::size_t at = text.find(sep, start);
+    out.push_back(text.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
+    if (at == std::string_view::npos) return out;
+    start = at + 1;
+  }
+}
+
+// An item "key=value" cut at its first '='; nullopt where it has none.
+struct KeyValue {
+  std::string_view key, value;
+};
+inline std::optional<KeyValue> key_value(std::string_view item) {
+  const std::size_t eq = item.find('=');
+  if (eq == std::string_view::npos) return std::nullopt;
+  return KeyValue{item.substr(0, eq), item.substr(eq + 1)};
 }
 
 // The prefix of an error at a line of a file: "<source>:<line>: ".
