@@ -27,7 +27,14 @@ struct QuickstartArgs {
 void run_quickstart(QuickstartArgs a) {
   if (!a.loss_scales.empty() && a.loss_scales.size() != a.recipes.size())
     throw Error("--loss-scale takes one value per recipe (" + std::to_string(a.recipes.size()) + ")");
-  for (const auto& r : a.recipes) nn::load_recipe(r);  // report bad input before training
+  // Every recipe and loss scaling parsed before the first run: a typo in the last one is an
+  // error now, not after the others have trained.
+  std::vector<experiments::Spelled<nn::Recipe>> recipes;
+  std::vector<experiments::Spelled<nn::LossScaleConfig>> loss_scales;
+  for (std::size_t i = 0; i < a.recipes.size(); ++i) {
+    recipes.push_back(experiments::recipe_setting(a.recipes[i]));
+    if (!a.loss_scales.empty()) loss_scales.push_back(experiments::loss_scale_setting(a.loss_scales[i]));
+  }
   data::mnist_paths(a.data_dir, true);
   data::mnist_paths(a.data_dir, false);
   experiments::TrainConfig base;
@@ -53,8 +60,8 @@ void run_quickstart(QuickstartArgs a) {
            "seconds"});
   for (std::size_t i = 0; i < a.recipes.size(); ++i) {
     experiments::TrainConfig cfg = base;
-    cfg.quant.recipe = a.recipes[i];
-    if (!a.loss_scales.empty()) cfg.quant.loss_scale = a.loss_scales[i];
+    cfg.quant.recipe = recipes[i];
+    if (!loss_scales.empty()) cfg.quant.loss_scale = loss_scales[i];
     experiments::TrainOptions opt;
     opt.checkpoints = false;  // a few minutes' demo: nothing to resume
     const auto r = experiments::train(cfg, &store, opt);

@@ -27,6 +27,57 @@ py::dict layer_quant_dict(const nn::LayerQuant& q) {
   return d;
 }
 
+
+namespace {
+
+// A Python value of a recipe field as the text the recipe grammar reads (True -> "true").
+std::string field_text(const std::string& key, const py::handle& v) {
+  if (py::isinstance<py::bool_>(v)) return py::cast<bool>(v) ? "true" : "false";
+  if (py::isinstance<py::int_>(v)) return std::to_string(py::cast<long long>(v));
+  if (py::isinstance<py::str>(v)) return py::cast<std::string>(v);
+  throw py::type_error("Recipe: " + key + " must be a str, bool or int, not " +
+                       std::string(py::str(py::type::handle_of(v).attr("__name__"))));
+}
+
+using OverrideFields = std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>>;
+
+OverrideFields override_fields(const py::handle& list) {
+  if (!py::isinstance<py::list>(list) && !py::isinstance<py::tuple>(list))
+    throw py::type_error("Recipe: overrides must be a list of dicts such as {'match': 'fc*', 'gw': 'fp32'}");
+  OverrideFields out;
+  for (const py::handle o : list) {
+    if (!py::isinstance<py::dict>(o)) throw py::type_error("Recipe: each override must be a dict with 'match'");
+    std::string match;
+    std::vector<std::pair<std::string, std::string>> kinds;
+    for (auto item : py::reinterpret_borrow<py::dict>(o)) {
+      const std::string k = py::cast<std::string>(py::str(item.first));
+      if (k == "match") match = field_text(k, item.second);
+      else kinds.emplace_back(k, field_text(k, item.second));
+    }
+    out.emplace_back(match, kinds);
+  }
+  return out;
+}
+
+nn::Recipe recipe_from_python(const py::object& text, const py::kwargs& fields) {
+  if (!text.is_none()) {
+    if (!fields.empty()) throw Error("Recipe: give a text or fields, not both");
+    if (!py::isinstance<py::str>(text)) throw py::type_error("Recipe: text must be a str");
+    return nn::load_recipe(py::cast<std::string>(text));
+  }
+  if (fields.empty()) throw Error("Recipe: give a text (a preset, a line or a .toml file) or fields (a=..., gx=...)");
+  std::vector<std::pair<std::string, std::string>> values;
+  OverrideFields overrides;
+  for (auto item : fields) {
+    const std::string key = py::cast<std::string>(item.first);
+    if (key == "overrides") overrides = override_fields(item.second);
+    else values.emplace_back(key, field_text(key, item.second));
+  }
+  return nn::recipe_from_fields(values, overrides);
+}
+
+}  // namespace
+
 void bind_recipe(py::module_& m) {
   py::class_<nn::LayerQuant>(m, "LayerQuant", "The quantizers of one layer: a, w, gx, gw (None: float32)")
       .def("__getitem__", [](const nn::LayerQuant& q, const std::string& kind) {
@@ -65,24 +116,39 @@ void bind_recipe(py::module_& m) {
       py::arg("kinds"), "A LayerQuant from {'a': '1.4.3', 'gx': '1.5.2/stochastic', ...}");
 
   py::class_<nn::Recipe>(m, "Recipe", "Quantizers for the four tensor kinds of every layer, with per-layer overrides")
-      .def(py::init([](const std::string& text) { return nn::load_recipe(text); }), py::arg("text"),
-           "A preset name (fp32, resnet32-152, mxfp8, ...), a line 'a=1.4.3,w=1.4.3,gx=1.5.2' or a .toml file")
+      .def(py::init(&recipe_from_python), py::arg("text") = py::none(),
+           "Recipe(text): a preset name (fp32, resnet32-152, mxfp8, ...), a line 'a=1.4.3,w=1.4.3,gx=1.5.2' or a "
+           ".toml file. Recipe(a=..., w=..., gx=..., gw=..., exempt_first=..., keep_last=..., hadamard=..., "
+           "compute=..., accumulate=..., name=..., overrides=[{'match': 'fc*', 'gw': 'fp32'}, ...]): the same "
+           "keys as fields (docs/spec.md §4.2)")
       .def_readonly("name", &nn::Recipe::name)
       .def_property_readonly("base", [](const nn::Recipe& r) { return r.base; })
       .def_readonly("exempt_first", &nn::Recipe::exempt_first)
       .def_property_readonly("first_quant", [](const nn::Recipe& r) { return nn::to_string(r.first_quant); },
                              "The quantizer of the exempted first layer's input and output gradient ('fp32' by default)")
       .def_readonly("keep_last", &nn::Recipe::keep_last)
-      .def_readonly("compute", &nn::Recipe::compute)
-      .def_readonly("accumulate", &nn::Recipe::accumulate)
+      .def_property_readonly("compute", [](const nn::Recipe& r) -> std::optional<std::string> {
+             if (!r.compute) return std::nullopt;
+             return std::string(nn::to_string(*r.compute));
+           }, "The recipe's compute path (fp32, bf16, auto), or None where it leaves it to the run")
+      .def_property_readonly("accumulate", [](const nn::Recipe& r) -> std::optional<std::string> {
+             if (!r.accumulate) return std::nullopt;
+             return nn::to_string(*r.accumulate);
+           }, "The recipe's accumulation (fp32 or FORMAT@CHUNK), or None where it leaves it to the run")
       .def("resolve", &nn::Recipe::resolve, py::arg("path"), py::arg("index"), py::arg("count"),
            "The quantizers of layer `index` of `count` at module path `path`")
       .def("check_overrides", [](const nn::Recipe& r, const std::vector<std::string>& paths) {
              nn::check_overrides(r, paths);
            },
            py::arg("paths"), "Raises ValueError naming every override that matches none of the paths")
-      .def("to_line", &nn::Recipe::to_line)
-      .def("__repr__", [](const nn::Recipe& r) { return "Recipe('" + (r.name.empty() ? r.to_line() : r.name) + "')"; });
+      .def("to_line", &nn::Recipe::to_line, "The one-line form (raises ValueError for a recipe with overrides)")
+      .def("to_toml", &nn::Recipe::to_toml, "The TOML form: every key and override")
+      .def_property_readonly("hadamard", [](const nn::Recipe& r) { return r.hadamard; })
+      .def("__eq__", [](const nn::Recipe& a, const nn::Recipe& b) { return a == b; }, py::is_operator())
+      .def("__repr__", [](const nn::Recipe& r) {
+        if (!r.name.empty()) return "Recipe('" + r.name + "')";
+        return r.overrides.empty() ? "Recipe('" + r.to_line() + "')" : "Recipe(<" + std::to_string(r.overrides.size()) + " overrides>)";
+      });
   m.def("recipe_presets", [] {
     return preset_rows(nn::recipe_presets(), "recipe", [](const nn::RecipePreset& p) { return std::string(p.line); });
   });

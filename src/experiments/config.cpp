@@ -21,17 +21,49 @@ namespace fp8lab::experiments {
 namespace {
 
 using FieldPtr = std::variant<std::string*, int*, std::int64_t*, std::uint64_t*, double*, bool*, std::vector<double>*,
-                              std::optional<nn::Compute>*, std::optional<nn::Accumulation>*>;
+                              std::optional<nn::Compute>*, std::optional<nn::Accumulation>*, Spelled<nn::Recipe>*,
+                              Spelled<nn::LossScaleConfig>*, Spelled<nn::KindQuant>*>;
 struct Field {
   std::string key;  // dotted: "train.epochs"
   FieldPtr ptr;
 };
 
-// A quantization setting parsed from its text (std::optional<T>: unset, or its value).
+// A quantization setting parsed from its text that may be left unset (std::optional<T>:
+// unset, or its value), and one that keeps its text beside its value (Spelled<T>).
 template <class T>
 inline constexpr bool kIsSetting = false;
 template <class T>
 inline constexpr bool kIsSetting<std::optional<T>> = true;
+template <class T>
+inline constexpr bool kIsSpelled = false;
+template <class T>
+inline constexpr bool kIsSpelled<Spelled<T>> = true;
+
+// The settings' parsers, errors without the key (the callers add it).
+nn::Recipe recipe_value(const std::string& text) { return nn::load_recipe(text); }
+nn::LossScaleConfig loss_scale_value(const std::string& text) { return nn::parse_loss_scale(text); }
+nn::KindQuant grad_comm_value(const std::string& text) {
+  const nn::KindQuant comm = nn::parse_kind_quant(text);
+  if (comm && comm->history > 0) throw Error("delayed scaling has no history to draw on here; use current scaling");
+  if (comm && comm->element.format.width() > 16)
+    throw Error("'" + text + "' has " + std::to_string(comm->element.format.width()) +
+                " bits; gradients travel in formats of at most 16 bits (or fp32)");
+  return comm;
+}
+void parse_setting(Spelled<nn::Recipe>& s, const std::string& text) { s = {text, recipe_value(text)}; }
+void parse_setting(Spelled<nn::LossScaleConfig>& s, const std::string& text) { s = {text, loss_scale_value(text)}; }
+void parse_setting(Spelled<nn::KindQuant>& s, const std::string& text) { s = {text, grad_comm_value(text)}; }
+
+template <class T>
+Spelled<T> setting(const std::string& key, const std::string& text) {
+  Spelled<T> s;
+  try {
+    parse_setting(s, text);
+  } catch (const Error& e) {
+    throw Error("config: " + key + ": " + e.what());
+  }
+  return s;
+}
 
 // Every field of the config, in the order to_toml writes them: the one table that parsing,
 // --set, TOML and JSON output share.
@@ -149,11 +181,19 @@ void assign(const Field& f, const toml::node& v) {
   std::visit(
       [&](auto* p) {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, std::string>) {
+        if constexpr (std::is_same_v<T, std::string> || kIsSpelled<T>) {
           const auto s = v.value_exact<std::string>();
           if (!s) throw Error("must be a string");
           if (!plain_text(*s)) throw Error("must be UTF-8 text without control characters or plane-15 private-use characters");
-          *p = *s;
+          if constexpr (kIsSpelled<T>) {
+            try {
+              parse_setting(*p, *s);
+            } catch (const Error& e) {
+              throw Error(std::string("is not valid: ") + e.what());
+            }
+          } else {
+            *p = *s;
+          }
         } else if constexpr (std::is_same_v<T, std::optional<nn::Compute>>) {
           const auto s = v.value_exact<std::string>();
           if (!s) throw Error("must be a string (fp32, bf16 or auto)");
@@ -197,7 +237,7 @@ bool takes_text(const Field& f) {
   return std::visit(
       [](auto* p) {
         using T = std::remove_pointer_t<decltype(p)>;
-        return std::is_same_v<T, std::string> || kIsSetting<T>;
+        return std::is_same_v<T, std::string> || kIsSetting<T> || kIsSpelled<T>;
       },
       f.ptr);
 }
@@ -243,6 +283,14 @@ void check_finite(const TrainConfig& c) {
 }
 
 }  // namespace
+
+Spelled<nn::Recipe> recipe_setting(const std::string& text) { return setting<nn::Recipe>("quant.recipe", text); }
+Spelled<nn::LossScaleConfig> loss_scale_setting(const std::string& text) {
+  return setting<nn::LossScaleConfig>("quant.loss_scale", text);
+}
+Spelled<nn::KindQuant> grad_comm_setting(const std::string& text) {
+  return setting<nn::KindQuant>("quant.grad_comm", text);
+}
 
 void check_ranges(const TrainConfig& c) {
   try {
@@ -375,6 +423,8 @@ std::string to_toml(const TrainConfig& cin) {
           using T = std::remove_pointer_t<decltype(p)>;
           if constexpr (std::is_same_v<T, std::string>) {
             value = nlohmann::json(*p).dump();  // a JSON string is a valid TOML basic string
+          } else if constexpr (kIsSpelled<T>) {
+            value = nlohmann::json(p->text).dump();
           } else if constexpr (kIsSetting<T>) {
             value = nlohmann::json(setting_text(*p)).dump();
           } else if constexpr (std::is_same_v<T, bool>) {
@@ -422,6 +472,8 @@ std::string to_json(const TrainConfig& cin) {
           using T = std::remove_pointer_t<decltype(p)>;
           if constexpr (kIsSetting<T>)
             slot = setting_text(*p);  // set: unset ones were left out above
+          else if constexpr (kIsSpelled<T>)
+            slot = p->text;
           else
             slot = *p;
         },

@@ -186,7 +186,7 @@ std::optional<plt::Figure> loss_scale_plot(const Sweep& s, const results::Store&
     if (!matches(s.points[i], spec.where)) continue;
     // Points without loss scaling have a flat trace at 2^0: left out.
     const bool scaled = std::any_of(s.runs.begin(), s.runs.end(), [&](const SweepRun& r) {
-      return r.point == static_cast<int>(i) && r.cfg.quant.loss_scale != "none";
+      return r.point == static_cast<int>(i) && r.cfg.quant.loss_scale.value.method != nn::LossScaleMethod::none;
     });
     if (!scaled) continue;
     const auto row = first_run(s, static_cast<int>(i), rows);
@@ -445,8 +445,8 @@ SweepReport analyse(const Sweep& s, const results::Store& store) {
   for (const auto& r : s.runs) {
     PointResult& pr = rep.points[static_cast<std::size_t>(r.point)];
     if (pr.recipe.empty()) {
-      pr.recipe = r.cfg.quant.recipe;
-      pr.loss_scale = r.cfg.quant.loss_scale;
+      pr.recipe = r.cfg.quant.recipe.text;
+      pr.loss_scale = r.cfg.quant.loss_scale.text;
       kinds_of(pr);
     }
     const RunState st = run_state(r, rows, "");
@@ -474,7 +474,7 @@ SweepReport analyse(const Sweep& s, const results::Store& store) {
     }
     if (std::isfinite(v)) pr.values.push_back(v);
     else ++pr.missing;
-    if (r.cfg.quant.loss_scale != "none") add_trace(store.loss_scale_trace(st.row->id), scale_sums[r.point], skipped_sums[r.point]);
+    if (r.cfg.quant.loss_scale.value.method != nn::LossScaleMethod::none) add_trace(store.loss_scale_trace(st.row->id), scale_sums[r.point], skipped_sums[r.point]);
   }
   conclude(s, rep, metric_names, scale_sums, skipped_sums);
   return rep;

@@ -19,8 +19,8 @@ RunRecord::RunRecord(results::Store* store, const TrainConfig& cfg, const std::s
   info.name = cfg.name;
   info.kind = cfg.task;
   info.config_json = config_json;
-  info.recipe = cfg.quant.recipe;
-  info.loss_scale = cfg.quant.loss_scale;
+  info.recipe = cfg.quant.recipe.text;
+  info.loss_scale = cfg.quant.loss_scale.text;
   info.seed = cfg.seed;
   id_ = store_->begin_run(info);
 }

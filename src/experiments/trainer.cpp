@@ -117,7 +117,7 @@ Plan plan_of(const TrainConfig& cfg, std::int64_t examples) {
 
 // The loss scaling of the config, with LogMax's target taken from the recipe's gradient format.
 nn::LossScaleConfig loss_scaling_of(const TrainConfig& cfg, const nn::Recipe& recipe, bool warn) {
-  const nn::LossScaleConfig ls = nn::with_recipe_target(nn::parse_loss_scale(cfg.quant.loss_scale), recipe);
+  const nn::LossScaleConfig ls = nn::with_recipe_target(cfg.quant.loss_scale.value, recipe);
   if (warn && nn::backoff_blind_to_overflow(ls, recipe))
     std::fprintf(stderr,
                  "warning: Backoff loss scaling only sees overflow as NaN/Inf, but this recipe's gradient "
@@ -153,7 +153,11 @@ class Trainer {
   bool stop_after_step() const;
   torch::Tensor batch_of(std::int64_t step);
   RunStatus train_step();
+  double set_learning_rate(std::int64_t step);
+  double gradients(const torch::Tensor& idx, std::uint64_t step_seed);
   double micro_step(const torch::Tensor& idx, std::uint64_t step_seed);
+  nn::LossScaleStep unscale_and_check(std::int64_t step);
+  void count_step(std::int64_t step, std::int64_t samples, double loss);
   std::vector<std::array<QuantCounts, nn::kKinds>> run_counts();
   void update_ema(std::int64_t step);
   void after_step(double lr);
@@ -203,7 +207,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::str
       writer_(!opt.world || opt.world->rank() == 0),
       config_json_(config_json),
       record_(record) {
-  const nn::Recipe recipe = nn::load_recipe(cfg.quant.recipe);
+  const nn::Recipe& recipe = cfg.quant.recipe.value;
   const nn::LossScaleConfig ls = loss_scaling_of(cfg, recipe, opt.progress);
   torch::manual_seed(cfg.seed);  // the model's initial weights
   task_ = make_task(cfg);
@@ -213,7 +217,7 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::str
   ctx_->compute = compute_of(cfg.quant);
   ctx_->accumulate = accumulation_of(cfg.quant);
   qm_ = nn::quantize_model(task_->module(), recipe, ctx_);
-  const nn::KindQuant grad_comm = nn::parse_kind_quant(cfg.quant.grad_comm);
+  const nn::KindQuant& grad_comm = cfg.quant.grad_comm.value;
   if (cfg.train.micro_batches > 1 || world_ || grad_comm) {
     for (const auto& l : qm_.layers)
       for (const auto& q : l->quant.q)
@@ -346,43 +350,64 @@ void Trainer::update_ema(std::int64_t step) {
 // One step: forward, scaled backward, loss-scale check, optimizer step. Every random draw
 // of the step (dropout, stochastic depth, augmentation, mixup) comes from streams seeded by
 // (seed, step), so a resumed run takes exactly the steps of an uninterrupted one.
+// One optimizer step: its seed and learning rate, the batch, the gradients (of the loss
+// times the loss scale), the unscale and overflow check, the step itself, the bookkeeping.
 RunStatus Trainer::train_step() {
   const std::int64_t step = state_.step;
   const std::uint64_t step_seed = mix64(cfg_.seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(step));
   torch::manual_seed(step_seed);
+  const double lr = set_learning_rate(step);
+  const torch::Tensor idx = batch_of(step);
+  const double loss = gradients(idx, step_seed);
+  const nn::LossScaleStep s = unscale_and_check(step);
+  // The loss is computed before scaling: a NaN/Inf here is a forward-pass divergence that no
+  // loss scale can recover.
+  if (!std::isfinite(loss)) return RunStatus::diverged;
+  if (!s.skipped) optimizer_->step();
+  if (!state_.ema.empty() && !s.skipped) update_ema(step);
+  count_step(step, idx.size(0), loss);
+  after_step(lr);
+  return RunStatus::running;
+}
+
+double Trainer::set_learning_rate(std::int64_t step) {
   const double lr = learning_rate(cfg_, step, plan_.total, plan_.steps_per_epoch);
   for (auto& g : optimizer_->param_groups()) g.options().set_lr(lr);
-  const torch::Tensor idx = batch_of(step);
-  double lv = 0;
-  if (micro_) {
-    lv = micro_step(idx, step_seed);
-  } else {
-    optimizer_->zero_grad();
-    const torch::Tensor loss = task_->loss(idx, step_seed);
-    (loss * scaler_->scale()).backward();
-    lv = loss.item<double>();
-  }
+  return lr;
+}
+
+// The gradients of the batch's loss times the loss scale, in the parameters' .grad: as
+// micro-batches (and processes) summed in order, or in one piece. Returns the loss.
+double Trainer::gradients(const torch::Tensor& idx, std::uint64_t step_seed) {
+  if (micro_) return micro_step(idx, step_seed);
+  optimizer_->zero_grad();
+  const torch::Tensor loss = task_->loss(idx, step_seed);
+  (loss * scaler_->scale()).backward();
+  return loss.item<double>();
+}
+
+// The gradients divided by the loss scale, checked for NaN/Inf; the scale's trace.
+nn::LossScaleStep Trainer::unscale_and_check(std::int64_t step) {
   std::vector<torch::Tensor> grads;
   for (auto& p : task_->module().parameters())
     if (p.grad().defined()) grads.push_back(p.grad());
   const nn::LossScaleStep s = scaler_->update(grads);
   state_.trace.emplace_back(step, static_cast<int>(std::lround(std::log2(s.scale))), s.skipped);
-  // The loss is computed before scaling: a NaN/Inf here is a forward-pass divergence that no
-  // loss scale can recover.
-  if (!std::isfinite(lv)) return RunStatus::diverged;
-  if (!s.skipped) optimizer_->step();
-  if (!state_.ema.empty() && !s.skipped) update_ema(step);
+  return s;
+}
+
+// The step's samples and loss into the throughput and the loss average, the statistics
+// into the record, and the step number on.
+void Trainer::count_step(std::int64_t step, std::int64_t samples, double loss) {
   if (step == first_step_) {
     loop_started_ = std::chrono::steady_clock::now();
     eval_seconds_ = checkpoint_seconds_ = 0;
   } else {
-    samples_ += idx.size(0);
+    samples_ += samples;
   }
-  state_.loss_ema = step == 0 ? lv : 0.98 * state_.loss_ema + 0.02 * lv;
+  state_.loss_ema = step == 0 ? loss : 0.98 * state_.loss_ema + 0.02 * loss;
   if (ctx_->stats_interval > 0 && ctx_->stats->size() > 0) record_.log_stats(stat_rows(ctx_->stats->take()));
   ctx_->step = static_cast<std::uint64_t>(++state_.step);
-  after_step(lr);
-  return RunStatus::running;
 }
 
 void Trainer::after_step(double lr) {
@@ -455,8 +480,8 @@ void Trainer::run() {
                                         std::to_string(cfg_.train.micro_batches) + " micro-batches"
                                   : "";
     std::fprintf(stderr, "%s: %s, recipe %s, loss scaling %s, %lld steps, seed %llu%s%s; %s%d threads%s\n",
-                 cfg_.name.c_str(), task_->description().c_str(), cfg_.quant.recipe.c_str(),
-                 cfg_.quant.loss_scale.c_str(), static_cast<long long>(plan_.total),
+                 cfg_.name.c_str(), task_->description().c_str(), cfg_.quant.recipe.text.c_str(),
+                 cfg_.quant.loss_scale.text.c_str(), static_cast<long long>(plan_.total),
                  static_cast<unsigned long long>(cfg_.seed), micro.c_str(),
                  first_step_ > 0 ? (" (resumed at step " + std::to_string(first_step_) + ")").c_str() : "",
                  procs.c_str(), nn::current_torch_settings().threads, blas.empty() ? "" : (", OpenBLAS " + blas).c_str());

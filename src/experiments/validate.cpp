@@ -1,5 +1,6 @@
 // The checks of a config that need the registries and the other layers: names of the task,
-// model, data set, optimizer and schedule; the recipe and loss scaling; augmentation.
+// model, data set, optimizer and schedule; augmentation. (The quantization settings were
+// parsed where the config was read, src/experiments/config.cpp.)
 #include <algorithm>
 #include <string>
 
@@ -9,8 +10,6 @@
 #include "fp8lab/experiments/config.hpp"
 #include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/nn/compute.hpp"
-#include "fp8lab/nn/loss_scale.hpp"
-#include "fp8lab/nn/recipe.hpp"
 
 namespace fp8lab::experiments {
 
@@ -62,41 +61,12 @@ void validate_task(const TrainConfig& c) {
   if (c.task == "bert") check(c.data.max_tokens >= 8, "data.max_tokens must be in 8..4096 for BERT");
 }
 
-nn::Recipe recipe_of(const QuantConfig& q) {
-  try {
-    return nn::load_recipe(q.recipe);
-  } catch (const Error& e) {
-    throw Error(std::string("config: quant.recipe: ") + e.what());
-  }
-}
-
-// The recipe and loss scaling parse (a recipe file is read): a run that could not start is
-// refused before anything is recorded.
-void validate_quant(const QuantConfig& q) {
-  (void)recipe_of(q);
-  try {
-    (void)nn::parse_loss_scale(q.loss_scale);
-  } catch (const Error& e) {
-    throw Error(std::string("config: quant.loss_scale: ") + e.what());
-  }
-  try {
-    const nn::KindQuant comm = nn::parse_kind_quant(q.grad_comm);
-    if (comm && comm->history > 0) throw Error("delayed scaling has no history to draw on here; use current scaling");
-    if (comm && comm->element.format.width() > 16)
-      throw Error("'" + q.grad_comm + "' has " + std::to_string(comm->element.format.width()) +
-                  " bits; gradients travel in formats of at most 16 bits (or fp32)");
-  } catch (const Error& e) {
-    throw Error(std::string("config: quant.grad_comm: ") + e.what());
-  }
-}
-
 }  // namespace
 
 void adopt_recipe_settings(TrainConfig& c) {
-  const nn::Recipe r = recipe_of(c.quant);
-  if (!c.quant.compute) c.quant.compute = r.compute.empty() ? nn::Compute::fp32 : nn::parse_compute(r.compute);
-  if (!c.quant.accumulate)
-    c.quant.accumulate = r.accumulate.empty() ? nn::Accumulation{} : nn::parse_accumulation(r.accumulate);
+  const nn::Recipe& r = c.quant.recipe.value;
+  if (!c.quant.compute) c.quant.compute = r.compute.value_or(nn::Compute::fp32);
+  if (!c.quant.accumulate) c.quant.accumulate = r.accumulate.value_or(nn::Accumulation{});
 }
 
 void complete_config(TrainConfig& c) {
@@ -107,7 +77,6 @@ void complete_config(TrainConfig& c) {
 void validate(const TrainConfig& c) {
   check_ranges(c);
   validate_task(c);
-  validate_quant(c.quant);
   try {
     data::parse_augment(c.data.augment);
   } catch (const Error& e) {

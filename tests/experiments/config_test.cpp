@@ -37,7 +37,8 @@ epochs = 5
   EXPECT_EQ(c.schedule.decay_at, (std::vector<double>{0.3, 0.6, 0.9}));
   EXPECT_EQ(c.train.epochs, 5);
   EXPECT_EQ(c.train.batch, 128);  // default kept
-  EXPECT_EQ(c.quant.recipe, "a=1.4.3:10,w=1.4.3:14");
+  EXPECT_EQ(c.quant.recipe.text, "a=1.4.3:10,w=1.4.3:14");
+  EXPECT_EQ(c.quant.recipe.value, nn::parse_recipe("a=1.4.3:10,w=1.4.3:14"));  // parsed where read
   EXPECT_EQ(c.data.augment, "crop+flip");
   EXPECT_DOUBLE_EQ(c.train.ema, 0.999);
 }
@@ -139,7 +140,7 @@ TEST(Config, ExplicitSettingsBeatTheRecipeFileWhichBeatsTheDefault) {
   // A config built in code and never completed: train() and validate-free readers see fp32
   // until complete_config takes the recipe file's values.
   experiments::TrainConfig raw;
-  raw.quant.recipe = recipe;
+  raw.quant.recipe = experiments::recipe_setting(recipe);
   EXPECT_FALSE(raw.quant.compute);
   EXPECT_EQ(experiments::compute_of(raw.quant), nn::Compute::fp32);
   experiments::complete_config(raw);

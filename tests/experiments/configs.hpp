@@ -24,7 +24,7 @@ inline experiments::TrainConfig small_config(const std::string& name, const std:
   c.train.epochs = 3;
   c.train.batch = 16;
   c.threads = 1;
-  c.quant.recipe = "resnet32-mixed";
+  c.quant.recipe = experiments::recipe_setting("resnet32-mixed");
   c.train.checkpoint = (dir / (name + ".ckpt")).string();
   return c;
 }
@@ -47,8 +47,8 @@ inline experiments::TrainConfig busy_config(const std::string& name, const std::
   c.optimizer.lr = 0.01;
   c.schedule.name = "linear";
   c.schedule.warmup_steps = 3;
-  c.quant.recipe = "a=1.4.3:10/sr,w=1.4.3:14,gx=1.5.2:33/sr/nan,gw=1.5.2:31";
-  c.quant.loss_scale = "backoff:init=4,interval=5";
+  c.quant.recipe = experiments::recipe_setting("a=1.4.3:10/sr,w=1.4.3:14,gx=1.5.2:33/sr/nan,gw=1.5.2:31");
+  c.quant.loss_scale = experiments::loss_scale_setting("backoff:init=4,interval=5");
   return c;
 }
 

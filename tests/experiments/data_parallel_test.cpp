@@ -267,7 +267,7 @@ void check_processes_equal_one(const std::string& model, int micro, const std::s
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   Case one{busy("one_" + tag, d, model)}, two{busy("two_" + tag, d, model)};
   one.cfg.train.micro_batches = two.cfg.train.micro_batches = micro;
-  one.cfg.quant.grad_comm = two.cfg.quant.grad_comm = comm;
+  one.cfg.quant.grad_comm = two.cfg.quant.grad_comm = experiments::grad_comm_setting(comm);
   two.cfg.name = one.cfg.name;  // the same config but for the checkpoint path
   // Fresh stores: a case may run twice in one process (GradientsIn8Bits repeats the first).
   fs::remove(d / ("one_" + tag + ".db"));

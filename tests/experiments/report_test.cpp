@@ -34,8 +34,8 @@ void record(results::Store& store, const experiments::SweepRun& r, results::RunS
   info.name = r.cfg.name;
   info.kind = r.cfg.task;
   info.config_json = experiments::to_json(r.cfg);
-  info.recipe = r.cfg.quant.recipe;
-  info.loss_scale = r.cfg.quant.loss_scale;
+  info.recipe = r.cfg.quant.recipe.text;
+  info.loss_scale = r.cfg.quant.loss_scale.text;
   info.seed = r.seed;
   const auto id = store.begin_run(info);
   if (with_stats) {

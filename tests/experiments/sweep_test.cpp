@@ -91,16 +91,16 @@ bias = { from = 10, to = 14, step = 2 }
   EXPECT_EQ(s.runs.size(), 28u);
   EXPECT_EQ(s.baseline, 0);
   EXPECT_EQ(s.points[1].var("recipe"), "resnet32-mixed");
-  EXPECT_EQ(s.runs[2].cfg.quant.recipe, "resnet32-mixed");
+  EXPECT_EQ(s.runs[2].cfg.quant.recipe.text, "resnet32-mixed");
   EXPECT_EQ(s.runs[2].seed, 3u);
   EXPECT_EQ(s.runs[3].seed, 4u);
   // The second grid: kind-major, then bias, then the array-valued config key.
   const auto& p = s.points[2];
   EXPECT_EQ(p.label(), "kind=a, bias=10, optimizer.lr=0.1");
-  EXPECT_EQ(s.runs[4].cfg.quant.recipe, "a=1.5.2:10");
+  EXPECT_EQ(s.runs[4].cfg.quant.recipe.text, "a=1.5.2:10");
   EXPECT_DOUBLE_EQ(s.runs[4].cfg.optimizer.lr, 0.1);
   EXPECT_EQ(s.points[13].label(), "kind=gx, bias=14, optimizer.lr=0.05");
-  EXPECT_EQ(s.runs[27].cfg.quant.recipe, "gx=1.5.2:14");
+  EXPECT_EQ(s.runs[27].cfg.quant.recipe.text, "gx=1.5.2:14");
   EXPECT_DOUBLE_EQ(s.runs[27].cfg.optimizer.lr, 0.05);
   EXPECT_EQ(s.runs[27].cfg.model.width, 4);
   EXPECT_EQ(s.runs[27].cfg.name, "t");
@@ -260,7 +260,7 @@ recipe = ["fp32"]
     ++calls;
     results::Store other(db);
     const auto c = experiments::load_train_config(config);
-    other.begin_run({c.name, c.task, experiments::to_json(c), c.quant.recipe, c.quant.loss_scale, run.seed});
+    other.begin_run({c.name, c.task, experiments::to_json(c), c.quant.recipe.text, c.quant.loss_scale.text, run.seed});
     return 2;
   };
   testing::internal::CaptureStderr();
@@ -379,8 +379,8 @@ TEST(Sweep, LeavesRunsOfAnotherLiveProcessAlone) {
   info.name = s.name;
   info.kind = s.runs[0].cfg.task;
   info.config_json = experiments::to_json(s.runs[0].cfg);
-  info.recipe = s.runs[0].cfg.quant.recipe;
-  info.loss_scale = s.runs[0].cfg.quant.loss_scale;
+  info.recipe = s.runs[0].cfg.quant.recipe.text;
+  info.loss_scale = s.runs[0].cfg.quant.loss_scale.text;
   info.seed = s.runs[0].seed;
   store.begin_run(info);
   InProcess launcher{db};

@@ -64,7 +64,7 @@ TEST(Trainer, EveryOptimizerAndScheduleLearns) {
       if (std::string(opt) == "rmsprop") c.optimizer.momentum = 0, c.optimizer.lr = 0.003;
       c.schedule.name = sched;
       c.schedule.warmup_steps = 4;
-      c.quant.recipe = "fp32";
+      c.quant.recipe = experiments::recipe_setting("fp32");
       const auto r = experiments::train(c, nullptr, quiet());
       EXPECT_EQ(r.status, results::RunStatus::finished) << opt << " " << sched;
       EXPECT_GT(r.final_metric, 75.0) << opt << " " << sched;
@@ -106,8 +106,8 @@ void check_resume_equals_uninterrupted(const std::string& model, const std::stri
   auto c = busy("resume" + tag);
   c.model.name = model;
   if (!recipe.empty()) {
-    c.quant.recipe = recipe;
-    c.quant.loss_scale = "none";
+    c.quant.recipe = experiments::recipe_setting(recipe);
+    c.quant.loss_scale = experiments::loss_scale_setting("none");
   }
   if (model.rfind("efficientnet", 0) == 0) {
     // Dropout and stochastic depth draw from the global generator.
@@ -305,7 +305,7 @@ TEST(Trainer, TwoRunsNeverShareACheckpoint) {
 TEST(Trainer, DivergenceIsRecordedNotACrash) {
   results::Store store((dir() / "r2.db").string());
   auto c = small("boom");
-  c.quant.recipe = "fp32";
+  c.quant.recipe = experiments::recipe_setting("fp32");
   c.optimizer.lr = 1e6;  // the largest accepted: blows up within a few steps
   const auto r = experiments::train(c, &store, quiet());
   EXPECT_EQ(r.status, results::RunStatus::diverged);
@@ -314,10 +314,12 @@ TEST(Trainer, DivergenceIsRecordedNotACrash) {
 
 TEST(Trainer, BadRecipeIsRefusedBeforeAnythingIsRecorded) {
   results::Store store((dir() / "r3.db").string());
-  auto c = small("bad");
-  c.quant.recipe = "a=1.4.3,q=1";
-  const std::string e = error_of([&] { experiments::train(c, &store, quiet()); });
+  // A recipe is parsed where the config is read: a bad one never reaches train().
+  const std::string e = error_of([&] { (void)experiments::recipe_setting("a=1.4.3,q=1"); });
   EXPECT_NE(e.find("quant.recipe"), std::string::npos) << e;
+  const std::string set = error_of([&] { (void)experiments::parse_train_config("", "t", {"quant.recipe=a=1.4.3,q=1"}); });
+  EXPECT_NE(set.find("quant.recipe"), std::string::npos) << set;
+  EXPECT_NE(set.find("unknown key 'q'"), std::string::npos) << set;
   EXPECT_TRUE(store.runs({.name = "bad"}).empty());
 }
 
@@ -377,7 +379,7 @@ TEST(Trainer, TranslationLearnsAWordMapping) {
   c.train.steps = 160;
   c.train.batch = 32;
   c.train.eval_interval = 80;
-  c.quant.recipe = "transformer-mixed";
+  c.quant.recipe = experiments::recipe_setting("transformer-mixed");
   c.threads = 2;
   c.train.checkpoint = (dir() / "words.ckpt").string();
   results::Store store((dir() / "tr.db").string());
@@ -508,7 +510,7 @@ TEST(Trainer, BertPretrainingLossFalls) {
   // Both the masked words and the next sentence are predictable.
   experiments::TrainConfig c = text_config("bert", "bert", "bert-tiny", cyclic_text("text", 600, 60));
   c.train.batch = 32;
-  c.quant.recipe = "bert-mixed";
+  c.quant.recipe = experiments::recipe_setting("bert-mixed");
   results::Store store((dir() / "bert.db").string());
   const auto r = experiments::train(c, &store, quiet());
   ASSERT_EQ(r.status, results::RunStatus::finished);
@@ -534,7 +536,7 @@ TEST(Trainer, LanguageModelPerplexityFalls) {
   // perplexity must fall far below the vocabulary's size.
   experiments::TrainConfig c = text_config("lm", "language-model", "gpt-tiny", cyclic_text("lm", 800, 100));
   c.train.batch = 16;
-  c.quant.recipe = "transformer-mixed";
+  c.quant.recipe = experiments::recipe_setting("transformer-mixed");
   const auto r = experiments::train(c, nullptr, quiet());
   ASSERT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.metric_name, "val_perplexity");

@@ -1,5 +1,6 @@
-// Format strings, scaled format strings and one-line recipes (docs/spec.md §1, §4.2, §6):
-// any text either parses or throws fp8lab::Error; a parsed format, fixed-bias or scaled,
+// The mini-languages: format strings, scaled format strings, one-line recipes, loss scaling
+// and accumulation (docs/spec.md §1, §4.2, §5, §6, §7.3): any text either parses or throws
+// fp8lab::Error; a parsed format (fixed-bias or scaled), loss scaling or accumulation
 // prints and parses back to itself.
 #include <cstddef>
 #include <cstdint>
@@ -7,6 +8,8 @@
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/scaled.hpp"
+#include "fp8lab/nn/compute_spec.hpp"
+#include "fp8lab/nn/loss_scale_spec.hpp"
 #include "fp8lab/nn/recipe.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -31,6 +34,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   try {
     (void)fp8lab::nn::parse_recipe(text);
+  } catch (const fp8lab::Error&) {
+  }
+  try {
+    const fp8lab::nn::LossScaleConfig c = fp8lab::nn::parse_loss_scale(text);
+    if (!(fp8lab::nn::parse_loss_scale(fp8lab::nn::to_string(c)) == c)) __builtin_trap();
+  } catch (const fp8lab::Error&) {
+  }
+  try {
+    const fp8lab::nn::Accumulation a = fp8lab::nn::parse_accumulation(text);
+    if (!(fp8lab::nn::parse_accumulation(fp8lab::nn::to_string(a)) == a)) __builtin_trap();
   } catch (const fp8lab::Error&) {
   }
   return 0;

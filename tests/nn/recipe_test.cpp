@@ -3,6 +3,8 @@
 #include "../common/testutil.hpp"
 #include "fp8lab/nn/recipe.hpp"
 
+#include <random>
+
 using namespace fp8lab;
 using namespace fp8lab::nn;
 
@@ -119,7 +121,7 @@ a = "fp32"
   EXPECT_TRUE(k.resolve("conv", 3, 5)[TensorKind::w]->scaled());
   EXPECT_TRUE(parse_recipe(k.to_line()).keep_last);
   EXPECT_TRUE(parse_recipe_toml("a = \"nvfp4\"\nkeep_last = true\n").keep_last);
-  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,last=e4m3"); }).find("last takes fp32"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,last=e4m3"); }).find("keep_last takes true, false or fp32"), std::string::npos);
   for (const char* preset : {"mxfp8", "mxfp6", "mxfp4", "nvfp4", "deepseek", "tensor-current", "tensor-delayed"})
     EXPECT_TRUE(parse_recipe(preset).base[TensorKind::a]->scaled()) << preset;
 }
@@ -196,18 +198,18 @@ TEST(Recipe, TomlErrorsNameLineAndKey) {
             std::string::npos);
 }
 
-// A recipe file may say how its products run and accumulate (docs/spec.md §4.2, §7): kept
-// by canonical name, empty where the file leaves them to the config.
+// A recipe file may say how its products run and accumulate (docs/spec.md §4.2, §7): parsed,
+// nullopt where the file leaves them to the config.
 TEST(Recipe, TomlComputeAndAccumulate) {
   const Recipe r = parse_recipe_toml("a = \"e4m3fn\"\ncompute = \"auto\"\naccumulate = \"e5m2@32\"\n", "r.toml");
-  EXPECT_EQ(r.compute, "auto");
-  EXPECT_EQ(r.accumulate, "1.5.2:ieee@32");
+  EXPECT_EQ(r.compute, Compute::auto_);
+  EXPECT_EQ(r.accumulate, parse_accumulation("1.5.2:ieee@32"));
   const Recipe none = parse_recipe_toml("a = \"e4m3fn\"\n", "r.toml");
-  EXPECT_TRUE(none.compute.empty() && none.accumulate.empty());
+  EXPECT_FALSE(none.compute || none.accumulate);
   const std::string e = error_of([] { parse_recipe_toml("a = \"e4m3fn\"\ncompute = \"tf32\"\n", "r.toml"); });
   EXPECT_NE(e.find("r.toml:2: 'compute'"), std::string::npos) << e;
   EXPECT_NE(e.find("'tf32'"), std::string::npos) << e;
-  EXPECT_NE(error_of([] { parse_recipe_toml("accumulate = 128\n", "r.toml"); }).find("r.toml:1: 'accumulate' must be a string"),
+  EXPECT_NE(error_of([] { parse_recipe_toml("accumulate = 128\n", "r.toml"); }).find("r.toml:1: 'accumulate' must be a string (fp32 or FORMAT@CHUNK)"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse_recipe_toml("accumulate = \"e5m2@0\"\n", "r.toml"); }).find("positive integer"),
             std::string::npos);
@@ -221,4 +223,117 @@ TEST(Recipe, Glob) {
   EXPECT_FALSE(glob_match("fc", "fc2"));
   EXPECT_TRUE(glob_match("a*b*c", "axxbyyc"));
   EXPECT_FALSE(glob_match("a*b*c", "axxbyy"));
+}
+
+// ---- one grammar, two forms (docs/spec.md §4.2) ---------------------------------------
+
+namespace {
+Recipe without_name(Recipe r) {
+  r.name.clear();
+  return r;
+}
+}  // namespace
+
+TEST(RecipeGrammar, EveryPresetRoundTripsThroughTheLineAndTheToml) {
+  for (const auto& p : recipe_presets()) {
+    const Recipe r = parse_recipe(p.name);
+    EXPECT_EQ(without_name(parse_recipe(r.to_line())), without_name(r)) << p.name << ": " << r.to_line();
+    EXPECT_EQ(parse_recipe_toml(r.to_toml(), "t.toml"), r) << p.name << ":\n" << r.to_toml();
+  }
+}
+
+// What a TOML recipe can say, a line says with the same keys (first and last are other
+// names of exempt_first and keep_last there).
+TEST(RecipeGrammar, TheLineTakesEveryKeyOfTheToml) {
+  const Recipe line = parse_recipe(
+      "name=mine,a=1.4.3:10,w=e4m3fn,gx=1.5.2:33/stochastic:12/nan,gw=fp32,exempt_first=fp16,keep_last=true,"
+      "hadamard=16,compute=auto,accumulate=e5m2@32");
+  const Recipe toml = parse_recipe_toml(R"(name = "mine"
+a = "1.4.3:10"
+w = "e4m3fn"
+gx = { format = "1.5.2:33", rounding = "stochastic", random_bits = 12, overflow = "nan" }
+gw = "fp32"
+exempt_first = "fp16"
+keep_last = true
+hadamard = 16
+compute = "auto"
+accumulate = "e5m2@32"
+)");
+  EXPECT_EQ(line, toml);
+  EXPECT_EQ(line.base[TensorKind::gx]->element.random_bits, 12);
+  EXPECT_EQ(line.compute, Compute::auto_);
+  EXPECT_EQ(without_name(parse_recipe("a=1.4.3,first=0,last=fp32")),
+            without_name(parse_recipe("a=1.4.3,exempt_first=false,keep_last=true")));
+  // keep_last can be switched off again, as in TOML.
+  EXPECT_FALSE(parse_recipe("a=nvfp4,keep_last=false").keep_last);
+  // A key given under both its names is given twice.
+  EXPECT_NE(error_of([] { parse_recipe("a=1.4.3,first=0,exempt_first=1"); }).find("given twice"), std::string::npos);
+  // Overrides are TOML's alone: the line points there, and so does the printer.
+  const std::string e = error_of([] { parse_recipe("a=1.4.3,override=fc"); });
+  EXPECT_NE(e.find("need a recipe file in TOML"), std::string::npos) << e;
+  const Recipe o = parse_recipe_toml("a = \"1.4.3\"\n[[override]]\nmatch = \"fc\"\na = \"fp32\"\n", "o.toml");
+  EXPECT_NE(error_of([&] { (void)o.to_line(); }).find("only its TOML form"), std::string::npos);
+  // The unknown-key message lists the keys from the one table.
+  const std::string u = error_of([] { parse_recipe("a=1.4.3,bogus=1"); });
+  EXPECT_NE(u.find("exempt_first (or first), keep_last (or last), hadamard, compute, accumulate"), std::string::npos) << u;
+}
+
+TEST(RecipeGrammar, RandomBitsHaveATextForm) {
+  const KindQuant q = parse_kind_quant("1.5.2:33/stochastic:12");
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->element.rounding, Rounding::stochastic);
+  EXPECT_EQ(q->element.random_bits, 12);
+  EXPECT_EQ(to_string(q), "1.5.2:33/stochastic:12");
+  EXPECT_EQ(to_string(parse_kind_quant("1.5.2:33/stochastic:32")), "1.5.2:33/stochastic");
+  for (const char* bad : {"1.5.2/stochastic:0", "1.5.2/stochastic:33", "1.5.2/stochastic:x", "1.5.2/nearest/stochastic:3"})
+    EXPECT_THROW(parse_kind_quant(bad), Error) << bad;
+  // TOML's random_bits only with stochastic rounding (elsewhere it would be silently unused).
+  EXPECT_NE(error_of([] { parse_recipe_toml("gx = { format = \"e5m2\", random_bits = 12 }\n", "r.toml"); })
+                .find("random_bits is for stochastic rounding"),
+            std::string::npos);
+}
+
+// Random recipes over every key, overrides included: each prints to a TOML that reads back
+// to it, and (without overrides) to a line that does.
+TEST(RecipeGrammar, RandomRecipesRoundTripThroughBothForms) {
+  const char* quantizers[] = {"fp32", "1.4.3:10", "e4m3fn", "1.5.2:33/stochastic/nan", "1.5.2:20/stochastic:7",
+                              "mxfp8_e4m3", "nvfp4/stochastic", "e4m3fn@128x128:fp32:nearest", "fp16",
+                              "mxfp4:ceil", "e5m2/toward-zero"};
+  const char* patterns[] = {"first", "last", "layer1.*", "fc", "*.conv?"};
+  std::mt19937 rng(11);
+  auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
+  for (int i = 0; i < 2000; ++i) {
+    Recipe r;
+    r.name = "r" + std::to_string(i);
+    for (TensorKind k : kAllKinds) r.base[k] = parse_kind_quant(quantizers[pick(std::size(quantizers))]);
+    r.exempt_first = pick(3) != 0;
+    if (r.exempt_first && pick(2)) r.first_quant = parse_kind_quant(quantizers[1 + pick(std::size(quantizers) - 1)]);
+    r.keep_last = pick(2);
+    r.hadamard = pick(2) ? 16 : 0;
+    if (pick(2)) r.compute = static_cast<Compute>(pick(3));
+    if (pick(2)) r.accumulate = parse_accumulation(pick(2) ? "fp32" : "1.8.10@128");
+    const bool overrides = pick(2);
+    for (int j = 0; overrides && j < 1 + pick(3); ++j) {
+      RecipeOverride o;
+      o.pattern = patterns[pick(std::size(patterns))];
+      for (int k = 0; k < kKinds; ++k)
+        if (pick(2)) o.set[k] = parse_kind_quant(quantizers[pick(std::size(quantizers))]);
+      r.overrides.push_back(o);
+    }
+    ASSERT_EQ(parse_recipe_toml(r.to_toml(), "t.toml"), r) << r.to_toml();
+    if (!overrides) ASSERT_EQ(without_name(parse_recipe(r.to_line())), without_name(r)) << r.to_line();
+  }
+}
+
+TEST(RecipeGrammar, FieldsBuildTheRecipeTheLineDoes) {
+  const Recipe f = recipe_from_fields({{"a", "1.4.3:10"}, {"gx", "1.5.2:33"}, {"exempt_first", "false"}, {"hadamard", "16"}},
+                                      {{"fc", {{"gx", "fp32"}}}});
+  Recipe line = parse_recipe("a=1.4.3:10,gx=1.5.2:33,first=0,hadamard=16");
+  line.overrides.push_back({"fc", {}});
+  line.overrides.back().set[static_cast<int>(TensorKind::gx)] = KindQuant{};  // set, to float32
+  EXPECT_EQ(without_name(f), without_name(line));
+  EXPECT_EQ(f.name, "a=1.4.3:10,w=fp32,gx=1.5.2:33,gw=fp32,first=0,hadamard=16; overrides: fc");
+  EXPECT_NE(error_of([] { (void)recipe_from_fields({{"gx", "1.9.9"}}); }).find("recipe field 'gx'"), std::string::npos);
+  EXPECT_NE(error_of([] { (void)recipe_from_fields({{"first", "0"}}); }).find("unknown field 'first'"), std::string::npos);
+  EXPECT_NE(error_of([] { (void)recipe_from_fields({}, {{"", {{"a", "fp32"}}}}); }).find("'match'"), std::string::npos);
 }

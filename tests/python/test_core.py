@@ -317,3 +317,37 @@ def test_kernels_release_the_gil():
     gaps = np.diff(stamps)
     # With the GIL held, this thread would stall for at least a whole call at a time.
     assert len(stamps) > 10 and gaps.max() < 0.8 * min(calls), (gaps.max(), calls)
+
+
+def test_a_recipe_from_fields_is_the_recipe_of_its_line():
+    # One grammar (docs/spec.md §4.2): keyword fields, the line and the TOML say the same.
+    fields = fp8lab.Recipe(a="1.4.3:10", w="1.4.3:14", gx="1.5.2:33/stochastic:12", gw="fp32",
+                           exempt_first="fp16", keep_last=True, hadamard=16, compute="auto",
+                           accumulate="e5m2@32")
+    line = fp8lab.Recipe("a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33/stochastic:12,first=fp16,last=fp32,"
+                         "hadamard=16,compute=auto,accumulate=e5m2@32")
+    assert fields.to_line() == line.to_line()
+    assert (fields.compute, fields.accumulate, fields.hadamard) == ("auto", "1.5.2:ieee@32", 16)
+    assert fp8lab.Recipe("fp32").compute is None  # left to the run
+    with_overrides = fp8lab.Recipe(a="1.4.3", overrides=[{"match": "fc*", "a": "fp32"}])
+    assert with_overrides.resolve("fc1", 1, 3)["a"] == "fp32"
+    assert with_overrides.resolve("conv", 1, 3)["a"] != "fp32"
+    with pytest.raises(ValueError, match="only its TOML form"):
+        with_overrides.to_line()
+    assert "[[override]]" in with_overrides.to_toml()
+    with pytest.raises(ValueError, match="recipe field 'gx'"):
+        fp8lab.Recipe(gx="1.9.9")
+    with pytest.raises(ValueError, match="unknown field 'bogus'"):
+        fp8lab.Recipe(a="1.4.3", bogus=1)
+    with pytest.raises(ValueError, match="not both"):
+        fp8lab.Recipe("fp32", a="1.4.3")
+    with pytest.raises(TypeError, match="gx must be a str"):
+        fp8lab.Recipe(gx=1.5)
+
+
+def test_a_recipe_reads_back_from_its_toml(tmp_path):
+    r = fp8lab.Recipe(name="mine", a="mxfp8_e4m3", gx="nvfp4/stochastic", keep_last=True,
+                      overrides=[{"match": "first", "w": "fp16"}])
+    path = tmp_path / "mine.toml"
+    path.write_text(r.to_toml())
+    assert fp8lab.Recipe(str(path)) == r

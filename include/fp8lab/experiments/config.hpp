@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "fp8lab/nn/compute_spec.hpp"
+#include "fp8lab/nn/loss_scale_spec.hpp"
+#include "fp8lab/nn/recipe.hpp"
 
 namespace fp8lab::experiments {
 
@@ -109,20 +111,37 @@ struct TrainLoopConfig {
   bool flush_denormals = false;          // CPU flush-to-zero for float32 (faster; not IEEE)
 };
 
+// A setting given as text and parsed once, where the config is read: `text` is the spelling
+// the config's TOML and JSON keep (a run's identity stays what the user wrote), `value`
+// what the code uses.
+template <class T>
+struct Spelled {
+  std::string text;
+  T value;
+};
+
+// quant.recipe: a preset name, a one-line recipe or a .toml file (read now).
+Spelled<nn::Recipe> recipe_setting(const std::string& text);
+// quant.loss_scale: none, static:K, backoff[:...], logmax[:...] (docs/spec.md §5).
+Spelled<nn::LossScaleConfig> loss_scale_setting(const std::string& text);
+// quant.grad_comm: fp32, or a quantizer of current scaling and at most 16 bits.
+Spelled<nn::KindQuant> grad_comm_setting(const std::string& text);
+// Each throws Error "config: quant.KEY: ..." naming the problem.
+
 struct QuantConfig {
-  std::string recipe = "fp32";      // a preset name, a one-line recipe or a .toml file
-  std::string loss_scale = "none";  // none, static:K, backoff[:...], logmax[:...]
+  Spelled<nn::Recipe> recipe = recipe_setting("fp32");
+  Spelled<nn::LossScaleConfig> loss_scale = loss_scale_setting("none");
   // How products run (fp32, bf16 or auto, docs/spec.md §7) and how their sums accumulate
-  // (fp32 or FORMAT@CHUNK, §7.3), parsed where the config is read. Unset: not given in the
-  // config file or by --set; complete_config then takes the recipe file's value, else fp32
-  // (one precedence rule: explicit, then the recipe file, then the default).
+  // (fp32 or FORMAT@CHUNK, §7.3). Unset: not given in the config file or by --set;
+  // complete_config then takes the recipe's value, else fp32 (one precedence rule:
+  // explicit, then the recipe, then the default).
   std::optional<nn::Compute> compute;
   std::optional<nn::Accumulation> accumulate;
   // The format the gradients of the micro-batches (and processes) travel in before they are
   // summed in float32: fp32, or a quantizer (docs/spec.md §6.4: "1.5.2:20",
   // "e5m2@tensor:fp32:nearest", "mxfp8_e5m2/stochastic"), each parameter's gradient
   // quantized as one row (docs/training.md).
-  std::string grad_comm = "fp32";
+  Spelled<nn::KindQuant> grad_comm = grad_comm_setting("fp32");
 };
 
 struct TrainConfig {
@@ -141,8 +160,8 @@ struct TrainConfig {
 // The fields of a TOML config (`source` names it in errors), then `overrides` ("key=value"
 // each), every value checked for type, range and finiteness (check_ranges). With
 // `require_schema` the text must have a `schema` line (a config file). Names (task, model,
-// data set, optimizer, schedule), the recipe and loss scaling are validate()'s: this part
-// needs no other layer (src/experiments/config.cpp).
+// data set, optimizer, schedule) are validate()'s; the quantization settings are parsed
+// here (a recipe file is read). No libtorch (src/experiments/config.cpp).
 TrainConfig read_train_config(const std::string& toml_text, const std::string& source,
                               const std::vector<std::string>& overrides = {}, bool require_schema = false);
 // The name as a file name, finiteness, and each numeric field's range.
@@ -150,7 +169,7 @@ void check_ranges(const TrainConfig& c);
 // check_ranges, then what needs the registries and the other layers (src/experiments/validate.cpp).
 void validate(const TrainConfig& c);
 
-// quant.compute and quant.accumulate where the config leaves them unset: the recipe file's
+// quant.compute and quant.accumulate where the config leaves them unset: the recipe's
 // `compute` and `accumulate` (docs/spec.md §4.2), else fp32. A value given explicitly is
 // kept, whatever the recipe file says.
 void adopt_recipe_settings(TrainConfig& c);

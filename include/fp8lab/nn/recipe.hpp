@@ -10,6 +10,7 @@
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/scaled.hpp"
+#include "fp8lab/nn/compute_spec.hpp"
 
 namespace fp8lab::nn {
 
@@ -27,8 +28,9 @@ TensorKind parse_kind(std::string_view s);  // also "activations", "weights", "g
 // dimension (docs/spec.md §6.6).
 using KindQuant = std::optional<ScaledSpec>;
 
-// "fp32" | QUANTIZER[/ROUNDING][/OVERFLOW], QUANTIZER a format or a scaled format
-// (docs/spec.md §6.4), e.g. "1.5.2:33/stochastic/nan", "mxfp8_e4m3", "nvfp4/stochastic".
+// "fp32" | QUANTIZER[/ROUNDING[:RANDOM_BITS]][/OVERFLOW], QUANTIZER a format or a scaled
+// format (docs/spec.md §6.4), e.g. "1.5.2:33/stochastic/nan", "1.5.2:33/stochastic:12"
+// (stochastic rounding on 12 random bits instead of 32), "mxfp8_e4m3", "nvfp4/stochastic".
 KindQuant parse_kind_quant(std::string_view text);
 std::string to_string(const KindQuant& q);
 
@@ -47,6 +49,7 @@ struct RecipeOverride {
   // (the first or last quantized layer in model order).
   std::string pattern;
   std::array<std::optional<KindQuant>, kKinds> set{};  // engaged: replaces the base value
+  friend bool operator==(const RecipeOverride&, const RecipeOverride&) = default;
 };
 
 struct Recipe {
@@ -61,29 +64,43 @@ struct Recipe {
   // The last quantized layer (a classifier, a language-model head) entirely float32.
   bool keep_last = false;
   int hadamard = 0;  // 0 or 16: LayerQuant::hadamard of every layer
-  // A recipe file's `compute` and `accumulate` (docs/spec.md §7), by their canonical names;
-  // empty where the file leaves them to the run's config (quant.compute, quant.accumulate).
-  std::string compute, accumulate;
+  // The recipe's `compute` and `accumulate` (docs/spec.md §7); nullopt where it leaves them
+  // to the run's config (quant.compute, quant.accumulate).
+  std::optional<Compute> compute;
+  std::optional<Accumulation> accumulate;
 
   // The quantizers of layer `index` of `count` with module path `path`: the base, the
   // first-layer exemption, then every matching override in order.
   LayerQuant resolve(std::string_view path, int index, int count) const;
-  // One-line form (overrides and the exemption flag are not part of it).
+  // The one-line form of everything but the name; parse_recipe(to_line()) equals this
+  // recipe but for its name. Throws Error for a recipe with overrides (only TOML holds them).
   std::string to_line() const;
+  // The TOML form of everything: parse_recipe_toml(to_toml()) == *this.
+  std::string to_toml() const;
+  friend bool operator==(const Recipe&, const Recipe&) = default;
 };
 
-// One line "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31" (kinds not named stay float32;
-// "first=0" turns the first-layer exemption off, "first=fp16" gives the exempted tensors that
-// quantizer instead of float32, "last=fp32" keeps the last layer float32,
-// "hadamard=16" turns the transform on), or a preset name.
+// One grammar, two forms (docs/spec.md §4.2). The keys: name; a, w, gx, gw (a quantizer:
+// "fp32" | QUANTIZER[/ROUNDING[:RANDOM_BITS]][/OVERFLOW], or in TOML a table with format,
+// rounding, overflow, random_bits); exempt_first (true, false or the quantizer the first
+// layer's input and output gradient take instead of float32, e.g. "fp16"); keep_last (true,
+// false); hadamard (0 or 16); compute (fp32, bf16, auto); accumulate (fp32 or FORMAT@CHUNK).
+//
+// The line: "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31" (kinds not named stay
+// float32), the same keys as KEY=VALUE items, with `first` another name of exempt_first and
+// `last` of keep_last (`last=fp32`: the last layer in float32), or a preset name. Per-layer
+// overrides are TOML's alone; a line refuses them, pointing at TOML.
 Recipe parse_recipe(std::string_view text);
-// TOML: top-level or [recipe] keys name, a, w, gx, gw (string, or a table with format,
-// rounding, overflow, random_bits), exempt_first (true, false or a quantizer such as
-// "fp16"), keep_last, hadamard, compute, accumulate,
-// and [[override]] tables with `match` and any of a, w, gx, gw. Errors name the source, line
-// and key.
+// TOML: the keys at the top level or in a [recipe] table, and [[override]] tables with
+// `match` and any of a, w, gx, gw. Errors name the source, line and key.
 Recipe parse_recipe_toml(std::string_view toml, const std::string& source = "recipe");
 Recipe load_recipe(const std::string& path_or_line);  // a .toml file, a preset or a line
+// A recipe from its keys' values as text (a bool as "true"/"false"), as a line would give
+// them, and overrides given as (match, {kind: quantizer}) pairs: what Python's
+// Recipe(a=..., gx=..., overrides=[...]) builds. Errors name the key.
+Recipe recipe_from_fields(const std::vector<std::pair<std::string, std::string>>& fields,
+                          const std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>>&
+                              overrides = {});
 
 struct RecipePreset {
   std::string_view name, line, note;
