@@ -467,161 +467,226 @@ float largest_finite(const float* x, std::size_t block, const std::vector<std::u
 
 }  // namespace
 
-float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
-                      const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts) {
-  validate(s);
-  const std::size_t n = rows * cols;
-  if (!s.scaled() || n == 0) return scaled_quantize_reference(x, rows, cols, s, out, call, counts);
-  const BlockLayout l = block_layout(s, rows, cols);
-  const bool per_block = s.granularity == Granularity::block;
-  // Groups that span rows or whole rows get their scales first.
-  std::vector<Amax> amaxes;
-  if (!per_block) amaxes = group_amaxes(x, l);
-  // The tensor's amax: from the groups' amaxes, or one pass first where blocks need it.
-  float current = 0;
-  for (const Amax& a : amaxes) current = std::max(current, a.value);
-  // Rows of whole blocks, or rows shorter than a block (each row one block).
-  const std::size_t fused_block = !per_block ? 0
-                                  : cols <= l.block_cols          ? cols
-                                  : cols % l.block_cols == 0      ? l.block_cols
-                                                                  : 0;
-  std::vector<std::uint32_t> tops;  // of every block, where that pass gives the tensor's amax
-  if (per_block && (s.tensor_scale || s.history > 0)) {
-    if (fused_block != 0) {
-      tops = all_block_tops(x, n, fused_block);
-      current = largest_finite(x, fused_block, tops);
-    } else {
-      current = largest_finite(x, n);
+namespace {
+
+// The fast scale paths, at most one of them enabled for a spec: E8M0 from the bits of the
+// largest magnitude, UE4M3 from the ScaleSteps table, float32 scales.
+struct FastScales {
+  FastPow2 pow2;
+  FastSteps steps;
+  FastF32 f32;
+  FastScales(const ScaledSpec& s, float tensor_scale) : pow2(s), steps(s, tensor_scale), f32(s) {}
+  // A block's scale from its largest magnitude's bits where a fast path decides it.
+  std::optional<BlockScale> decide(std::uint32_t top) const {
+    if (pow2.enabled()) return pow2.decide(top);
+    if (steps.enabled()) return steps.decide(top);
+    if (f32.enabled()) return f32.decide(top);
+    return std::nullopt;
+  }
+};
+
+// One call of scaled_quantize, in its steps (run): the amaxes a scale needs first, the
+// tensor scale, the scales of groups that span rows, one pass over the elements, the
+// counts. Every pass splits the work with parallel_for and gathers into `shared_`.
+class ScaledPass {
+ public:
+  ScaledPass(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
+             const ScaledCall& call, bool count)
+      : x_(x), rows_(rows), cols_(cols), n_(rows * cols), s_(s), out_(out), call_(call), count_(count),
+        l_(block_layout(s, rows, cols)), per_block_(s.granularity == Granularity::block),
+        fused_block_(!per_block_                     ? 0
+                     : cols <= l_.block_cols         ? cols
+                     : cols % l_.block_cols == 0     ? l_.block_cols
+                                                     : 0) {}
+
+  // The tensor's amax (scaled_quantize's result); adds the counts to `counts`.
+  float run(ScaledCounts* counts) {
+    find_amaxes();
+    const bool delayed = s_.history > 0 && call_.delayed_amax && *call_.delayed_amax > 0;
+    const float tensor_amax = delayed ? *call_.delayed_amax : current_;
+    ts_ = tensor_scale_of(s_, tensor_amax);
+    if (out_.tensor_scale) *out_.tensor_scale = ts_;
+    if (!per_block_) scale_spanning_groups(delayed && s_.granularity == Granularity::tensor, tensor_amax);
+    quantize_elements();
+    if (per_block_ && !s_.tensor_scale && s_.history == 0) current_ = shared_.amax;
+    std::sort(shared_.saturated.begin(), shared_.saturated.end());
+    shared_.counts.saturated_groups =
+        std::unique(shared_.saturated.begin(), shared_.saturated.end()) - shared_.saturated.begin();
+    if (counts) *counts += shared_.counts;
+    return current_;
+  }
+
+ private:
+  // Pass 1 where a scale needs it: the amaxes of groups that span rows or whole rows, or the
+  // tensor's amax (from the blocks' largest magnitudes where rows are whole blocks) when
+  // blocks take a tensor scale or keep an amax history.
+  void find_amaxes() {
+    if (!per_block_) {
+      amaxes_ = group_amaxes(x_, l_);
+      for (const Amax& a : amaxes_) current_ = std::max(current_, a.value);
+    } else if (s_.tensor_scale || s_.history > 0) {
+      if (fused_block_ != 0) {
+        tops_ = all_block_tops(x_, n_, fused_block_);
+        current_ = largest_finite(x_, fused_block_, tops_);
+      } else {
+        current_ = largest_finite(x_, n_);
+      }
     }
   }
-  const bool delayed = s.history > 0 && call.delayed_amax && *call.delayed_amax > 0;
-  const float tensor_amax = delayed ? *call.delayed_amax : current;
-  const float ts = tensor_scale_of(s, tensor_amax);
-  if (out.tensor_scale) *out.tensor_scale = ts;
-  Shared shared;
-  std::vector<Scaling> group_scalings;
-  if (!per_block) {
-    const bool from_history = delayed && s.granularity == Granularity::tensor;
-    for (std::size_t g = 0; g < amaxes.size(); ++g) {
-      const GroupScale gs = scale_group(s, amaxes[g], ts, &shared.counts,
+
+  void scale_spanning_groups(bool from_history, float tensor_amax) {
+    for (std::size_t g = 0; g < amaxes_.size(); ++g) {
+      const GroupScale gs = scale_group(s_, amaxes_[g], ts_, &shared_.counts,
                                         from_history ? std::optional<float>(tensor_amax) : std::nullopt);
-      group_scalings.push_back(scaling_of(s, gs));
-      if (out.scale_codes) out.scale_codes[g] = gs.code;
+      group_scalings_.push_back(scaling_of(s_, gs));
+      if (out_.scale_codes) out_.scale_codes[g] = gs.code;
     }
   }
-  // Chunks: whole blocks of one row, at most kChunk elements (or one block when longer).
-  // Short rows' chunks are gathered (they lie back to back) so that the element kernel runs
-  // on about kChunk elements at a time, whatever the row length.
-  const std::size_t chunk = per_block ? std::max(l.block_cols, kChunk / l.block_cols * l.block_cols) : kChunk;
-  const std::size_t per_row = (cols + chunk - 1) / chunk;
-  const FastPow2 fast_pow2(s);
-  const FastSteps fast_steps(s, ts);
-  const FastF32 fast_f32(s);
+
+  // The element pass: rows of whole blocks on a fast scale path, one scale for everything,
+  // or chunks of pieces (the general case).
+  void quantize_elements() {
+    const FastScales fast(s_, ts_);
+    if (fused_block_ != 0 && fast.pow2.enabled()) whole_blocks(fast.pow2);
+    else if (fused_block_ != 0 && fast.steps.enabled()) whole_blocks(fast.steps);
+    else if (fused_block_ != 0 && fast.f32.enabled()) whole_blocks(fast.f32);
+    else if (s_.granularity == Granularity::tensor) uniform();
+    else parallel_for(n_, 1, [&](std::size_t b, std::size_t e) { chunks(b, e, fast); });
+  }
+
   // Rows of whole blocks with a fast scale path: chunks of whole blocks, group = flat / block.
-  const auto whole_blocks = [&](const auto& fast) {
-    const std::size_t B = fused_block, per_chunk = std::max<std::size_t>(1, kChunk / B);
-    parallel_for(n, B, [&](std::size_t b, std::size_t e) {
+  template <class Fast>
+  void whole_blocks(const Fast& fast) {
+    const std::size_t B = fused_block_, per_chunk = std::max<std::size_t>(1, kChunk / B);
+    parallel_for(n_, B, [&](std::size_t b, std::size_t e) {
       SerialScope serial;
-      Worker w(s, out, call, counts != nullptr, fused_block);
+      Worker w(s_, out_, call_, count_, fused_block_);
       float part_amax = 0;
       std::vector<Piece> pieces;
       std::vector<Scaling> scalings;
       for (std::size_t k0 = b / B; k0 < e / B; k0 += per_chunk) {
         const std::size_t count = std::min(per_chunk, e / B - k0);
-        if (w.run_fast_blocks(x, k0 * B, count, fast, out.scale_codes, part_amax, tops.empty() ? nullptr : &tops[k0]))
+        if (w.run_fast_blocks(x_, k0 * B, count, fast, out_.scale_codes, part_amax, tops_.empty() ? nullptr : &tops_[k0]))
           continue;
         pieces.clear();
         scalings.clear();
         for (std::size_t k = k0; k < k0 + count; ++k) {
-          const Amax a = amax_of(x + k * B, B);
+          const Amax a = amax_of(x_ + k * B, B);
           part_amax = std::max(part_amax, a.value);
-          const GroupScale gs = scale_group(s, a, ts, &w.counts);
-          if (out.scale_codes) out.scale_codes[k] = gs.code;
+          const GroupScale gs = scale_group(s_, a, ts_, &w.counts);
+          if (out_.scale_codes) out_.scale_codes[k] = gs.code;
           pieces.push_back({k * B, B, k});
-          scalings.push_back(scaling_of(s, gs));
+          scalings.push_back(scaling_of(s_, gs));
         }
-        w.run(x, pieces, scalings);
+        w.run(x_, pieces, scalings);
       }
-      shared.add(w, part_amax);
+      shared_.add(w, part_amax);
     });
-  };
-  // A block's scale from its largest magnitude's bits where a fast path decides it.
-  const auto decide = [&](std::uint32_t top) -> std::optional<BlockScale> {
-    if (fast_pow2.enabled()) return fast_pow2.decide(top);
-    if (fast_steps.enabled()) return fast_steps.decide(top);
-    if (fast_f32.enabled()) return fast_f32.decide(top);
-    return std::nullopt;
-  };
-  if (fused_block != 0 && fast_pow2.enabled()) {
-    whole_blocks(fast_pow2);
-  } else if (fused_block != 0 && fast_steps.enabled()) {
-    whole_blocks(fast_steps);
-  } else if (fused_block != 0 && fast_f32.enabled()) {
-    whole_blocks(fast_f32);
-  } else if (s.granularity == Granularity::tensor) {
-    // One scale for everything: chunks of whole vectors in one pass each.
-    parallel_for(n, kChunk, [&](std::size_t b, std::size_t e) {
+  }
+
+  // One scale for everything: chunks of whole vectors in one pass each.
+  void uniform() {
+    parallel_for(n_, kChunk, [&](std::size_t b, std::size_t e) {
       SerialScope serial;
-      Worker w(s, out, call, counts != nullptr);
-      for (std::size_t c = b; c < e; c += kChunk) w.run_uniform(x, c, std::min(kChunk, e - c), group_scalings[0], 0);
-      shared.add(w, 0);
+      Worker w(s_, out_, call_, count_);
+      for (std::size_t c = b; c < e; c += kChunk) w.run_uniform(x_, c, std::min(kChunk, e - c), group_scalings_[0], 0);
+      shared_.add(w, 0);
     });
-  } else parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
+  }
+
+  // Every chunk whose first element lies in [b, e): whole blocks of one row, at most kChunk
+  // elements (or one block when longer). Short rows' chunks are gathered (they lie back to
+  // back) so that the element kernel runs on about kChunk elements at a time, whatever the
+  // row length.
+  void chunks(std::size_t b, std::size_t e, const FastScales& fast) {
     SerialScope serial;
-    Worker w(s, out, call, counts != nullptr, fused_block);
-    float part_amax = 0;
+    const std::size_t chunk = per_block_ ? std::max(l_.block_cols, kChunk / l_.block_cols * l_.block_cols) : kChunk;
+    const std::size_t per_row = (cols_ + chunk - 1) / chunk;
+    Worker w(s_, out_, call_, count_, fused_block_);
+    Gathered g;
+    for (std::size_t r = b / cols_; r < rows_ && r * cols_ < e; ++r)
+      for (std::size_t k = 0; k < per_row; ++k) {
+        const std::size_t c0 = k * chunk, start = r * cols_ + c0;
+        if (start < b || start >= e) continue;
+        const std::size_t c1 = std::min(cols_, c0 + chunk);
+        for (std::size_t c = c0; c < c1;) c = add_piece(r, c, c1, fast, w, g);
+        g.pending += c1 - c0;
+        if (g.pending >= kChunk) g.flush(w, x_);
+      }
+    g.flush(w, x_);
+    shared_.add(w, g.part_amax);
+  }
+
+  // The pieces of a worker's chunks, run once about kChunk elements have gathered.
+  struct Gathered {
     std::vector<Piece> pieces;
     std::vector<Scaling> scalings;
     std::size_t pending = 0;
-    const auto flush = [&] {
+    float part_amax = 0;
+    void flush(Worker& w, const float* x) {
       if (!pieces.empty()) w.run(x, pieces, scalings);
       pieces.clear();
       scalings.clear();
       pending = 0;
-    };
-    // Every chunk whose first element lies in [b, e).
-    for (std::size_t r = b / cols; r < rows && r * cols < e; ++r)
-      for (std::size_t k = 0; k < per_row; ++k) {
-        const std::size_t c0 = k * chunk, start = r * cols + c0;
-        if (start < b || start >= e) continue;
-        const std::size_t c1 = std::min(cols, c0 + chunk);
-        for (std::size_t c = c0; c < c1;) {
-          const std::size_t gc = c / l.block_cols, cend = std::min(c1, (gc + 1) * l.block_cols);
-          const std::size_t group = (r / l.block_rows) * l.grid_cols() + gc;
-          pieces.push_back({r * cols + c, cend - c, group});
-          if (per_block) {
-            const float* xb = x + r * cols + c;
-            const std::uint32_t top = magnitude_top(xb, cend - c);  // largest magnitude's bits
-            if (const auto d = decide(top)) {  // the common case, decided from the bits
-              ++w.counts.groups;
-              w.counts.scale_overflow += d->overflow;
-              part_amax = std::max(part_amax, std::bit_cast<float>(top));
-              if (out.scale_codes) out.scale_codes[group] = d->code;
-              scalings.push_back(scaling_of(*d, fast_pow2.enabled()));
-            } else {
-              const Amax a = amax_of(xb, cend - c);
-              part_amax = std::max(part_amax, a.value);
-              const GroupScale gs = scale_group(s, a, ts, &w.counts);
-              if (out.scale_codes) out.scale_codes[group] = gs.code;
-              scalings.push_back(scaling_of(s, gs));
-            }
-          } else {
-            scalings.push_back(group_scalings[group]);
-          }
-          c = cend;
-        }
-        pending += c1 - c0;
-        if (pending >= kChunk) flush();
-      }
-    flush();
-    shared.add(w, part_amax);
-  });
-  if (per_block && !s.tensor_scale && s.history == 0) current = shared.amax;
-  std::sort(shared.saturated.begin(), shared.saturated.end());
-  shared.counts.saturated_groups =
-      std::unique(shared.saturated.begin(), shared.saturated.end()) - shared.saturated.begin();
-  if (counts) *counts += shared.counts;
-  return current;
+    }
+  };
+
+  // The piece of row `r` from column `c` to the end of its group or `c1`, with its scaling
+  // (a block's decided from its bits where a fast path can, else from its amax); returns
+  // where the next piece starts.
+  std::size_t add_piece(std::size_t r, std::size_t c, std::size_t c1, const FastScales& fast, Worker& w, Gathered& g) {
+    const std::size_t gc = c / l_.block_cols, cend = std::min(c1, (gc + 1) * l_.block_cols);
+    const std::size_t group = (r / l_.block_rows) * l_.grid_cols() + gc;
+    g.pieces.push_back({r * cols_ + c, cend - c, group});
+    if (!per_block_) {
+      g.scalings.push_back(group_scalings_[group]);
+      return cend;
+    }
+    const float* xb = x_ + r * cols_ + c;
+    const std::uint32_t top = magnitude_top(xb, cend - c);  // largest magnitude's bits
+    if (const auto d = fast.decide(top)) {                  // the common case, decided from the bits
+      ++w.counts.groups;
+      w.counts.scale_overflow += d->overflow;
+      g.part_amax = std::max(g.part_amax, std::bit_cast<float>(top));
+      if (out_.scale_codes) out_.scale_codes[group] = d->code;
+      g.scalings.push_back(scaling_of(*d, fast.pow2.enabled()));
+    } else {
+      const Amax a = amax_of(xb, cend - c);
+      g.part_amax = std::max(g.part_amax, a.value);
+      const GroupScale gs = scale_group(s_, a, ts_, &w.counts);
+      if (out_.scale_codes) out_.scale_codes[group] = gs.code;
+      g.scalings.push_back(scaling_of(s_, gs));
+    }
+    return cend;
+  }
+
+  const float* x_;
+  std::size_t rows_, cols_, n_;
+  const ScaledSpec& s_;
+  const ScaledOut& out_;
+  const ScaledCall& call_;
+  bool count_;
+  BlockLayout l_;
+  bool per_block_;
+  std::size_t fused_block_;  // rows of whole blocks (or rows shorter than a block): the block; else 0
+  std::vector<Amax> amaxes_;           // of groups that span rows or whole rows
+  std::vector<std::uint32_t> tops_;    // of every block, where pass 1 took the tensor's amax from them
+  std::vector<Scaling> group_scalings_;  // of groups that span rows or whole rows
+  float current_ = 0;                  // the tensor's amax
+  float ts_ = 1;                       // the tensor scale
+  Shared shared_;
+};
+
+}  // namespace
+
+float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+                      const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts) {
+  validate(s);
+  if (!s.scaled())
+    throw Error("scaled_quantize: '" + to_string(s) + "' has no scale (a fixed-bias format); quantize it with "
+                "kernels::quantize");
+  if (rows * cols == 0) return scaled_quantize_reference(x, rows, cols, s, out, call, counts);
+  return ScaledPass(x, rows, cols, s, out, call, counts != nullptr).run(counts);
 }
 
 void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,

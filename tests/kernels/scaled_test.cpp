@@ -218,6 +218,20 @@ TEST_P(ScaledKernels, DecodeGivesBackTheQuantizedValues) {
     }
 }
 
+// A spec without a scale is the plain element kernel's: refused by name, not run on the
+// scalar reference behind the caller's back.
+TEST(ScaledKernelsInput, AFixedBiasFormatIsRefused) {
+  std::vector<float> x(64, 1.0f), y(64);
+  const ScaledSpec fixed = parse_scaled("e4m3fn");
+  ASSERT_FALSE(fixed.scaled());
+  try {
+    kernels::scaled_quantize(x.data(), 2, 32, fixed, ScaledOut{y.data()});
+    FAIL() << "a fixed-bias format was quantized";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no scale"), std::string::npos) << e.what();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Targets, ScaledKernels, ::testing::ValuesIn(kernels::available_targets()),
                          [](const auto& info) { return info.param; });
 

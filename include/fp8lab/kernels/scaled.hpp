@@ -13,7 +13,8 @@
 namespace fp8lab::kernels {
 
 // As scaled_quantize_reference: x is row-major [rows, cols], groups run along the rows.
-// Returns the tensor's largest finite |x|.
+// Returns the tensor's largest finite |x|. `s` must have a scale (s.scaled()): a fixed-bias
+// format is kernels::quantize's, and is refused here with an Error.
 float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                       const ScaledOut& out, const ScaledCall& call = {}, ScaledCounts* counts = nullptr);
 
