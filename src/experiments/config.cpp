@@ -40,8 +40,6 @@ template <class T>
 inline constexpr bool kIsSpelled<Spelled<T>> = true;
 
 // The settings' parsers, errors without the key (the callers add it).
-nn::Recipe recipe_value(const std::string& text) { return nn::load_recipe(text); }
-nn::LossScaleConfig loss_scale_value(const std::string& text) { return nn::parse_loss_scale(text); }
 nn::KindQuant grad_comm_value(const std::string& text) {
   const nn::KindQuant comm = nn::parse_kind_quant(text);
   if (comm && comm->history > 0) throw Error("delayed scaling has no history to draw on here; use current scaling");
@@ -50,8 +48,8 @@ nn::KindQuant grad_comm_value(const std::string& text) {
                 " bits; gradients travel in formats of at most 16 bits (or fp32)");
   return comm;
 }
-void parse_setting(Spelled<nn::Recipe>& s, const std::string& text) { s = {text, recipe_value(text)}; }
-void parse_setting(Spelled<nn::LossScaleConfig>& s, const std::string& text) { s = {text, loss_scale_value(text)}; }
+void parse_setting(Spelled<nn::Recipe>& s, const std::string& text) { s = {text, nn::load_recipe(text)}; }
+void parse_setting(Spelled<nn::LossScaleConfig>& s, const std::string& text) { s = {text, nn::parse_loss_scale(text)}; }
 void parse_setting(Spelled<nn::KindQuant>& s, const std::string& text) { s = {text, grad_comm_value(text)}; }
 
 template <class T>

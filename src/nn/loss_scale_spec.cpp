@@ -66,7 +66,8 @@ class ValueReader {
 };
 
 // A key of the one-line form: the methods that take it, how its value is read into the
-// config, and how it is written back (nullopt: at the method's default, left out).
+// config, and how it is written back (the printer leaves out a value equal to the
+// method's default).
 struct Key {
   std::string_view name;
   bool (*takes)(LossScaleMethod);

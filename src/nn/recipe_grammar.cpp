@@ -30,6 +30,9 @@ struct RecipeKey {
   TomlValue toml;
   void (*set)(Recipe&, std::string_view);  // from the value's text; throws Error without location
   std::string_view takes;                  // what the value may be, for errors
+  // The value's text as the printers write it; nullopt at the default (left out). The
+  // quantizers of the four kinds are always written; the name is neither form's item.
+  std::optional<std::string> (*get)(const Recipe&);
 };
 
 bool truth(std::string_view v, bool& out) {
@@ -69,20 +72,51 @@ void set_kind(Recipe& r, std::string_view v) {
   r.base[K] = parse_kind_quant(v);
 }
 
+template <TensorKind K>
+std::optional<std::string> get_kind(const Recipe& r) {
+  return to_string(r.base[K]);
+}
+
+std::optional<std::string> get_exempt_first(const Recipe& r) {
+  if (!r.exempt_first) return "0";
+  if (r.first_quant) return to_string(r.first_quant);
+  return std::nullopt;
+}
+
+std::optional<std::string> get_keep_last(const Recipe& r) {
+  return r.keep_last ? std::optional<std::string>("fp32") : std::nullopt;
+}
+
+std::optional<std::string> get_hadamard(const Recipe& r) {
+  return r.hadamard ? std::optional<std::string>(std::to_string(r.hadamard)) : std::nullopt;
+}
+
+std::optional<std::string> get_compute(const Recipe& r) {
+  return r.compute ? std::optional<std::string>(to_string(*r.compute)) : std::nullopt;
+}
+
+std::optional<std::string> get_accumulate(const Recipe& r) {
+  return r.accumulate ? std::optional<std::string>(to_string(*r.accumulate)) : std::nullopt;
+}
+
+std::optional<std::string> get_nothing(const Recipe&) { return std::nullopt; }
+
 constexpr RecipeKey kKeys[] = {
-    {"name", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.name = std::string(v); }, "a string"},
-    {"a", "", TomlValue::quantizer, set_kind<TensorKind::a>, "a quantizer or fp32"},
-    {"w", "", TomlValue::quantizer, set_kind<TensorKind::w>, "a quantizer or fp32"},
-    {"gx", "", TomlValue::quantizer, set_kind<TensorKind::gx>, "a quantizer or fp32"},
-    {"gw", "", TomlValue::quantizer, set_kind<TensorKind::gw>, "a quantizer or fp32"},
+    {"name", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.name = std::string(v); }, "a string",
+     get_nothing},
+    {"a", "", TomlValue::quantizer, set_kind<TensorKind::a>, "a quantizer or fp32", get_kind<TensorKind::a>},
+    {"w", "", TomlValue::quantizer, set_kind<TensorKind::w>, "a quantizer or fp32", get_kind<TensorKind::w>},
+    {"gx", "", TomlValue::quantizer, set_kind<TensorKind::gx>, "a quantizer or fp32", get_kind<TensorKind::gx>},
+    {"gw", "", TomlValue::quantizer, set_kind<TensorKind::gw>, "a quantizer or fp32", get_kind<TensorKind::gw>},
     {"exempt_first", "first", TomlValue::exemption, set_exempt_first,
-     "true, false or the quantizer of the first layer's input and output gradient (\"fp16\")"},
-    {"keep_last", "last", TomlValue::boolean, set_keep_last, "true, false or fp32 (the last layer in float32)"},
-    {"hadamard", "", TomlValue::integer, set_hadamard, "0 or 16"},
+     "true, false or the quantizer of the first layer's input and output gradient (\"fp16\")", get_exempt_first},
+    {"keep_last", "last", TomlValue::boolean, set_keep_last, "true, false or fp32 (the last layer in float32)",
+     get_keep_last},
+    {"hadamard", "", TomlValue::integer, set_hadamard, "0 or 16", get_hadamard},
     {"compute", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.compute = parse_compute(v); },
-     "fp32, bf16 or auto"},
+     "fp32, bf16 or auto", get_compute},
     {"accumulate", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.accumulate = parse_accumulation(v); },
-     "fp32 or FORMAT@CHUNK"},
+     "fp32 or FORMAT@CHUNK", get_accumulate},
 };
 
 // The key named `name` (its own name, its line name or a tensor kind's other name such as
@@ -370,23 +404,6 @@ Recipe load_recipe(const std::string& arg) {
 
 namespace {
 
-// The value of each key but name as a line and TOML write it; nullopt where it is the
-// default (left out). Quantizers of the four kinds are always written.
-std::optional<std::string> key_text(const Recipe& r, const RecipeKey& k) {
-  if (k.name == "name") return std::nullopt;
-  if (k.toml == TomlValue::quantizer) return to_string(r.base[parse_kind(k.name)]);
-  if (k.name == "exempt_first") {
-    if (!r.exempt_first) return "0";
-    if (r.first_quant) return to_string(r.first_quant);
-    return std::nullopt;
-  }
-  if (k.name == "keep_last") return r.keep_last ? std::optional<std::string>("fp32") : std::nullopt;
-  if (k.name == "hadamard") return r.hadamard ? std::optional<std::string>(std::to_string(r.hadamard)) : std::nullopt;
-  if (k.name == "compute") return r.compute ? std::optional<std::string>(to_string(*r.compute)) : std::nullopt;
-  if (k.name == "accumulate") return r.accumulate ? std::optional<std::string>(to_string(*r.accumulate)) : std::nullopt;
-  return std::nullopt;
-}
-
 // Key `k`'s value in TOML, from its text: true/false for the switches, a number for
 // hadamard, a string for the rest.
 void put_toml(toml::table& t, const RecipeKey& k, const std::string& text) {
@@ -408,7 +425,7 @@ std::string Recipe::to_line() const {
     throw Error("recipe '" + name + "' has per-layer overrides, which only its TOML form holds (Recipe::to_toml)");
   std::string s;
   for (const RecipeKey& k : kKeys)
-    if (const auto v = key_text(*this, k))
+    if (const auto v = k.get(*this))
       s += (s.empty() ? "" : ",") + std::string(k.line_name.empty() ? k.name : k.line_name) + "=" + *v;
   return s;
 }
@@ -417,7 +434,7 @@ std::string Recipe::to_toml() const {
   toml::table t;
   t.insert("name", name);
   for (const RecipeKey& k : kKeys)
-    if (const auto v = key_text(*this, k)) put_toml(t, k, *v);
+    if (const auto v = k.get(*this)) put_toml(t, k, *v);
   toml::array arr;
   for (const RecipeOverride& o : overrides) {
     toml::table ot;
