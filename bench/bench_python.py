@@ -9,7 +9,7 @@ cross-entropy, backward, SGD with momentum) timed in one process, interleaved ro
 
 and the ratios py_q / cpp_q (goal: below 1.05), py_fp32 / cpp_fp32 and py_q / py_fp32.
 
-    PYTHONPATH=build/python .venv/bin/python bench/bench_python.py [--batch 32] [--compute auto]
+    PYTHONPATH=build/python:build/bench .venv/bin/python bench/bench_python.py [--batch 32] [--compute auto]
 """
 import argparse
 import os
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import fp8lab
 import fp8lab.torch as ft
+import fp8lab_cpp_step  # bench/cpp_step_module.cpp, built in build/bench
 from libtorch_baseline import resnet20  # models::CifarResNet's ResNet-20 in PyTorch
 
 
@@ -51,10 +52,10 @@ def main():
     torch.set_num_threads(a.threads or len(os.sched_getaffinity(0)))
     torch.manual_seed(0)
     variants = {
-        "cpp_q": fp8lab._core.bench.CppResNetStep(20, 16, a.batch, a.recipe, a.compute),
+        "cpp_q": fp8lab_cpp_step.CppResNetStep(20, 16, a.batch, a.recipe, a.compute),
         "py_q": PyStep(ft.quantize_model(resnet20(), a.recipe, compute=a.compute), a.batch),
         "py_fp32": PyStep(resnet20(), a.batch),
-        "cpp_fp32": fp8lab._core.bench.CppResNetStep(20, 16, a.batch, "fp32", "fp32"),
+        "cpp_fp32": fp8lab_cpp_step.CppResNetStep(20, 16, a.batch, "fp32", "fp32"),
     }
     times = {k: [] for k in variants}
     for r in range(a.rounds + 1):

@@ -8,7 +8,7 @@
 
 #include "commands.hpp"
 #include "fp8lab/core/files.hpp"
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/settings/config.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 #include "table.hpp"
 

@@ -8,10 +8,11 @@
 #include <memory>
 #include <string>
 
+#include "build.hpp"
 #include "commands.hpp"
 #include "fp8lab/core/files.hpp"
-#include "fp8lab/core/format.hpp"
-#include "fp8lab/experiments/report.hpp"
+#include "fp8lab/core/error.hpp"
+#include "fp8lab/study/report.hpp"
 #include "fp8lab/results/store_set.hpp"
 
 namespace fp8lab::cli {
@@ -29,7 +30,7 @@ void run_report(const ReportArgs& a) {
   experiments::Sweep s;
   experiments::SweepReport rep;
   if (a.name.empty()) {
-    s = experiments::load_sweep(a.sweep);
+    s = experiments::load_sweep(a.sweep, kConfigCheck);
     rep = experiments::analyse(s, store);
   } else {
     rep = experiments::analyse_named(store, a.name, s);

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "commands.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/results/store.hpp"
 #include "fp8lab/results/store_set.hpp"
 #include "table.hpp"

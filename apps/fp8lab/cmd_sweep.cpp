@@ -13,12 +13,13 @@
 #include <optional>
 #include <string>
 
+#include "build.hpp"
 #include "commands.hpp"
 #include "process.hpp"
 #include "fp8lab/core/files.hpp"
-#include "fp8lab/core/format.hpp"
-#include "fp8lab/experiments/sweep.hpp"
-#include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/core/error.hpp"
+#include "fp8lab/study/sweep.hpp"
+#include "fp8lab/core/stop.hpp"
 
 namespace fp8lab::cli {
 
@@ -34,7 +35,7 @@ extern "C" void on_sweep_second_sigint(int) {
   _exit(130);
 }
 extern "C" void on_sweep_sigint(int) {
-  experiments::request_stop();
+  request_stop();
   experiments::interrupt_launched();
   std::signal(SIGINT, on_sweep_second_sigint);
 }
@@ -59,7 +60,11 @@ int emit_slurm(const SweepArgs& a, const experiments::Sweep& s) {
 }
 
 int run_sweep_cmd(const SweepArgs& a) {
-  experiments::Sweep s = experiments::load_sweep(a.sweep);
+  if (!kCanTrain && !a.dry_run) throw Error(std::string(kNoTrainingLayer) + "; this one lists a sweep's runs with --dry-run");
+  experiments::Sweep s = experiments::load_sweep(a.sweep, kConfigCheck);
+  if (!kCanTrain)
+    std::fprintf(stderr, "sweep %s: built without libtorch: the runs' configs are checked for their settings and "
+                 "ranges, not for the names of their tasks, models and data sets\n", s.name.c_str());
   if (!a.emit.empty()) {
     if (!a.shard.empty()) throw Error("--emit slurm makes every shard's task; leave out --shard");
     return emit_slurm(a, s);
@@ -107,7 +112,7 @@ int run_sweep_cmd(const SweepArgs& a) {
   if (shard)
     std::fprintf(stderr, "sweep %s: shard %s holds %zu of the %zu runs\n", s.name.c_str(), to_string(*shard).c_str(),
                  s.runs.size(), all_runs);
-  experiments::clear_stop_request();
+  clear_stop_request();
   std::signal(SIGINT, on_sweep_sigint);
   const auto sum = experiments::run_sweep(s, store, opt);
   std::signal(SIGINT, SIG_DFL);

@@ -18,7 +18,7 @@
 #include "commands.hpp"
 #include "fp8lab/core/machine.hpp"
 #include "fp8lab/core/text.hpp"
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/settings/config.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/experiments/world.hpp"
 #include "ranks.hpp"
@@ -63,7 +63,7 @@ std::vector<std::string> rank_arguments(const TrainArgs& a, const experiments::T
 }
 
 extern "C" void on_sigint(int) {
-  experiments::request_stop();
+  request_stop();
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
 
@@ -122,7 +122,7 @@ int run_train(const TrainArgs& a) {
   opt.progress = !a.no_progress && writer;
   opt.world = world ? &*world : nullptr;
   opt.bucket_bytes = a.bucket_kb * 1024;
-  experiments::clear_stop_request();
+  clear_stop_request();
   std::signal(SIGINT, on_sigint);
   release_sigint();
   // on_sigint stays in place: a Ctrl-C that comes after the run has ended (a sweep passing

@@ -24,11 +24,14 @@ void register_snr(CLI::App& app);
 void register_values(CLI::App& app);
 void register_quantize(CLI::App& app);
 void register_runs(CLI::App& app);
+void register_sweep(CLI::App& app);
+void register_report(CLI::App& app);
 #ifdef FP8LAB_HAVE_TORCH
 void register_quickstart(CLI::App& app);
 void register_train(CLI::App& app);
 void register_evaluate(CLI::App& app);
-void register_sweep(CLI::App& app);
-void register_report(CLI::App& app);
+#else
+// train, evaluate and quickstart as commands that say the build cannot train (build.hpp).
+void register_without_training(CLI::App& app);
 #endif
 }  // namespace fp8lab::cli

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "commands.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "process.hpp"
 
 extern "C" int fp8lab_cli_main(int argc, char** argv) {
@@ -21,12 +21,14 @@ extern "C" int fp8lab_cli_main(int argc, char** argv) {
   fp8lab::cli::register_values(app);
   fp8lab::cli::register_quantize(app);
   fp8lab::cli::register_runs(app);
+  fp8lab::cli::register_sweep(app);
+  fp8lab::cli::register_report(app);
 #ifdef FP8LAB_HAVE_TORCH
   fp8lab::cli::register_quickstart(app);
   fp8lab::cli::register_train(app);
   fp8lab::cli::register_evaluate(app);
-  fp8lab::cli::register_sweep(app);
-  fp8lab::cli::register_report(app);
+#else
+  fp8lab::cli::register_without_training(app);
 #endif
   try {
     app.parse(argc, argv);

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <system_error>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace fp8lab::cli {
 

@@ -16,7 +16,7 @@
 #include <string_view>
 #include <thread>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "process.hpp"
 
 namespace fp8lab::cli {

@@ -158,7 +158,8 @@ std::pair<torch::Tensor, QuantCounts> quantize_tensor(torch::Tensor t, const Qua
   return {t, c};
 }
 
-void bind_tensor_functions(py::module_& m) {
+// quantize_tensor, encode_tensor, decode_tensor: one element format, any tensor.
+void bind_element_functions(py::module_& m) {
   m.def(
       "quantize_tensor",
       [](torch::Tensor t, const Format& f, const std::string& rounding, const std::string& overflow, int random_bits,
@@ -204,6 +205,10 @@ void bind_tensor_functions(py::module_& m) {
         return nn::decode_tensor(c, f);
       },
       py::arg("codes"), py::arg("format"));
+}
+
+// scaled_quantize_matrix, scaled_decode_matrix: a scaled format over a matrix's groups.
+void bind_scaled_functions(py::module_& m) {
   m.def(
       "scaled_quantize_matrix",
       [](const torch::Tensor& mat, const ScaledSpec& s_in, const std::string& rounding, int random_bits,
@@ -339,7 +344,8 @@ void bind_tables(py::module_& m) {
 void bind_core(py::module_& m) {
   bind_format(m);
   bind_scaled(m);
-  bind_tensor_functions(m);
+  bind_element_functions(m);
+  bind_scaled_functions(m);
   bind_analysis(m);
   bind_tables(m);
 }

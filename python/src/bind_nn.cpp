@@ -4,12 +4,12 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
-#include "fp8lab/core/format.hpp"
-#include "fp8lab/experiments/trainer.hpp"
-#include "fp8lab/nn/compute_spec.hpp"
+#include "fp8lab/core/error.hpp"
+#include "fp8lab/experiments/stat_rows.hpp"
+#include "fp8lab/settings/compute_spec.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 #include "fp8lab/nn/ops.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 namespace fp8lab::python {
 
@@ -201,7 +201,9 @@ void bind_context(py::module_& m) {
           }))
       .def("take_stat_rows", [](QuantContext& c) { return experiments::stat_rows(c.stats->take()); },
            "The statistics records since the last call, as the results store's rows (and clears them)");
+}
 
+void bind_layer_state(py::module_& m) {
   py::class_<LayerState, LayerStatePtr>(m, "LayerState", "One quantized layer: its quantizers, streams and counts")
       .def(py::init([](const std::string& name, const nn::LayerQuant& q, std::shared_ptr<QuantContext> ctx, int index) {
              if (!ctx) throw Error("a layer needs a QuantContext");
@@ -320,6 +322,7 @@ void bind_loss_scale(py::module_& m) {
 void bind_nn(py::module_& m) {
   bind_recipe(m);
   bind_context(m);
+  bind_layer_state(m);
   bind_ops(m);
   bind_loss_scale(m);
 }

@@ -2,7 +2,7 @@
 
 #include <pybind11/stl.h>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace fp8lab::python {
 
@@ -43,5 +43,4 @@ PYBIND11_MODULE(_core, m) {
   fp8lab::python::bind_core(m);
   fp8lab::python::bind_nn(m);
   fp8lab::python::bind_results(m);
-  fp8lab::python::bind_bench(m);
 }

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "fp8lab/core/files.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace fp8lab {
 

@@ -16,7 +16,7 @@
 #include <optional>
 #include <random>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace fp8lab {
 

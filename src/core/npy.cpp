@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "fp8lab/core/files.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace fp8lab {
 

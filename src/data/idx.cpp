@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "io.hpp"
 
 namespace fp8lab::data {

@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "fp8lab/core/files.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/random.hpp"
 #include "io.hpp"
 

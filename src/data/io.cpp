@@ -8,7 +8,7 @@
 #include <cstring>
 #include <memory>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace fp8lab::data::io {
 

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/random.hpp"
 #include "fp8lab/core/text.hpp"

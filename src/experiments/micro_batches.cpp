@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/random.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/nn/tensor_quant.hpp"

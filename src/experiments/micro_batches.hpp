@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "fp8lab/experiments/world.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 namespace fp8lab::experiments {
 

@@ -1,6 +1,9 @@
 #include "run_record.hpp"
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "fp8lab/experiments/stat_rows.hpp"
 
 namespace fp8lab::experiments {
 
@@ -44,6 +47,46 @@ void RunRecord::flush_trace(LossScaleTrace& trace) {
 void RunRecord::finish(results::RunStatus status, std::optional<double> metric, const std::string& metric_name,
                        double seconds) {
   if (store_) store_->finish_run(id_, status, metric, metric_name, seconds);
+}
+
+namespace {
+
+// {"lo": e_lo, "counts": [n(e_lo), ..., n(e_hi)]}: the histogram's bins from its lowest to
+// its highest nonzero exponent (lo 0 and no counts when empty).
+nlohmann::json exponent_range(const kernels::ExpHistogram& hist) {
+  const kernels::ExpRange r = kernels::nonzero_range(hist);
+  return {{"lo", r.lo}, {"counts", r.counts}};
+}
+
+}  // namespace
+
+std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records) {
+  std::vector<results::Store::StatRow> rows;
+  for (const auto& s : records) {
+    results::Store::StatRow r;
+    r.step = static_cast<std::int64_t>(s.step);
+    r.layer = s.layer;
+    r.kind = std::string(nn::to_string(s.kind));
+    r.total = s.counts.total;
+    r.overflow = s.counts.overflow;
+    r.underflow = s.counts.underflow;
+    r.nan = s.counts.nan;
+    r.absmax = s.absmax;
+    nlohmann::json h = exponent_range(s.hist);
+    h["zero"] = s.hist.zero;
+    h["inf"] = s.hist.inf;
+    h["nan"] = s.hist.nan;
+    if (s.scaled) {  // block-level figures (docs/spec.md §6.6)
+      const ScaledCounts& g = s.groups;
+      h["groups"] = {{"total", g.groups},       {"saturated", g.saturated_groups},
+                     {"zero", g.zero_groups},   {"nan", g.nan_groups},
+                     {"scale_underflow", g.scale_underflow}, {"scale_overflow", g.scale_overflow}};
+      h["scales"] = exponent_range(s.scale_hist);
+    }
+    r.histogram = h.dump();
+    rows.push_back(std::move(r));
+  }
+  return rows;
 }
 
 }  // namespace fp8lab::experiments

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/settings/config.hpp"
 #include "fp8lab/results/store.hpp"
 #include "train_state.hpp"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/settings/config.hpp"
 #include "fp8lab/experiments/registry.hpp"
 
 namespace fp8lab::experiments {

@@ -15,7 +15,7 @@
 
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/nn/ops.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 namespace fp8lab::experiments {
 

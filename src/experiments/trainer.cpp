@@ -18,13 +18,14 @@
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/random.hpp"
 #include "fp8lab/core/text.hpp"
-#include "fp8lab/experiments/progress.hpp"
+#include "fp8lab/core/progress.hpp"
 #include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/experiments/world.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 #include "fp8lab/nn/modules.hpp"
 #include "fp8lab/nn/runtime.hpp"
 #include "micro_batches.hpp"
+#include "fp8lab/experiments/stat_rows.hpp"
 #include "run_record.hpp"
 #include "task.hpp"
 #include "train_state.hpp"
@@ -36,14 +37,6 @@ double ema_decay(double ema, std::int64_t step) {
 }
 
 using results::RunStatus;
-
-namespace {
-std::atomic<bool> g_stop{false};
-}  // namespace
-
-void request_stop() { g_stop.store(true); }
-bool stop_requested() { return g_stop.load(); }
-void clear_stop_request() { g_stop.store(false); }
 
 std::string checkpoint_path(const TrainConfig& cfg) {
   return cfg.train.checkpoint.empty() ? cfg.name + ".ckpt" : cfg.train.checkpoint;
@@ -90,13 +83,6 @@ double evaluate(Task& task, nn::QuantContext& ctx, bool final) {
   ctx.step = step;
   ctx.recording = true;
   return metric;
-}
-
-// {"lo": e_lo, "counts": [n(e_lo), ..., n(e_hi)]}: the histogram's bins from its lowest to
-// its highest nonzero exponent (lo 0 and no counts when empty).
-nlohmann::json exponent_range(const kernels::ExpHistogram& hist) {
-  const kernels::ExpRange r = kernels::nonzero_range(hist);
-  return {{"lo", r.lo}, {"counts", r.counts}};
 }
 
 // How many steps the run takes and when it evaluates and checkpoints.
@@ -701,33 +687,5 @@ void check_process_count(int micro_batches, int processes) {
               " (the global batch as " + n + " shards: the same run on any process count that divides it)");
 }
 
-std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records) {
-  std::vector<results::Store::StatRow> rows;
-  for (const auto& s : records) {
-    results::Store::StatRow r;
-    r.step = static_cast<std::int64_t>(s.step);
-    r.layer = s.layer;
-    r.kind = std::string(nn::to_string(s.kind));
-    r.total = s.counts.total;
-    r.overflow = s.counts.overflow;
-    r.underflow = s.counts.underflow;
-    r.nan = s.counts.nan;
-    r.absmax = s.absmax;
-    nlohmann::json h = exponent_range(s.hist);
-    h["zero"] = s.hist.zero;
-    h["inf"] = s.hist.inf;
-    h["nan"] = s.hist.nan;
-    if (s.scaled) {  // block-level figures (docs/spec.md §6.6)
-      const ScaledCounts& g = s.groups;
-      h["groups"] = {{"total", g.groups},       {"saturated", g.saturated_groups},
-                     {"zero", g.zero_groups},   {"nan", g.nan_groups},
-                     {"scale_underflow", g.scale_underflow}, {"scale_overflow", g.scale_overflow}};
-      h["scales"] = exponent_range(s.scale_hist);
-    }
-    r.histogram = h.dump();
-    rows.push_back(std::move(r));
-  }
-  return rows;
-}
 
 }  // namespace fp8lab::experiments

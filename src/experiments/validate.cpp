@@ -1,13 +1,13 @@
 // The checks of a config that need the registries and the other layers: names of the task,
 // model, data set, optimizer and schedule; augmentation. (The quantization settings were
-// parsed where the config was read, src/experiments/config.cpp.)
+// parsed where the config was read, src/settings/config.cpp.)
 #include <algorithm>
 #include <string>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/data/images.hpp"
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/settings/config.hpp"
 #include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/nn/compute.hpp"
 
@@ -62,12 +62,6 @@ void validate_task(const TrainConfig& c) {
 }
 
 }  // namespace
-
-void adopt_recipe_settings(TrainConfig& c) {
-  const nn::Recipe& r = c.quant.recipe.value;
-  if (!c.quant.compute) c.quant.compute = r.compute.value_or(nn::Compute::fp32);
-  if (!c.quant.accumulate) c.quant.accumulate = r.accumulate.value_or(nn::Accumulation{});
-}
 
 void complete_config(TrainConfig& c) {
   adopt_recipe_settings(c);

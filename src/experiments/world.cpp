@@ -10,9 +10,9 @@
 #include <charconv>
 #include <cstdlib>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/text.hpp"
-#include "fp8lab/experiments/progress.hpp"
+#include "fp8lab/core/progress.hpp"
 
 namespace fp8lab::experiments {
 

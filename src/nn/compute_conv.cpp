@@ -8,7 +8,7 @@
 
 #include "compute_conv_chunked.hpp"
 #include "compute_detail.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/nn/compute.hpp"
 #include "fp8lab/nn/tensor_quant.hpp"
 

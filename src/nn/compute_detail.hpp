@@ -10,7 +10,7 @@
 
 #include <torch/torch.h>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/nn/compute.hpp"
 #include "onednn/onednn_api.h"
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace fp8lab::nn {
 

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <map>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace fp8lab::results {
 

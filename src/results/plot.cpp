@@ -11,7 +11,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/text.hpp"
 

@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "fp8lab/core/enum_names.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace fp8lab::results {
 

@@ -13,7 +13,7 @@
 #include <tuple>
 
 #include "fp8lab/core/enum_names.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/machine.hpp"
 #include "fp8lab/core/text.hpp"
 

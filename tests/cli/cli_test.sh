@@ -28,6 +28,9 @@ make_npy() {
 # 1.0, 250.0, -0.3, 1e-6, 247.9, NaN
 FLOATS='\x00\x00\x80\x3f\x00\x00\x7a\x43\x9a\x99\x99\xbe\xbd\x37\x86\x35\x66\xe6\x77\x43\x00\x00\xc0\x7f'
 make_npy "$T/x.npy" '<f4' '6,' "$FLOATS"
+# A build without libtorch (FP8LAB_WITH_TORCH=OFF) has no training layer: its train,
+# evaluate and quickstart only say so, and a sweep is listed, not run.
+if "$FP8LAB" --help | grep -q 'built without libtorch'; then TORCH=0; else TORCH=1; fi
 
 # --- formats: the paper's Table 1 ---------------------------------------------------------
 out=$("$FP8LAB" formats --csv); rc=$?
@@ -234,25 +237,10 @@ echo keep >"$T/keep.npy"
 check "existing output kept on failure" [ "$(cat "$T/keep.npy")" = keep ]
 check "no temporaries left" [ -z "$(ls "$T" | grep tmp)" ]
 
-# --- quickstart (when built with libtorch and the Debian dataset is present) --------------
-if "$FP8LAB" --help | grep -q quickstart && [ -d /usr/share/datasets/fashion-mnist ]; then
-  out=$("$FP8LAB" quickstart --limit 256 --epochs 1 --batch 64 --width 4 --threads 1 --db "$T/r.db" 2>/dev/null); rc=$?
-  check "quickstart exits 0 (got $rc)" [ $rc -eq 0 ]
-  check "quickstart lists fp32" grep -q '^fp32 .*finished' <<<"$out"
-  check "quickstart lists the 8-bit recipe" grep -q '^resnet32-mixed .*finished' <<<"$out"
-  runs=$("$FP8LAB" runs --db "$T/r.db" --csv)
-  check "store has both runs finished" [ "$(grep -c ',quickstart,image-classification,.*,finished,test_accuracy,' <<<"$runs")" -eq 2 ]
-  check "runs --json carries the config" grep -q '"epochs": 1' <<<"$("$FP8LAB" runs --db "$T/r.db" --json)"
-  check "runs --check says ok" grep -q 'r.db: ok' <<<"$("$FP8LAB" runs --db "$T/r.db" --check)"
-  check "runs names the processor of its runs" grep -q '^Processors: .\+: 2 runs$' <<<"$("$FP8LAB" runs --db "$T/r.db")"
-  check "runs filter" [ "$("$FP8LAB" runs --db "$T/r.db" --recipe fp32 --csv | grep -c finished)" -eq 1 ]
-  expect_fail "quickstart without data" "no train-images" "$FP8LAB" quickstart --data "$T/none"
-  expect_fail "quickstart bad recipe" "unknown key 'q'" "$FP8LAB" quickstart --recipe q=1.4.3
-fi
-
-# --- train: config files, --set, stop/resume, Ctrl-C, errors --------------------------------
-if "$FP8LAB" --help | grep -q ' train'; then
-  cat >"$T/syn.toml" <<'TOML'
+# --- sweep --dry-run and report: the study commands, with or without libtorch ------------
+mkdir -p "$T/study"
+# A small synthetic image task: the config of the study checks here and of train below.
+cat >"$T/syn.toml" <<'TOML'
 schema = 1
 name = "syn"
 [model]
@@ -271,6 +259,50 @@ batch = 16
 [quant]
 recipe = "resnet32-mixed"
 TOML
+cat >"$T/study/sweep.toml" <<'TOML'
+name = "study"
+base = "../syn.toml"
+seeds = 2
+[[grid]]
+lr = [0.1, 0.05]
+"optimizer.lr" = "{lr}"
+TOML
+out=$("$FP8LAB" sweep "$T/study/sweep.toml" --dry-run --db "$T/study/s.db" --dir "$T/study/runs" 2>&1); rc=$?
+check "sweep --dry-run exits 0 (got $rc)" [ $rc -eq 0 ]
+check "sweep --dry-run lists its four runs" [ "$(grep -c '^start  lr=' <<<"$out")" -eq 4 ]
+# A run's key is its config's identity: the same in a build with and without libtorch, and
+# the same from one commit to the next (the store counts a run as done by it).
+check "sweep --dry-run: the run keys of every build ($out)" grep -q "^start  lr=0.1 seed 1  ($T/study/runs/89b793b48e16be11.toml)" <<<"$out"
+check "sweep --dry-run trains nothing" [ ! -e "$T/study/runs/89b793b48e16be11.log" ]
+out=$("$FP8LAB" report "$T/study/sweep.toml" --db "$T/study/s.db" --out "$T/study/report" 2>&1); rc=$?
+check "report of a sweep with no runs yet exits 0 (got $rc: $out)" [ $rc -eq 0 ]
+check "report writes its table, every run missing" grep -q "^| 0.1 | .* | 0 (2 missing) |" "$T/study/report/table.md"
+if [ $TORCH = 0 ]; then
+  expect_fail "no libtorch: train says why" "built without libtorch (FP8LAB_WITH_TORCH=OFF)" "$FP8LAB" train "$T/syn.toml"
+  expect_fail "no libtorch: quickstart says why" "built without libtorch" "$FP8LAB" quickstart
+  expect_fail "no libtorch: a sweep is listed, not run" "lists a sweep's runs with --dry-run" \
+    "$FP8LAB" sweep "$T/study/sweep.toml" --db "$T/study/s.db"
+  check "no libtorch: sweep --dry-run says what it did not check" grep -q "not for the names of their tasks" <<<"$("$FP8LAB" sweep "$T/study/sweep.toml" --dry-run --db "$T/study/s.db" 2>&1)"
+fi
+
+# --- quickstart (when built with libtorch and the Debian dataset is present) --------------
+if [ $TORCH = 1 ] && [ -d /usr/share/datasets/fashion-mnist ]; then
+  out=$("$FP8LAB" quickstart --limit 256 --epochs 1 --batch 64 --width 4 --threads 1 --db "$T/r.db" 2>/dev/null); rc=$?
+  check "quickstart exits 0 (got $rc)" [ $rc -eq 0 ]
+  check "quickstart lists fp32" grep -q '^fp32 .*finished' <<<"$out"
+  check "quickstart lists the 8-bit recipe" grep -q '^resnet32-mixed .*finished' <<<"$out"
+  runs=$("$FP8LAB" runs --db "$T/r.db" --csv)
+  check "store has both runs finished" [ "$(grep -c ',quickstart,image-classification,.*,finished,test_accuracy,' <<<"$runs")" -eq 2 ]
+  check "runs --json carries the config" grep -q '"epochs": 1' <<<"$("$FP8LAB" runs --db "$T/r.db" --json)"
+  check "runs --check says ok" grep -q 'r.db: ok' <<<"$("$FP8LAB" runs --db "$T/r.db" --check)"
+  check "runs names the processor of its runs" grep -q '^Processors: .\+: 2 runs$' <<<"$("$FP8LAB" runs --db "$T/r.db")"
+  check "runs filter" [ "$("$FP8LAB" runs --db "$T/r.db" --recipe fp32 --csv | grep -c finished)" -eq 1 ]
+  expect_fail "quickstart without data" "no train-images" "$FP8LAB" quickstart --data "$T/none"
+  expect_fail "quickstart bad recipe" "unknown key 'q'" "$FP8LAB" quickstart --recipe q=1.4.3
+fi
+
+# --- train: config files, --set, stop/resume, Ctrl-C, errors --------------------------------
+if [ $TORCH = 1 ]; then
   S=(--set "train.checkpoint=$T/syn.ckpt" --set threads=1 --db "$T/t.db" --no-progress)
   out=$("$FP8LAB" train "$T/syn.toml" "${S[@]}" 2>"$T/err"); rc=$?
   check "train exits 0 (got $rc)" [ $rc -eq 0 ]
@@ -526,7 +558,7 @@ TOML
 fi
 
 # --- evaluate: a checkpoint's final evaluation, cached against reference decoding -----------
-if "$FP8LAB" --help | grep -q ' evaluate' && command -v spm_train >/dev/null; then
+if [ $TORCH = 1 ] && command -v spm_train >/dev/null; then
   mkdir -p "$T/words"
   # A word-for-word "translation" (English -> Spanish words, same order), 3..5 words a line.
   awk -v dir="$T/words" 'BEGIN { split("god light earth water day night man king", en, " ");

@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace fp8lab::test {
 

@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "../common/testutil.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/npy.hpp"
 
 using namespace fp8lab;

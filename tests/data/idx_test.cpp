@@ -8,7 +8,7 @@
 #include <torch/torch.h>
 
 #include "../common/testutil.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/data/idx.hpp"
 
 using namespace fp8lab;

@@ -5,7 +5,7 @@
 #include <fstream>
 
 #include "../common/testutil.hpp"
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/experiments/registry.hpp"
 
 using namespace fp8lab;
 using experiments::parse_train_config;

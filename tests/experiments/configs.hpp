@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <string>
 
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/settings/config.hpp"
 
 namespace fp8lab::test {
 

@@ -4,7 +4,7 @@
 #include <torch/torch.h>
 
 #include "../common/testutil.hpp"
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/settings/config.hpp"
 #include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 

@@ -13,9 +13,9 @@
 
 #include "../common/testutil.hpp"
 #include "fp8lab/core/machine.hpp"
-#include "fp8lab/experiments/report.hpp"
-#include "fp8lab/experiments/sweep.hpp"
-#include "small_sweep.hpp"
+#include "fp8lab/study/report.hpp"
+#include "fp8lab/study/sweep.hpp"
+#include "../study/small_sweep.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 
 using namespace fp8lab;
@@ -34,7 +34,7 @@ fs::path fresh(const std::string& name) {
 }
 
 experiments::Sweep parse(const std::string& body, const std::string& name = "t") {
-  return experiments::parse_sweep("name = \"" + name + "\"\n" + body, "sweep.toml", dir().string());
+  return experiments::parse_sweep("name = \"" + name + "\"\n" + body, "sweep.toml", dir().string(), experiments::complete_config);
 }
 
 // Trains in this process (the CLI spawns `fp8lab train` instead).
@@ -161,7 +161,7 @@ TEST(Sweep, ErrorsNameTheProblemAndLine) {
   EXPECT_NE(error_of([] { parse("[[grid]]\nb = [1]\n[[plot]]\ntype = \"metric\"\nx = \"c\"\n"); }).find("'c'"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse("[[grid]]\nb = [1]\n\"quant.recipe\" = \"a=1.9.9\"\n"); }), "");
-  EXPECT_NE(error_of([] { experiments::parse_sweep("seeds = 2\n", "s.toml", "."); }).find("'name'"), std::string::npos);
+  EXPECT_NE(error_of([] { experiments::parse_sweep("seeds = 2\n", "s.toml", ".", experiments::complete_config); }).find("'name'"), std::string::npos);
 }
 
 TEST(Sweep, AGridMayGiveItsOwnSeeds) {
@@ -405,7 +405,7 @@ TEST(Sweep, ShippedSweepsParse) {
   int n = 0;
   for (const auto& e : fs::directory_iterator(fs::path(FP8LAB_SOURCE_DIR) / "configs" / "sweeps")) {
     if (e.path().extension() != ".toml") continue;
-    const auto s = experiments::load_sweep(e.path().string());
+    const auto s = experiments::load_sweep(e.path().string(), experiments::complete_config);
     EXPECT_FALSE(s.runs.empty()) << e.path();
     ++n;
   }

@@ -9,7 +9,7 @@
 #include "../common/testutil.hpp"
 #include "configs.hpp"
 #include "../../src/experiments/train_state.hpp"
-#include "fp8lab/experiments/sweep.hpp"
+#include "fp8lab/study/sweep.hpp"
 #include "fp8lab/experiments/trainer.hpp"
 #include "fp8lab/nn/compute.hpp"
 #include "fp8lab/results/store.hpp"

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "../../src/data/io.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 using fp8lab::data::io::kCifarPixels;
 

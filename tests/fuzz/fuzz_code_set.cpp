@@ -11,7 +11,7 @@
 
 #include "fp8lab/core/code_set.hpp"
 #include "fp8lab/core/files.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace {
 const std::string& folder() {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8lab/core/format.hpp"
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/core/error.hpp"
+#include "fp8lab/settings/config.hpp"
 
 using namespace fp8lab::experiments;
 

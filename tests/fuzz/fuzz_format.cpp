@@ -8,9 +8,9 @@
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/scaled.hpp"
-#include "fp8lab/nn/compute_spec.hpp"
-#include "fp8lab/nn/loss_scale_spec.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/compute_spec.hpp"
+#include "fp8lab/settings/loss_scale_spec.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

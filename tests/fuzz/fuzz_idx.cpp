@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "../../src/data/io.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {

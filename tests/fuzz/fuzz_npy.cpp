@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/npy.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/data/parallel.hpp"
 

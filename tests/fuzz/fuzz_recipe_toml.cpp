@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <string>
 
-#include "fp8lab/core/format.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/core/error.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
-#include "fp8lab/core/format.hpp"
-#include "fp8lab/experiments/sweep.hpp"
+#include "fp8lab/core/error.hpp"
+#include "fp8lab/study/sweep.hpp"
 
 namespace {
 // The input cut at NUL bytes into (at most) five fields.

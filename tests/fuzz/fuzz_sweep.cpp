@@ -4,15 +4,15 @@
 #include <cstdint>
 #include <string>
 
-#include "fp8lab/core/format.hpp"
-#include "fp8lab/experiments/sweep.hpp"
+#include "fp8lab/core/error.hpp"
+#include "fp8lab/study/sweep.hpp"
 
 using namespace fp8lab::experiments;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {
     const Sweep s = parse_sweep(std::string(reinterpret_cast<const char*>(data), size), "fuzz.toml",
-                                "/nonexistent-fuzz-dir", [](TrainConfig& c) { check_ranges(c); });
+                                "/nonexistent-fuzz-dir", complete_settings);
     if (s.runs.size() != s.points.size() * s.seeds.size()) __builtin_trap();
   } catch (const fp8lab::Error&) {
   }

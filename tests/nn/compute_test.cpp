@@ -18,7 +18,7 @@
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/nn/compute.hpp"
 #include "fp8lab/nn/ops.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 namespace fp8lab::nn {
 namespace {

@@ -7,7 +7,7 @@
 #include <random>
 #include <string>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 
 using namespace fp8lab;

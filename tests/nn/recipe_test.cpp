@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "../common/testutil.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 #include <random>
 

@@ -12,9 +12,9 @@
 #include <cstring>
 #include <string>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/npy.hpp"
-#include "fp8lab/nn/compute_spec.hpp"
+#include "fp8lab/settings/compute_spec.hpp"
 #include "fp8lab/nn/modules.hpp"
 
 namespace {

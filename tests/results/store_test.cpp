@@ -11,7 +11,7 @@
 #include <random>
 
 #include "../common/testutil.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/machine.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/results/store.hpp"

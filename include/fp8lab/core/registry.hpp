@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 
 namespace fp8lab {
 

@@ -107,7 +107,7 @@ std::optional<Utf8Char> utf8_at(std::string_view text, std::size_t i);
 bool valid_utf8(std::string_view text);
 
 // `text` as it can be shown in one line of a message: escape_controls without keeping line
-// breaks (fp8lab/core/format.hpp).
+// breaks (fp8lab/core/error.hpp).
 std::string printable(std::string_view text);
 
 // The UTF-8 bytes of a code point (at most U+10FFFF, not a surrogate).

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/text.hpp"
 
 namespace fp8lab {

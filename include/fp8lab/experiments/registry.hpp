@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "fp8lab/core/registry.hpp"
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/settings/config.hpp"
 
 namespace at {
 class Tensor;
@@ -58,5 +58,17 @@ struct ScheduleInfo {
 const Registry<TaskInfo>& tasks();
 const Registry<OptimizerFactory>& optimizers();
 const Registry<ScheduleInfo>& schedules();
+
+// check_ranges, then the names against these tables (task, model, data set, optimizer,
+// schedule) and what the other layers check (augmentation): src/experiments/validate.cpp.
+void validate(const TrainConfig& c);
+// adopt_recipe_settings, then validate: what every config read from text goes through.
+void complete_config(TrainConfig& c);
+// read_train_config, then complete_config.
+TrainConfig parse_train_config(const std::string& toml_text, const std::string& source,
+                               const std::vector<std::string>& overrides = {});
+// A config file: a regular file whose TOML has a `schema` line (an empty file, a folder or a
+// device is an error, never the defaults), read, completed from its recipe file and validated.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 }  // namespace fp8lab::experiments

@@ -19,13 +19,10 @@
 #include <vector>
 
 #include "fp8lab/core/codec.hpp"
-#include "fp8lab/experiments/config.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/core/stop.hpp"  // request_stop: a running trainer stops at the next step
+#include "fp8lab/experiments/registry.hpp"  // load_train_config: the configs train() takes
+#include "fp8lab/settings/recipe.hpp"
 #include "fp8lab/results/store.hpp"
-
-namespace fp8lab::nn {
-struct TensorStats;  // fp8lab/nn/ops.hpp
-}
 
 namespace fp8lab::experiments {
 
@@ -114,15 +111,6 @@ Evaluation evaluate_checkpoint(const TrainConfig& cfg, const EvaluateOptions& op
 // Throws Error unless `processes` can share train.micro_batches = `micro_batches` (a
 // multiple of it), saying which value to set.
 void check_process_count(int micro_batches, int processes);
-
-// The statistics hooks' records as rows of the results store (histograms as JSON).
-std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> records);
-
-// Asks running trainers to stop at the next step boundary with a checkpoint (what the
-// CLI's SIGINT handler calls; async-signal-safe).
-void request_stop();
-bool stop_requested();
-void clear_stop_request();
 
 // The learning rate of 0-based `step` of `total` under the config's schedule.
 double learning_rate(const TrainConfig& cfg, std::int64_t step, std::int64_t total, std::int64_t steps_per_epoch);

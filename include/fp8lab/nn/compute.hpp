@@ -14,7 +14,7 @@
 #include <torch/torch.h>
 
 #include "fp8lab/core/format.hpp"
-#include "fp8lab/nn/compute_spec.hpp"
+#include "fp8lab/settings/compute_spec.hpp"
 
 namespace fp8lab::nn {
 

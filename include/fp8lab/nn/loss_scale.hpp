@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "fp8lab/nn/loss_scale_spec.hpp"
+#include "fp8lab/settings/loss_scale_spec.hpp"
 
 namespace fp8lab::nn {
 

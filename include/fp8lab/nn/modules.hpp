@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "fp8lab/nn/ops.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 namespace fp8lab::nn {
 

@@ -22,7 +22,7 @@
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/kernels/kernels.hpp"
 #include "fp8lab/nn/compute.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/recipe.hpp"
 #include "fp8lab/nn/tensor_quant.hpp"
 
 namespace fp8lab::nn {

@@ -1,11 +1,11 @@
-#include "fp8lab/experiments/progress.hpp"
+#include "fp8lab/core/progress.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 
-namespace fp8lab::experiments {
+namespace fp8lab {
 
 Progress::Progress(std::string label, std::int64_t total, std::string unit, std::int64_t first)
     : label_(std::move(label)), unit_(std::move(unit)), total_(std::max<std::int64_t>(total, 1)), done_(first), first_(first),
@@ -53,4 +53,4 @@ void Progress::draw(bool final) {
   std::fflush(stderr);
 }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab

@@ -1,4 +1,4 @@
-#include "fp8lab/experiments/report.hpp"
+#include "fp8lab/study/report.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,7 @@
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/text.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/recipe.hpp"
 #include "fp8lab/results/plot.hpp"
 
 namespace fp8lab::experiments {
@@ -237,6 +237,60 @@ HistogramGroups histogram_groups(const std::vector<std::string>& layer_order, co
   return out;
 }
 
+// The panel of one tensor kind at one step: each layer group's exponent histogram, summed
+// over its layers, as percent of its values; nullopt where the step recorded none of `kind`.
+std::optional<plt::Panel> histogram_panel(const std::vector<results::Store::StatRow>& stats, const std::string& kind,
+                                          std::int64_t step, const HistogramGroups& layer_groups) {
+  const auto& group_of = layer_groups.group;
+  const auto& group_names = layer_groups.names;
+  std::map<int, std::map<int, double>> groups;  // group -> exponent -> count
+  std::map<int, double> zeros, totals;
+  for (const auto& r : stats) {
+    if (r.kind != kind || r.step != step) continue;
+    const auto gi = group_of.find(r.layer);  // a layer without activations: the others
+    const int g = gi != group_of.end() ? gi->second : static_cast<int>(group_names.size()) - 1;
+    const auto h = nlohmann::json::parse(r.histogram, nullptr, false);
+    if (h.is_discarded()) continue;
+    const int lo = h.value("lo", 0);
+    const auto counts = h.value("counts", std::vector<double>{});
+    for (std::size_t i = 0; i < counts.size(); ++i) groups[g][lo + static_cast<int>(i)] += counts[i];
+    zeros[g] += h.value("zero", 0.0);
+    totals[g] += static_cast<double>(r.total);
+  }
+  if (groups.empty()) return std::nullopt;
+  plt::Panel p;
+  p.title = std::string(nn::kind_title(nn::parse_kind(kind))) + ", step " + std::to_string(step);
+  p.xlabel = "exponent e = floor(log2 |x|)";
+  p.ylabel = "% of values";
+  p.ymin = 0;
+  for (auto& [g, hist] : groups) {
+    plt::Series se;
+    se.label = group_names[g] + " (" + fixed(totals[g] > 0 ? 100 * zeros[g] / totals[g] : 0, 0) + "% zero)";
+    se.color = g;
+    se.markers = false;
+    for (const auto& [e, c] : hist) {
+      se.x.push_back(e + 0.5);
+      se.y.push_back(totals[g] > 0 ? 100 * c / totals[g] : 0);
+    }
+    p.series.push_back(std::move(se));
+  }
+  return p;
+}
+
+// Each format's normal range (and subnormal range, lighter) as a band behind the histograms.
+void add_format_bands(plt::Panel& p, const std::vector<std::string>& formats) {
+  static constexpr int kBandColors[] = {4, 8, 9, 5};
+  for (std::size_t fi = 0; fi < formats.size(); ++fi) {
+    const Format f = parse_format(formats[fi]);
+    const int emin = f.emin();
+    const int emax = static_cast<int>(std::floor(std::log2(f.max_finite())));
+    const int color = kBandColors[fi % 4];
+    p.bands.push_back({static_cast<double>(emin), static_cast<double>(emax + 1), formats[fi] + " normal", color, true, 0.2});
+    if (f.subnormals && f.man_bits > 0)
+      p.bands.push_back({static_cast<double>(emin - f.man_bits), static_cast<double>(emin), formats[fi] + " subnormal", color, true, 0.08});
+  }
+}
+
 // Exponent histograms: for each tensor kind, the first, middle and last recorded step, with
 // the layer groups of histogram_groups summed, against the formats' ranges.
 std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& store, const PlotSpec& spec,
@@ -263,9 +317,9 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
   const std::vector<std::int64_t> all_steps(recorded.begin(), recorded.end());
   std::vector<std::int64_t> steps = {all_steps.front(), all_steps[all_steps.size() / 2], all_steps.back()};
   steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-  const auto [group_of, group_names, group_sizes] = histogram_groups(layer_order, spec.layers);
+  const HistogramGroups groups = histogram_groups(layer_order, spec.layers);
   for (std::size_t i = 0; i < spec.layers.size(); ++i)
-    if (group_sizes[i] == 0)
+    if (groups.sizes[i] == 0)
       std::fprintf(stderr, "report: plot %s: layers pattern '%s' matches no layer of run %lld\n", spec.file.c_str(),
                    spec.layers[i].c_str(), static_cast<long long>(row->id));
   std::vector<std::string> kinds = spec.kinds;
@@ -279,51 +333,10 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
   fig.panel_height = 330;
   for (const auto& kind : kinds) {
     for (const std::int64_t step : steps) {
-      // group -> exponent -> count; zeros and totals per group.
-      std::map<int, std::map<int, double>> groups;
-      std::map<int, double> zeros, totals;
-      for (const auto& r : stats) {
-        if (r.kind != kind || r.step != step) continue;
-        const auto gi = group_of.find(r.layer);  // a layer without activations: the others
-        const int g = gi != group_of.end() ? gi->second : static_cast<int>(group_names.size()) - 1;
-        const auto h = nlohmann::json::parse(r.histogram, nullptr, false);
-        if (h.is_discarded()) continue;
-        const int lo = h.value("lo", 0);
-        const auto counts = h.value("counts", std::vector<double>{});
-        for (std::size_t i = 0; i < counts.size(); ++i) groups[g][lo + static_cast<int>(i)] += counts[i];
-        zeros[g] += h.value("zero", 0.0);
-        totals[g] += static_cast<double>(r.total);
-      }
-      if (groups.empty()) continue;
-      plt::Panel p;
-      p.title = std::string(nn::kind_title(nn::parse_kind(kind))) + ", step " + std::to_string(step);
-      p.xlabel = "exponent e = floor(log2 |x|)";
-      p.ylabel = "% of values";
-      p.ymin = 0;
-      for (auto& [g, hist] : groups) {
-        plt::Series se;
-        se.label = group_names[g] + " (" + fixed(totals[g] > 0 ? 100 * zeros[g] / totals[g] : 0, 0) + "% zero)";
-        se.color = g;
-        se.markers = false;
-        for (const auto& [e, c] : hist) {
-          se.x.push_back(e + 0.5);
-          se.y.push_back(totals[g] > 0 ? 100 * c / totals[g] : 0);
-        }
-        p.series.push_back(std::move(se));
-      }
-      int fi = 0;
-      for (const auto& fs_text : spec.formats) {
-        const Format f = parse_format(fs_text);
-        const int emin = f.emin();
-        const int emax = static_cast<int>(std::floor(std::log2(f.max_finite())));
-        static constexpr int kBandColors[] = {4, 8, 9, 5};
-        const int color = kBandColors[fi % 4];
-        p.bands.push_back({static_cast<double>(emin), static_cast<double>(emax + 1), fs_text + " normal", color, true, 0.2});
-        if (f.subnormals && f.man_bits > 0)
-          p.bands.push_back({static_cast<double>(emin - f.man_bits), static_cast<double>(emin), fs_text + " subnormal", color, true, 0.08});
-        ++fi;
-      }
-      fig.panels.push_back(std::move(p));
+      std::optional<plt::Panel> p = histogram_panel(stats, kind, step, groups);
+      if (!p) continue;
+      add_format_bands(*p, spec.formats);
+      fig.panels.push_back(std::move(*p));
     }
   }
   if (fig.panels.empty()) return std::nullopt;

@@ -8,8 +8,8 @@
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/core/toml_parse.hpp"
-#include "fp8lab/nn/compute_spec.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/compute_spec.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 namespace fp8lab::nn {
 

@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/settings/config.hpp"
 #include "fp8lab/results/store.hpp"
 
 namespace fp8lab::experiments {
@@ -79,14 +79,16 @@ struct Sweep {
   std::vector<SweepRun> runs;  // points x seeds, point-major
 };
 
-// Parses and expands a sweep; every run's config is built, completed and checked here (by
-// `check`: complete_config, or only its ranges where the registries are not linked, as in
-// the fuzz target), so a bad key or value is reported (with the grid and variable it came
-// from) before anything runs.
+// Parses and expands a sweep; every run's config is built, completed and checked here by
+// `check`, so a bad key or value is reported (with the grid and variable it came from)
+// before anything runs. `check` is the training layer's complete_config
+// (fp8lab/experiments/registry.hpp), or complete_settings where that layer is not linked
+// (a build without libtorch, the fuzz target): both complete a config the same way, so a
+// run's identity does not depend on which one read it.
 using ConfigCheck = void (*)(TrainConfig&);
 Sweep parse_sweep(const std::string& toml_text, const std::string& source, const std::string& base_dir,
-                  ConfigCheck check = complete_config);
-Sweep load_sweep(const std::string& path);
+                  ConfigCheck check);
+Sweep load_sweep(const std::string& path, ConfigCheck check);
 // A metric whose name says loss or perplexity is better lower; any other higher.
 bool lower_is_better(const std::string& metric);
 

@@ -1,6 +1,6 @@
 #include "fp8lab/core/toml_parse.hpp"
 #include "fp8lab/core/text.hpp"
-#include "fp8lab/experiments/config.hpp"
+#include "fp8lab/settings/config.hpp"
 
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include <variant>
 
 #include "fp8lab/core/files.hpp"
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/machine.hpp"
 
 namespace fp8lab::experiments {
@@ -288,6 +288,17 @@ Spelled<nn::LossScaleConfig> loss_scale_setting(const std::string& text) {
 }
 Spelled<nn::KindQuant> grad_comm_setting(const std::string& text) {
   return setting<nn::KindQuant>("quant.grad_comm", text);
+}
+
+void adopt_recipe_settings(TrainConfig& c) {
+  const nn::Recipe& r = c.quant.recipe.value;
+  if (!c.quant.compute) c.quant.compute = r.compute.value_or(nn::Compute::fp32);
+  if (!c.quant.accumulate) c.quant.accumulate = r.accumulate.value_or(nn::Accumulation{});
+}
+
+void complete_settings(TrainConfig& c) {
+  adopt_recipe_settings(c);
+  check_ranges(c);
 }
 
 void check_ranges(const TrainConfig& c) {

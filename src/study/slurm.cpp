@@ -5,9 +5,9 @@
 #include <regex>
 #include <string>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/text.hpp"
-#include "fp8lab/experiments/sweep.hpp"
+#include "fp8lab/study/sweep.hpp"
 
 namespace fp8lab::experiments {
 

@@ -1,5 +1,5 @@
 #include "fp8lab/core/text.hpp"
-#include "fp8lab/experiments/sweep.hpp"
+#include "fp8lab/study/sweep.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -26,11 +26,11 @@
 #include <thread>
 #include <tuple>
 
-#include "fp8lab/core/format.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/machine.hpp"
-#include "fp8lab/experiments/progress.hpp"
-#include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/core/progress.hpp"
+#include "fp8lab/core/stop.hpp"
 
 extern char** environ;
 
@@ -38,8 +38,8 @@ namespace fp8lab::experiments {
 
 namespace fs = std::filesystem;
 
-Sweep load_sweep(const std::string& path) {
-  return parse_sweep(read_file(path), path, fs::path(path).parent_path().string());
+Sweep load_sweep(const std::string& path, ConfigCheck check) {
+  return parse_sweep(read_file(path), path, fs::path(path).parent_path().string(), check);
 }
 
 std::optional<results::RunRow> find_run(const SweepRun& run, const std::vector<results::RunRow>& rows) {
@@ -274,7 +274,7 @@ int write_run_config(const Sweep& s, const Job& j, int threads) {
   }
   if (j.resume && fs::exists(j.config)) {
     try {
-      const int kept = load_train_config(j.config).threads;
+      const int kept = read_train_config(read_file(j.config), j.config, {}, true).threads;
       return threads_or_all_cores(kept);
     } catch (const std::exception&) {
       return threads;  // the run itself says what is wrong with it

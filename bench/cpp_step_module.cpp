@@ -1,18 +1,19 @@
-// fp8lab._core.bench: the C++ library's own training step of a CIFAR ResNet, timed in the
-// same process as the same step written in Python (bench/bench_python.py), so that the cost
-// Python adds is measured on the same threads and the same inputs.
-#include <torch/torch.h>
+// fp8lab_cpp_step: the C++ library's own training step of a CIFAR ResNet, timed in the same
+// process as the same step written in Python (bench/bench_python.py), so that the cost Python
+// adds is measured on the same threads and the same inputs. A module of its own beside the
+// package (build/bench), not part of fp8lab's.
+#include <torch/extension.h>
 
 #include <chrono>
 
-#include "bindings.hpp"
 #include "fp8lab/models/resnet.hpp"
-#include "fp8lab/nn/compute_spec.hpp"
+#include "fp8lab/settings/compute_spec.hpp"
 #include "fp8lab/nn/modules.hpp"
 
-namespace fp8lab::python {
-
 namespace {
+
+using namespace fp8lab;
+namespace py = pybind11;
 
 class CppResNetStep {
  public:
@@ -48,12 +49,10 @@ class CppResNetStep {
 
 }  // namespace
 
-void bind_bench(py::module_& m) {
-  py::module_ b = m.def_submodule("bench", "Reference timings of the C++ library (bench/bench_python.py)");
-  py::class_<CppResNetStep>(b, "CppResNetStep")
+PYBIND11_MODULE(fp8lab_cpp_step, m) {
+  m.doc() = "The C++ library's training step, the reference of bench/bench_python.py";
+  py::class_<CppResNetStep>(m, "CppResNetStep")
       .def(py::init<int, int, int, const std::string&, const std::string&>(), py::arg("depth"), py::arg("width"),
            py::arg("batch"), py::arg("recipe"), py::arg("compute") = "fp32")
       .def("step", &CppResNetStep::step, py::call_guard<py::gil_scoped_release>());
 }
-
-}  // namespace fp8lab::python

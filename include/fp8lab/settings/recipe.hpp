@@ -10,7 +10,7 @@
 
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/core/scaled.hpp"
-#include "fp8lab/nn/compute_spec.hpp"
+#include "fp8lab/settings/compute_spec.hpp"
 
 namespace fp8lab::nn {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 namespace fp8lab::nn {
 

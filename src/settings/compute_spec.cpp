@@ -1,4 +1,4 @@
-#include "fp8lab/nn/compute_spec.hpp"
+#include "fp8lab/settings/compute_spec.hpp"
 
 #include <algorithm>
 #include <exception>

@@ -9,8 +9,8 @@
 #include "../common/testutil.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/machine.hpp"
-#include "fp8lab/experiments/report.hpp"
-#include "fp8lab/experiments/sweep.hpp"
+#include "fp8lab/study/report.hpp"
+#include "fp8lab/study/sweep.hpp"
 #include "fp8lab/results/store.hpp"
 #include "fp8lab/results/store_set.hpp"
 #include "small_sweep.hpp"
@@ -22,7 +22,7 @@ namespace {
 fs::path dir() { return test::temp_dir("fp8lab_report"); }
 
 experiments::Sweep parse(const std::string& body, const std::string& name = "t") {
-  return experiments::parse_sweep("name = \"" + name + "\"\n" + body, "sweep.toml", dir().string());
+  return experiments::parse_sweep("name = \"" + name + "\"\n" + body, "sweep.toml", dir().string(), experiments::complete_settings);
 }
 }  // namespace
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8lab/experiments/sweep.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/study/sweep.hpp"
+#include "fp8lab/settings/recipe.hpp"
 #include "fp8lab/results/stats.hpp"
 #include "fp8lab/results/store.hpp"
 

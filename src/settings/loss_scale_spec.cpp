@@ -1,6 +1,6 @@
 // Loss scaling's one-line form (loss_scale_spec.hpp): a method, then key=value items looked
 // up in one table that both the parser and the printer read.
-#include "fp8lab/nn/loss_scale_spec.hpp"
+#include "fp8lab/settings/loss_scale_spec.hpp"
 
 #include <charconv>
 #include <cmath>

@@ -1,6 +1,6 @@
 // How a run's quantized products compute and accumulate (docs/spec.md §7), as configs and
 // recipe files name it: the compute path and the accumulation, with their names. Free of
-// libtorch, so that the parsers of configs and recipes need only this (src/nn/compute_spec.cpp).
+// libtorch, so that the parsers of configs and recipes need only this (src/settings/compute_spec.cpp).
 #pragma once
 
 #include <cstdint>

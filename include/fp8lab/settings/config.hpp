@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "fp8lab/nn/compute_spec.hpp"
-#include "fp8lab/nn/loss_scale_spec.hpp"
-#include "fp8lab/nn/recipe.hpp"
+#include "fp8lab/settings/compute_spec.hpp"
+#include "fp8lab/settings/loss_scale_spec.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 namespace fp8lab::experiments {
 
@@ -160,14 +160,12 @@ struct TrainConfig {
 // The fields of a TOML config (`source` names it in errors), then `overrides` ("key=value"
 // each), every value checked for type, range and finiteness (check_ranges). With
 // `require_schema` the text must have a `schema` line (a config file). Names (task, model,
-// data set, optimizer, schedule) are validate()'s; the quantization settings are parsed
-// here (a recipe file is read). No libtorch (src/experiments/config.cpp).
+// data set, optimizer, schedule) are validate()'s (fp8lab/experiments/registry.hpp); the quantization settings are parsed
+// here (a recipe file is read). No libtorch (src/settings/config.cpp).
 TrainConfig read_train_config(const std::string& toml_text, const std::string& source,
                               const std::vector<std::string>& overrides = {}, bool require_schema = false);
 // The name as a file name, finiteness, and each numeric field's range.
 void check_ranges(const TrainConfig& c);
-// check_ranges, then what needs the registries and the other layers (src/experiments/validate.cpp).
-void validate(const TrainConfig& c);
 
 // quant.compute and quant.accumulate where the config leaves them unset: the recipe's
 // `compute` and `accumulate` (docs/spec.md §4.2), else fp32. A value given explicitly is
@@ -176,15 +174,10 @@ void adopt_recipe_settings(TrainConfig& c);
 // The products' path and accumulation of a config: unset (a config never completed) is fp32.
 inline nn::Compute compute_of(const QuantConfig& q) { return q.compute.value_or(nn::Compute::fp32); }
 inline nn::Accumulation accumulation_of(const QuantConfig& q) { return q.accumulate.value_or(nn::Accumulation{}); }
-// adopt_recipe_settings, then validate: what every config read from text goes through.
-void complete_config(TrainConfig& c);
-
-// read_train_config, then complete_config.
-TrainConfig parse_train_config(const std::string& toml_text, const std::string& source,
-                               const std::vector<std::string>& overrides = {});
-// A config file: a regular file whose TOML has a `schema` line (an empty file, a folder or a
-// device is an error, never the defaults), read, completed from its recipe file and validated.
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// adopt_recipe_settings, then check_ranges: all a program without the training layer (a
+// build without libtorch) can check. Names of tasks, models and data sets are validate()'s
+// (fp8lab/experiments/registry.hpp), which also does this.
+void complete_settings(TrainConfig& c);
 
 // The full configuration as TOML (every field; reads back to the same config) and JSON
 // (what the results store records).

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-namespace fp8lab::experiments {
+namespace fp8lab {
 
 // Seconds on the steady clock since `t0`.
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -32,4 +32,4 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_draw_;
 };
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab

@@ -3,7 +3,7 @@
 // config is checked by the ConfigCheck the caller gives (validate by default).
 #include "fp8lab/core/toml_parse.hpp"
 #include "fp8lab/core/text.hpp"
-#include "fp8lab/experiments/sweep.hpp"
+#include "fp8lab/study/sweep.hpp"
 #include "fp8lab/results/store.hpp"
 
 #include <algorithm>

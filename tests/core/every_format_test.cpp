@@ -1,5 +1,6 @@
-// Exhaustive checks over every 8-bit format shape: E + M = 7 for E = 0..7, every bias in
-// -8..48, every policy that applies, subnormals on and off.
+// Every 8-bit format shape (E + M = 7 for E = 0..7, every bias in -8..48, every policy that
+// applies, subnormals on and off): every code of each, and sampled float32 inputs (every
+// input of the formats ml_dtypes has is tests/core/all_inputs.cpp's, label exhaustive).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -30,10 +31,10 @@ double scale() {
 }
 }  // namespace
 
-TEST(Exhaustive, FormatCount) { EXPECT_GT(formats().size(), 3000u); }
+TEST(EveryEightBitFormat, FormatCount) { EXPECT_GT(formats().size(), 3000u); }
 
 // Decoding a finite code and encoding it again gives the code back, in every mode.
-TEST(Exhaustive, DecodeThenEncodeReturnsEveryFiniteCode) {
+TEST(EveryEightBitFormat, DecodeThenEncodeReturnsEveryFiniteCode) {
   for (const Format& f : formats()) {
     for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic}) {
       const QuantSpec q = spec(f, r);
@@ -52,7 +53,7 @@ TEST(Exhaustive, DecodeThenEncodeReturnsEveryFiniteCode) {
 
 // Between every pair of neighbouring values, 0.49, 0.50 and 0.51 of the gap round as
 // docs/spec.md §2 says, on both signs, in every mode; the top gap (max to the next power) too.
-TEST(Exhaustive, NeighbourGapsRoundAsSpecified) {
+TEST(EveryEightBitFormat, NeighbourGapsRoundAsSpecified) {
   std::uint64_t checked = 0;
   for (const Format& f : formats()) {
     const ref::Table t(f);
@@ -116,7 +117,7 @@ TEST(Exhaustive, NeighbourGapsRoundAsSpecified) {
 
 // The codec against the independent reference on random inputs of every exponent, inputs
 // near the format's values, and the special values, for every format, mode and overflow.
-TEST(Exhaustive, CodecMatchesIndependentReference) {
+TEST(EveryEightBitFormat, CodecMatchesIndependentReference) {
   const int per_format = static_cast<int>(600 * scale());
   std::uint64_t checked = 0;
   ref::InputGen gen(99);
@@ -148,7 +149,7 @@ TEST(Exhaustive, CodecMatchesIndependentReference) {
 }
 
 // The ml_dtypes formats (and fp16/bf16) against the reference on many more inputs each.
-TEST(Exhaustive, PresetsMatchReferenceOnManyInputs) {
+TEST(EveryEightBitFormat, PresetsMatchReferenceOnManyInputs) {
   const int n = static_cast<int>(1000000 * scale());
   ref::InputGen gen(2024);
   for (const char* name : {"e4m3fnuz", "e4m3b11fnuz", "e5m2fnuz", "e4m3fn", "e5m2", "e3m4",
