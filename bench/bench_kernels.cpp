@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "fp8lab/kernels/parallel.hpp"
+#include "fp8lab/kernels/threads.hpp"
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/kernels/kernels.hpp"
 #include "fp8lab/kernels/scaled.hpp"

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-20}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(format recipe_toml npy idx imp config sweep checkpoint_header cifar parallel_text code_set slurm)
+[ ${#targets[@]} -eq 0 ] && targets=(format recipe_toml npy idx imp config sweep checkpoint_header cifar bitext code_set slurm)
 CXX=clang++ CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFP8LAB_FUZZ=ON \
   -DFP8LAB_WITH_TORCH=OFF -DFP8LAB_BUILD_APPS=OFF -DFP8LAB_BUILD_TESTS=OFF -DFP8LAB_BUILD_BENCH=OFF >/dev/null
 cmake --build build-fuzz --target "${targets[@]/#/fuzz_}"

@@ -22,5 +22,5 @@ else
 fi
 cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
 cmake --build "$dir"
-# The all-inputs check (label exhaustive, about an hour) runs with: ctest --test-dir build -L exhaustive
+# The all-inputs check (label exhaustive; README.md gives its duration) runs with: ctest --test-dir build -L exhaustive
 ctest --test-dir "$dir" --output-on-failure -j "$(nproc)" -LE exhaustive

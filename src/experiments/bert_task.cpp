@@ -5,7 +5,7 @@
 #include <random>
 
 #include "fp8lab/core/random.hpp"
-#include "fp8lab/data/parallel.hpp"
+#include "fp8lab/data/bitext.hpp"
 #include "fp8lab/data/tokenizer.hpp"
 #include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/models/bert.hpp"

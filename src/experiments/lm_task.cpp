@@ -4,7 +4,7 @@
 #include <cmath>
 #include <filesystem>
 
-#include "fp8lab/data/parallel.hpp"
+#include "fp8lab/data/bitext.hpp"
 #include "fp8lab/data/tokenizer.hpp"
 #include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/models/gpt.hpp"

@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "fp8lab/data/parallel.hpp"
+#include "fp8lab/data/bitext.hpp"
 #include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/models/bert.hpp"
 #include "fp8lab/models/gpt.hpp"

@@ -4,7 +4,7 @@
 #include <random>
 
 #include "fp8lab/core/random.hpp"
-#include "fp8lab/data/parallel.hpp"
+#include "fp8lab/data/bitext.hpp"
 #include "fp8lab/data/tokenizer.hpp"
 #include "fp8lab/experiments/registry.hpp"
 #include "fp8lab/models/transformer.hpp"
@@ -40,9 +40,9 @@ class TranslationTask final : public Task {
   explicit TranslationTask(const TrainConfig& c) : cfg_(c) {
     const std::string dir = data_folder(translation_data_sets(), c);
     const std::string s = c.data.src_lang, t = c.data.tgt_lang;
-    auto train = data::read_parallel((fs::path(dir) / "train").string(), s, t);
-    auto dev = data::read_parallel((fs::path(dir) / "dev").string(), s, t);
-    auto test = data::read_parallel((fs::path(dir) / "test").string(), s, t);
+    auto train = data::read_bitext((fs::path(dir) / "train").string(), s, t);
+    auto dev = data::read_bitext((fs::path(dir) / "dev").string(), s, t);
+    auto test = data::read_bitext((fs::path(dir) / "test").string(), s, t);
     // One joint vocabulary over both sides of the (whole) training split, cached.
     data::TokenizerOptions to;
     to.vocab_size = c.data.vocab_size;

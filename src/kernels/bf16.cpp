@@ -11,7 +11,7 @@
 #include "hwy/highway.h"
 
 #include "fp8lab/kernels/kernels.hpp"
-#include "fp8lab/kernels/parallel.hpp"
+#include "fp8lab/kernels/threads.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace fp8lab::kernels::HWY_NAMESPACE {

@@ -604,7 +604,7 @@ HWY_AFTER_NAMESPACE();
 #include <mutex>
 #include <vector>
 
-#include "fp8lab/kernels/parallel.hpp"
+#include "fp8lab/kernels/threads.hpp"
 
 namespace fp8lab::kernels {
 

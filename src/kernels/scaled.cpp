@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "fp8lab/kernels/kernels.hpp"
-#include "fp8lab/kernels/parallel.hpp"
+#include "fp8lab/kernels/threads.hpp"
 
 namespace fp8lab::kernels {
 

@@ -158,16 +158,16 @@ std::array<float, 16> LayerState::hadamard_signs_for(std::uint32_t call) const {
 
 ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v,
                                          std::uint32_t call, std::uint32_t stream, const ScaledCall& sc,
-                                         bool values, bool codes, bool count, bool hadamard) {
+                                         ScaledOutputs out) {
   ScaledCounts c;
   torch::Tensor m = to_matrix(t, v);
-  if (hadamard) {
+  if (out.hadamard) {
     if (m.is_same(t) || m.data_ptr() == t.data_ptr()) m = m.clone();
     hadamard16_(m, hadamard_signs_for(call));
   }
-  ScaledTensor q = scaled_quantize_matrix(m, *quant[k], seed_for(k, call, stream), sc, values, codes,
-                                          count ? &c : nullptr);
-  if (count) record_stats(k, t, c.elements, call, &c, &q);
+  ScaledTensor q = scaled_quantize_matrix(m, *quant[k], seed_for(k, call, stream), sc, out.values, out.codes,
+                                          out.count ? &c : nullptr);
+  if (out.count) record_stats(k, t, c.elements, call, &c, &q);
   return q;
 }
 
@@ -175,7 +175,7 @@ std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_s
     TensorKind k, const torch::Tensor& t, const MatrixView& fwd, const MatrixView& bwd, std::uint32_t call,
     std::uint32_t operand, bool grad_w_operand) {
   const ScaledCall sc = scaled_call(k, operand);
-  const ScaledTensor f = quantize_scaled(k, t, fwd, call, operand, sc, true, false, true);
+  const ScaledTensor f = quantize_scaled(k, t, fwd, call, operand, sc);
   auto saved = c10::make_intrusive<SavedScaled>();
   saved->kind = k;
   saved->view = bwd;
@@ -183,8 +183,9 @@ std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_s
   const bool weight = k == TensorKind::w;
   const bool codes = weight ? ctx->save_weight_codes : ctx->save_codes;
   // The backward product's operand: its own blocks, from the float32 tensor, its own stream.
-  saved->q = quantize_scaled(k, t, bwd, call, operand + 2, sc, !codes, codes, false,
-                             grad_w_operand && hadamard_applies());
+  saved->q = quantize_scaled(k, t, bwd, call, operand + 2, sc,
+                             {.values = !codes, .codes = codes, .count = false,
+                              .hadamard = grad_w_operand && hadamard_applies()});
   (weight ? ctx->saved_weight_bytes : ctx->saved_bytes) +=
       codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
   push_amax(k, operand, f.amax);
@@ -220,10 +221,9 @@ torch::Tensor LayerState::restore(const SavedScaled& saved) const {
 
 std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_grad(torch::Tensor g, const MatrixView& for_dx,
                                                                   const MatrixView& for_dw, std::uint32_t call,
-                                                                  std::int64_t refs, bool hadamard,
-                                                                  bool for_products) {
+                                                                  std::int64_t refs, GradUse use) {
   if (!scaled(TensorKind::gx)) {
-    if (for_products && bf16_codes(TensorKind::gx)) {  // no float32 copy: codes, then bfloat16
+    if (use.for_products && bf16_codes(TensorKind::gx)) {  // no float32 copy: codes, then bfloat16
       torch::Tensor q = encode_for_products(TensorKind::gx, g, call, 0, false).first;
       return {q, q};
     }
@@ -231,16 +231,16 @@ std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_grad(torch::Tensor 
     return {q, q};
   }
   const ScaledCall sc = scaled_call(TensorKind::gx, 0);
-  const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc, true, false, true);
-  const ScaledTensor dw =
-      quantize_scaled(TensorKind::gx, g, for_dw, call, 1, sc, true, false, false, hadamard && hadamard_applies());
+  const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc);
+  const ScaledTensor dw = quantize_scaled(TensorKind::gx, g, for_dw, call, 1, sc,
+                                          {.count = false, .hadamard = use.hadamard && hadamard_applies()});
   push_amax(TensorKind::gx, 0, dx.amax);
   return {from_matrix(dx.values, g.sizes(), for_dx), from_matrix(dw.values, g.sizes(), for_dw)};
 }
 
 torch::Tensor LayerState::quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call) {
   if (!scaled(k)) return quantize_owned(k, std::move(t), call);
-  const ScaledTensor q = quantize_scaled(k, t, v, call, 0, scaled_call(k, 0), true, false, true);
+  const ScaledTensor q = quantize_scaled(k, t, v, call, 0, scaled_call(k, 0));
   push_amax(k, 0, q.amax);
   return from_matrix(q.values, t.sizes(), v);
 }
@@ -249,7 +249,7 @@ torch::Tensor LayerState::quantize(TensorKind k, const torch::Tensor& t, std::ui
                                    std::uint32_t operand) {
   const KindQuant& q = quant[k];
   if (q && q->scaled()) {  // blocks along the last dimension
-    const ScaledTensor s = quantize_scaled(k, t, {}, call, operand, scaled_call(k, operand), true, false, true);
+    const ScaledTensor s = quantize_scaled(k, t, {}, call, operand, scaled_call(k, operand));
     push_amax(k, operand, s.amax);
     return from_matrix(s.values, t.sizes(), {});
   }
@@ -468,7 +468,7 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     const std::vector<std::int64_t> g_shape(g.sizes().begin(), g.sizes().end());
     const std::int64_t g_dims = g.dim();
     auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call,
-                                                  backward_grad_refs(), true, layer_products);
+                                                  backward_grad_refs(), {.hadamard = true, .for_products = layer_products});
     // The same products libtorch's addmm/mm backward forms, so that with float32
     // quantizers the gradients are bit-identical to torch::linear's.
     const bool fp32 = !st->ctx->layer_products();
@@ -573,7 +573,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
                                                 false, {0, 0}, groups, {false, false, true}));
     }
     auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(), batch_positions(), call,
-                                                  backward_grad_refs(), false, layer_products);
+                                                  backward_grad_refs(), {.for_products = layer_products});
     const auto backward = [&](const torch::Tensor& gq, bool want_dx, bool want_dw) {
       return torch_conv_backward(gq, xq, wq, stride, padding, dilation, groups, want_dx, want_dw);
     };
@@ -610,7 +610,7 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
     const auto [st, call, aq, bq] = restore_operands(ctx, TensorKind::a, TensorKind::a, layer_products);
     const std::int64_t g_dims = grads[0].dim();
     auto [g_for_da, g_for_db] = st->quantize_grad(std::move(grads[0]), last_dim(), second_last(g_dims), call,
-                                                  backward_grad_refs(), true, layer_products);
+                                                  backward_grad_refs(), {.hadamard = true, .for_products = layer_products});
     torch::Tensor da, db;
     const auto mm = [&](const torch::Tensor& x, const torch::Tensor& y) {
       return st->ctx->layer_products() ? st->product(x, y) : x.matmul(y);

@@ -1,7 +1,7 @@
 // Every one of the 2^32 float32 inputs through the codec, the SIMD kernels and the
 // independent reference, for the formats ml_dtypes also has (docs/spec.md §2), nearest-even with
-// saturating and non-saturating overflow. Not part of the default test run (about a
-// minute per format and mode on 2 cores):
+// saturating and non-saturating overflow. Not part of the default test run (README.md gives
+// its duration):
 //
 //   build/fp8lab_all_inputs [--stride N] [FORMAT...]
 #include <atomic>

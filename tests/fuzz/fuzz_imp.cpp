@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "fp8lab/core/error.hpp"
-#include "fp8lab/data/parallel.hpp"
+#include "fp8lab/data/bitext.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

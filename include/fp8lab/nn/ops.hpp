@@ -93,6 +93,25 @@ struct QuantContext {
   bool layer_products() const { return compute != Compute::fp32 || accumulate.chunked(); }
 };
 
+// How an op uses its incoming gradient (LayerState::quantize_grad).
+struct GradUse {
+  // The op's grad_w is a product over the columns of both operands' matrices (linear,
+  // matmul; not convolution), so the random Hadamard transform may apply.
+  bool hadamard = false;
+  // Both go to the compute layer's products only; where bf16_codes(gx), they are the
+  // bfloat16 tensor decoded from g's codes.
+  bool for_products = false;
+};
+
+// What one scaled quantization of a LayerState makes and records.
+struct ScaledOutputs {
+  bool values = true;     // the fake-quantized float32 matrix
+  bool codes = false;     // element and scale codes (what backward keeps)
+  bool count = true;      // counts and statistics: false for a second quantization of a
+                          // tensor already counted (its backward operand)
+  bool hadamard = false;  // the random Hadamard transform first (hadamard_applies)
+};
+
 // The per-layer state of a quantized op: its quantizers, its random streams and counts.
 struct LayerState : torch::CustomClassHolder {
   std::string name;  // module path
@@ -152,14 +171,9 @@ struct LayerState : torch::CustomClassHolder {
   // The incoming gradient quantized for the grad_x product (blocks along `for_dx`) and for
   // the grad_w product (along `for_dw`). A fixed-bias or float32 gx quantizer gives the one
   // tensor quantize_owned() gives, twice.
-  // `hadamard`: the op's grad_w is a product over the columns of both operands' matrices
-  // (linear, matmul; not convolution), so the transform may apply.
-  // `for_products`: both go to the compute layer's products only; where bf16_codes(gx),
-  // they are the bfloat16 tensor decoded from g's codes.
   std::pair<torch::Tensor, torch::Tensor> quantize_grad(torch::Tensor g, const MatrixView& for_dx,
                                                         const MatrixView& for_dw, std::uint32_t call,
-                                                        std::int64_t refs, bool hadamard = false,
-                                                        bool for_products = false);
+                                                        std::int64_t refs, GradUse use = {});
   // Whether the random Hadamard transform applies to this layer's grad_w operands: asked
   // for, and both the activation and the gradient quantizers scaled.
   bool hadamard_applies() const { return quant.hadamard > 0 && scaled(TensorKind::a) && scaled(TensorKind::gx); }
@@ -193,10 +207,9 @@ struct LayerState : torch::CustomClassHolder {
   void restore_histories(const std::vector<History>& h);  // throws Error on a kind without one
 
  private:
-  // One scaled quantization of t under view v; counts (when `count`) and statistics.
+  // One scaled quantization of t under view v, from stream `stream`.
   ScaledTensor quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v, std::uint32_t call,
-                               std::uint32_t stream, const ScaledCall& sc, bool values, bool codes, bool count,
-                               bool hadamard = false);
+                               std::uint32_t stream, const ScaledCall& sc, ScaledOutputs out = {});
   ScaledCall scaled_call(TensorKind k, std::uint32_t operand);
   void push_amax(TensorKind k, std::uint32_t operand, float amax);
   void record(TensorKind k, const torch::Tensor& t, const QuantCounts& c, std::uint32_t call);

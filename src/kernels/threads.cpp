@@ -1,4 +1,4 @@
-#include "fp8lab/kernels/parallel.hpp"
+#include "fp8lab/kernels/threads.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "../common/testutil.hpp"
-#include "fp8lab/data/parallel.hpp"
+#include "fp8lab/data/bitext.hpp"
 
 using namespace fp8lab;
 namespace fs = std::filesystem;
@@ -106,30 +106,30 @@ TEST(Align, SplitIsDeterministicWithTheAskedProportions) {
   EXPECT_EQ(data::split_of("x", 100, 0), "dev");
 }
 
-TEST(Parallel, ReadValidates) {
+TEST(Bitext, ReadValidates) {
   const fs::path d = test::temp_dir("fp8lab_parallel");
   std::ofstream(d / "a.en") << "one\ntwo\n";
   std::ofstream(d / "a.es") << "uno\ndos\n";
-  const auto [x, y] = data::read_parallel((d / "a").string(), "en", "es");
+  const auto [x, y] = data::read_bitext((d / "a").string(), "en", "es");
   EXPECT_EQ(x, (std::vector<std::string>{"one", "two"}));
   EXPECT_EQ(y[1], "dos");
   std::ofstream(d / "b.en") << "one\ntwo\n";
   std::ofstream(d / "b.es") << "uno\n";
-  EXPECT_NE(error_of([&] { data::read_parallel((d / "b").string(), "en", "es"); }).find("has 2 lines but"),
+  EXPECT_NE(error_of([&] { data::read_bitext((d / "b").string(), "en", "es"); }).find("has 2 lines but"),
             std::string::npos);
   std::ofstream(d / "c.en") << "one\n\nthree\n";
   std::ofstream(d / "c.es") << "a\nb\nc\n";
-  EXPECT_NE(error_of([&] { data::read_parallel((d / "c").string(), "en", "es"); }).find("c.en:2: empty line"),
+  EXPECT_NE(error_of([&] { data::read_bitext((d / "c").string(), "en", "es"); }).find("c.en:2: empty line"),
             std::string::npos);
   std::ofstream(d / "u.en") << "ok\nbad \xff byte\n";
   std::ofstream(d / "u.es") << "a\nb\n";
-  EXPECT_NE(error_of([&] { data::read_parallel((d / "u").string(), "en", "es"); }).find("u.en:2: invalid UTF-8 (offset 3)"),
+  EXPECT_NE(error_of([&] { data::read_bitext((d / "u").string(), "en", "es"); }).find("u.en:2: invalid UTF-8 (offset 3)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { data::read_parallel((d / "none").string(), "en", "es"); }).find("cannot open"),
+  EXPECT_NE(error_of([&] { data::read_bitext((d / "none").string(), "en", "es"); }).find("cannot open"),
             std::string::npos);
 }
 
-TEST(Parallel, LinesEndWithLfOrCrlfAndTheLastNeedsNone) {
+TEST(Bitext, LinesEndWithLfOrCrlfAndTheLastNeedsNone) {
   EXPECT_EQ(data::parse_lines("a\r\nb\nc", "t.en"), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(data::parse_lines("a\rb\n", "t.en"), (std::vector<std::string>{"a\rb"}));
   EXPECT_TRUE(data::parse_lines("", "t.en").empty());
@@ -161,11 +161,11 @@ TEST(BibleCorpus, FromDebianModules) {
   };
   for (const char* c : {"Numbers 13", "Job 39", "Job 40", "Jonah 2", "Hosea 12"}) EXPECT_TRUE(has(c)) << c;
   EXPECT_FALSE(has("Genesis 1"));
-  const auto [en, es] = data::read_parallel((d / "train").string(), "en", "es");
+  const auto [en, es] = data::read_bitext((d / "train").string(), "en", "es");
   EXPECT_EQ(en.front(), "In the beginning God created the heaven and the earth.");
   EXPECT_EQ(es.front(), "EN el principio crió Dios los cielos y la tierra.");
-  std::size_t total = en.size() + data::read_parallel((d / "dev").string(), "en", "es").first.size() +
-                      data::read_parallel((d / "test").string(), "en", "es").first.size();
+  std::size_t total = en.size() + data::read_bitext((d / "dev").string(), "en", "es").first.size() +
+                      data::read_bitext((d / "test").string(), "en", "es").first.size();
   EXPECT_EQ(total, r.pairs);
   // A second call reuses the prepared files.
   const auto t0 = fs::last_write_time(d / "train.en");

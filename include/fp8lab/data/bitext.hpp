@@ -1,4 +1,4 @@
-// Parallel text: an English-Spanish translation corpus prepared from Debian's SWORD Bible
+// Bitext (parallel text): an English-Spanish translation corpus prepared from Debian's SWORD Bible
 // modules (sword-text-kjv: King James Version; sword-text-sparv: Reina-Valera 1909), both
 // tagged with Strong's numbers, and a generic reader of line-aligned parallel files.
 //
@@ -81,7 +81,7 @@ std::vector<std::string> parse_lines(std::string_view text, const std::string& p
 
 // Reads line-aligned parallel files (`prefix`.`src` and `prefix`.`tgt`); checks that the
 // line counts agree (naming both files) and that no line is empty or invalid UTF-8.
-std::pair<std::vector<std::string>, std::vector<std::string>> read_parallel(const std::string& prefix,
+std::pair<std::vector<std::string>, std::vector<std::string>> read_bitext(const std::string& prefix,
                                                                             const std::string& src,
                                                                             const std::string& tgt);
 

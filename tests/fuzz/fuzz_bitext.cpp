@@ -7,7 +7,7 @@
 
 #include "fp8lab/core/error.hpp"
 #include "fp8lab/core/text.hpp"
-#include "fp8lab/data/parallel.hpp"
+#include "fp8lab/data/bitext.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

@@ -1,4 +1,4 @@
-#include "fp8lab/data/parallel.hpp"
+#include "fp8lab/data/bitext.hpp"
 
 #include <algorithm>
 #include <array>
@@ -363,7 +363,7 @@ std::vector<std::string> parse_lines(std::string_view text, const std::string& p
   return lines;
 }
 
-std::pair<std::vector<std::string>, std::vector<std::string>> read_parallel(const std::string& prefix,
+std::pair<std::vector<std::string>, std::vector<std::string>> read_bitext(const std::string& prefix,
                                                                             const std::string& src,
                                                                             const std::string& tgt) {
   const std::string a = prefix + "." + src, b = prefix + "." + tgt;
