@@ -234,16 +234,82 @@ void run_scaled_quantize(const QuantizeArgs& a, const ScaledSpec& s) {
   if (!a.quiet) print_scaled_summary(s, counts, n, bits_per_element(s, v.rows(), v.len), secs, a.output, a.codes);
 }
 
-void run_quantize(const QuantizeArgs& a) {
-  ScaledSpec scaled = parse_scaled(a.format);
+// The element quantizer of --format with --rounding, --overflow, --seed and --random-bits.
+QuantSpec element_spec(const QuantizeArgs& a, const Format& f) {
   QuantSpec q;
-  q.format = scaled.element.format;
+  q.format = f;
   q.rounding = parse_rounding(a.rounding);
   q.overflow = parse_overflow(a.overflow);
   q.seed = a.seed;
   if (a.random_bits < 1 || a.random_bits > 32) throw Error("--random-bits must be in 1..32");
   q.random_bits = static_cast<std::uint8_t>(a.random_bits);
   validate(q);
+  return q;
+}
+
+// --decode: the codes of q.format in `in` as float32.
+NpyArray decode_codes(const QuantizeArgs& a, const QuantSpec& q, const NpyArray& in) {
+  const std::size_t n = in.size();
+  const DType want = q.format.width() <= 8 ? DType::u8 : DType::u16;
+  if (in.dtype != want)
+    throw Error(a.input + ": --decode of " + to_string(q.format) + " codes needs dtype " + npy_descr(want) +
+                ", the file has " + npy_descr(in.dtype));
+  NpyArray out;
+  out.shape = in.shape;
+  out.fortran_order = in.fortran_order;
+  out.dtype = DType::f32;
+  out.data.resize(n * 4);
+  float* y = reinterpret_cast<float*>(out.data.data());
+  if (want == DType::u8) {
+    check_codes(in.data.data(), n, q.format, a.input);
+    kernels::decode(in.data.data(), y, n, q.format);
+  } else {
+    const auto* c = reinterpret_cast<const std::uint16_t*>(in.data.data());
+    check_codes(c, n, q.format, a.input);
+    kernels::decode(c, y, n, q.format);
+  }
+  return out;
+}
+
+// The float32 values of `in` fake-quantized (float32), or their codes with --codes.
+NpyArray quantize_values(const QuantizeArgs& a, const QuantSpec& q, const NpyArray& in, QuantCounts& counts) {
+  if (in.dtype != DType::f32)
+    throw Error(a.input + ": dtype " + npy_descr(in.dtype) +
+                " is not float32 ('<f4'); convert it first, or use --decode for codes");
+  const std::size_t n = in.size();
+  const float* x = reinterpret_cast<const float*>(in.data.data());
+  NpyArray out;
+  out.shape = in.shape;
+  out.fortran_order = in.fortran_order;
+  out.dtype = !a.codes ? DType::f32 : q.format.width() <= 8 ? DType::u8 : DType::u16;
+  out.data.resize(n * itemsize(out.dtype));
+  if (out.dtype == DType::f32)
+    kernels::quantize(x, reinterpret_cast<float*>(out.data.data()), n, q, 0, &counts);
+  else if (out.dtype == DType::u8)
+    kernels::encode(x, out.data.data(), n, q, 0, &counts);
+  else
+    kernels::encode(x, reinterpret_cast<std::uint16_t*>(out.data.data()), n, q, 0, &counts);
+  return out;
+}
+
+void print_summary(const QuantizeArgs& a, const QuantSpec& q, std::size_t n, const QuantCounts& counts, double secs) {
+  if (a.decode) {
+    std::fprintf(stderr, "decoded %zu %s codes in %.3f s -> %s\n", n, to_string(q.format).c_str(), secs,
+                 a.output.c_str());
+    return;
+  }
+  std::fprintf(stderr,
+               "%s %zu values to %s (%s, %s): overflow %llu, flushed to zero %llu, NaN %llu; "
+               "%.3f s -> %s\n",
+               a.codes ? "encoded" : "quantized", n, to_string(q.format).c_str(),
+               std::string(to_string(q.rounding)).c_str(), std::string(to_string(q.overflow)).c_str(),
+               static_cast<unsigned long long>(counts.overflow), static_cast<unsigned long long>(counts.underflow),
+               static_cast<unsigned long long>(counts.nan), secs, a.output.c_str());
+}
+
+void run_quantize(const QuantizeArgs& a) {
+  ScaledSpec scaled = parse_scaled(a.format);
+  const QuantSpec q = element_spec(a, scaled.element.format);
   if (a.codes && a.decode) throw Error("--codes and --decode exclude each other");
   if (a.threads < 0 || a.threads > kMaxThreads)
     throw Error("--threads must be in 0.." + std::to_string(kMaxThreads) + " (0: all cores)");
@@ -257,63 +323,13 @@ void run_quantize(const QuantizeArgs& a) {
   if (a.axis != -1) throw Error("--axis applies to scaled formats only (" + a.format + " has a fixed bias)");
   if (a.codes || a.decode) require_codable(q.format);
   if (a.threads > 0) kernels::set_num_threads(a.threads);
-
   const NpyArray in = read_npy(a.input);
-  NpyArray out;
-  out.shape = in.shape;
-  out.fortran_order = in.fortran_order;
-  const std::size_t n = in.size();
   QuantCounts counts;
   const auto t0 = std::chrono::steady_clock::now();
-  if (a.decode) {
-    const DType want = q.format.width() <= 8 ? DType::u8 : DType::u16;
-    if (in.dtype != want)
-      throw Error(a.input + ": --decode of " + to_string(q.format) + " codes needs dtype " +
-                  npy_descr(want) + ", the file has " + npy_descr(in.dtype));
-    out.dtype = DType::f32;
-    out.data.resize(n * 4);
-    if (want == DType::u8) check_codes(in.data.data(), n, q.format, a.input);
-    else check_codes(reinterpret_cast<const std::uint16_t*>(in.data.data()), n, q.format, a.input);
-    if (want == DType::u8)
-      kernels::decode(in.data.data(), reinterpret_cast<float*>(out.data.data()), n, q.format);
-    else
-      kernels::decode(reinterpret_cast<const std::uint16_t*>(in.data.data()),
-                      reinterpret_cast<float*>(out.data.data()), n, q.format);
-  } else {
-    if (in.dtype != DType::f32)
-      throw Error(a.input + ": dtype " + npy_descr(in.dtype) +
-                  " is not float32 ('<f4'); convert it first, or use --decode for codes");
-    const float* x = reinterpret_cast<const float*>(in.data.data());
-    if (a.codes) {
-      out.dtype = q.format.width() <= 8 ? DType::u8 : DType::u16;
-      out.data.resize(n * itemsize(out.dtype));
-      if (out.dtype == DType::u8)
-        kernels::encode(x, out.data.data(), n, q, 0, &counts);
-      else
-        kernels::encode(x, reinterpret_cast<std::uint16_t*>(out.data.data()), n, q, 0, &counts);
-    } else {
-      out.dtype = DType::f32;
-      out.data.resize(n * 4);
-      kernels::quantize(x, reinterpret_cast<float*>(out.data.data()), n, q, 0, &counts);
-    }
-  }
+  const NpyArray out = a.decode ? decode_codes(a, q, in) : quantize_values(a, q, in, counts);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_npy(a.output, out);
-  if (!a.quiet) {
-    if (a.decode)
-      std::fprintf(stderr, "decoded %zu %s codes in %.3f s -> %s\n", n,
-                   to_string(q.format).c_str(), secs, a.output.c_str());
-    else
-      std::fprintf(stderr,
-                   "%s %zu values to %s (%s, %s): overflow %llu, flushed to zero %llu, NaN %llu; "
-                   "%.3f s -> %s\n",
-                   a.codes ? "encoded" : "quantized", n, to_string(q.format).c_str(),
-                   std::string(to_string(q.rounding)).c_str(),
-                   std::string(to_string(q.overflow)).c_str(),
-                   static_cast<unsigned long long>(counts.overflow),
-                   static_cast<unsigned long long>(counts.underflow),
-                   static_cast<unsigned long long>(counts.nan), secs, a.output.c_str());
-  }
+  if (!a.quiet) print_summary(a, q, in.size(), counts, secs);
 }
 }  // namespace
 
