@@ -247,6 +247,11 @@ QuantSpec element_spec(const QuantizeArgs& a, const Format& f) {
   return q;
 }
 
+// An array of `dtype` with the shape and memory order of `in`, its bytes zero.
+NpyArray array_like(const NpyArray& in, DType dtype) {
+  return {dtype, in.shape, in.fortran_order, std::vector<std::uint8_t>(in.size() * itemsize(dtype))};
+}
+
 // --decode: the codes of q.format in `in` as float32.
 NpyArray decode_codes(const QuantizeArgs& a, const QuantSpec& q, const NpyArray& in) {
   const std::size_t n = in.size();
@@ -254,11 +259,7 @@ NpyArray decode_codes(const QuantizeArgs& a, const QuantSpec& q, const NpyArray&
   if (in.dtype != want)
     throw Error(a.input + ": --decode of " + to_string(q.format) + " codes needs dtype " + npy_descr(want) +
                 ", the file has " + npy_descr(in.dtype));
-  NpyArray out;
-  out.shape = in.shape;
-  out.fortran_order = in.fortran_order;
-  out.dtype = DType::f32;
-  out.data.resize(n * 4);
+  NpyArray out = array_like(in, DType::f32);
   float* y = reinterpret_cast<float*>(out.data.data());
   if (want == DType::u8) {
     check_codes(in.data.data(), n, q.format, a.input);
@@ -278,11 +279,7 @@ NpyArray quantize_values(const QuantizeArgs& a, const QuantSpec& q, const NpyArr
                 " is not float32 ('<f4'); convert it first, or use --decode for codes");
   const std::size_t n = in.size();
   const float* x = reinterpret_cast<const float*>(in.data.data());
-  NpyArray out;
-  out.shape = in.shape;
-  out.fortran_order = in.fortran_order;
-  out.dtype = !a.codes ? DType::f32 : q.format.width() <= 8 ? DType::u8 : DType::u16;
-  out.data.resize(n * itemsize(out.dtype));
+  NpyArray out = array_like(in, !a.codes ? DType::f32 : q.format.width() <= 8 ? DType::u8 : DType::u16);
   if (out.dtype == DType::f32)
     kernels::quantize(x, reinterpret_cast<float*>(out.data.data()), n, q, 0, &counts);
   else if (out.dtype == DType::u8)
