@@ -31,6 +31,11 @@ MicroBatches::MicroBatches(torch::nn::Module& model, int micro, World* world, co
   check_process_count(micro, procs);
   count_ = micro / procs;
   first_ = (world ? world->rank() : 0) * count_;
+  single_ = micro == 1 && !world && !comm;
+  if (single_) {
+    for (auto& p : model.parameters()) params_.push_back(p);
+    return;
+  }
   offset_ = {0};
   for (auto& p : model.parameters()) {
     params_.push_back(p);
@@ -133,6 +138,7 @@ void MicroBatches::take(std::int64_t row, std::size_t j, const torch::Tensor& gr
 }
 
 void MicroBatches::begin_step() {
+  if (single_) return;
   torch::NoGradGuard g;
   start_.clear();
   for (auto& b : buffers_) start_.push_back(b.detach().clone());
@@ -140,6 +146,10 @@ void MicroBatches::begin_step() {
 
 void MicroBatches::before(int m, std::uint64_t comm_seed) {
   torch::NoGradGuard g;
+  if (single_) {
+    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+    return;
+  }
   if (m != first_)
     for (std::size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(start_[i]);
   for (auto& p : params_) p.mutable_grad() = torch::Tensor();
@@ -153,6 +163,10 @@ void MicroBatches::before(int m, std::uint64_t comm_seed) {
 }
 
 void MicroBatches::after(int m, double loss, std::int64_t n, bool stop) {
+  if (single_) {
+    single_step_ = {loss, std::isfinite(loss), stop};
+    return;
+  }
   torch::NoGradGuard g;
   capturing_ = false;
   const std::int64_t row = m - first_;
@@ -205,6 +219,7 @@ torch::Tensor MicroBatches::decode(const torch::Tensor& codes, const torch::Tens
 }
 
 MicroBatches::Step MicroBatches::reduce() {
+  if (single_) return single_step_;
   torch::NoGradGuard g;
   const bool several = world_ && world_->size() > 1;
   const torch::Tensor side =

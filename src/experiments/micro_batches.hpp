@@ -8,7 +8,8 @@
 // such as batch norm's step count, take shard 0's value). With N processes each computes M/N
 // consecutive shards and every process receives every shard's gradient (World::all_gather),
 // so every process forms the same sum in the same order: the same bits for any N dividing M.
-// With M = 1 and one process the step is the plain step, bit for bit.
+// With M = 1, one process and float32 gradients the step is the plain step: one shard whose
+// gradients stay where backward put them, with nothing copied or exchanged.
 //
 // With one shard per process (M = N > 1) the exchange overlaps the backward pass: a hook on
 // every parameter takes its gradient as autograd produces it, and each bucket of
@@ -70,6 +71,8 @@ class MicroBatches {
   std::vector<torch::Tensor> params_, buffers_, start_;
   int micro_ = 1, first_ = 0, count_ = 1;
   World* world_ = nullptr;
+  bool single_ = false;  // one shard, one process, float32: the gradients stay in .grad
+  Step single_step_;     // its loss and stop wish
   std::int64_t grad_numel_ = 0, side_numel_ = 0, gradient_bytes_ = 0;
   nn::KindQuant comm_;
   std::vector<std::int64_t> scale_off_;  // comm_ scaled: each parameter's first scale, then the total

@@ -141,7 +141,6 @@ class Trainer {
   RunStatus train_step();
   double set_learning_rate(std::int64_t step);
   double gradients(const torch::Tensor& idx, std::uint64_t step_seed);
-  double micro_step(const torch::Tensor& idx, std::uint64_t step_seed);
   nn::LossScaleStep unscale_and_check(std::int64_t step);
   void count_step(std::int64_t step, std::int64_t samples, double loss);
   std::vector<std::array<QuantCounts, nn::kKinds>> run_counts();
@@ -171,7 +170,7 @@ class Trainer {
   std::shared_ptr<nn::QuantContext> ctx_;
   nn::QuantizedModel qm_;
   std::optional<nn::LossScaler> scaler_;
-  std::optional<MicroBatches> micro_;  // the step as micro-batches (train.micro_batches > 1 or a world)
+  std::optional<MicroBatches> micro_;  // the step's shards (one, unless train.micro_batches > 1 or a world)
   bool agreed_stop_ = false;           // a data-parallel run's processes agreed to stop
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   Plan plan_;
@@ -210,8 +209,8 @@ Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::str
         if (q && q->history > 0)
           throw Error("layer '" + l->name + "': delayed scaling (amax history) with train.micro_batches > 1 or " +
                       "several processes is not supported: each shard would keep its own history");
-    micro_.emplace(task_->module(), cfg.train.micro_batches, world_, grad_comm, opt.bucket_bytes);
   }
+  micro_.emplace(task_->module(), cfg.train.micro_batches, world_, grad_comm, opt.bucket_bytes);
   scaler_.emplace(ls);
   optimizer_ = optimizers().at(cfg.optimizer.name)(cfg.optimizer, task_->module().parameters());
   plan_ = plan_of(cfg, task_->train_size());
@@ -275,32 +274,6 @@ torch::Tensor Trainer::batch_of(std::int64_t step) {
   return perm_.slice(0, within * plan_.batch, std::min(plan_.examples, (within + 1) * plan_.batch));
 }
 
-// The step's gradients from its micro-batches: this process's shards of the batch `idx`,
-// each from the step's starting buffers with its own streams, then the exchange and the sum
-// (micro_batches.hpp). Returns the batch's mean loss (NaN when a shard's is not finite).
-double Trainer::micro_step(const torch::Tensor& idx, std::uint64_t step_seed) {
-  micro_->begin_step();
-  const bool stop = stop_after_step();
-  for (int m = micro_->first(); m < micro_->first() + micro_->count(); ++m) {
-    const std::uint64_t seed = micro_seed(step_seed, m);
-    micro_->before(m, mix64(seed ^ 0x6C0F5EEDULL));
-    const auto [begin, end] = micro_range(idx.size(0), cfg_.train.micro_batches, m);
-    double loss = 0;
-    if (end > begin) {
-      torch::manual_seed(seed);
-      ctx_->micro = static_cast<std::uint32_t>(m);
-      const torch::Tensor l = task_->loss(idx.slice(0, begin, end), seed);
-      (l * scaler_->scale()).backward();
-      loss = l.item<double>();
-    }
-    micro_->after(m, loss, end - begin, stop);
-  }
-  ctx_->micro = 0;
-  const MicroBatches::Step r = micro_->reduce();
-  agreed_stop_ = r.stop;
-  return r.loss_finite ? r.loss : std::numeric_limits<double>::quiet_NaN();
-}
-
 // The quantized layers' counts of the whole run: this process's, plus the other processes'
 // in a data-parallel run (summed exactly, as integers).
 std::vector<std::array<QuantCounts, nn::kKinds>> Trainer::run_counts() {
@@ -333,11 +306,11 @@ void Trainer::update_ema(std::int64_t step) {
   }
 }
 
-// One step: forward, scaled backward, loss-scale check, optimizer step. Every random draw
-// of the step (dropout, stochastic depth, augmentation, mixup) comes from streams seeded by
-// (seed, step), so a resumed run takes exactly the steps of an uninterrupted one.
 // One optimizer step: its seed and learning rate, the batch, the gradients (of the loss
 // times the loss scale), the unscale and overflow check, the step itself, the bookkeeping.
+// Every random draw of the step (dropout, stochastic depth, augmentation, mixup) comes from
+// streams seeded by (seed, step), so a resumed run takes exactly the steps of an
+// uninterrupted one.
 RunStatus Trainer::train_step() {
   const std::int64_t step = state_.step;
   const std::uint64_t step_seed = mix64(cfg_.seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(step));
@@ -362,14 +335,31 @@ double Trainer::set_learning_rate(std::int64_t step) {
   return lr;
 }
 
-// The gradients of the batch's loss times the loss scale, in the parameters' .grad: as
-// micro-batches (and processes) summed in order, or in one piece. Returns the loss.
+// The gradients of the batch's loss times the loss scale, in the parameters' .grad: this
+// process's shards of the batch `idx`, each from the step's starting buffers with its own
+// streams, then the exchange and the sum (micro_batches.hpp; one shard is the plain step).
+// Returns the batch's mean loss (NaN when a shard's is not finite).
 double Trainer::gradients(const torch::Tensor& idx, std::uint64_t step_seed) {
-  if (micro_) return micro_step(idx, step_seed);
-  optimizer_->zero_grad();
-  const torch::Tensor loss = task_->loss(idx, step_seed);
-  (loss * scaler_->scale()).backward();
-  return loss.item<double>();
+  micro_->begin_step();
+  const bool stop = stop_after_step();
+  for (int m = micro_->first(); m < micro_->first() + micro_->count(); ++m) {
+    const std::uint64_t seed = micro_seed(step_seed, m);
+    micro_->before(m, mix64(seed ^ 0x6C0F5EEDULL));
+    const auto [begin, end] = micro_range(idx.size(0), cfg_.train.micro_batches, m);
+    double loss = 0;
+    if (end > begin) {
+      torch::manual_seed(seed);
+      ctx_->micro = static_cast<std::uint32_t>(m);
+      const torch::Tensor l = task_->loss(idx.slice(0, begin, end), seed);
+      (l * scaler_->scale()).backward();
+      loss = l.item<double>();
+    }
+    micro_->after(m, loss, end - begin, stop);
+  }
+  ctx_->micro = 0;
+  const MicroBatches::Step r = micro_->reduce();
+  agreed_stop_ = r.stop;
+  return r.loss_finite ? r.loss : std::numeric_limits<double>::quiet_NaN();
 }
 
 // The gradients divided by the loss scale, checked for NaN/Inf; the scale's trace.
