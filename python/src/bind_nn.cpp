@@ -216,13 +216,13 @@ void bind_layer_state(py::module_& m) {
       .def_property_readonly("context", [](const LayerState& s) { return s.ctx; })
       .def("counts", [](const LayerState& s) {
         py::dict d;
-        const auto c = s.counts();
+        const auto c = s.stats.counts();
         for (TensorKind k : nn::kAllKinds) d[py::str(std::string(nn::to_string(k)))] = counts_dict(c[static_cast<int>(k)]);
         return d;
       })
-      .def("reset_counts", &LayerState::reset_counts)
+      .def("reset_counts", [](LayerState& s) { s.stats.reset_counts(); })
       .def("products", [](const LayerState& s) {
-             const auto [f, b] = s.products();
+             const auto [f, b] = s.products.counts();
              py::dict d;
              d["fp32"] = f;
              d["bf16"] = b;
@@ -230,7 +230,7 @@ void bind_layer_state(py::module_& m) {
            },
            "Products run so far on each compute path")
       .def("seed_for", [](const LayerState& s, const std::string& kind, std::uint32_t call, std::uint32_t operand) {
-             return s.seed_for(nn::parse_kind(kind), call, operand);
+             return s.streams.seed_for(nn::parse_kind(kind), call, operand);
            },
            py::arg("kind"), py::arg("call"), py::arg("operand") = 0,
            "The stochastic-rounding stream of one tensor in the current step")

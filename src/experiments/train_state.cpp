@@ -46,7 +46,7 @@ std::vector<std::array<QuantCounts, nn::kKinds>> counts_from(const json& j) {
   return out;
 }
 
-json histories_json(const std::vector<std::vector<nn::LayerState::History>>& layers) {
+json histories_json(const std::vector<std::vector<nn::AmaxHistories::History>>& layers) {
   json out = json::array();
   for (const auto& layer : layers) {
     json l = json::array();
@@ -57,10 +57,10 @@ json histories_json(const std::vector<std::vector<nn::LayerState::History>>& lay
   return out;
 }
 
-std::vector<std::vector<nn::LayerState::History>> histories_from(const json& j) {
-  std::vector<std::vector<nn::LayerState::History>> out;
+std::vector<std::vector<nn::AmaxHistories::History>> histories_from(const json& j) {
+  std::vector<std::vector<nn::AmaxHistories::History>> out;
   for (const auto& l : j) {
-    std::vector<nn::LayerState::History> layer;
+    std::vector<nn::AmaxHistories::History> layer;
     for (const auto& h : l)
       layer.push_back({nn::parse_kind(h.at("kind").get<std::string>()), h.at("operand").get<std::uint32_t>(),
                        h.at("amax").get<std::vector<float>>()});

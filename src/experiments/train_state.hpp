@@ -33,7 +33,7 @@ struct TrainState {
   std::vector<double> scaler;   // nn::LossScaler::state()
   std::vector<std::pair<std::int64_t, double>> evals;        // (step, metric)
   std::vector<std::array<QuantCounts, nn::kKinds>> counts;   // per quantized layer, all steps
-  std::vector<std::vector<nn::LayerState::History>> histories;  // per quantized layer: delayed scaling
+  std::vector<std::vector<nn::AmaxHistories::History>> histories;  // per quantized layer: delayed scaling
   Weights ema;                  // moving average of the weights (empty: off)
   std::vector<Weights> recent;  // the last K checkpoints' weights, for averaging
   LossScaleTrace trace;         // loss-scale points not yet in a results store

@@ -242,9 +242,9 @@ void Trainer::resume(Checkpoint& checkpoint) {
   scaler_->set_state(state_.scaler);
   ctx_->step = static_cast<std::uint64_t>(state_.step);
   for (std::size_t i = 0; i < qm_.layers.size(); ++i) {
-    if (writer_) qm_.layers[i]->add_counts(state_.counts[i]);  // the others' counts are added to rank 0's
+    if (writer_) qm_.layers[i]->stats.add_counts(state_.counts[i]);  // the others' counts are added to rank 0's
     try {
-      if (!state_.histories.empty()) qm_.layers[i]->restore_histories(state_.histories[i]);
+      if (!state_.histories.empty()) qm_.layers[i]->amax.restore(state_.histories[i]);
     } catch (const Error& e) {
       throw Error(checkpoint_path(cfg_) + ": " + e.what());
     }
@@ -278,7 +278,7 @@ torch::Tensor Trainer::batch_of(std::int64_t step) {
 // in a data-parallel run (summed exactly, as integers).
 std::vector<std::array<QuantCounts, nn::kKinds>> Trainer::run_counts() {
   std::vector<std::array<QuantCounts, nn::kKinds>> counts;
-  for (const auto& l : qm_.layers) counts.push_back(l->counts());
+  for (const auto& l : qm_.layers) counts.push_back(l->stats.counts());
   if (!world_) return counts;
   std::vector<std::int64_t> flat;
   for (const auto& layer : counts)
@@ -424,7 +424,7 @@ void Trainer::save() {
   if (!opt_.checkpoints || !writer_) return;
   state_.scaler = scaler_->state();
   state_.histories.clear();
-  for (const auto& l : qm_.layers) state_.histories.push_back(l->histories());
+  for (const auto& l : qm_.layers) state_.histories.push_back(l->amax.get());
   const double before = state_.seconds;
   state_.seconds += seconds_since(started_);
   save_checkpoint(checkpoint_path(cfg_), config_json_, state_, task_->module(), *optimizer_);
@@ -554,7 +554,7 @@ TrainResult Trainer::finish() {
   }
   std::vector<std::int64_t> products;  // per layer: float32, bfloat16
   for (const auto& l : qm_.layers) {
-    const auto [fp32, bf16] = l->products();
+    const auto [fp32, bf16] = l->products.counts();
     products.push_back(fp32);
     products.push_back(bf16);
   }

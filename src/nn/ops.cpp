@@ -3,339 +3,12 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
-#include "fp8lab/core/random.hpp"
 #include "fp8lab/nn/tensor_quant.hpp"
 
 namespace fp8lab::nn {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-void StatsLog::add(TensorStats s) {
-  std::lock_guard<std::mutex> lk(m_);
-  records_.push_back(std::move(s));
-}
-std::vector<TensorStats> StatsLog::take() {
-  std::lock_guard<std::mutex> lk(m_);
-  std::vector<TensorStats> out;
-  out.swap(records_);
-  return out;
-}
-std::size_t StatsLog::size() const {
-  std::lock_guard<std::mutex> lk(m_);
-  return records_.size();
-}
-
-LayerStatePtr make_layer_state(std::string name, const LayerQuant& q,
-                               std::shared_ptr<QuantContext> ctx, int index) {
-  auto st = c10::make_intrusive<LayerState>();
-  st->name = std::move(name);
-  st->quant = q;
-  st->ctx = ctx ? std::move(ctx) : std::make_shared<QuantContext>();
-  st->index = index;
-  std::uint64_t h = mix64(st->ctx->seed);
-  for (char c : st->name) h = mix64(h ^ static_cast<unsigned char>(c));
-  st->layer_seed = h;
-  (void)backward_grad_refs();  // measured here, outside any backward pass
-  return st;
-}
-
-std::array<QuantCounts, kKinds> LayerState::counts() const {
-  std::lock_guard<std::mutex> lk(m_);
-  return counts_;
-}
-void LayerState::add_counts(const std::array<QuantCounts, kKinds>& c) {
-  std::lock_guard<std::mutex> lock(m_);
-  for (int k = 0; k < kKinds; ++k) counts_[k] += c[k];
-}
-void LayerState::reset_counts() {
-  std::lock_guard<std::mutex> lk(m_);
-  counts_ = {};
-}
-
-std::uint32_t LayerState::begin_call() {
-  std::lock_guard<std::mutex> lk(m_);
-  const std::uint64_t step = ctx->step.load();
-  const std::uint32_t micro = ctx->micro.load();
-  if (step != call_step_ || micro != call_micro_) {
-    call_step_ = step;
-    call_micro_ = micro;
-    calls_ = 0;
-  }
-  return calls_++;
-}
-
-std::uint64_t LayerState::seed_for(TensorKind k, std::uint32_t call, std::uint32_t operand) const {
-  const std::uint64_t step = ctx->step.load();
-  const std::uint32_t micro = ctx->micro.load();
-  return mix64(layer_seed ^ mix64(step) ^
-               mix64((static_cast<std::uint64_t>(call) << 8) | (operand << 4) |
-                     static_cast<std::uint64_t>(k)) ^
-               (micro == 0 ? 0 : mix64(0x3C6EF372FE94F82BULL + micro)));
-}
-
-bool LayerState::stats_due(std::uint32_t call) const {
-  const int every = ctx->stats_interval;
-  return ctx->recording && every > 0 && call == 0 && ctx->micro.load() == 0 &&
-         ctx->step.load() % static_cast<std::uint64_t>(every) == 0;
-}
-
-void LayerState::record(TensorKind k, const torch::Tensor& t, const QuantCounts& c,
-                        std::uint32_t call) {
-  record_stats(k, t, c, call, nullptr, nullptr);
-}
-
-void LayerState::record_stats(TensorKind k, const torch::Tensor& t, const QuantCounts& c, std::uint32_t call,
-                              const ScaledCounts* groups, const ScaledTensor* q) {
-  if (!ctx->recording) return;
-  {
-    std::lock_guard<std::mutex> lk(m_);
-    counts_[static_cast<int>(k)] += c;
-  }
-  if (!stats_due(call)) return;
-  const std::uint64_t step = ctx->step.load();
-  const torch::Tensor x = t.contiguous();
-  TensorStats s;
-  s.step = step;
-  s.layer = name;
-  s.kind = k;
-  s.hist = kernels::exponent_histogram(x.data_ptr<float>(), static_cast<std::size_t>(x.numel()));
-  s.counts = c;
-  s.absmax = x.numel() ? x.abs().max().item<float>() : 0.0f;
-  if (groups && q) {
-    s.scaled = true;
-    s.groups = *groups;
-    const auto* codes = reinterpret_cast<const std::uint32_t*>(q->scales.data_ptr<std::int32_t>());
-    std::vector<float> scales(static_cast<std::size_t>(q->scales.numel()));
-    for (std::size_t i = 0; i < scales.size(); ++i)
-      scales[i] = scale_from_code(*quant[k], codes[i], q->tensor_scale).value;
-    s.scale_hist = kernels::exponent_histogram(scales.data(), scales.size());
-  }
-  ctx->stats->add(std::move(s));
-}
-
-ScaledCall LayerState::scaled_call(TensorKind k, std::uint32_t operand) {
-  ScaledCall c;
-  if (quant[k]->history == 0) return c;
-  std::lock_guard<std::mutex> lk(m_);
-  const auto it = histories_.find({static_cast<int>(k), operand});
-  if (it != histories_.end()) c.delayed_amax = it->second.amax();
-  return c;
-}
-
-void LayerState::push_amax(TensorKind k, std::uint32_t operand, float amax) {
-  // Evaluation neither reads nor disturbs training's history beyond using it.
-  if (!ctx->recording || quant[k]->history == 0) return;
-  std::lock_guard<std::mutex> lk(m_);
-  histories_.try_emplace({static_cast<int>(k), operand}, quant[k]->history).first->second.push(amax);
-}
-
-std::vector<LayerState::History> LayerState::histories() const {
-  std::lock_guard<std::mutex> lk(m_);
-  std::vector<History> out;
-  for (const auto& [key, h] : histories_)
-    out.push_back({static_cast<TensorKind>(key.first), key.second, {h.values().begin(), h.values().end()}});
-  return out;
-}
-
-void LayerState::restore_histories(const std::vector<History>& hs) {
-  std::lock_guard<std::mutex> lk(m_);
-  histories_.clear();
-  for (const History& h : hs) {
-    const KindQuant& q = quant[h.kind];
-    if (!q || q->history == 0)
-      throw Error("layer '" + name + "': an amax history for " + std::string(to_string(h.kind)) +
-                  ", whose quantizer has no delayed scaling");
-    AmaxHistory a(q->history);
-    a.restore({h.amaxes.begin(), h.amaxes.end()});
-    histories_.insert_or_assign({static_cast<int>(h.kind), h.operand}, std::move(a));
-  }
-}
-
-std::array<float, 16> LayerState::hadamard_signs_for(std::uint32_t call) const {
-  return hadamard_signs(seed_for(TensorKind::gw, call, 15));
-}
-
-ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v,
-                                         std::uint32_t call, std::uint32_t stream, const ScaledCall& sc,
-                                         ScaledOutputs out) {
-  ScaledCounts c;
-  torch::Tensor m = to_matrix(t, v);
-  if (out.hadamard) {
-    if (m.is_same(t) || m.data_ptr() == t.data_ptr()) m = m.clone();
-    hadamard16_(m, hadamard_signs_for(call));
-  }
-  ScaledTensor q = scaled_quantize_matrix(m, *quant[k], seed_for(k, call, stream), sc, out.values, out.codes,
-                                          out.count ? &c : nullptr);
-  if (out.count) record_stats(k, t, c.elements, call, &c, &q);
-  return q;
-}
-
-std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_scaled_operand(
-    TensorKind k, const torch::Tensor& t, const MatrixView& fwd, const MatrixView& bwd, std::uint32_t call,
-    std::uint32_t operand, bool grad_w_operand) {
-  const ScaledCall sc = scaled_call(k, operand);
-  const ScaledTensor f = quantize_scaled(k, t, fwd, call, operand, sc);
-  auto saved = c10::make_intrusive<SavedScaled>();
-  saved->kind = k;
-  saved->view = bwd;
-  saved->shape = t.sizes().vec();
-  const bool weight = k == TensorKind::w;
-  const bool codes = weight ? ctx->save_weight_codes : ctx->save_codes;
-  // The backward product's operand: its own blocks, from the float32 tensor, its own stream.
-  saved->q = quantize_scaled(k, t, bwd, call, operand + 2, sc,
-                             {.values = !codes, .codes = codes, .count = false,
-                              .hadamard = grad_w_operand && hadamard_applies()});
-  (weight ? ctx->saved_weight_bytes : ctx->saved_bytes) +=
-      codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
-  push_amax(k, operand, f.amax);
-  return {from_matrix(f.values, t.sizes(), fwd), saved};
-}
-
-torch::Tensor LayerState::product(const torch::Tensor& a, const torch::Tensor& b) {
-  Compute taken = Compute::fp32;
-  torch::Tensor y = matmul(a, b, ctx->compute, &taken, ctx->accumulate);
-  count_product(taken);
-  return y;
-}
-
-torch::Tensor LayerState::conv(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g) {
-  Compute taken = Compute::fp32;
-  torch::Tensor y = conv2d(x, w, g, ctx->compute, &taken, ctx->accumulate);
-  count_product(taken);
-  return y;
-}
-
-ConvGrads LayerState::conv_backward(const torch::Tensor& gy_dx, const torch::Tensor& gy_dw, const torch::Tensor& x,
-                                    const torch::Tensor& w, const ConvGeometry& g, bool want_dx, bool want_dw) {
-  ConvGrads r = conv2d_backward(gy_dx, gy_dw, x, w, g, ctx->compute, want_dx, want_dw, ctx->accumulate);
-  if (want_dx) count_product(r.dx_path);
-  if (want_dw) count_product(r.dw_path);
-  return r;
-}
-
-torch::Tensor LayerState::restore(const SavedScaled& saved) const {
-  const torch::Tensor m = saved.q.codes.defined() ? scaled_decode_matrix(saved.q, *quant[saved.kind]) : saved.q.values;
-  return from_matrix(m, saved.shape, saved.view);
-}
-
-std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_grad(torch::Tensor g, const MatrixView& for_dx,
-                                                                  const MatrixView& for_dw, std::uint32_t call,
-                                                                  std::int64_t refs, GradUse use) {
-  if (!scaled(TensorKind::gx)) {
-    if (use.for_products && bf16_codes(TensorKind::gx)) {  // no float32 copy: codes, then bfloat16
-      torch::Tensor q = encode_for_products(TensorKind::gx, g, call, 0, false).first;
-      return {q, q};
-    }
-    torch::Tensor q = quantize_owned(TensorKind::gx, std::move(g), call, refs);
-    return {q, q};
-  }
-  const ScaledCall sc = scaled_call(TensorKind::gx, 0);
-  const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc);
-  const ScaledTensor dw = quantize_scaled(TensorKind::gx, g, for_dw, call, 1, sc,
-                                          {.count = false, .hadamard = use.hadamard && hadamard_applies()});
-  push_amax(TensorKind::gx, 0, dx.amax);
-  return {from_matrix(dx.values, g.sizes(), for_dx), from_matrix(dw.values, g.sizes(), for_dw)};
-}
-
-torch::Tensor LayerState::quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call) {
-  if (!scaled(k)) return quantize_owned(k, std::move(t), call);
-  const ScaledTensor q = quantize_scaled(k, t, v, call, 0, scaled_call(k, 0));
-  push_amax(k, 0, q.amax);
-  return from_matrix(q.values, t.sizes(), v);
-}
-
-torch::Tensor LayerState::quantize(TensorKind k, const torch::Tensor& t, std::uint32_t call,
-                                   std::uint32_t operand) {
-  const KindQuant& q = quant[k];
-  if (q && q->scaled()) {  // blocks along the last dimension
-    const ScaledTensor s = quantize_scaled(k, t, {}, call, operand, scaled_call(k, operand));
-    push_amax(k, operand, s.amax);
-    return from_matrix(s.values, t.sizes(), {});
-  }
-  QuantCounts c;
-  torch::Tensor out;
-  if (q) {
-    out = fake_quantize(t, q->element, seed_for(k, call, operand), &c);
-  } else {
-    out = t;
-    c.total = static_cast<std::uint64_t>(t.numel());
-  }
-  record(k, t, c, call);
-  return out;
-}
-
-torch::Tensor LayerState::quantize_owned(TensorKind k, torch::Tensor t, std::uint32_t call,
-                                        std::int64_t refs) {
-  const KindQuant& q = quant[k];
-  // In place only when the caller's handles are the only references to the tensor and
-  // its storage (no view, no other node's input or saved tensor), and not on a statistics
-  // step, whose histogram is of the values before quantization.
-  const bool exclusive = t.defined() && t.use_count() <= refs && t.has_storage() &&
-                         t.storage().use_count() == 1 &&
-                         (t.is_contiguous() || (t.is_non_overlapping_and_dense() && q &&
-                                                q->element.rounding != Rounding::stochastic)) &&
-                         t.device().is_cpu() && t.scalar_type() == torch::kFloat32;
-  if (!q || q->scaled() || !exclusive || stats_due(call)) return quantize(k, t, call);
-  QuantCounts c;
-  fake_quantize_(t, q->element, seed_for(k, call), &c);
-  record(k, t, c, call);
-  ++ctx->in_place;
-  return t;
-}
-
-bool LayerState::bf16_codes(TensorKind k) const {
-  const KindQuant& q = quant[k];
-  return ctx->compute != Compute::fp32 && q && !q->scaled() && q->element.format.codable() &&
-         q->element.format.width() <= 8 && exact_in_bf16(q->element.format) && bf16_products_available();
-}
-
-// Q_k(t) as bfloat16 and, with `codes`, its 8-bit codes (bf16_codes(k) holds).
-std::pair<torch::Tensor, torch::Tensor> LayerState::encode_for_products(TensorKind k, const torch::Tensor& t,
-                                                                        std::uint32_t call, std::uint32_t operand,
-                                                                        bool codes) {
-  QuantCounts c;
-  std::optional<BfQuantized> q = quantize_bf16_tensor(t, quant[k]->element, seed_for(k, call, operand), codes, &c);
-  if (!q) throw Error("layer '" + name + "': " + std::string(to_string(k)) + " values are not bfloat16 values");
-  record(k, t, c, call);
-  return {q->values, q->codes};
-}
-
-std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_and_save(TensorKind k,
-                                                                      const torch::Tensor& t,
-                                                                      std::uint32_t call,
-                                                                      std::uint32_t operand,
-                                                                      bool for_products) {
-  const KindQuant& q = quant[k];
-  const bool weight = k == TensorKind::w;
-  std::atomic<std::int64_t>& bytes = weight ? ctx->saved_weight_bytes : ctx->saved_bytes;
-  if (for_products && bf16_codes(k) && (weight ? ctx->save_weight_codes : ctx->save_codes)) {
-    auto [values, codes] = encode_for_products(k, t, call, operand, true);
-    bytes += codes.numel();
-    return {values, codes};
-  }
-  if (!q || q->scaled() || !(weight ? ctx->save_weight_codes : ctx->save_codes) || !q->element.format.codable()) {
-    torch::Tensor y = quantize(k, t, call, operand);
-    bytes += static_cast<std::int64_t>(y.numel()) * 4;
-    return {y, y};
-  }
-  QuantCounts c;
-  auto [y, codes] = quantize_and_encode_tensor(t, q->element, seed_for(k, call, operand), &c);
-  record(k, t, c, call);
-  bytes += static_cast<std::int64_t>(codes.numel() * codes.element_size());
-  return {y, codes};
-}
-
-torch::Tensor LayerState::restore(TensorKind k, const torch::Tensor& saved) const {
-  if (saved.scalar_type() == torch::kFloat32) return saved;
-  return decode_tensor(saved, quant[k]->element.format);
-}
-
-torch::Tensor LayerState::restore_for_product(TensorKind k, const torch::Tensor& saved) const {
-  if (saved.scalar_type() == torch::kUInt8 && bf16_codes(k))
-    if (std::optional<torch::Tensor> b = decode_tensor_bf16(saved, quant[k]->element.format)) return *b;
-  return restore(k, saved);
-}
 
 namespace {
 
@@ -391,16 +64,16 @@ std::string saved_key(int i) { return "scaled" + std::to_string(i); }
 std::pair<torch::Tensor, torch::Tensor> quantize_operands(AutogradContext* ctx,
                                                           const LayerStatePtr& st, Operand a,
                                                           Operand b, bool for_products) {
-  const std::uint32_t call = st->begin_call();
+  const std::uint32_t call = st->streams.begin_call();
   std::array<torch::Tensor, 2> q, saved;
   for (int i = 0; i < 2; ++i) {
     const Operand& o = i == 0 ? a : b;
     if (st->scaled(o.kind)) {
-      auto [y, keep] = st->quantize_scaled_operand(o.kind, o.t, o.fwd, o.bwd, call, o.index, o.grad_w);
+      auto [y, keep] = st->quantize_scaled_operand(o.kind, o.t, call, {o.fwd, o.bwd, o.index, o.grad_w});
       q[i] = std::move(y);
       ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(std::move(keep));
     } else {
-      std::tie(q[i], saved[i]) = st->quantize_and_save(o.kind, o.t, call, o.index, for_products);
+      std::tie(q[i], saved[i]) = st->quantize_and_save(o.kind, o.t, call, {o.index, for_products});
     }
   }
   ctx->save_for_backward({saved[0], saved[1]});
@@ -452,7 +125,7 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     // Other paths: the product through the compute layer, then the bias.
     std::vector<std::int64_t> shape(xq.sizes().begin(), xq.sizes().end());
     shape.back() = wq.size(0);
-    torch::Tensor y = st->product(as_rows(xq), wq.t()).reshape(shape);
+    torch::Tensor y = st->products.matmul(as_rows(xq), wq.t()).reshape(shape);
     return b.numel() > 0 ? y.add_(b) : y;
   }
 
@@ -473,7 +146,7 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     // quantizers the gradients are bit-identical to torch::linear's.
     const bool fp32 = !st->ctx->layer_products();
     if (ctx->needs_input_grad(0)) {
-      dx = fp32 ? as_rows(g_for_dx).mm(wq) : st->product(as_rows(g_for_dx), wq);
+      dx = fp32 ? as_rows(g_for_dx).mm(wq) : st->products.matmul(as_rows(g_for_dx), wq);
       std::vector<std::int64_t> shape = g_shape;
       shape.back() = in_f;
       dx = dx.reshape(shape);
@@ -481,7 +154,7 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     if (ctx->needs_input_grad(1)) {
       const torch::Tensor xq = as_rows(xq_saved);
       const torch::Tensor gq = as_rows(g_for_dw);
-      dw = st->quantize_along(TensorKind::gw, (fp32 ? xq.t().mm(gq) : st->product(xq.t(), gq)).t().contiguous(),
+      dw = st->quantize_along(TensorKind::gw, (fp32 ? xq.t().mm(gq) : st->products.matmul(xq.t(), gq)).t().contiguous(),
                               last_dim(), call);
     }
     return {dx, dw, db, torch::Tensor()};
@@ -549,7 +222,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
     if (!st->ctx->layer_products())
       return torch::conv2d(xq, wq, b.numel() > 0 ? b : torch::Tensor(), stride, padding, dilation, groups);
     // Other paths: the product through the compute layer, then the bias.
-    torch::Tensor y = st->conv(xq, wq, geometry(stride, padding, dilation, groups));
+    torch::Tensor y = st->products.conv(xq, wq, geometry(stride, padding, dilation, groups));
     return b.numel() > 0 ? y.add_(b.reshape({1, -1, 1, 1})) : y;
   }
 
@@ -579,7 +252,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
     };
     torch::Tensor dx, dw;
     if (layer_products) {  // the compute layer's products
-      ConvGrads r = st->conv_backward(g_for_dx, g_for_dw, xq, wq, geometry(stride, padding, dilation, groups),
+      ConvGrads r = st->products.conv_backward(g_for_dx, g_for_dw, xq, wq, geometry(stride, padding, dilation, groups),
                                       ctx->needs_input_grad(0), ctx->needs_input_grad(1));
       dx = std::move(r.dx);
       dw = std::move(r.dw);
@@ -602,7 +275,7 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
     auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim()), true},
                                       {b, TensorKind::a, 1, second_last(b.dim()), last_dim()},
                                       st->ctx->layer_products());
-    return st->ctx->layer_products() ? st->product(aq, bq) : torch::matmul(aq, bq);
+    return st->ctx->layer_products() ? st->products.matmul(aq, bq) : torch::matmul(aq, bq);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -613,7 +286,7 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
                                                   backward_grad_refs(), {.hadamard = true, .for_products = layer_products});
     torch::Tensor da, db;
     const auto mm = [&](const torch::Tensor& x, const torch::Tensor& y) {
-      return st->ctx->layer_products() ? st->product(x, y) : x.matmul(y);
+      return st->ctx->layer_products() ? st->products.matmul(x, y) : x.matmul(y);
     };
     if (ctx->needs_input_grad(0)) da = at::sum_to(mm(g_for_da, bq.transpose(-2, -1)), aq.sizes());
     if (ctx->needs_input_grad(1)) db = at::sum_to(mm(aq.transpose(-2, -1), g_for_db), bq.sizes());

@@ -35,7 +35,7 @@ TEST(Models, CifarResNetForwardBackwardQuantized) {
     EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
   }
   for (const auto& l : qm.layers)
-    EXPECT_GT(l->counts()[static_cast<int>(nn::TensorKind::w)].total, 0u) << l->name;
+    EXPECT_GT(l->stats.counts()[static_cast<int>(nn::TensorKind::w)].total, 0u) << l->name;
   EXPECT_THROW(models::CifarResNet(models::CifarResNetOptions{.depth = 21}), Error);
 }
 
@@ -54,7 +54,7 @@ TEST(Models, EncoderLayerForwardBackwardQuantized) {
   y.pow(2).sum().backward();
   EXPECT_TRUE(torch::isfinite(x.grad()).all().item<bool>());
   for (const auto& p : m->named_parameters()) ASSERT_TRUE(p.value().grad().defined()) << p.key();
-  EXPECT_GT(qm.layer("attn.context")->counts()[static_cast<int>(nn::TensorKind::gx)].total, 0u);
+  EXPECT_GT(qm.layer("attn.context")->stats.counts()[static_cast<int>(nn::TensorKind::gx)].total, 0u);
 }
 
 namespace {
@@ -70,7 +70,7 @@ void check_quantized_training_step(const models::ImageModel& m, const nn::Quanti
     EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
   }
   for (const auto& l : qm.layers) {
-    const auto c = l->counts();
+    const auto c = l->stats.counts();
     EXPECT_GT(c[static_cast<int>(nn::TensorKind::w)].total, 0u) << l->name;
     EXPECT_GT(c[static_cast<int>(nn::TensorKind::gx)].total, 0u) << l->name;
     EXPECT_GT(c[static_cast<int>(nn::TensorKind::gw)].total, 0u) << l->name;

@@ -181,7 +181,7 @@ TEST(Compute, LinearLayerOnBf16EqualsFloat32OnExactlySummableValues) {
     o.gx = g[0];
     o.gw = g[1];
     o.gb = g[2];
-    o.products = st->products();
+    o.products = st->products.counts();
     return o;
   };
   const Out want = run(Compute::fp32);
@@ -343,7 +343,7 @@ TEST(Compute, ConvolutionLayerOnBf16EqualsFloat32OnExactlySummableValues) {
       const torch::Tensor y =
           quant_conv2d(x, w, b, v2(c.g.stride), v2(c.g.padding), v2(c.g.dilation), c.g.groups, st);
       const auto g = torch::autograd::grad({(y * r).sum()}, {x, w, b});
-      return std::make_pair(std::vector<torch::Tensor>{y, g[0], g[1], g[2]}, st->products());
+      return std::make_pair(std::vector<torch::Tensor>{y, g[0], g[1], g[2]}, st->products.counts());
     };
     const auto want = run(Compute::fp32);
     for (Compute compute : {Compute::auto_, Compute::bf16}) {
@@ -438,7 +438,7 @@ TEST(Accumulation, LinearLayerAccumulatesEveryProductInChunks) {
   EXPECT_TRUE(test::bit_equal(y, chunked_reference(x0, w0.t().contiguous(), acc)));
   EXPECT_TRUE(test::bit_equal(g[0], chunked_reference(r, w0, acc)));
   EXPECT_TRUE(test::bit_equal(g[1], chunked_reference(r.t().contiguous(), x0, acc)));
-  EXPECT_EQ(st->products().first + st->products().second, 3);
+  EXPECT_EQ(st->products.counts().first + st->products.counts().second, 3);
 }
 
 // The slow reference of a chunked sum (docs/spec.md §7.3) of integer-valued terms: each
@@ -581,7 +581,7 @@ TEST(Accumulation, ConvolutionLayerAccumulatesEveryProductInChunks) {
     EXPECT_TRUE(test::bit_equal(g[0], want[1])) << to_string(compute);
     EXPECT_TRUE(test::bit_equal(g[1], want[2])) << to_string(compute);
     EXPECT_TRUE(test::bit_equal(g[2], r.sum({0, 2, 3}))) << to_string(compute);
-    EXPECT_EQ(st->products().first + st->products().second, 3);
+    EXPECT_EQ(st->products.counts().first + st->products.counts().second, 3);
   }
 }
 

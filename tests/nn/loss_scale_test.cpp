@@ -189,5 +189,5 @@ TEST(LossScale, BackoffRecoversFromRealOverflowInAQuantizedModel) {
   EXPECT_LT(scaler.log2_scale(), 40);
   EXPECT_EQ(scaler.skipped_steps(), static_cast<std::uint64_t>(skipped));
   EXPECT_FALSE(torch::equal(net->parameters()[0].detach(), w_before));  // then it trains
-  EXPECT_GT(qm.layers[1]->counts()[static_cast<int>(TensorKind::gx)].nan, 0u);
+  EXPECT_GT(qm.layers[1]->stats.counts()[static_cast<int>(TensorKind::gx)].nan, 0u);
 }

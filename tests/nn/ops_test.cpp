@@ -124,20 +124,20 @@ TEST(Ops, QuantizedLinearIsTheComposition) {
   const LayerQuant lq = paper_quant();
   auto st = make_layer_state("lin", lq, nullptr);
   auto y = quant_linear(x, w, b, st);
-  const auto sa = st->seed_for(TensorKind::a, 0), sw = st->seed_for(TensorKind::w, 0);
+  const auto sa = st->streams.seed_for(TensorKind::a, 0), sw = st->streams.seed_for(TensorKind::w, 0);
   const auto xq = scalar_q(x.detach(), lq[TensorKind::a], sa);
   const auto wq = scalar_q(w.detach(), lq[TensorKind::w], sw);
   EXPECT_TRUE(bit_equal(y.detach(), torch::linear(xq, wq, b.detach())));
   auto g = 1e-6 * torch::randn(y.sizes());  // small gradients, as in training
   auto grads = torch::autograd::grad({y}, {x, w, b}, {g});
-  const auto gq = scalar_q(g, lq[TensorKind::gx], st->seed_for(TensorKind::gx, 0));
+  const auto gq = scalar_q(g, lq[TensorKind::gx], st->streams.seed_for(TensorKind::gx, 0));
   EXPECT_TRUE(bit_equal(grads[0], gq.mm(wq)));
-  const auto dw = scalar_q(xq.t().mm(gq).t().contiguous(), lq[TensorKind::gw], st->seed_for(TensorKind::gw, 0));
+  const auto dw = scalar_q(xq.t().mm(gq).t().contiguous(), lq[TensorKind::gw], st->streams.seed_for(TensorKind::gw, 0));
   EXPECT_TRUE(bit_equal(grads[1], dw));
   EXPECT_TRUE(bit_equal(grads[2], g.sum(0)));
   // The quantizers did something: values on the 1.5.2 grid, counts recorded.
   EXPECT_FALSE(bit_equal(gq, g));
-  const auto counts = st->counts();
+  const auto counts = st->stats.counts();
   EXPECT_EQ(counts[static_cast<int>(TensorKind::a)].total, 48u);
   EXPECT_EQ(counts[static_cast<int>(TensorKind::gw)].total, 40u);
 }
@@ -151,28 +151,28 @@ TEST(Ops, QuantizedConvAndMatmulAreTheComposition) {
     auto w = (0.2 * torch::randn({4, 1, 3, 3})).requires_grad_();
     auto st = make_layer_state("dw", lq, nullptr);
     auto y = quant_conv2d(x, w, {}, {1, 1}, {1, 1}, {1, 1}, 4, st);
-    const auto xq = scalar_q(x.detach(), lq[TensorKind::a], st->seed_for(TensorKind::a, 0));
-    const auto wq = scalar_q(w.detach(), lq[TensorKind::w], st->seed_for(TensorKind::w, 0));
+    const auto xq = scalar_q(x.detach(), lq[TensorKind::a], st->streams.seed_for(TensorKind::a, 0));
+    const auto wq = scalar_q(w.detach(), lq[TensorKind::w], st->streams.seed_for(TensorKind::w, 0));
     EXPECT_TRUE(bit_equal(y.detach(), torch::conv2d(xq, wq, {}, 1, 1, 1, 4)));
     auto g = 1e-5 * torch::randn(y.sizes());
     auto grads = torch::autograd::grad({y}, {x, w}, {g});
-    const auto gq = scalar_q(g, lq[TensorKind::gx], st->seed_for(TensorKind::gx, 0));
+    const auto gq = scalar_q(g, lq[TensorKind::gx], st->streams.seed_for(TensorKind::gx, 0));
     auto [dx, dw, db] = at::convolution_backward(gq, xq, wq, std::nullopt, {1, 1}, {1, 1}, {1, 1},
                                                  false, {0, 0}, 4, {true, true, false});
     EXPECT_TRUE(bit_equal(grads[0], dx));
-    EXPECT_TRUE(bit_equal(grads[1], scalar_q(dw, lq[TensorKind::gw], st->seed_for(TensorKind::gw, 0))));
+    EXPECT_TRUE(bit_equal(grads[1], scalar_q(dw, lq[TensorKind::gw], st->streams.seed_for(TensorKind::gw, 0))));
   }
   {
     auto a = torch::randn({3, 4, 5}, torch::requires_grad());
     auto b = torch::randn({3, 5, 2}, torch::requires_grad());
     auto st = make_layer_state("attn", lq, nullptr);
     auto y = quant_matmul(a, b, st);
-    const auto aq = scalar_q(a.detach(), lq[TensorKind::a], st->seed_for(TensorKind::a, 0, 0));
-    const auto bq = scalar_q(b.detach(), lq[TensorKind::a], st->seed_for(TensorKind::a, 0, 1));
+    const auto aq = scalar_q(a.detach(), lq[TensorKind::a], st->streams.seed_for(TensorKind::a, 0, 0));
+    const auto bq = scalar_q(b.detach(), lq[TensorKind::a], st->streams.seed_for(TensorKind::a, 0, 1));
     EXPECT_TRUE(bit_equal(y.detach(), torch::matmul(aq, bq)));
     auto g = torch::randn(y.sizes());
     auto grads = torch::autograd::grad({y}, {a, b}, {g});
-    const auto gq = scalar_q(g, lq[TensorKind::gx], st->seed_for(TensorKind::gx, 0));
+    const auto gq = scalar_q(g, lq[TensorKind::gx], st->streams.seed_for(TensorKind::gx, 0));
     EXPECT_TRUE(bit_equal(grads[0], gq.matmul(bq.transpose(-2, -1))));
     EXPECT_TRUE(bit_equal(grads[1], aq.transpose(-2, -1).matmul(gq)));
   }
@@ -240,13 +240,13 @@ TEST(Ops, GradientsAreQuantizedInPlaceOnlyWhenNothingElseHoldsThem) {
     auto y = quant_linear(x, w, {}, st);
     auto grads = torch::autograd::grad({(y * r).sum()}, {x, w});
     EXPECT_EQ(ctx->in_place.load(), 2);  // grad_x and grad_w
-    const auto xq = scalar_q(x.detach(), lq[TensorKind::a], st->seed_for(TensorKind::a, 0));
-    const auto wq = scalar_q(w.detach(), lq[TensorKind::w], st->seed_for(TensorKind::w, 0));
-    const auto gq = scalar_q(r, lq[TensorKind::gx], st->seed_for(TensorKind::gx, 0));
+    const auto xq = scalar_q(x.detach(), lq[TensorKind::a], st->streams.seed_for(TensorKind::a, 0));
+    const auto wq = scalar_q(w.detach(), lq[TensorKind::w], st->streams.seed_for(TensorKind::w, 0));
+    const auto gq = scalar_q(r, lq[TensorKind::gx], st->streams.seed_for(TensorKind::gx, 0));
     EXPECT_FALSE(bit_equal(gq, r));
     EXPECT_TRUE(bit_equal(grads[0], gq.mm(wq)));
     EXPECT_TRUE(bit_equal(grads[1], scalar_q(xq.t().mm(gq).t().contiguous(), lq[TensorKind::gw],
-                                             st->seed_for(TensorKind::gw, 0))));
+                                             st->streams.seed_for(TensorKind::gw, 0))));
   }
   {
     // out = float_branch + quantized_branch, the quantized one built last so that its
@@ -260,8 +260,8 @@ TEST(Ops, GradientsAreQuantizedInPlaceOnlyWhenNothingElseHoldsThem) {
     auto grads = torch::autograd::grad({(out * r).sum()}, {x, w, w2});
     EXPECT_EQ(ctx->in_place.load(), 1);  // grad_w only
     EXPECT_TRUE(bit_equal(grads[2], r.t().mm(x2)));  // the float branch saw r, unquantized
-    const auto wq = scalar_q(w.detach(), lq[TensorKind::w], st->seed_for(TensorKind::w, 0));
-    const auto gq = scalar_q(r, lq[TensorKind::gx], st->seed_for(TensorKind::gx, 0));
+    const auto wq = scalar_q(w.detach(), lq[TensorKind::w], st->streams.seed_for(TensorKind::w, 0));
+    const auto gq = scalar_q(r, lq[TensorKind::gx], st->streams.seed_for(TensorKind::gx, 0));
     EXPECT_TRUE(bit_equal(grads[0], gq.mm(wq)));
   }
 }
@@ -328,7 +328,7 @@ TEST(Modules, ConvertsByPathAndAppliesTheRecipe) {
   EXPECT_TRUE(qm.layer("fc2")->quant[TensorKind::w]);
   auto y = net->forward(torch::randn({2, 1, 8, 8}));
   EXPECT_EQ(y.sizes(), (std::vector<std::int64_t>{2, 3}));
-  EXPECT_EQ(qm.layer("fc1")->counts()[static_cast<int>(TensorKind::a)].total, 2u * 16 * 16);
+  EXPECT_EQ(qm.layer("fc1")->stats.counts()[static_cast<int>(TensorKind::a)].total, 2u * 16 * 16);
   Recipe bad = parse_recipe("fp32");
   bad.overrides.push_back({"decoder.*", {}});
   TinyNet net2;
@@ -353,7 +353,7 @@ TEST(Modules, ConvertsSequentialInPlace) {
     EXPECT_TRUE(params_before[i].is_same(params_after[i]));
   auto y = seq->forward(x);  // now through the quantized layers
   EXPECT_FALSE(bit_equal(y, y_float));
-  EXPECT_EQ(qm.layers[1]->counts()[static_cast<int>(TensorKind::w)].total, 3u * 32);
+  EXPECT_EQ(qm.layers[1]->stats.counts()[static_cast<int>(TensorKind::w)].total, 3u * 32);
 }
 
 TEST(Modules, PlainMemberLayersAreRefusedByName) {

@@ -187,18 +187,18 @@ TEST(ScaledOps, DelayedScalingUsesTheHistoryAndKeepsIt) {
     const torch::Tensor want = ref_quantize(x_with_amax(amaxes[i]), 1, 4, row, s, call).mm(w.t());
     EXPECT_TRUE(bit_equal(outputs[static_cast<std::size_t>(i)], want)) << "step " << i;
   }
-  const auto h = st->histories();
+  const auto h = st->amax.get();
   ASSERT_EQ(h.size(), 1u);
   EXPECT_EQ(h[0].kind, TensorKind::a);
   EXPECT_EQ(h[0].amaxes, (std::vector<float>{2.0f, 1.5f}));
   // A second layer given the history scales as the first does; evaluation leaves it alone.
   auto other = make_layer_state("lin", parse_recipe("a=" + spec).base, ctx);
-  other->restore_histories(h);
+  other->amax.restore(h);
   ctx->recording = false;
   EXPECT_TRUE(bit_equal(quant_linear(x_with_amax(0.5f), w, {}, st), quant_linear(x_with_amax(0.5f), w, {}, other)));
-  EXPECT_EQ(st->histories(), h);
+  EXPECT_EQ(st->amax.get(), h);
   auto fixed = make_layer_state("lin", parse_recipe("a=e4m3fn@tensor:fp32:nearest").base, ctx);
-  EXPECT_THROW(fixed->restore_histories(h), Error);
+  EXPECT_THROW(fixed->amax.restore(h), Error);
 }
 
 TEST(ScaledOps, StatisticsHoldTheGroupFiguresAndTheScales) {
@@ -264,7 +264,7 @@ TEST(ScaledOps, HadamardGoesOnBothGradWOperandsOfALinearLayer) {
   const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
   const auto grads = torch::autograd::grad({(quant_linear(x, w, {}, st) * g).sum()}, {x, w});
   // x^T [in, N] and g^T [out, N], transformed along N with the call's signs, then quantized.
-  const auto signs = hadamard_signs(st->seed_for(TensorKind::gw, 0, 15));
+  const auto signs = hadamard_signs(st->streams.seed_for(TensorKind::gw, 0, 15));
   const auto transformed_q = [&](const torch::Tensor& t) {
     torch::Tensor m = t.t().contiguous();
     hadamard16_(m, signs);

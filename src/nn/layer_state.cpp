@@ -1,0 +1,189 @@
+// A quantized layer's quantization of its op's tensors (layer_state.hpp): the recipe's
+// quantizer for each kind, drawing on the layer's streams, histories and statistics.
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include "fp8lab/core/random.hpp"
+#include "fp8lab/nn/layer_state.hpp"
+
+namespace fp8lab::nn {
+
+namespace {
+// A layer's seed: the run seed mixed with its module path.
+std::uint64_t layer_seed_of(std::uint64_t run_seed, const std::string& name) {
+  std::uint64_t h = mix64(run_seed);
+  for (char c : name) h = mix64(h ^ static_cast<unsigned char>(c));
+  return h;
+}
+}  // namespace
+
+LayerState::LayerState(std::string name_, const LayerQuant& q, std::shared_ptr<QuantContext> ctx_, int index_)
+    : name(std::move(name_)),
+      index(index_),
+      quant(q),
+      ctx(ctx_ ? std::move(ctx_) : std::make_shared<QuantContext>()),
+      streams(*ctx, layer_seed_of(ctx->seed, name)),
+      amax(*ctx, quant, name),
+      stats(*ctx, quant, name),
+      products(*ctx) {}
+
+LayerStatePtr make_layer_state(std::string name, const LayerQuant& q, std::shared_ptr<QuantContext> ctx, int index) {
+  auto st = c10::make_intrusive<LayerState>(std::move(name), q, std::move(ctx), index);
+  (void)backward_grad_refs();  // measured here, outside any backward pass
+  return st;
+}
+
+ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v,
+                                         std::uint32_t call, std::uint32_t stream, const ScaledCall& sc,
+                                         ScaledOutputs out) {
+  ScaledCounts c;
+  torch::Tensor m = to_matrix(t, v);
+  if (out.hadamard) {
+    if (m.is_same(t) || m.data_ptr() == t.data_ptr()) m = m.clone();
+    hadamard16_(m, streams.hadamard_signs_for(call));
+  }
+  ScaledTensor q = scaled_quantize_matrix(m, *quant[k], streams.seed_for(k, call, stream), sc, out.values, out.codes,
+                                          out.count ? &c : nullptr);
+  if (out.count) stats.record(k, {t, c.elements, &c, &q}, call);
+  return q;
+}
+
+std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_scaled_operand(
+    TensorKind k, const torch::Tensor& t, std::uint32_t call, const ScaledOperand& o) {
+  const ScaledCall sc = amax.scaled_call(k, o.operand);
+  const ScaledTensor f = quantize_scaled(k, t, o.fwd, call, o.operand, sc);
+  auto saved = c10::make_intrusive<SavedScaled>();
+  saved->kind = k;
+  saved->view = o.bwd;
+  saved->shape = t.sizes().vec();
+  const bool codes = saves_codes(k);
+  // The backward product's operand: its own blocks, from the float32 tensor, its own stream.
+  saved->q = quantize_scaled(k, t, o.bwd, call, o.operand + 2, sc,
+                             {.values = !codes, .codes = codes, .count = false,
+                              .hadamard = o.grad_w && hadamard_applies()});
+  saved_bytes(k) += codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
+  amax.push(k, o.operand, f.amax);
+  return {from_matrix(f.values, t.sizes(), o.fwd), saved};
+}
+
+torch::Tensor LayerState::restore(const SavedScaled& saved) const {
+  const torch::Tensor m = saved.q.codes.defined() ? scaled_decode_matrix(saved.q, *quant[saved.kind]) : saved.q.values;
+  return from_matrix(m, saved.shape, saved.view);
+}
+
+std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_grad(torch::Tensor g, const MatrixView& for_dx,
+                                                                  const MatrixView& for_dw, std::uint32_t call,
+                                                                  std::int64_t refs, GradUse use) {
+  if (!scaled(TensorKind::gx)) {
+    if (use.for_products && bf16_codes(TensorKind::gx)) {  // no float32 copy: codes, then bfloat16
+      torch::Tensor q = encode_for_products(TensorKind::gx, g, call, 0, false).first;
+      return {q, q};
+    }
+    torch::Tensor q = quantize_owned(TensorKind::gx, std::move(g), call, refs);
+    return {q, q};
+  }
+  const ScaledCall sc = amax.scaled_call(TensorKind::gx, 0);
+  const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc);
+  const ScaledTensor dw = quantize_scaled(TensorKind::gx, g, for_dw, call, 1, sc,
+                                          {.count = false, .hadamard = use.hadamard && hadamard_applies()});
+  amax.push(TensorKind::gx, 0, dx.amax);
+  return {from_matrix(dx.values, g.sizes(), for_dx), from_matrix(dw.values, g.sizes(), for_dw)};
+}
+
+torch::Tensor LayerState::quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call) {
+  if (!scaled(k)) return quantize_owned(k, std::move(t), call);
+  const ScaledTensor q = quantize_scaled(k, t, v, call, 0, amax.scaled_call(k, 0));
+  amax.push(k, 0, q.amax);
+  return from_matrix(q.values, t.sizes(), v);
+}
+
+torch::Tensor LayerState::quantize(TensorKind k, const torch::Tensor& t, std::uint32_t call,
+                                   std::uint32_t operand) {
+  const KindQuant& q = quant[k];
+  if (q && q->scaled()) {  // blocks along the last dimension
+    const ScaledTensor s = quantize_scaled(k, t, {}, call, operand, amax.scaled_call(k, operand));
+    amax.push(k, operand, s.amax);
+    return from_matrix(s.values, t.sizes(), {});
+  }
+  QuantCounts c;
+  torch::Tensor out;
+  if (q) {
+    out = fake_quantize(t, q->element, streams.seed_for(k, call, operand), &c);
+  } else {
+    out = t;
+    c.total = static_cast<std::uint64_t>(t.numel());
+  }
+  stats.record(k, {t, c}, call);
+  return out;
+}
+
+torch::Tensor LayerState::quantize_owned(TensorKind k, torch::Tensor t, std::uint32_t call,
+                                        std::int64_t refs) {
+  const KindQuant& q = quant[k];
+  // In place only when the caller's handles are the only references to the tensor and
+  // its storage (no view, no other node's input or saved tensor), and not on a statistics
+  // step, whose histogram is of the values before quantization.
+  const bool exclusive = t.defined() && t.use_count() <= refs && t.has_storage() &&
+                         t.storage().use_count() == 1 &&
+                         (t.is_contiguous() || (t.is_non_overlapping_and_dense() && q &&
+                                                q->element.rounding != Rounding::stochastic)) &&
+                         t.device().is_cpu() && t.scalar_type() == torch::kFloat32;
+  if (!q || q->scaled() || !exclusive || stats.due(call)) return quantize(k, t, call);
+  QuantCounts c;
+  fake_quantize_(t, q->element, streams.seed_for(k, call), &c);
+  stats.record(k, {t, c}, call);
+  ++ctx->in_place;
+  return t;
+}
+
+bool LayerState::bf16_codes(TensorKind k) const {
+  const KindQuant& q = quant[k];
+  return ctx->compute != Compute::fp32 && q && !q->scaled() && q->element.format.codable() &&
+         q->element.format.width() <= 8 && exact_in_bf16(q->element.format) && bf16_products_available();
+}
+
+std::pair<torch::Tensor, torch::Tensor> LayerState::encode_for_products(TensorKind k, const torch::Tensor& t,
+                                                                        std::uint32_t call, std::uint32_t operand,
+                                                                        bool codes) {
+  QuantCounts c;
+  std::optional<BfQuantized> q =
+      quantize_bf16_tensor(t, quant[k]->element, streams.seed_for(k, call, operand), codes, &c);
+  if (!q) throw Error("layer '" + name + "': " + std::string(to_string(k)) + " values are not bfloat16 values");
+  stats.record(k, {t, c}, call);
+  return {q->values, q->codes};
+}
+
+std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_and_save(TensorKind k, const torch::Tensor& t,
+                                                                      std::uint32_t call, SaveAs how) {
+  const KindQuant& q = quant[k];
+  std::atomic<std::int64_t>& bytes = saved_bytes(k);
+  if (how.for_products && bf16_codes(k) && saves_codes(k)) {
+    auto [values, codes] = encode_for_products(k, t, call, how.operand, true);
+    bytes += codes.numel();
+    return {values, codes};
+  }
+  if (!q || q->scaled() || !saves_codes(k) || !q->element.format.codable()) {
+    torch::Tensor y = quantize(k, t, call, how.operand);
+    bytes += static_cast<std::int64_t>(y.numel()) * 4;
+    return {y, y};
+  }
+  QuantCounts c;
+  auto [y, codes] = quantize_and_encode_tensor(t, q->element, streams.seed_for(k, call, how.operand), &c);
+  stats.record(k, {t, c}, call);
+  bytes += static_cast<std::int64_t>(codes.numel() * codes.element_size());
+  return {y, codes};
+}
+
+torch::Tensor LayerState::restore(TensorKind k, const torch::Tensor& saved) const {
+  if (saved.scalar_type() == torch::kFloat32) return saved;
+  return decode_tensor(saved, quant[k]->element.format);
+}
+
+torch::Tensor LayerState::restore_for_product(TensorKind k, const torch::Tensor& saved) const {
+  if (saved.scalar_type() == torch::kUInt8 && bf16_codes(k))
+    if (std::optional<torch::Tensor> b = decode_tensor_bf16(saved, quant[k]->element.format)) return *b;
+  return restore(k, saved);
+}
+
+
+}  // namespace fp8lab::nn
