@@ -186,17 +186,17 @@ void in_cache(benchmark::State& state, Hot kind) {
   QuantSpec q;
   q.format = parse_format("1.4.3:10");
   kernels::encode(x.data(), c.data(), n, q);
-  kernels::SerialScope serial;
+  const kernels::Runner serial = kernels::Runner::serial();
   QuantCounts counts;
   auto kernel = [&] {
     switch (kind) {
-      case Hot::quantize: kernels::quantize(x.data(), y.data(), n, q); break;
-      case Hot::quantize_counts: kernels::quantize(x.data(), y.data(), n, q, 0, &counts); break;
+      case Hot::quantize: kernels::quantize(x.data(), y.data(), n, q, 0, nullptr, serial); break;
+      case Hot::quantize_counts: kernels::quantize(x.data(), y.data(), n, q, 0, &counts, serial); break;
       case Hot::quantize_encode:
-        kernels::quantize_and_encode(x.data(), y.data(), c.data(), n, q, 0, &counts);
+        kernels::quantize_and_encode(x.data(), y.data(), c.data(), n, q, 0, &counts, serial);
         break;
-      case Hot::encode: kernels::encode(x.data(), c.data(), n, q); break;
-      case Hot::decode: kernels::decode(c.data(), y.data(), n, q.format); break;
+      case Hot::encode: kernels::encode(x.data(), c.data(), n, q, 0, nullptr, serial); break;
+      case Hot::decode: kernels::decode(c.data(), y.data(), n, q.format, serial); break;
     }
     benchmark::ClobberMemory();
   };

@@ -47,29 +47,29 @@ namespace fp8lab::kernels {
 
 HWY_EXPORT(TopHalves);
 
-bool to_bf16_exact(const float* x, std::uint16_t* y, std::size_t n) {
+bool to_bf16_exact(const float* x, std::uint16_t* y, std::size_t n, const Runner& run) {
   std::atomic<bool> exact{true};
-  parallel_for(n, 4096, [&](std::size_t b, std::size_t e) {
+  run.parallel_for(n, 4096, [&](std::size_t b, std::size_t e) {
     if (HWY_DYNAMIC_DISPATCH(TopHalves)(x + b, y + b, e - b) != 0) exact.store(false, std::memory_order_relaxed);
   });
   return exact.load();
 }
 
 bool quantize_bf16(const float* x, std::uint16_t* y, std::uint8_t* codes, std::size_t n, const QuantSpec& q,
-                   std::uint64_t index_offset, QuantCounts* counts) {
+                   std::uint64_t index_offset, QuantCounts* counts, const Runner& run) {
   validate(q);
   constexpr std::size_t kChunk = 4096;  // 16 KiB of float32: stays in L1 between the two steps
   std::atomic<bool> exact{true};
   std::mutex m;
-  parallel_for(n, kChunk, [&](std::size_t b, std::size_t e) {
-    const SerialScope serial;  // the per-chunk calls below run on this thread
+  const Runner serial = Runner::serial();  // for the per-chunk calls below, on this part's thread
+  run.parallel_for(n, kChunk, [&](std::size_t b, std::size_t e) {
     alignas(64) float buffer[kChunk];
     QuantCounts local;
     QuantCounts* c = counts ? &local : nullptr;
     for (std::size_t i = b; i < e; i += kChunk) {
       const std::size_t len = std::min(kChunk, e - i);
-      if (codes) quantize_and_encode(x + i, buffer, codes + i, len, q, index_offset + i, c);
-      else quantize(x + i, buffer, len, q, index_offset + i, c);
+      if (codes) quantize_and_encode(x + i, buffer, codes + i, len, q, index_offset + i, c, serial);
+      else quantize(x + i, buffer, len, q, index_offset + i, c, serial);
       if (HWY_DYNAMIC_DISPATCH(TopHalves)(buffer, y + i, len) != 0) exact.store(false, std::memory_order_relaxed);
     }
     if (counts) {

@@ -1,10 +1,11 @@
-// Scaled quantization on the element kernels (docs/spec.md §6). A group's scale X turns into
-// a multiplication before and after the element kernel: v = x * 2^-e and y = q(v) * 2^e for
-// E8M0 scales (both exact where the reference shifts the element bias, and rounded once
-// where it decodes to a float32 subnormal), v = x / X and y = q(v) * X otherwise, exactly
-// the reference's float32 operations.
-#include "fp8lab/kernels/scaled.hpp"
-
+// Scaled quantization on the element kernels (docs/spec.md §6), compiled once per Highway
+// target (this file includes itself through hwy/foreach_target.h, with the element kernels'
+// and the amax kernels' per-target code, quantize-inl.h and amax-inl.h): a call dispatches
+// once, and every chunk runs the element kernel of that target directly. A group's scale X
+// turns into a multiplication before and after the element kernel: v = x * 2^-e and
+// y = q(v) * 2^e for E8M0 scales (both exact where the reference shifts the element bias,
+// and rounded once where it decodes to a float32 subnormal), v = x / X and y = q(v) * X
+// otherwise, exactly the reference's float32 operations.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -13,10 +14,51 @@
 #include <optional>
 #include <vector>
 
-#include "fp8lab/kernels/kernels.hpp"
-#include "fp8lab/kernels/threads.hpp"
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "src/kernels/scaled.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
 
-namespace fp8lab::kernels {
+#include "fp8lab/kernels/kernels.hpp"
+#include "fp8lab/kernels/scaled.hpp"
+#include "fp8lab/kernels/threads.hpp"
+#include "src/kernels/amax-inl.h"
+#include "src/kernels/quantize-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fp8lab::kernels::HWY_NAMESPACE {
+
+namespace {
+
+// One chunk through the element kernel on this thread: y = Q(x) and, where `codes` is given,
+// the codes (SIMD where p.fast, else the scalar codec), as kernels::quantize and
+// kernels::quantize_and_encode do.
+void QuantizeChunk(const detail::Params& p, const QuantSpec& q, const float* x, float* y, std::uint8_t* codes,
+                   std::size_t n, std::uint64_t index_offset, QuantCounts* counts) {
+  if (p.fast && codes) return QuantizeEncodeRange8(p, q, x, y, codes, n, index_offset, counts);
+  if (p.fast) return QuantizeRange(p, q, x, y, n, index_offset, counts);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (codes) codes[i] = static_cast<std::uint8_t>(fp8lab::encode(x[i], q, index_offset + i, counts));
+    y[i] = fp8lab::quantize(x[i], q, index_offset + i, codes ? nullptr : counts);
+  }
+}
+
+// One pass of block-scaled quantization on this thread (QuantizePow2Blocks, quantize-inl.h):
+// with v = x[i] * before[b] (power-of-two factors, E8M0) or, with `divide`, v = x[i] /
+// before[b], b = i / block: y[i] = quantize(v) * after[b] and codes[i] (when codes is not
+// null); counts as quantize() on the v, plus *flushed: the nonzero x whose v is zero;
+// hot[b] |= 1 where an element of block b overflows. False, doing nothing, where this path
+// does not apply (the element format without the SIMD path, a block not a multiple of the
+// SIMD width): the caller then takes separate passes.
+bool ScaledBlocks(const detail::Params& p, const float* x, float* y, std::uint8_t* codes, std::size_t n,
+                  std::size_t block, const float* before, const float* after, bool divide, const QuantSpec& q,
+                  std::uint64_t index_offset, QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed) {
+  if (!p.fast) return false;
+  return QuantizePow2Blocks(p, q, x, y, codes, n, block, before, after, divide, index_offset, counts, hot, flushed);
+}
+
+}  // namespace
+
 
 namespace {
 
@@ -168,6 +210,7 @@ class Worker {
         call_(call),
         count_(count),
         max_e_(static_cast<float>(s.element.format.max_finite())),
+        p_(detail::make_params(s.element)),
         fused_block_(fused_block) {}
 
   // Quantizes pieces (back to back in memory, in order; they may span rows) with their scalings.
@@ -180,8 +223,7 @@ class Worker {
     float* y = out_.values ? out_.values + b : q_.data();
     QuantCounts qc;
     QuantCounts* c = count_ ? &qc : nullptr;
-    if (out_.codes) quantize_and_encode(v_.data(), y, out_.codes + b, n, s_.element, call_.index_offset + b, c);
-    else quantize(v_.data(), y, n, s_.element, call_.index_offset + b, c);
+    QuantizeChunk(p_, s_.element, v_.data(), y, out_.codes ? out_.codes + b : nullptr, n, call_.index_offset + b, c);
     for (std::size_t k = 0; k < pieces.size(); ++k) scale_out(pieces[k], scalings[k], b, y);
     counts.elements += qc;
   }
@@ -204,7 +246,7 @@ class Worker {
     std::uint64_t overflows = 0;
     if (!tops) {
       tops_.resize(count);
-      block_magnitude_tops(x + begin, count, B, tops_.data());
+      BlockTops(x + begin, count, B, tops_.data(), false);
       tops = tops_.data();
     }
     for (std::size_t k = 0; k < count; ++k) {
@@ -222,7 +264,7 @@ class Worker {
     float* y = out_.values ? out_.values + begin : q_.data();
     QuantCounts qc;
     std::uint64_t flushed = 0;
-    if (!quantize_scaled_blocks(x + begin, y, out_.codes ? out_.codes + begin : nullptr, n, B, before_.data(),
+    if (!ScaledBlocks(p_, x + begin, y, out_.codes ? out_.codes + begin : nullptr, n, B, before_.data(),
                                 after_.data(), Fast::kDivide, s_.element, call_.index_offset + begin,
                                 count_ ? &qc : nullptr, hot_.data(), &flushed)) {
       fused_block_ = 0;
@@ -254,7 +296,7 @@ class Worker {
       float* y = out_.values ? out_.values + begin : q_.data();
       QuantCounts qc;
       std::uint64_t flushed = 0;
-      if (quantize_scaled_blocks(x + begin, y, out_.codes ? out_.codes + begin : nullptr, whole, whole,
+      if (ScaledBlocks(p_, x + begin, y, out_.codes ? out_.codes + begin : nullptr, whole, whole,
                                  before_.data(), after_.data(), !pow2, s_.element, call_.index_offset + begin,
                                  count_ ? &qc : nullptr, hot_.data(), &flushed)) {
         counts.elements += qc;
@@ -271,7 +313,7 @@ class Worker {
 
  private:
   // Whole blocks, none of them NaN (nor, for scales other than E8M0, all zero or of scale
-  // zero): scaling, quantization and unscaling in one pass (kernels::quantize_scaled_blocks).
+  // zero): scaling, quantization and unscaling in one pass (ScaledBlocks).
   // False where that path does not apply.
   bool run_fused(const float* x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
     if (fused_block_ == 0) return false;
@@ -292,7 +334,7 @@ class Worker {
     float* y = out_.values ? out_.values + b : q_.data();
     QuantCounts qc;
     std::uint64_t flushed = 0;
-    if (!quantize_scaled_blocks(x + b, y, out_.codes ? out_.codes + b : nullptr, n, fused_block_, before_.data(),
+    if (!ScaledBlocks(p_, x + b, y, out_.codes ? out_.codes + b : nullptr, n, fused_block_, before_.data(),
                                 after_.data(), !pow2, s_.element, call_.index_offset + b, count_ ? &qc : nullptr,
                                 hot_.data(), &flushed)) {
       fused_block_ = 0;  // not on this target or format: the separate passes from now on
@@ -381,6 +423,7 @@ class Worker {
   const ScaledCall& call_;
   bool count_;
   float max_e_;
+  detail::Params p_;  // the element kernel's parameters
   std::size_t fused_block_ = 0;
   std::vector<float> v_, q_, before_, after_;
   std::vector<std::uint32_t> codes_, tops_;
@@ -403,17 +446,17 @@ struct Shared {
 // amax_of on the SIMD maximum of the magnitude bits (the scalar loop only where some value
 // is NaN or Inf).
 Amax simd_amax(const float* x, std::size_t n) {
-  const std::uint32_t top = magnitude_top(x, n);
+  const std::uint32_t top = MagnitudeTop(x, n);
   if (top < 0x7F800000u) return Amax{std::bit_cast<float>(top), false};
   return amax_of(x, n);
 }
 
 // Largest finite |x| and non-finite flag of every group (pass 1, for groups that span
 // rows or a whole row).
-std::vector<Amax> group_amaxes(const float* x, const BlockLayout& l) {
+std::vector<Amax> group_amaxes(const Runner& run, const float* x, const BlockLayout& l) {
   std::vector<Amax> result(l.groups());
   std::mutex m;
-  parallel_for(l.rows * l.cols, l.cols, [&](std::size_t b, std::size_t e) {
+  run.parallel_for(l.rows * l.cols, l.cols, [&](std::size_t b, std::size_t e) {
     std::vector<Amax> part(l.groups());
     for (std::size_t r = b / l.cols; r < e / l.cols; ++r)
       for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {
@@ -432,11 +475,11 @@ std::vector<Amax> group_amaxes(const float* x, const BlockLayout& l) {
   return result;
 }
 
-// The tensor's largest finite magnitude, on the kernel threads.
-float largest_finite(const float* x, std::size_t n) {
+// The tensor's largest finite magnitude.
+float largest_finite(const Runner& run, const float* x, std::size_t n) {
   std::mutex m;
   float result = 0;
-  parallel_for(n, kChunk, [&](std::size_t b, std::size_t e) {
+  run.parallel_for(n, kChunk, [&](std::size_t b, std::size_t e) {
     const float part = simd_amax(x + b, e - b).value;
     std::lock_guard<std::mutex> lk(m);
     result = std::max(result, part);
@@ -445,11 +488,10 @@ float largest_finite(const float* x, std::size_t n) {
 }
 
 // The largest magnitude bits of every block of `block` values (n a multiple of it).
-std::vector<std::uint32_t> all_block_tops(const float* x, std::size_t n, std::size_t block) {
+std::vector<std::uint32_t> all_block_tops(const Runner& run, const float* x, std::size_t n, std::size_t block) {
   std::vector<std::uint32_t> tops(n / block);
-  parallel_for(n, block, [&](std::size_t b, std::size_t e) {
-    SerialScope serial;
-    block_magnitude_tops(x + b, (e - b) / block, block, tops.data() + b / block, true);
+  run.parallel_for(n, block, [&](std::size_t b, std::size_t e) {
+    BlockTops(x + b, (e - b) / block, block, tops.data() + b / block, true);
   });
   return tops;
 }
@@ -487,12 +529,13 @@ struct FastScales {
 
 // One call of scaled_quantize, in its steps (run): the amaxes a scale needs first, the
 // tensor scale, the scales of groups that span rows, one pass over the elements, the
-// counts. Every pass splits the work with parallel_for and gathers into `shared_`.
+// counts. Every pass splits the work with the runner and gathers into `shared_`.
 class ScaledPass {
  public:
   ScaledPass(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
-             const ScaledCall& call, bool count)
-      : x_(x), rows_(rows), cols_(cols), n_(rows * cols), s_(s), out_(out), call_(call), count_(count),
+             const ScaledCall& call, bool count, const Runner& run)
+      : run_(run),
+        x_(x), rows_(rows), cols_(cols), n_(rows * cols), s_(s), out_(out), call_(call), count_(count),
         l_(block_layout(s, rows, cols)), per_block_(s.granularity == Granularity::block),
         fused_block_(!per_block_                     ? 0
                      : cols <= l_.block_cols         ? cols
@@ -522,14 +565,14 @@ class ScaledPass {
   // blocks take a tensor scale or keep an amax history.
   void find_amaxes() {
     if (!per_block_) {
-      amaxes_ = group_amaxes(x_, l_);
+      amaxes_ = group_amaxes(run_, x_, l_);
       for (const Amax& a : amaxes_) current_ = std::max(current_, a.value);
     } else if (s_.tensor_scale || s_.history > 0) {
       if (fused_block_ != 0) {
-        tops_ = all_block_tops(x_, n_, fused_block_);
+        tops_ = all_block_tops(run_, x_, n_, fused_block_);
         current_ = largest_finite(x_, fused_block_, tops_);
       } else {
-        current_ = largest_finite(x_, n_);
+        current_ = largest_finite(run_, x_, n_);
       }
     }
   }
@@ -551,15 +594,14 @@ class ScaledPass {
     else if (fused_block_ != 0 && fast.steps.enabled()) whole_blocks(fast.steps);
     else if (fused_block_ != 0 && fast.f32.enabled()) whole_blocks(fast.f32);
     else if (s_.granularity == Granularity::tensor) uniform();
-    else parallel_for(n_, 1, [&](std::size_t b, std::size_t e) { chunks(b, e, fast); });
+    else run_.parallel_for(n_, 1, [&](std::size_t b, std::size_t e) { chunks(b, e, fast); });
   }
 
   // Rows of whole blocks with a fast scale path: chunks of whole blocks, group = flat / block.
   template <class Fast>
   void whole_blocks(const Fast& fast) {
     const std::size_t B = fused_block_, per_chunk = std::max<std::size_t>(1, kChunk / B);
-    parallel_for(n_, B, [&](std::size_t b, std::size_t e) {
-      SerialScope serial;
+    run_.parallel_for(n_, B, [&](std::size_t b, std::size_t e) {
       Worker w(s_, out_, call_, count_, fused_block_);
       float part_amax = 0;
       std::vector<Piece> pieces;
@@ -586,8 +628,7 @@ class ScaledPass {
 
   // One scale for everything: chunks of whole vectors in one pass each.
   void uniform() {
-    parallel_for(n_, kChunk, [&](std::size_t b, std::size_t e) {
-      SerialScope serial;
+    run_.parallel_for(n_, kChunk, [&](std::size_t b, std::size_t e) {
       Worker w(s_, out_, call_, count_);
       for (std::size_t c = b; c < e; c += kChunk) w.run_uniform(x_, c, std::min(kChunk, e - c), group_scalings_[0], 0);
       shared_.add(w, 0);
@@ -599,7 +640,6 @@ class ScaledPass {
   // back) so that the element kernel runs on about kChunk elements at a time, whatever the
   // row length.
   void chunks(std::size_t b, std::size_t e, const FastScales& fast) {
-    SerialScope serial;
     const std::size_t chunk = per_block_ ? std::max(l_.block_cols, kChunk / l_.block_cols * l_.block_cols) : kChunk;
     const std::size_t per_row = (cols_ + chunk - 1) / chunk;
     Worker w(s_, out_, call_, count_, fused_block_);
@@ -643,7 +683,7 @@ class ScaledPass {
       return cend;
     }
     const float* xb = x_ + r * cols_ + c;
-    const std::uint32_t top = magnitude_top(xb, cend - c);  // largest magnitude's bits
+    const std::uint32_t top = MagnitudeTop(xb, cend - c);  // largest magnitude's bits
     if (const auto d = fast.decide(top)) {                  // the common case, decided from the bits
       ++w.counts.groups;
       w.counts.scale_overflow += d->overflow;
@@ -660,6 +700,7 @@ class ScaledPass {
     return cend;
   }
 
+  const Runner& run_;
   const float* x_;
   std::size_t rows_, cols_, n_;
   const ScaledSpec& s_;
@@ -679,25 +720,42 @@ class ScaledPass {
 
 }  // namespace
 
+// scaled_quantize for this target (the checks are the caller's).
+float ScaledQuantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
+                     const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
+  return ScaledPass(x, rows, cols, s, out, call, counts != nullptr, run).run(counts);
+}
+
+}  // namespace fp8lab::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fp8lab::kernels {
+
+HWY_EXPORT(ScaledQuantize);
+
+namespace {
+bool power_of_two(const ScaledSpec& s) { return s.scale == ScaleFormat::e8m0 && !s.tensor_scale; }
+}  // namespace
+
 float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
-                      const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts) {
+                      const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
   validate(s);
   if (!s.scaled())
     throw Error("scaled_quantize: '" + to_string(s) + "' has no scale (a fixed-bias format); quantize it with "
                 "kernels::quantize");
   if (rows * cols == 0) return scaled_quantize_reference(x, rows, cols, s, out, call, counts);
-  return ScaledPass(x, rows, cols, s, out, call, counts != nullptr).run(counts);
+  return HWY_DYNAMIC_DISPATCH(ScaledQuantize)(x, rows, cols, s, out, call, counts, run);
 }
 
 void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
-                   std::size_t rows, std::size_t cols, const ScaledSpec& s, float* y) {
+                   std::size_t rows, std::size_t cols, const ScaledSpec& s, float* y, const Runner& run) {
   validate(s);
   const Format& e = s.element.format;
   if (rows * cols == 0) return;
   if (!s.scaled()) {
-    parallel_for(rows * cols, 1, [&](std::size_t b, std::size_t end) {
-      SerialScope serial;
-      decode(codes + b, y + b, end - b, e);
+    run.parallel_for(rows * cols, 1, [&](std::size_t b, std::size_t end) {
+      decode(codes + b, y + b, end - b, e, Runner::serial());
     });
     return;
   }
@@ -709,11 +767,11 @@ void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, 
     factor[g] = gs.nan ? std::numeric_limits<float>::quiet_NaN()
                        : power_of_two(s) ? std::ldexp(1.0f, gs.exponent) : gs.value;
   }
-  parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t end) {
-    SerialScope serial;
+  const Runner serial = Runner::serial();  // a part's rows, on its thread
+  run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t end) {
     for (std::size_t r = b / cols; r < end / cols; ++r) {
       float* yr = y + r * cols;
-      decode(codes + r * cols, yr, cols, e);
+      decode(codes + r * cols, yr, cols, e, serial);
       const float* f = factor.data() + (r / l.block_rows) * l.grid_cols();
       for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {
         const std::size_t c0 = gc * l.block_cols, c1 = std::min(cols, c0 + l.block_cols);
@@ -727,3 +785,4 @@ void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, 
 }
 
 }  // namespace fp8lab::kernels
+#endif  // HWY_ONCE

@@ -133,39 +133,40 @@ class Pool {
 
 }  // namespace
 
-thread_local bool tls_serial = false;
-thread_local const ExternalThreads* tls_external = nullptr;
-
-SerialScope::SerialScope() : previous_(tls_serial) { tls_serial = true; }
-SerialScope::~SerialScope() { tls_serial = previous_; }
-
-ExternalThreads::ExternalThreads(int parts, Runner run)
-    : parts_(std::max(1, parts)), run_(std::move(run)), previous_(tls_external) {
-  tls_external = this;
-}
-ExternalThreads::~ExternalThreads() { tls_external = previous_; }
-
-
 void set_num_threads(int n) { Pool::get().set_threads(n); }
 int num_threads() { return Pool::get().threads(); }
 
-void parallel_for(std::size_t n, std::size_t align,
-                  const std::function<void(std::size_t, std::size_t)>& fn) {
+Runner Runner::serial() {
+  Runner r;
+  r.kind_ = Kind::serial;
+  return r;
+}
+
+Runner Runner::external(int parts, Parts run) {
+  Runner r;
+  r.kind_ = Kind::external;
+  r.parts_ = std::max(1, parts);
+  r.run_ = std::move(run);
+  return r;
+}
+
+void Runner::parallel_for(std::size_t n, std::size_t align, const Range& fn) const {
   if (n == 0) return;
-  const ExternalThreads* ext = tls_external;
-  if (n < kParallelThreshold || tls_serial || (ext ? ext->parts_ : num_threads()) == 1) {
+  const int threads = kind_ == Kind::pool ? num_threads() : kind_ == Kind::external ? parts_ : 1;
+  if (n < kParallelThreshold || threads == 1) {
     fn(0, n);
     return;
   }
-  if (ext) {
-    const auto ranges = split(n, align, ext->parts_);
-    ext->run_(ranges.size(), [&](std::size_t i) {
-      SerialScope serial;
-      if (ranges[i].first < ranges[i].second) fn(ranges[i].first, ranges[i].second);
-    });
+  if (kind_ == Kind::pool) {
+    Pool::get().run(n, align, fn);
     return;
   }
-  Pool::get().run(n, align, fn);
+  const auto ranges = split(n, align, threads);
+  run_(ranges.size(), [&](std::size_t i) {
+    if (ranges[i].first < ranges[i].second) fn(ranges[i].first, ranges[i].second);
+  });
 }
+
+void parallel_for(std::size_t n, std::size_t align, const Runner::Range& fn) { Runner().parallel_for(n, align, fn); }
 
 }  // namespace fp8lab::kernels

@@ -43,15 +43,16 @@ torch::Tensor elementwise_input(const torch::Tensor& t, const QuantSpec& q, cons
   check_float_cpu(t, what);
   return in_memory_order(t, q) ? t : t.contiguous();
 }
-// Runs body(begin, end, counts*) over [0, n) on libtorch's threads, kernels serial inside.
+// Runs body(begin, end, counts*, serial) over [0, n) on libtorch's threads, with the runner
+// the kernels called inside take (each part on its own thread).
 template <class Body>
 void torch_parallel(std::int64_t n, QuantCounts* counts, const Body& body) {
   constexpr std::int64_t kGrain = 1 << 15;
   std::mutex m;
+  const kernels::Runner serial = kernels::Runner::serial();
   at::parallel_for(0, n, kGrain, [&](std::int64_t b, std::int64_t e) {
-    kernels::SerialScope serial;
     QuantCounts local;
-    body(static_cast<std::size_t>(b), static_cast<std::size_t>(e), counts ? &local : nullptr);
+    body(static_cast<std::size_t>(b), static_cast<std::size_t>(e), counts ? &local : nullptr, serial);
     if (counts) {
       std::lock_guard<std::mutex> lk(m);
       *counts += local;
@@ -64,8 +65,8 @@ void quantize_into(const float* in, float* out, std::int64_t n, const QuantSpec&
                    std::uint64_t seed, QuantCounts* counts) {
   QuantSpec q = q_in;
   q.seed = seed;
-  torch_parallel(n, counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
-    kernels::quantize(in + b, out + b, e - b, q, b, c);
+  torch_parallel(n, counts, [&](std::size_t b, std::size_t e, QuantCounts* c, const kernels::Runner& serial) {
+    kernels::quantize(in + b, out + b, e - b, q, b, c, serial);
   });
 }
 
@@ -98,15 +99,15 @@ torch::Tensor encode_tensor(const torch::Tensor& t, const QuantSpec& q_in, std::
   if (q.format.width() <= 8) {
     torch::Tensor c = torch::empty_like(x, torch::kUInt8);
     std::uint8_t* out = c.data_ptr<std::uint8_t>();
-    torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* cc) {
-      kernels::encode(in + b, out + b, e - b, q, b, cc);
+    torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* cc, const kernels::Runner& serial) {
+      kernels::encode(in + b, out + b, e - b, q, b, cc, serial);
     });
     return c;
   }
   torch::Tensor c = torch::empty_like(x, torch::kInt16);
   auto* out = reinterpret_cast<std::uint16_t*>(c.data_ptr<std::int16_t>());
-  torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* cc) {
-    kernels::encode(in + b, out + b, e - b, q, b, cc);
+  torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* cc, const kernels::Runner& serial) {
+    kernels::encode(in + b, out + b, e - b, q, b, cc, serial);
   });
   return c;
 }
@@ -118,13 +119,13 @@ torch::Tensor decode_tensor(const torch::Tensor& codes_in, const Format& f) {
   float* out = y.data_ptr<float>();
   if (codes.scalar_type() == torch::kUInt8) {
     const std::uint8_t* in = codes.data_ptr<std::uint8_t>();
-    torch_parallel(codes.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*) {
-      kernels::decode(in + b, out + b, e - b, f);
+    torch_parallel(codes.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*, const kernels::Runner& serial) {
+      kernels::decode(in + b, out + b, e - b, f, serial);
     });
   } else if (codes.scalar_type() == torch::kInt16) {
     const auto* in = reinterpret_cast<const std::uint16_t*>(codes.data_ptr<std::int16_t>());
-    torch_parallel(codes.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*) {
-      kernels::decode(in + b, out + b, e - b, f);
+    torch_parallel(codes.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*, const kernels::Runner& serial) {
+      kernels::decode(in + b, out + b, e - b, f, serial);
     });
   } else
     throw Error("decode_tensor: codes must be uint8 or int16, got " +
@@ -146,8 +147,8 @@ std::optional<BfQuantized> quantize_bf16_tensor(const torch::Tensor& t, const Qu
   auto* out = reinterpret_cast<std::uint16_t*>(r.values.data_ptr());
   std::uint8_t* codes = with_codes ? r.codes.data_ptr<std::uint8_t>() : nullptr;
   std::atomic<bool> exact{true};
-  torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
-    if (!kernels::quantize_bf16(in + b, out + b, codes ? codes + b : nullptr, e - b, q, b, c)) exact.store(false);
+  torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* c, const kernels::Runner& serial) {
+    if (!kernels::quantize_bf16(in + b, out + b, codes ? codes + b : nullptr, e - b, q, b, c, serial)) exact.store(false);
   });
   if (!exact.load()) return std::nullopt;
   return r;
@@ -161,8 +162,8 @@ std::optional<torch::Tensor> decode_tensor_bf16(const torch::Tensor& codes_in, c
   const std::uint8_t* in = codes.data_ptr<std::uint8_t>();
   auto* out = reinterpret_cast<std::uint16_t*>(y.data_ptr());
   std::atomic<bool> exact{true};
-  torch_parallel(codes.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*) {
-    if (!kernels::decode_bf16(in + b, out + b, e - b, f)) exact.store(false);  // the same answer in every range
+  torch_parallel(codes.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*, const kernels::Runner& serial) {
+    if (!kernels::decode_bf16(in + b, out + b, e - b, f, serial)) exact.store(false);  // the same answer in every range
   });
   if (!exact.load()) return std::nullopt;
   return y;
@@ -175,8 +176,8 @@ std::optional<torch::Tensor> exact_bf16(const torch::Tensor& t) {
   const float* in = src.data_ptr<float>();
   auto* bits = reinterpret_cast<std::uint16_t*>(out.data_ptr());
   std::atomic<bool> exact{true};
-  torch_parallel(src.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*) {
-    if (!kernels::to_bf16_exact(in + b, bits + b, e - b)) exact.store(false, std::memory_order_relaxed);
+  torch_parallel(src.numel(), nullptr, [&](std::size_t b, std::size_t e, QuantCounts*, const kernels::Runner& serial) {
+    if (!kernels::to_bf16_exact(in + b, bits + b, e - b, serial)) exact.store(false, std::memory_order_relaxed);
   });
   if (!exact.load()) return std::nullopt;
   return out;
@@ -202,8 +203,8 @@ std::pair<torch::Tensor, torch::Tensor> quantize_and_encode_tensor(const torch::
   const float* in = x.data_ptr<float>();
   float* out = y.data_ptr<float>();
   std::uint8_t* codes = c.data_ptr<std::uint8_t>();
-  torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* cc) {
-    kernels::quantize_and_encode(in + b, out + b, codes + b, e - b, q, b, cc);
+  torch_parallel(x.numel(), counts, [&](std::size_t b, std::size_t e, QuantCounts* cc, const kernels::Runner& serial) {
+    kernels::quantize_and_encode(in + b, out + b, codes + b, e - b, q, b, cc, serial);
   });
   return {y, c};
 }
@@ -211,8 +212,8 @@ std::pair<torch::Tensor, torch::Tensor> quantize_and_encode_tensor(const torch::
 namespace {
 // The kernels' parallel work on libtorch's threads (whose OpenMP workers would otherwise
 // spin on the cores the kernels' own pool needs).
-kernels::ExternalThreads on_torch_threads() {
-  return kernels::ExternalThreads(at::get_num_threads(), [](std::size_t parts, const std::function<void(std::size_t)>& part) {
+kernels::Runner on_torch_threads() {
+  return kernels::Runner::external(at::get_num_threads(), [](std::size_t parts, const std::function<void(std::size_t)>& part) {
     at::parallel_for(0, static_cast<std::int64_t>(parts), 1, [&](std::int64_t b, std::int64_t e) {
       for (std::int64_t i = b; i < e; ++i) part(static_cast<std::size_t>(i));
     });
@@ -257,18 +258,16 @@ ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec&
   q.scales = torch::empty({static_cast<std::int64_t>(block_layout(s, rows, cols).groups())}, torch::kInt32);
   ScaledOut out{values ? q.values.data_ptr<float>() : nullptr, codes ? q.codes.data_ptr<std::uint8_t>() : nullptr,
                 reinterpret_cast<std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), &q.tensor_scale};
-  const kernels::ExternalThreads threads = on_torch_threads();
-  q.amax = kernels::scaled_quantize(m.data_ptr<float>(), rows, cols, s, out, call, counts);
+  q.amax = kernels::scaled_quantize(m.data_ptr<float>(), rows, cols, s, out, call, counts, on_torch_threads());
   return q;
 }
 
 torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s) {
   torch::Tensor y = torch::empty(q.codes.sizes(), torch::kFloat32);
-  const kernels::ExternalThreads threads = on_torch_threads();
   kernels::scaled_decode(q.codes.data_ptr<std::uint8_t>(),
                          reinterpret_cast<const std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), q.tensor_scale,
                          static_cast<std::size_t>(q.codes.size(0)), static_cast<std::size_t>(q.codes.size(1)), s,
-                         y.data_ptr<float>());
+                         y.data_ptr<float>(), on_torch_threads());
   return y;
 }
 

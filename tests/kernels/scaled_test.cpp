@@ -46,6 +46,12 @@ struct Out {
   ScaledCounts counts;
 };
 
+// kernels::scaled_quantize on the kernels' pool.
+float kernel_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
+                      const ScaledCall& call, ScaledCounts* counts) {
+  return kernels::scaled_quantize(x, rows, cols, s, out, call, counts);
+}
+
 template <class Fn>
 Out run(Fn fn, const ScaledSpec& s, const std::vector<float>& x, std::size_t rows, std::size_t cols,
         const ScaledCall& call) {
@@ -99,7 +105,7 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
         if (s.history > 0) call.delayed_amax = 3.5f;
         const std::string what = to_string(s) + " " + std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
         const Out want = run(scaled_quantize_reference, s, x, sh.rows, sh.cols, call);
-        const Out got = run(kernels::scaled_quantize, s, x, sh.rows, sh.cols, call);
+        const Out got = run(kernel_quantize, s, x, sh.rows, sh.cols, call);
         expect_same(got, want, what);
       }
 }
@@ -131,7 +137,7 @@ TEST_P(ScaledKernels, FastScalePathsMatchTheReference) {
         if (s.history > 0) call.delayed_amax = 3.5f;
         const std::string what = to_string(s) + " cols " + std::to_string(cols);
         const Out want = run(scaled_quantize_reference, s, x, rows, cols, call);
-        const Out got = run(kernels::scaled_quantize, s, x, rows, cols, call);
+        const Out got = run(kernel_quantize, s, x, rows, cols, call);
         expect_same(got, want, what);
         std::vector<float> y(x.size());
         std::vector<std::uint8_t> codes(x.size());
@@ -149,18 +155,18 @@ TEST_P(ScaledKernels, AnyThreadCountGivesTheSameBits) {
   for (const char* name : {"mxfp4", "mxfp8_e4m3:nearest", "nvfp4", "deepseek_128x128", "e4m3_tensor", "e5m2@line:ue4m3:ceil"}) {
     const ScaledSpec s = parse_scaled(name);
     kernels::set_num_threads(1);
-    const Out one = run(kernels::scaled_quantize, s, x, rows, cols, {});
+    const Out one = run(kernel_quantize, s, x, rows, cols, {});
     const Out want = run(scaled_quantize_reference, s, x, rows, cols, {});
     expect_same(one, want, name);
     for (int t : {2, 3}) {
       kernels::set_num_threads(t);
-      expect_same(run(kernels::scaled_quantize, s, x, rows, cols, {}), one, std::string(name) + " threads " + std::to_string(t));
+      expect_same(run(kernel_quantize, s, x, rows, cols, {}), one, std::string(name) + " threads " + std::to_string(t));
     }
   }
 }
 
-// On a caller's threads (ExternalThreads): every part run once, by the caller's runner, and
-// the same bits as on the kernels' pool.
+// On a caller's threads (Runner::external): every part run once, by the caller's function,
+// and the same bits as on the kernels' pool.
 TEST_P(ScaledKernels, ExternalThreadsGiveTheSameBits) {
   constexpr std::size_t rows = 300, cols = 512;
   const std::vector<float> x = inputs(rows * cols, 12);
@@ -170,18 +176,20 @@ TEST_P(ScaledKernels, ExternalThreadsGiveTheSameBits) {
     for (int parts : {2, 3}) {
       std::vector<int> ran(static_cast<std::size_t>(parts), 0);
       int runs = 0;
-      Out got;
-      {
-        const kernels::ExternalThreads ext(parts, [&](std::size_t n, const std::function<void(std::size_t)>& part) {
-          ++runs;
-          ASSERT_EQ(n, static_cast<std::size_t>(parts));
-          for (std::size_t i = n; i-- > 0;) {  // in reverse: order must not matter
-            ++ran[i];
-            part(i);
-          }
-        });
-        got = run(kernels::scaled_quantize, s, x, rows, cols, {});
-      }
+      const kernels::Runner ext =
+          kernels::Runner::external(parts, [&](std::size_t n, const std::function<void(std::size_t)>& part) {
+            ++runs;
+            ASSERT_EQ(n, static_cast<std::size_t>(parts));
+            for (std::size_t i = n; i-- > 0;) {  // in reverse: order must not matter
+              ++ran[i];
+              part(i);
+            }
+          });
+      const auto on_ext = [&](const float* xs, std::size_t r, std::size_t c, const ScaledSpec& sp, const ScaledOut& o,
+                              const ScaledCall& call, ScaledCounts* counts) {
+        return kernels::scaled_quantize(xs, r, c, sp, o, call, counts, ext);
+      };
+      const Out got = run(on_ext, s, x, rows, cols, {});
       expect_same(got, want, std::string(name) + " parts " + std::to_string(parts));
       EXPECT_GT(runs, 0) << name;
       for (int r : ran) EXPECT_EQ(r, runs) << name;

@@ -1,6 +1,6 @@
 // Scaled and block-scaled quantization of float32 arrays (docs/spec.md §6) on the SIMD
 // kernels: each group's amax, its scale, then the element kernel on the scaled values, in
-// cache-sized chunks of the rows, on the kernels' threads. Bit-exact with
+// cache-sized chunks of the rows, on the runner's threads (threads.hpp). Bit-exact with
 // fp8lab::scaled_quantize_reference (values, codes, scales and counts) for every SIMD target
 // and thread count.
 #pragma once
@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "fp8lab/core/scaled.hpp"
+#include "fp8lab/kernels/threads.hpp"
 
 namespace fp8lab::kernels {
 
@@ -16,12 +17,13 @@ namespace fp8lab::kernels {
 // Returns the tensor's largest finite |x|. `s` must have a scale (s.scaled()): a fixed-bias
 // format is kernels::quantize's, and is refused here with an Error.
 float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
-                      const ScaledOut& out, const ScaledCall& call = {}, ScaledCounts* counts = nullptr);
+                      const ScaledOut& out, const ScaledCall& call = {}, ScaledCounts* counts = nullptr,
+                      const Runner& run = {});
 
 // As scaled_decode_reference: the values of element codes [rows, cols] and their scales
 // (layout.groups() codes, row-major grid), bit-exact with it; the element kernel decodes a
 // row's codes, then each group's values are multiplied by its scale.
 void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
-                   std::size_t rows, std::size_t cols, const ScaledSpec& s, float* y);
+                   std::size_t rows, std::size_t cols, const ScaledSpec& s, float* y, const Runner& run = {});
 
 }  // namespace fp8lab::kernels

@@ -1,17 +1,21 @@
-// Largest magnitudes as float32 bits with the sign cleared, compiled once per Highway target:
+// Largest magnitudes as float32 bits with the sign cleared (per-target code, Highway's -inl.h
+// layout, included by scaled.cpp once per target):
 // for non-negative floats the bits order as the values do, with Inf above every finite value
 // and NaN above Inf, so one unsigned maximum finds the amax and flags a non-finite value.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 
-#undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "src/kernels/amax.cpp"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// Per-target include guard, as Highway's own -inl.h files have it.
+#if defined(FP8LAB_KERNELS_AMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef FP8LAB_KERNELS_AMAX_INL_H_
+#undef FP8LAB_KERNELS_AMAX_INL_H_
+#else
+#define FP8LAB_KERNELS_AMAX_INL_H_
+#endif
+
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
-
-#include "fp8lab/kernels/kernels.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace fp8lab::kernels::HWY_NAMESPACE {
@@ -29,7 +33,8 @@ HWY_INLINE std::uint32_t ScalarTop(const float* x, std::size_t n) {
   return top;
 }
 
-std::uint32_t MagnitudeTop(const float* x, std::size_t n) {
+// The largest of x[0, n).
+inline std::uint32_t MagnitudeTop(const float* x, std::size_t n) {
   const D32 d;
   const std::size_t N = hn::Lanes(d);
   const auto mask = hn::Set(d, 0x7FFFFFFFu);
@@ -45,7 +50,10 @@ std::uint32_t MagnitudeTop(const float* x, std::size_t n) {
   return std::max(top, ScalarTop(x + i, n - i));
 }
 
-void BlockTops(const float* x, std::size_t count, std::size_t block, std::uint32_t* tops, bool read_ahead) {
+// Of each of `count` blocks of `block` values x[k block, (k + 1) block) into tops[k].
+// read_ahead: prefetch in software too (a pass that only reads; a caller that prefetches
+// already, or reads from cache, goes faster without).
+inline void BlockTops(const float* x, std::size_t count, std::size_t block, std::uint32_t* tops, bool read_ahead) {
   const D32 d;
   const std::size_t N = hn::Lanes(d);
   const auto* bits = reinterpret_cast<const std::uint32_t*>(x);
@@ -68,18 +76,4 @@ void BlockTops(const float* x, std::size_t count, std::size_t block, std::uint32
 }  // namespace fp8lab::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
-#if HWY_ONCE
-namespace fp8lab::kernels {
-
-HWY_EXPORT(MagnitudeTop);
-HWY_EXPORT(BlockTops);
-
-std::uint32_t magnitude_top(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(MagnitudeTop)(x, n); }
-
-void block_magnitude_tops(const float* x, std::size_t count, std::size_t block, std::uint32_t* tops,
-                          bool read_ahead) {
-  HWY_DYNAMIC_DISPATCH(BlockTops)(x, count, block, tops, read_ahead);
-}
-
-}  // namespace fp8lab::kernels
-#endif
+#endif  // per-target include guard
