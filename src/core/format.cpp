@@ -4,6 +4,7 @@
 #include "fp8lab/core/text.hpp"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <string>
@@ -236,69 +237,51 @@ std::string to_string(const Format& f) {
   return s;
 }
 
-Format parse_format(std::string_view text_in) {
-  const std::string_view text = trim(text_in);
-  const std::string where = "format '" + std::string(text_in) + "': ";
-  if (text.empty()) throw Error("empty format: expected 1.E.M or 0.E.M (unsigned), then [:bias][:policy][:nosub][:nozero], or a preset");
-  if (!std::isdigit(static_cast<unsigned char>(text.front()))) {
-    const std::string l = lower(text);
-    for (const auto& p : presets())
-      if (p.name == l) return p.format;
-    std::string names;
-    for (const auto& p : presets()) names += (names.empty() ? "" : ", ") + std::string(p.name);
-    throw Error(where + "unknown preset; expected 1.E.M or 0.E.M[:bias][:policy][:nosub][:nozero] or one of " +
-                names);
-  }
-  // Split on ':'.
-  std::vector<std::string_view> parts;
-  std::size_t start = 0;
-  for (;;) {
-    const std::size_t c = text.find(':', start);
-    parts.push_back(text.substr(start, c == std::string_view::npos ? text.size() - start : c - start));
-    if (c == std::string_view::npos) break;
-    start = c + 1;
-  }
-  // "1.E.M"
-  const std::string_view head = parts[0];
-  int fields[3];
-  std::size_t pos = 0;
-  for (int i = 0; i < 3; ++i) {
-    const std::size_t dot = head.find('.', pos);
-    const std::string_view piece =
-        head.substr(pos, (i < 2 ? dot : head.size()) - pos);
-    if ((i < 2 && dot == std::string_view::npos) || !parse_int(piece, fields[i]) ||
-        (i == 2 && head.find('.', pos) != std::string_view::npos))
+namespace {
+
+// A preset's format by name (any case), or an Error listing the presets.
+Format preset_format(std::string_view text, const std::string& where) {
+  const std::string l = lower(text);
+  for (const auto& p : presets())
+    if (p.name == l) return p.format;
+  std::string names;
+  for (const auto& p : presets()) names += (names.empty() ? "" : ", ") + std::string(p.name);
+  throw Error(where + "unknown preset; expected 1.E.M or 0.E.M[:bias][:policy][:nosub][:nozero] or one of " + names);
+}
+
+// "S.E.M": the sign, exponent and mantissa fields.
+std::array<int, 3> sign_exponent_mantissa(std::string_view head, const std::string& where) {
+  const std::vector<std::string_view> pieces = split(head, '.');
+  std::array<int, 3> fields{};
+  if (pieces.size() != 3)
+    throw Error(where + "expected S.E.M (sign bit 1 or 0, exponent and mantissa bits), e.g. 1.4.3");
+  for (std::size_t i = 0; i < 3; ++i)
+    if (!parse_int(pieces[i], fields[i]))
       throw Error(where + "expected S.E.M (sign bit 1 or 0, exponent and mantissa bits), e.g. 1.4.3");
-    pos = dot + 1;
-  }
-  if (fields[0] != 0 && fields[0] != 1)
-    throw Error(where + "the sign field is 1 bit (1.E.M) or none (0.E.M, unsigned)");
-  const int E = fields[1], M = fields[2];
-  int bias = natural_bias(E);
+  if (fields[0] != 0 && fields[0] != 1) throw Error(where + "the sign field is 1 bit (1.E.M) or none (0.E.M, unsigned)");
+  return fields;
+}
+
+// The fields after the first ':' (bias, policy, nosub, nozero), each at most once.
+struct FormatFields {
+  int bias;
   Policy policy = Policy::fnuz;
   bool subnormals = true, zero = true;
   bool seen_bias = false, seen_policy = false, seen_sub = false, seen_zero = false;
-  for (std::size_t i = 1; i < parts.size(); ++i) {
-    const std::string_view tok = trim(parts[i]);
+
+  void take(std::string_view tok, const std::string& where) {
     const std::string l = lower(tok);
     int v = 0;
-    if (tok.empty()) {
-      if (i == 1) continue;  // "1.4.3::fn" leaves the bias natural
-      throw Error(where + "empty field after ':'");
-    }
-    if (parse_int(tok, v) || (!tok.empty() && (tok.front() == '-' || std::isdigit(static_cast<unsigned char>(tok.front()))))) {
+    if (tok.front() == '-' || tok.front() == '+' || std::isdigit(static_cast<unsigned char>(tok.front()))) {
       if (!parse_int(tok, v)) throw Error(where + "bias '" + std::string(tok) + "' is not an integer");
-      if (seen_bias) throw Error(where + "bias given twice");
+      once(seen_bias, where, "bias");
       bias = v;
-      seen_bias = true;
     } else if (l == "nosub" || l == "sub") {
-      if (seen_sub) throw Error(where + "subnormal flag given twice");
-      subnormals = (l == "sub");
-      seen_sub = true;
+      once(seen_sub, where, "subnormal flag");
+      subnormals = l == "sub";
     } else if (l == "nozero" || l == "zero") {
-      if (seen_zero) throw Error(where + "zero flag given twice");
-      zero = (l == "zero");
-      seen_zero = true;
+      once(seen_zero, where, "zero flag");
+      zero = l == "zero";
     } else {
       Policy named;
       try {
@@ -307,13 +290,34 @@ Format parse_format(std::string_view text_in) {
         throw Error(where + "unknown field '" + std::string(tok) +
                     "': expected a bias (integer), a policy (fnuz, fn, ieee, finite), nosub or nozero");
       }
-      if (seen_policy) throw Error(where + "policy given twice");
+      once(seen_policy, where, "policy");
       policy = named;
-      seen_policy = true;
     }
   }
+  static void once(bool& seen, const std::string& where, const char* what) {
+    if (seen) throw Error(where + what + " given twice");
+    seen = true;
+  }
+};
+
+}  // namespace
+
+Format parse_format(std::string_view text_in) {
+  const std::string_view text = trim(text_in);
+  const std::string where = "format '" + std::string(text_in) + "': ";
+  if (text.empty()) throw Error("empty format: expected 1.E.M or 0.E.M (unsigned), then [:bias][:policy][:nosub][:nozero], or a preset");
+  if (!std::isdigit(static_cast<unsigned char>(text.front()))) return preset_format(text, where);
+  const std::vector<std::string_view> parts = split(text, ':');
+  const std::array<int, 3> sem = sign_exponent_mantissa(parts[0], where);
+  FormatFields f{natural_bias(sem[1])};
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    const std::string_view tok = trim(parts[i]);
+    if (tok.empty() && i == 1) continue;  // "1.4.3::fn" leaves the bias natural
+    if (tok.empty()) throw Error(where + "empty field after ':'");
+    f.take(tok, where);
+  }
   try {
-    return make_format(E, M, bias, policy, subnormals, fields[0] == 1, zero);
+    return make_format(sem[1], sem[2], f.bias, f.policy, f.subnormals, sem[0] == 1, f.zero);
   } catch (const Error& e) {
     throw Error(where + e.what());
   }
