@@ -25,8 +25,17 @@
 #include "src/kernels/amax-inl.h"
 #include "src/kernels/quantize-inl.h"
 
+#ifndef FP8LAB_KERNELS_SCALED_ONCE
+#define FP8LAB_KERNELS_SCALED_ONCE
+namespace fp8lab::kernels::detail {
+// Whether a spec's scales are powers of two applied as factors (E8M0 without a tensor scale).
+inline bool power_of_two(const ScaledSpec& s) { return s.scale == ScaleFormat::e8m0 && !s.tensor_scale; }
+}  // namespace fp8lab::kernels::detail
+#endif
+
 HWY_BEFORE_NAMESPACE();
 namespace fp8lab::kernels::HWY_NAMESPACE {
+using detail::power_of_two;
 
 namespace {
 
@@ -64,7 +73,6 @@ namespace {
 
 constexpr std::size_t kChunk = 4096;  // elements per element-kernel call (L1/L2 resident)
 
-bool power_of_two(const ScaledSpec& s) { return s.scale == ScaleFormat::e8m0 && !s.tensor_scale; }
 
 // The factor v = x * before, and y = q * after (power-of-two scales), or the divisor X.
 struct Scaling {
@@ -733,10 +741,7 @@ HWY_AFTER_NAMESPACE();
 namespace fp8lab::kernels {
 
 HWY_EXPORT(ScaledQuantize);
-
-namespace {
-bool power_of_two(const ScaledSpec& s) { return s.scale == ScaleFormat::e8m0 && !s.tensor_scale; }
-}  // namespace
+using detail::power_of_two;
 
 float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                       const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
