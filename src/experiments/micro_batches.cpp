@@ -146,13 +146,10 @@ void MicroBatches::begin_step() {
 
 void MicroBatches::before(int m, std::uint64_t comm_seed) {
   torch::NoGradGuard g;
-  if (single_) {
-    for (auto& p : params_) p.mutable_grad() = torch::Tensor();
-    return;
-  }
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  if (single_) return;
   if (m != first_)
     for (std::size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(start_[i]);
-  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
   comm_seed_ = comm_seed;
   if (overlap_) {
     std::fill(taken_.begin(), taken_.end(), 0);
