@@ -7,17 +7,17 @@
 #include "fp8lab/settings/config.hpp"
 #include "fp8lab/study/sweep.hpp"
 #ifdef FP8LAB_HAVE_TORCH
-#include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/train/registry.hpp"
 #endif
 
 namespace fp8lab::cli {
 
 #ifdef FP8LAB_HAVE_TORCH
 inline constexpr bool kCanTrain = true;
-inline constexpr experiments::ConfigCheck kConfigCheck = experiments::complete_config;
+inline constexpr study::ConfigCheck kConfigCheck = train::complete_config;
 #else
 inline constexpr bool kCanTrain = false;
-inline constexpr experiments::ConfigCheck kConfigCheck = experiments::complete_settings;
+inline constexpr study::ConfigCheck kConfigCheck = settings::complete_settings;
 #endif
 
 // What a command that needs the training layer says in a build without it.

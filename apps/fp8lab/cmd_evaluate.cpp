@@ -9,7 +9,7 @@
 #include "commands.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/settings/config.hpp"
-#include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/train/trainer.hpp"
 #include "table.hpp"
 
 namespace fp8lab::cli {
@@ -22,11 +22,11 @@ struct EvaluateArgs {
 };
 
 int run_evaluate(const EvaluateArgs& a) {
-  const experiments::TrainConfig cfg = experiments::load_train_config(a.config, a.set);
-  experiments::EvaluateOptions opt;
+  const settings::TrainConfig cfg = train::load_train_config(a.config, a.set);
+  train::EvaluateOptions opt;
   opt.checkpoint = a.checkpoint;
   opt.reference_decoding = a.decoder == "reference";
-  const experiments::Evaluation e = experiments::evaluate_checkpoint(cfg, opt);
+  const train::Evaluation e = train::evaluate_checkpoint(cfg, opt);
   Table t({"metric", "value", "step", "seconds"});
   for (const auto& [name, value] : e.metrics)
     t.add({name, fmt_f(value, 4), std::to_string(e.step), fmt_f(e.seconds, 1)});

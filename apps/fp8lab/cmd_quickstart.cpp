@@ -7,7 +7,7 @@
 
 #include "commands.hpp"
 #include "fp8lab/data/idx.hpp"
-#include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/train/trainer.hpp"
 #include "table.hpp"
 
 namespace fp8lab::cli {
@@ -29,15 +29,15 @@ void run_quickstart(QuickstartArgs a) {
     throw Error("--loss-scale takes one value per recipe (" + std::to_string(a.recipes.size()) + ")");
   // Every recipe and loss scaling parsed before the first run: a typo in the last one is an
   // error now, not after the others have trained.
-  std::vector<experiments::Spelled<nn::Recipe>> recipes;
-  std::vector<experiments::Spelled<nn::LossScaleConfig>> loss_scales;
+  std::vector<settings::Spelled<nn::Recipe>> recipes;
+  std::vector<settings::Spelled<nn::LossScaleConfig>> loss_scales;
   for (std::size_t i = 0; i < a.recipes.size(); ++i) {
-    recipes.push_back(experiments::recipe_setting(a.recipes[i]));
-    if (!a.loss_scales.empty()) loss_scales.push_back(experiments::loss_scale_setting(a.loss_scales[i]));
+    recipes.push_back(settings::recipe_setting(a.recipes[i]));
+    if (!a.loss_scales.empty()) loss_scales.push_back(settings::loss_scale_setting(a.loss_scales[i]));
   }
   data::mnist_paths(a.data_dir, true);
   data::mnist_paths(a.data_dir, false);
-  experiments::TrainConfig base;
+  settings::TrainConfig base;
   base.name = "quickstart";
   base.model.name = "resnet" + std::to_string(a.depth);
   base.model.width = a.width;
@@ -51,7 +51,7 @@ void run_quickstart(QuickstartArgs a) {
   base.optimizer.lr = a.lr;
   base.seed = a.seed;
   base.threads = a.threads;
-  experiments::validate(base);
+  train::validate(base);
   results::Store store(a.db);
   std::fprintf(stderr, "fp8lab quickstart: CIFAR ResNet-%d (width %d) on %s, %d epochs, batch %d, seed %llu\n",
                a.depth, a.width, a.data_dir.c_str(), a.epochs, a.batch, static_cast<unsigned long long>(a.seed));
@@ -59,12 +59,12 @@ void run_quickstart(QuickstartArgs a) {
            "a_underflow_pct", "w_underflow_pct", "gx_underflow_pct", "gw_underflow_pct", "overflow_pct",
            "seconds"});
   for (std::size_t i = 0; i < a.recipes.size(); ++i) {
-    experiments::TrainConfig cfg = base;
+    settings::TrainConfig cfg = base;
     cfg.quant.recipe = recipes[i];
     if (!loss_scales.empty()) cfg.quant.loss_scale = loss_scales[i];
-    experiments::TrainOptions opt;
+    train::TrainOptions opt;
     opt.checkpoints = false;  // a few minutes' demo: nothing to resume
-    const auto r = experiments::train(cfg, &store, opt);
+    const auto r = train::train(cfg, &store, opt);
     std::uint64_t ovf = 0, tot = 0;
     for (const auto& c : r.counts) {
       ovf += c.overflow;

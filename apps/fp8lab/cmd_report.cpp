@@ -2,7 +2,7 @@
 // Mann-Whitney U against the baseline, asterisks) printed and written as Markdown and CSV,
 // and its plots as SVG and PNG. fp8lab report --name NAME: the same table over every run of
 // that name, grouped by recipe and loss scaling (runs trained from Python, say). Several
-// --db read as one (experiments/stores.hpp).
+// --db read as one (results/store_set.hpp).
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -27,20 +27,20 @@ void run_report(const ReportArgs& a) {
   if (a.sweep.empty() == a.name.empty()) throw Error("report: give a sweep file or --name NAME (one of them)");
   results::StoreSet stores(a.db.empty() ? std::vector<std::string>{"results.db"} : a.db);
   const results::Store& store = stores.store();
-  experiments::Sweep s;
-  experiments::SweepReport rep;
+  study::Sweep s;
+  study::SweepReport rep;
   if (a.name.empty()) {
-    s = experiments::load_sweep(a.sweep, kConfigCheck);
-    rep = experiments::analyse(s, store);
+    s = study::load_sweep(a.sweep, kConfigCheck);
+    rep = study::analyse(s, store);
   } else {
-    rep = experiments::analyse_named(store, a.name, s);
+    rep = study::analyse_named(store, a.name, s);
   }
   // The default folder is named after the sweep or the runs: a name that is no plain file
   // name (a run's name from Python may be "../x") needs an --out of the user's choosing.
   if (a.out.empty()) check_file_name(s.name, "run name (for the default folder reports/<name>; or give --out)");
   const std::string out = a.out.empty() ? "reports/" + s.name : a.out;
-  const auto files = experiments::write_report(s, rep, store, out);
-  std::fputs(experiments::to_markdown(s, rep).c_str(), stdout);
+  const auto files = study::write_report(s, rep, store, out);
+  std::fputs(study::to_markdown(s, rep).c_str(), stdout);
   if (rep.machines.size() > 1)
     std::fprintf(stderr, "report %s: warning: its runs were not all made on one recorded processor (the table's last "
                  "line names them); results from different processors are not bit-comparable\n", s.name.c_str());

@@ -31,19 +31,19 @@ struct SweepArgs {
 };
 
 extern "C" void on_sweep_second_sigint(int) {
-  experiments::interrupt_launched();  // the runs die now, keeping their last checkpoints
+  study::interrupt_launched();  // the runs die now, keeping their last checkpoints
   _exit(130);
 }
 extern "C" void on_sweep_sigint(int) {
   request_stop();
-  experiments::interrupt_launched();
+  study::interrupt_launched();
   std::signal(SIGINT, on_sweep_second_sigint);
 }
 
 // --emit slurm: the job-array script on stdout; its folder is made now, since Slurm opens
 // the tasks' log files there before a task starts.
-int emit_slurm(const SweepArgs& a, const experiments::Sweep& s) {
-  experiments::SlurmOptions o;
+int emit_slurm(const SweepArgs& a, const study::Sweep& s) {
+  study::SlurmOptions o;
   o.program = self_program();
   o.sweep_file = a.sweep;
   o.dir = a.dir.empty() ? "slurm/" + s.name : a.dir;
@@ -51,7 +51,7 @@ int emit_slurm(const SweepArgs& a, const experiments::Sweep& s) {
   o.jobs = a.jobs;
   o.cpus_per_task = a.cpus_per_task > 0 ? a.cpus_per_task : a.jobs;
   o.time = a.time;
-  const std::string script = experiments::slurm_script(s, o);
+  const std::string script = study::slurm_script(s, o);
   make_folder(o.dir);
   std::fputs(script.c_str(), stdout);
   std::fprintf(stderr, "sweep %s: %zu runs in %d array tasks; submit with sbatch\n", s.name.c_str(), s.runs.size(),
@@ -61,7 +61,7 @@ int emit_slurm(const SweepArgs& a, const experiments::Sweep& s) {
 
 int run_sweep_cmd(const SweepArgs& a) {
   if (!kCanTrain && !a.dry_run) throw Error(std::string(kNoTrainingLayer) + "; this one lists a sweep's runs with --dry-run");
-  experiments::Sweep s = experiments::load_sweep(a.sweep, kConfigCheck);
+  study::Sweep s = study::load_sweep(a.sweep, kConfigCheck);
   if (!kCanTrain)
     std::fprintf(stderr, "sweep %s: built without libtorch: the runs' configs are checked for their settings and "
                  "ranges, not for the names of their tasks, models and data sets\n", s.name.c_str());
@@ -72,13 +72,13 @@ int run_sweep_cmd(const SweepArgs& a) {
   if (a.shards > 0 || a.cpus_per_task > 0 || !a.time.empty())
     throw Error("--shards, --cpus-per-task and --time describe the Slurm script: use them with --emit slurm");
   const std::size_t all_runs = s.runs.size();
-  std::optional<experiments::Shard> shard;
+  std::optional<study::Shard> shard;
   if (!a.shard.empty()) {
-    shard = experiments::parse_shard(a.shard);
-    experiments::keep_shard(s, *shard);
+    shard = study::parse_shard(a.shard);
+    study::keep_shard(s, *shard);
   }
   results::Store store(a.db);
-  experiments::SweepOptions opt;
+  study::SweepOptions opt;
   opt.jobs = a.jobs;
   opt.cores = a.cores;
   opt.dir = a.dir;
@@ -87,10 +87,10 @@ int run_sweep_cmd(const SweepArgs& a) {
   opt.same_machine = a.same_machine;
   std::optional<ProgramCopy> copy;
   if (!a.dry_run) copy.emplace();
-  opt.launch = [&](const experiments::SweepRun&, const std::string& config, bool resume, const std::string& log) {
+  opt.launch = [&](const study::SweepRun&, const std::string& config, bool resume, const std::string& log) {
     std::vector<std::string> args = {copy->program(), "train", config, "--db", a.db, "--no-progress"};
     if (resume) args.push_back("--resume");
-    return experiments::launch_process(args, log);
+    return study::launch_process(args, log);
   };
   const bool same_seeds = std::all_of(s.points.begin(), s.points.end(), [](const auto& p) { return p.seeds.empty(); });
   if (same_seeds)
@@ -114,7 +114,7 @@ int run_sweep_cmd(const SweepArgs& a) {
                  s.runs.size(), all_runs);
   clear_stop_request();
   std::signal(SIGINT, on_sweep_sigint);
-  const auto sum = experiments::run_sweep(s, store, opt);
+  const auto sum = study::run_sweep(s, store, opt);
   std::signal(SIGINT, SIG_DFL);
   if (a.dry_run) return 0;
   std::fprintf(stderr,

@@ -19,8 +19,8 @@
 #include "fp8lab/core/machine.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/settings/config.hpp"
-#include "fp8lab/experiments/trainer.hpp"
-#include "fp8lab/experiments/world.hpp"
+#include "fp8lab/train/trainer.hpp"
+#include "fp8lab/train/world.hpp"
 #include "ranks.hpp"
 #include "table.hpp"
 
@@ -45,7 +45,7 @@ std::optional<std::string> env(const std::string& name) {
 
 // The arguments a rank of `--nproc` runs with: these, less --nproc, with the config's
 // thread count set to the rank's share of the cores where the config leaves it to all cores.
-std::vector<std::string> rank_arguments(const TrainArgs& a, const experiments::TrainConfig& cfg) {
+std::vector<std::string> rank_arguments(const TrainArgs& a, const settings::TrainConfig& cfg) {
   std::vector<std::string> args = {"train"};
   if (!a.config.empty()) args.push_back(a.config);
   for (const auto& x : a.set) args.insert(args.end(), {"--set", x});
@@ -93,21 +93,21 @@ int exit_status(const TrainArgs& a, results::RunStatus s) {
 }
 
 int run_train(const TrainArgs& a) {
-  const experiments::TrainConfig cfg = a.config.empty() ? experiments::parse_train_config("", "(defaults)", a.set)
-                                                        : experiments::load_train_config(a.config, a.set);
+  const settings::TrainConfig cfg = a.config.empty() ? train::parse_train_config("", "(defaults)", a.set)
+                                                        : train::load_train_config(a.config, a.set);
   if (a.print_config) {
-    std::fputs(experiments::to_toml(cfg).c_str(), stdout);
+    std::fputs(settings::to_toml(cfg).c_str(), stdout);
     return 0;
   }
   const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout * 1000));
-  const std::optional<experiments::WorldConfig> wc = experiments::world_from_variables(env, timeout);
+  const std::optional<train::WorldConfig> wc = train::world_from_variables(env, timeout);
   if (a.nproc > 1) {
     if (wc) throw Error("--nproc starts its own processes, but this one is already rank " + std::to_string(wc->rank) +
                         " of a launched run (RANK is set): give --nproc or the launcher's variables, not both");
-    experiments::check_process_count(cfg.train.micro_batches, a.nproc);
+    train::check_process_count(cfg.train.micro_batches, a.nproc);
     return run_ranks(a.nproc, rank_arguments(a, cfg), a.timeout);
   }
-  std::optional<experiments::World> world;
+  std::optional<train::World> world;
   if (wc && wc->size > 1) {
     ignore_sigpipe();
     world.emplace(*wc);
@@ -115,7 +115,7 @@ int run_train(const TrainArgs& a) {
   const bool writer = !world || world->rank() == 0;
   std::optional<results::Store> store;
   if (writer) store.emplace(a.db);
-  experiments::TrainOptions opt;
+  train::TrainOptions opt;
   opt.resume = a.resume;
   opt.restart = a.restart;
   opt.stop_after = a.stop_after;
@@ -127,7 +127,7 @@ int run_train(const TrainArgs& a) {
   release_sigint();
   // on_sigint stays in place: a Ctrl-C that comes after the run has ended (a sweep passing
   // one on as the run finishes) does not cut off its summary; a second one ends the process.
-  const experiments::TrainResult r = experiments::train(cfg, store ? &*store : nullptr, opt);
+  const train::TrainResult r = train::train(cfg, store ? &*store : nullptr, opt);
   if (!writer) return exit_status(a, r.status);  // rank 0 reports the run
 
   Table t({"run", "status", "model", "steps", r.metric_name, "train_loss", "loss_scale", "skipped",
@@ -140,8 +140,8 @@ int run_train(const TrainArgs& a) {
          "2^" + std::to_string(r.final_log2_scale), std::to_string(r.skipped_steps), pct(ovf, tot), pct(und, tot),
          fmt_f(r.samples_per_second, 1), fmt_f(r.seconds, 1)});
   t.print(false);
-  const nn::Compute compute = experiments::compute_of(cfg.quant);
-  const nn::Accumulation accumulate = experiments::accumulation_of(cfg.quant);
+  const nn::Compute compute = settings::compute_of(cfg.quant);
+  const nn::Accumulation accumulate = settings::accumulation_of(cfg.quant);
   if (r.products_bf16 > 0 || compute != nn::Compute::fp32 || accumulate.chunked())
     std::fprintf(stderr, "products (quant.compute = %s, quant.accumulate = %s): %lld on bfloat16, %lld on float32\n",
                  std::string(nn::to_string(compute)).c_str(), nn::to_string(accumulate).c_str(),

@@ -7,7 +7,7 @@
 //    frees and allocates the same activation buffers every step; with glibc's defaults
 //    each large buffer is a fresh mmap whose pages fault in again on every step;
 //  - libtorch's threads and flush-to-zero: per run, from the run's config
-//    (train.threads, train.flush_denormals), applied by experiments::train for the run's
+//    (train.threads, train.flush_denormals), applied by train::train for the run's
 //    duration and restored afterwards (nn/runtime.hpp).
 //  - SIGXFSZ ignored (as Python does): a write past a file-size limit (`ulimit -f`) then
 //    fails with EFBIG, which the writers report and clean up after, instead of killing

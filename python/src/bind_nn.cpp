@@ -5,7 +5,7 @@
 
 #include "bindings.hpp"
 #include "fp8lab/core/error.hpp"
-#include "fp8lab/experiments/stat_rows.hpp"
+#include "fp8lab/train/stat_rows.hpp"
 #include "fp8lab/settings/compute_spec.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 #include "fp8lab/nn/ops.hpp"
@@ -199,7 +199,7 @@ void bind_context(py::module_& m) {
             c->recording = t[7].cast<bool>();
             return c;
           }))
-      .def("take_stat_rows", [](QuantContext& c) { return experiments::stat_rows(c.stats->take()); },
+      .def("take_stat_rows", [](QuantContext& c) { return train::stat_rows(c.stats->take()); },
            "The statistics records since the last call, as the results store's rows (and clears them)");
 }
 

@@ -16,7 +16,7 @@
 #include "fp8lab/core/error.hpp"
 #include "fp8lab/core/machine.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::settings {
 
 namespace {
 
@@ -491,4 +491,4 @@ std::string to_json(const TrainConfig& cin) {
   return j.dump();
 }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::settings

@@ -16,7 +16,7 @@
 #include "fp8lab/settings/recipe.hpp"
 #include "fp8lab/results/plot.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::study {
 
 namespace fs = std::filesystem;
 namespace plt = results::plot;
@@ -852,4 +852,4 @@ std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, co
   return files;
 }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::study

@@ -9,7 +9,7 @@
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/study/sweep.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::study {
 
 namespace fs = std::filesystem;
 
@@ -81,4 +81,4 @@ std::string slurm_script(const Sweep& s, const SlurmOptions& o) {
   return t;
 }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::study

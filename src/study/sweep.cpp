@@ -34,7 +34,7 @@
 
 extern char** environ;
 
-namespace fp8lab::experiments {
+namespace fp8lab::study {
 
 namespace fs = std::filesystem;
 
@@ -274,13 +274,13 @@ int write_run_config(const Sweep& s, const Job& j, int threads) {
   }
   if (j.resume && fs::exists(j.config)) {
     try {
-      const int kept = read_train_config(read_file(j.config), j.config, {}, true).threads;
+      const int kept = settings::read_train_config(read_file(j.config), j.config, {}, true).threads;
       return threads_or_all_cores(kept);
     } catch (const std::exception&) {
       return threads;  // the run itself says what is wrong with it
     }
   }
-  TrainConfig cfg = j.run->cfg;
+  settings::TrainConfig cfg = j.run->cfg;
   cfg.threads = threads;
   cfg.train.checkpoint = j.ckpt;
   write_file_atomic(j.config, "# " + s.name + ": " + s.points[static_cast<std::size_t>(j.run->point)].label() +
@@ -417,4 +417,4 @@ SweepSummary run_sweep(const Sweep& s, results::Store& store, const SweepOptions
   return sum;
 }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::study

@@ -18,7 +18,7 @@
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/format.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::study {
 
 namespace fs = std::filesystem;
 
@@ -445,7 +445,7 @@ SweepRun run_of(const Sweep& s, const std::string& base_text, std::size_t pi, st
   r.point = static_cast<int>(pi);
   r.seed = seed;
   try {
-    r.cfg = read_train_config(base_text, s.base.empty() ? "(defaults)" : s.base, ov);
+    r.cfg = settings::read_train_config(base_text, s.base.empty() ? "(defaults)" : s.base, ov);
     check(r.cfg);
   } catch (const Error& e) {
     throw Error(source + ": point " + s.points[pi].label() + ": " + e.what());
@@ -501,4 +501,4 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
 }
 
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::study

@@ -9,7 +9,7 @@
 #include "fp8lab/core/error.hpp"
 #include "fp8lab/settings/config.hpp"
 
-using namespace fp8lab::experiments;
+using namespace fp8lab::settings;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

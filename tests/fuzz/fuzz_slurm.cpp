@@ -40,9 +40,9 @@ bool known_line(const std::string& l) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto f = fields(std::string_view(reinterpret_cast<const char*>(data), size));
-  fp8lab::experiments::Sweep s;
+  fp8lab::study::Sweep s;
   s.name = f[0];
-  fp8lab::experiments::SlurmOptions o;
+  fp8lab::study::SlurmOptions o;
   o.dir = f[1].empty() ? "slurm" : "/" + f[1];  // absolute: the script never depends on this process's folder
   o.sweep_file = "/" + f[2];
   o.program = "/" + f[3];
@@ -50,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   o.shards = 3;
   std::string script;
   try {
-    script = fp8lab::experiments::slurm_script(s, o);
+    script = fp8lab::study::slurm_script(s, o);
   } catch (const fp8lab::Error&) {
     return 0;
   }

@@ -7,7 +7,7 @@
 #include "fp8lab/core/error.hpp"
 #include "fp8lab/study/sweep.hpp"
 
-using namespace fp8lab::experiments;
+using namespace fp8lab::study;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {

@@ -21,19 +21,19 @@ namespace fs = std::filesystem;
 namespace {
 fs::path dir() { return test::temp_dir("fp8lab_report"); }
 
-experiments::Sweep parse(const std::string& body, const std::string& name = "t") {
-  return experiments::parse_sweep("name = \"" + name + "\"\n" + body, "sweep.toml", dir().string(), experiments::complete_settings);
+study::Sweep parse(const std::string& body, const std::string& name = "t") {
+  return study::parse_sweep("name = \"" + name + "\"\n" + body, "sweep.toml", dir().string(), settings::complete_settings);
 }
 }  // namespace
 
 namespace {
 // A store holding chosen metrics for a sweep's runs, as if it had been run.
-void record(results::Store& store, const experiments::SweepRun& r, results::RunStatus status, double metric,
+void record(results::Store& store, const study::SweepRun& r, results::RunStatus status, double metric,
             bool with_stats = false) {
   results::RunInfo info;
   info.name = r.cfg.name;
   info.kind = r.cfg.task;
-  info.config_json = experiments::to_json(r.cfg);
+  info.config_json = settings::to_json(r.cfg);
   info.recipe = r.cfg.quant.recipe.text;
   info.loss_scale = r.cfg.quant.loss_scale.text;
   info.seed = r.seed;
@@ -150,7 +150,7 @@ file = "curve"
     if (r.point == 2 && r.seed <= 3) record(store, r, results::RunStatus::finished, 89 + k);
     if (r.point == 2 && r.seed == 4) record(store, r, results::RunStatus::diverged, 0);
   }
-  const auto rep = experiments::analyse(s, store);
+  const auto rep = study::analyse(s, store);
   EXPECT_NEAR(rep.points[0].stats.mean, 92, 1e-12);
   EXPECT_NEAR(rep.points[0].stats.sd, std::sqrt(2.5), 1e-12);
   EXPECT_FALSE(rep.points[0].test.has_value());
@@ -165,7 +165,7 @@ file = "curve"
   EXPECT_EQ(rep.points[2].kinds[0], "1.4.3 b12");
   EXPECT_EQ(rep.points[2].kinds[1], "fp32");
 
-  const std::string md = experiments::to_markdown(s, rep);
+  const std::string md = study::to_markdown(s, rep);
   // The scale trace (2^10 for 50 steps, 2^9 for 50, then 2^10) of seed 1 only.
   ASSERT_TRUE(rep.points[0].mean_log2_scale.has_value());
   EXPECT_NEAR(*rep.points[0].mean_log2_scale, (10.0 * 50 + 9 * 50 + 10) / 101, 1e-12);
@@ -174,10 +174,10 @@ file = "curve"
   EXPECT_NE(md.find("| 8 | 1.4.3 b8 | fp32 | fp32 | fp32 | backoff | - | - | 82.00 ± 1.58* | 5 |"), std::string::npos) << md;
   EXPECT_NE(md.find("92.00 ± 1.58 | 5 | baseline"), std::string::npos) << md;
   EXPECT_NE(md.find("(+1 diverged) (1 missing)"), std::string::npos) << md;
-  const std::string csv = experiments::to_csv(s, rep);
+  const std::string csv = study::to_csv(s, rep);
   EXPECT_NE(csv.find("recipe,bias,recipe,a,w,gx,gw"), std::string::npos) << csv;
 
-  const auto files = experiments::write_report(s, rep, store, (d / "out").string());
+  const auto files = study::write_report(s, rep, store, (d / "out").string());
   for (const char* stem : {"acc", "heat", "hist", "scale", "snr", "points", "blocks", "curve"}) {
     const fs::path svg = d / "out" / (std::string(stem) + ".svg"), png = d / "out" / (std::string(stem) + ".png");
     ASSERT_TRUE(fs::exists(svg)) << stem;
@@ -235,7 +235,7 @@ file = "curve"
 
   // Curves: every logged value of the metric, mean +- sd over the point's finished and
   // diverged runs at each step (the fixture logs -1 at step 50 and metric + 1000 at 100).
-  const auto curves = experiments::metric_curves(rep, s, store, "test_bleu", {});
+  const auto curves = study::metric_curves(rep, s, store, "test_bleu", {});
   ASSERT_EQ(curves.size(), 3u);
   EXPECT_EQ(curves[0].steps, (std::vector<std::int64_t>{50, 100}));
   EXPECT_EQ(curves[0].runs, (std::vector<int>{5, 5}));
@@ -247,10 +247,10 @@ file = "curve"
   EXPECT_EQ(curves[2].point, 2);
   EXPECT_EQ(curves[2].runs, (std::vector<int>{4, 4}));
   EXPECT_NEAR(curves[2].mean[1], (1090.0 + 1091 + 1092 + 1000) / 4, 1e-9);
-  const auto only_a = experiments::metric_curves(rep, s, store, "test_bleu", {{"recipe", "a"}});
+  const auto only_a = study::metric_curves(rep, s, store, "test_bleu", {{"recipe", "a"}});
   ASSERT_EQ(only_a.size(), 2u);
   EXPECT_EQ(only_a[0].point, 1);
-  EXPECT_TRUE(experiments::metric_curves(rep, s, store, "dev_bleu", {}).empty());  // never logged
+  EXPECT_TRUE(study::metric_curves(rep, s, store, "dev_bleu", {}).empty());  // never logged
   const std::string curve = read_file((d / "out" / "curve.svg").string());
   EXPECT_NE(curve.find("test_bleu (mean +- sd over seeds)"), std::string::npos);
   EXPECT_NE(curve.find("training step"), std::string::npos);
@@ -260,9 +260,9 @@ file = "curve"
   EXPECT_NE(curve_csv.find(",100,1068.250000,"), std::string::npos) << curve_csv;
 
   // A metric named in the sweep is the run's last logged value of it, not its final metric.
-  experiments::Sweep named = s;
+  study::Sweep named = s;
   named.metric = "test_bleu";
-  const auto rep2 = experiments::analyse(named, store);
+  const auto rep2 = study::analyse(named, store);
   EXPECT_EQ(rep2.metric, "test_bleu");
   EXPECT_NEAR(rep2.points[0].stats.mean, 1092, 1e-9);
   EXPECT_NEAR(rep2.points[1].stats.mean, 1082, 1e-9);
@@ -284,8 +284,8 @@ TEST(Report, RunsOfANameGroupByRecipeAndLossScaling) {
   for (double v : {80.0, 81.0, 82.0, 83.0, 84.0}) add("py", "resnet32-152", "backoff", v);
   add("py", "resnet32-152", "backoff", 0, "test_accuracy", results::RunStatus::diverged);
   add("other", "fp32", "none", 10);
-  experiments::Sweep s;
-  const auto rep = experiments::analyse_named(store, "py", s);
+  study::Sweep s;
+  const auto rep = study::analyse_named(store, "py", s);
   ASSERT_EQ(rep.points.size(), 2u);
   EXPECT_EQ(s.baseline, 0);
   EXPECT_EQ(rep.metric, "test_accuracy");
@@ -297,12 +297,12 @@ TEST(Report, RunsOfANameGroupByRecipeAndLossScaling) {
   EXPECT_TRUE(rep.points[1].significant);  // every 8-bit run below every float32 run
   EXPECT_DOUBLE_EQ(*rep.points[1].mean_log2_scale, 43.0 / 11);  // 2^4 held for 10 steps, 2^3 for the last
   EXPECT_DOUBLE_EQ(*rep.points[1].skipped_steps, 1.0);
-  const std::string md = experiments::to_markdown(s, rep);
+  const std::string md = study::to_markdown(s, rep);
   EXPECT_NE(md.find("| fp32 |"), std::string::npos) << md;
   EXPECT_NE(md.find("baseline"), std::string::npos) << md;
-  EXPECT_THROW(experiments::analyse_named(store, "nobody", s), Error);
+  EXPECT_THROW(study::analyse_named(store, "nobody", s), Error);
   add("py", "fp32", "none", 1.5, "test_loss");
-  EXPECT_THROW(experiments::analyse_named(store, "py", s), Error);
+  EXPECT_THROW(study::analyse_named(store, "py", s), Error);
 }
 
 // A point of one run has no spread: the table gives its value alone (not "± 0.00") and
@@ -318,15 +318,15 @@ TEST(Report, OneRunPointHasNoSpread) {
   add("fp32", 90.0);
   add("fp32", 92.0);
   add("resnet32-mixed", 88.5);
-  experiments::Sweep s;
-  const auto rep = experiments::analyse_named(store, "one", s);
+  study::Sweep s;
+  const auto rep = study::analyse_named(store, "one", s);
   ASSERT_EQ(rep.points.size(), 2u);
-  const std::string md = experiments::to_markdown(s, rep);
+  const std::string md = study::to_markdown(s, rep);
   EXPECT_NE(md.find("| 91.00 ± 1.41 | 2 | baseline |"), std::string::npos) << md;
   EXPECT_NE(md.find("| 88.50 | 1 |"), std::string::npos) << md;
   EXPECT_EQ(md.find("88.50 ±"), std::string::npos) << md;
   EXPECT_NE(md.find("(a point of one run: its value alone)"), std::string::npos) << md;
-  const std::string csv = experiments::to_csv(s, rep);
+  const std::string csv = study::to_csv(s, rep);
   EXPECT_NE(csv.find(",1,0,0,88.500000,,"), std::string::npos) << csv;
   EXPECT_NE(csv.find(",2,0,0,91.000000,1.414214,"), std::string::npos) << csv;
 }
@@ -344,16 +344,16 @@ TEST(Report, TableNamesTheProcessorsOfItsRuns) {
   }
   const auto unfinished = store.begin_run({"machines", "python", "{}", "fp32", "none", 0});
   store.finish_run(unfinished, results::RunStatus::failed, std::nullopt, "test_accuracy", 1.0);
-  experiments::Sweep s;
-  auto rep = experiments::analyse_named(store, "machines", s);
+  study::Sweep s;
+  auto rep = study::analyse_named(store, "machines", s);
   const std::string here = machine_description();
   ASSERT_EQ(rep.machines.size(), 1u);
   EXPECT_EQ(rep.machines.at(here), 3);  // the failed run has no result in the table
-  std::string md = experiments::to_markdown(s, rep);
+  std::string md = study::to_markdown(s, rep);
   EXPECT_NE(md.find("\nRuns made on " + here + ".\n"), std::string::npos) << md;
 
   rep.machines = {{"A CPU (family 6, model 143; avx2 fma avx512f)", 2}, {"B CPU (family 25, model 1; avx2 fma)", 1}};
-  md = experiments::to_markdown(s, rep);
+  md = study::to_markdown(s, rep);
   EXPECT_NE(md.find("**Runs made on 2 processors**; results from different processors may differ in the last bits"),
             std::string::npos) << md;
   EXPECT_NE(md.find(": A CPU (family 6, model 143; avx2 fma avx512f): 2 runs; B CPU (family 25, model 1; avx2 fma): 1 run.\n"),
@@ -361,14 +361,14 @@ TEST(Report, TableNamesTheProcessorsOfItsRuns) {
   EXPECT_EQ(md.find("Runs made on A"), std::string::npos) << md;
 
   rep.machines = {{"", 4}, {"B CPU", 1}};
-  EXPECT_EQ(experiments::machines_note(rep),
+  EXPECT_EQ(study::machines_note(rep),
             "**Not every run records its processor**; results from different processors may differ in the last bits "
             "(their kernels differ): not recorded: 4 runs; B CPU: 1 run.\n");
   rep.machines = {{"", 4}};  // a store from before runs recorded it: no line
-  EXPECT_EQ(experiments::machines_note(rep), "");
-  EXPECT_EQ(experiments::to_markdown(s, rep).find("Runs made on"), std::string::npos);
+  EXPECT_EQ(study::machines_note(rep), "");
+  EXPECT_EQ(study::to_markdown(s, rep).find("Runs made on"), std::string::npos);
   rep.machines.clear();
-  EXPECT_EQ(experiments::machines_note(rep), "");
+  EXPECT_EQ(study::machines_note(rep), "");
 }
 
 // Item 5 of the data-parallel issue: the stores of a sharded sweep read as one give the
@@ -387,27 +387,27 @@ recipe = ["fp32", "resnet32-mixed"]
 "quant.recipe" = "{recipe}"
 "quant.loss_scale" = "backoff"
 )" + std::string(test::kSmall), "stores");
-  const auto metric = [](const experiments::SweepRun& r) { return 80.0 + r.point * 5 + static_cast<double>(r.seed); };
+  const auto metric = [](const study::SweepRun& r) { return 80.0 + r.point * 5 + static_cast<double>(r.seed); };
   results::Store one((d / "one.db").string());
   for (const auto& r : s.runs) record(one, r, results::RunStatus::finished, metric(r), r.seed == 1);
   std::vector<std::string> shards;
   for (int i = 0; i < 3; ++i) {
-    experiments::Sweep part = s;
-    experiments::keep_shard(part, {i, 3});
+    study::Sweep part = s;
+    study::keep_shard(part, {i, 3});
     shards.push_back((d / ("shard" + std::to_string(i) + ".db")).string());
     results::Store st(shards.back());
     for (const auto& r : part.runs) record(st, r, results::RunStatus::finished, metric(r), r.seed == 1);
   }
   {  // a failed first attempt of a run that shard 0 finished
     results::Store st(shards[1]);
-    experiments::Sweep part = s;
-    experiments::keep_shard(part, {0, 3});
+    study::Sweep part = s;
+    study::keep_shard(part, {0, 3});
     record(st, part.runs[0], results::RunStatus::failed, 0);
   }
   results::StoreSet all(shards);
-  const auto a = experiments::analyse(s, one), b = experiments::analyse(s, all.store());
-  EXPECT_EQ(experiments::to_markdown(s, a), experiments::to_markdown(s, b));
-  EXPECT_EQ(experiments::to_csv(s, a), experiments::to_csv(s, b));
+  const auto a = study::analyse(s, one), b = study::analyse(s, all.store());
+  EXPECT_EQ(study::to_markdown(s, a), study::to_markdown(s, b));
+  EXPECT_EQ(study::to_csv(s, a), study::to_csv(s, b));
   ASSERT_EQ(all.store().runs().size(), s.runs.size());
   EXPECT_EQ(all.store().runs()[0].machine, machine_description());  // copied with the run
   const auto id = all.store().runs()[0].id;
@@ -421,7 +421,7 @@ recipe = ["fp32", "resnet32-mixed"]
   shards.push_back((d / "one.db").string());
   results::StoreSet twice(shards);
   EXPECT_EQ(twice.store().runs().size(), s.runs.size());
-  EXPECT_EQ(experiments::to_markdown(s, experiments::analyse(s, twice.store())), experiments::to_markdown(s, a));
+  EXPECT_EQ(study::to_markdown(s, study::analyse(s, twice.store())), study::to_markdown(s, a));
   // A copy with another result conflicts.
   results::Store other((d / "other.db").string());
   record(other, s.runs[2], results::RunStatus::finished, 1.0);

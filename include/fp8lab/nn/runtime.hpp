@@ -1,6 +1,6 @@
 // libtorch's process-wide run-time settings that decide a training run's speed and its
 // float32 arithmetic, as one value a caller applies on purpose. The library never changes
-// them behind its caller's back: experiments::train applies its run's settings with a
+// them behind its caller's back: train::train applies its run's settings with a
 // ScopedTorchSettings and restores the caller's when it returns.
 //
 // What must be set before libtorch loads (OpenBLAS's kernel family, OpenMP's spinning) is

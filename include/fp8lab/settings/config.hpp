@@ -23,7 +23,7 @@
 #include "fp8lab/settings/loss_scale_spec.hpp"
 #include "fp8lab/settings/recipe.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::settings {
 
 inline constexpr int kConfigSchema = 1;
 
@@ -160,7 +160,7 @@ struct TrainConfig {
 // The fields of a TOML config (`source` names it in errors), then `overrides` ("key=value"
 // each), every value checked for type, range and finiteness (check_ranges). With
 // `require_schema` the text must have a `schema` line (a config file). Names (task, model,
-// data set, optimizer, schedule) are validate()'s (fp8lab/experiments/registry.hpp); the quantization settings are parsed
+// data set, optimizer, schedule) are validate()'s (fp8lab/train/registry.hpp); the quantization settings are parsed
 // here (a recipe file is read). No libtorch (src/settings/config.cpp).
 TrainConfig read_train_config(const std::string& toml_text, const std::string& source,
                               const std::vector<std::string>& overrides = {}, bool require_schema = false);
@@ -176,7 +176,7 @@ inline nn::Compute compute_of(const QuantConfig& q) { return q.compute.value_or(
 inline nn::Accumulation accumulation_of(const QuantConfig& q) { return q.accumulate.value_or(nn::Accumulation{}); }
 // adopt_recipe_settings, then check_ranges: all a program without the training layer (a
 // build without libtorch) can check. Names of tasks, models and data sets are validate()'s
-// (fp8lab/experiments/registry.hpp), which also does this.
+// (fp8lab/train/registry.hpp), which also does this.
 void complete_settings(TrainConfig& c);
 
 // The full configuration as TOML (every field; reads back to the same config) and JSON
@@ -184,4 +184,4 @@ void complete_settings(TrainConfig& c);
 std::string to_toml(const TrainConfig& c);
 std::string to_json(const TrainConfig& c);
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::settings

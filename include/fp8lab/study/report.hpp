@@ -15,7 +15,7 @@
 #include "fp8lab/results/stats.hpp"
 #include "fp8lab/results/store.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::study {
 
 struct PointResult {
   int point = 0;
@@ -86,4 +86,4 @@ std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, co
 // saturation); "fp32" for none.
 std::string paper_notation(const nn::KindQuant& q);
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::study

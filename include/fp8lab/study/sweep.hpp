@@ -31,7 +31,7 @@
 #include "fp8lab/settings/config.hpp"
 #include "fp8lab/results/store.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::study {
 
 struct SweepPoint {
   std::vector<std::pair<std::string, std::string>> vars;  // variable -> value text, grid order
@@ -44,7 +44,7 @@ struct SweepPoint {
 struct SweepRun {
   int point = 0;
   std::uint64_t seed = 0;
-  TrainConfig cfg;
+  settings::TrainConfig cfg;
   std::string identity;  // canonical JSON of the config (see above)
   std::string key;       // 16 hex digits of its hash: names the config, log and checkpoint
 };
@@ -82,10 +82,10 @@ struct Sweep {
 // Parses and expands a sweep; every run's config is built, completed and checked here by
 // `check`, so a bad key or value is reported (with the grid and variable it came from)
 // before anything runs. `check` is the training layer's complete_config
-// (fp8lab/experiments/registry.hpp), or complete_settings where that layer is not linked
+// (fp8lab/train/registry.hpp), or complete_settings where that layer is not linked
 // (a build without libtorch, the fuzz target): both complete a config the same way, so a
 // run's identity does not depend on which one read it.
-using ConfigCheck = void (*)(TrainConfig&);
+using ConfigCheck = void (*)(settings::TrainConfig&);
 Sweep parse_sweep(const std::string& toml_text, const std::string& source, const std::string& base_dir,
                   ConfigCheck check);
 Sweep load_sweep(const std::string& path, ConfigCheck check);
@@ -169,4 +169,4 @@ int launch_process(const std::vector<std::string>& args, const std::string& log_
 // Sends SIGINT to every process launch_process is waiting on (async-signal-safe).
 void interrupt_launched();
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::study

@@ -5,10 +5,10 @@
 
 #include "fp8lab/core/error.hpp"
 #include "fp8lab/core/random.hpp"
-#include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/train/trainer.hpp"
 #include "fp8lab/nn/tensor_quant.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 std::pair<std::int64_t, std::int64_t> micro_range(std::int64_t n, int micro, int m) {
   const std::int64_t base = n / micro, extra = n % micro;
@@ -292,4 +292,4 @@ MicroBatches::Step MicroBatches::reduce() {
   return step;
 }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

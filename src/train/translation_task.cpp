@@ -6,12 +6,12 @@
 #include "fp8lab/core/random.hpp"
 #include "fp8lab/data/bitext.hpp"
 #include "fp8lab/data/tokenizer.hpp"
-#include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/train/registry.hpp"
 #include "fp8lab/models/transformer.hpp"
 #include "fp8lab/results/bleu.hpp"
 #include "task.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 namespace fs = std::filesystem;
 
@@ -37,7 +37,7 @@ torch::Tensor pad_batch(const std::vector<const std::vector<int>*>& rows, std::s
 
 class TranslationTask final : public Task {
  public:
-  explicit TranslationTask(const TrainConfig& c) : cfg_(c) {
+  explicit TranslationTask(const settings::TrainConfig& c) : cfg_(c) {
     const std::string dir = data_folder(translation_data_sets(), c);
     const std::string s = c.data.src_lang, t = c.data.tgt_lang;
     auto train = data::read_bitext((fs::path(dir) / "train").string(), s, t);
@@ -156,7 +156,7 @@ class TranslationTask final : public Task {
     return beam > 1 ? model_->beam_search(src, beam, max_out, bos, eos) : model_->greedy(src, max_out, bos, eos);
   }
 
-  TrainConfig cfg_;
+  settings::TrainConfig cfg_;
   bool reference_ = false;
   std::vector<std::string> hyps_;  // of the last evaluation
   data::Tokenizer tok_;
@@ -180,6 +180,6 @@ const Registry<DataSetInfo>& translation_data_sets() {
   return r;
 }
 
-std::unique_ptr<Task> make_translation_task(const TrainConfig& cfg) { return std::make_unique<TranslationTask>(cfg); }
+std::unique_ptr<Task> make_translation_task(const settings::TrainConfig& cfg) { return std::make_unique<TranslationTask>(cfg); }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

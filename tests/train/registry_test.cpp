@@ -5,8 +5,8 @@
 
 #include "../common/testutil.hpp"
 #include "fp8lab/settings/config.hpp"
-#include "fp8lab/experiments/registry.hpp"
-#include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/train/registry.hpp"
+#include "fp8lab/train/trainer.hpp"
 
 using namespace fp8lab;
 using test::error_of;
@@ -21,29 +21,29 @@ TEST(Registry, UnknownNamesListTheKnownOnes) {
 
 TEST(Registry, EveryOptimizerValidationAcceptsIsBuilt) {
   torch::Tensor w = torch::zeros({2}, torch::requires_grad());
-  for (const auto& name : experiments::optimizers().names()) {
-    experiments::OptimizerConfig o;
+  for (const auto& name : train::optimizers().names()) {
+    settings::OptimizerConfig o;
     o.name = name;
-    auto opt = experiments::optimizers().at(name)(o, {w});
+    auto opt = train::optimizers().at(name)(o, {w});
     EXPECT_NE(opt, nullptr) << name;
   }
 }
 
 TEST(Registry, EveryScheduleGivesAFiniteRate) {
-  experiments::TrainConfig c;
+  settings::TrainConfig c;
   c.schedule.warmup_steps = 4;
-  for (const auto& name : experiments::schedules().names()) {
+  for (const auto& name : train::schedules().names()) {
     c.schedule.name = name;
-    EXPECT_NO_THROW(experiments::validate(c)) << name;
+    EXPECT_NO_THROW(train::validate(c)) << name;
     for (std::int64_t step : {0, 3, 4, 50, 99}) {
-      const double lr = experiments::learning_rate(c, step, 100, 10);
+      const double lr = train::learning_rate(c, step, 100, 10);
       EXPECT_TRUE(std::isfinite(lr) && lr >= 0) << name << " step " << step;
     }
   }
 }
 
 TEST(Registry, EveryTaskKnowsItsModelsAndDataSets) {
-  for (const auto& [task, info] : experiments::tasks().entries()) {
+  for (const auto& [task, info] : train::tasks().entries()) {
     EXPECT_FALSE(info.models().empty()) << task;
     EXPECT_FALSE(info.data_sets().names().empty()) << task;
     for (const auto& [name, set] : info.data_sets().entries()) {
@@ -87,11 +87,11 @@ TEST(Registry, UnknownNamesAreErrorsAlsoThroughSet) {
            {"optimizer.lr", "1e999", "'optimizer.lr' is out of range (1e999 is not a finite number)"},
            {"optimizer.lr", "fast", "'optimizer.lr' must be a number"},
            {"train.batch", "1.5", "'train.batch' must be an integer"}}) {
-    const std::string e = error_of([&] { experiments::parse_train_config("", "t.toml", {key + "=" + value}); });
+    const std::string e = error_of([&] { train::parse_train_config("", "t.toml", {key + "=" + value}); });
     EXPECT_NE(e.find(expected), std::string::npos) << key << "=" << value << ": " << e;
   }
   // A name of another task is refused too.
   const std::string e = error_of(
-      [] { experiments::parse_train_config("", "t.toml", {"task=translation", "data.name=bible-en-es"}); });
+      [] { train::parse_train_config("", "t.toml", {"task=translation", "data.name=bible-en-es"}); });
   EXPECT_NE(e.find("is not a model of task translation"), std::string::npos) << e;
 }

@@ -1,6 +1,6 @@
 // The data-parallel world on c10d's TCP store and Gloo process group (world.hpp).
 #define USE_C10D_GLOO 1
-#include "fp8lab/experiments/world.hpp"
+#include "fp8lab/train/world.hpp"
 #include "fp8lab/nn/runtime.hpp"
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -14,7 +14,7 @@
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/core/progress.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 namespace {
 
@@ -188,4 +188,4 @@ void World::require_same(std::uint64_t value, const std::string& what) {
       throw Error("data-parallel run: rank " + std::to_string(r) + "'s " + what + " differs from rank 0's");
 }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

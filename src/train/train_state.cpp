@@ -13,7 +13,7 @@
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/results/store.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -333,4 +333,4 @@ CheckpointLock::~CheckpointLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the flock
 }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

@@ -10,8 +10,8 @@ namespace fp8lab::test {
 
 // A small synthetic problem a ResNet-8 of width 4 learns in a few dozen steps; its
 // checkpoint is <dir>/<name>.ckpt.
-inline experiments::TrainConfig small_config(const std::string& name, const std::filesystem::path& dir) {
-  experiments::TrainConfig c;
+inline settings::TrainConfig small_config(const std::string& name, const std::filesystem::path& dir) {
+  settings::TrainConfig c;
   c.name = name;
   c.model.name = "resnet8";
   c.model.width = 4;
@@ -24,7 +24,7 @@ inline experiments::TrainConfig small_config(const std::string& name, const std:
   c.train.epochs = 3;
   c.train.batch = 16;
   c.threads = 1;
-  c.quant.recipe = experiments::recipe_setting("resnet32-mixed");
+  c.quant.recipe = settings::recipe_setting("resnet32-mixed");
   c.train.checkpoint = (dir / (name + ".ckpt")).string();
   return c;
 }
@@ -32,7 +32,7 @@ inline experiments::TrainConfig small_config(const std::string& name, const std:
 // small_config with every source of randomness and every piece of trainer state:
 // augmentation, mixup, cutmix, EMA, checkpoint averaging, label smoothing, AdamW, warm-up,
 // stochastic rounding, Backoff loss scaling, statistics.
-inline experiments::TrainConfig busy_config(const std::string& name, const std::filesystem::path& dir) {
+inline settings::TrainConfig busy_config(const std::string& name, const std::filesystem::path& dir) {
   auto c = small_config(name, dir);
   c.data.augment = "crop:1+flip";
   c.train.mixup = 0.4;
@@ -47,8 +47,8 @@ inline experiments::TrainConfig busy_config(const std::string& name, const std::
   c.optimizer.lr = 0.01;
   c.schedule.name = "linear";
   c.schedule.warmup_steps = 3;
-  c.quant.recipe = experiments::recipe_setting("a=1.4.3:10/sr,w=1.4.3:14,gx=1.5.2:33/sr/nan,gw=1.5.2:31");
-  c.quant.loss_scale = experiments::loss_scale_setting("backoff:init=4,interval=5");
+  c.quant.recipe = settings::recipe_setting("a=1.4.3:10/sr,w=1.4.3:14,gx=1.5.2:33/sr/nan,gw=1.5.2:31");
+  c.quant.loss_scale = settings::loss_scale_setting("backoff:init=4,interval=5");
   return c;
 }
 

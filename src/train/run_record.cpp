@@ -3,13 +3,13 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "fp8lab/experiments/stat_rows.hpp"
+#include "fp8lab/train/stat_rows.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 namespace fs = std::filesystem;
 
-RunRecord::RunRecord(results::Store* store, const TrainConfig& cfg, const std::string& config_json,
+RunRecord::RunRecord(results::Store* store, const settings::TrainConfig& cfg, const std::string& config_json,
                      const TrainState* resumed)
     : store_(store) {
   if (!store_) return;
@@ -89,4 +89,4 @@ std::vector<results::Store::StatRow> stat_rows(std::vector<nn::TensorStats> reco
   return rows;
 }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

@@ -8,9 +8,9 @@
 
 #include "../common/testutil.hpp"
 #include "configs.hpp"
-#include "../../src/experiments/train_state.hpp"
+#include "../../src/train/train_state.hpp"
 #include "fp8lab/study/sweep.hpp"
-#include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/train/trainer.hpp"
 #include "fp8lab/nn/compute.hpp"
 #include "fp8lab/results/store.hpp"
 
@@ -21,20 +21,20 @@ using test::error_of;
 namespace {
 fs::path dir() { return test::temp_dir("fp8lab_trainer"); }
 
-experiments::TrainConfig small(const std::string& name) { return test::small_config(name, dir()); }
+settings::TrainConfig small(const std::string& name) { return test::small_config(name, dir()); }
 
-experiments::TrainOptions quiet() {
-  experiments::TrainOptions o;
+train::TrainOptions quiet() {
+  train::TrainOptions o;
   o.progress = false;
   return o;
 }
 
-experiments::TrainConfig busy(const std::string& name) { return test::busy_config(name, dir()); }
+settings::TrainConfig busy(const std::string& name) { return test::busy_config(name, dir()); }
 }  // namespace
 
 TEST(Trainer, FinishesLearnsAndRecords) {
   results::Store store((dir() / "r1.db").string());
-  const auto r = experiments::train(small("unit"), &store, quiet());
+  const auto r = train::train(small("unit"), &store, quiet());
   EXPECT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.steps, 24);
   EXPECT_EQ(r.evals.size(), 3u);
@@ -50,9 +50,9 @@ TEST(Trainer, FinishesLearnsAndRecords) {
   // The final checkpoint holds the trained weights, and refuses to be resumed.
   EXPECT_TRUE(fs::exists(r.checkpoint));
   EXPECT_FALSE(fs::exists(r.checkpoint + ".tmp"));
-  experiments::TrainOptions o = quiet();
+  train::TrainOptions o = quiet();
   o.resume = true;
-  EXPECT_NE(error_of([&] { experiments::train(small("unit"), nullptr, o); }).find("has finished"), std::string::npos);
+  EXPECT_NE(error_of([&] { train::train(small("unit"), nullptr, o); }).find("has finished"), std::string::npos);
 }
 
 TEST(Trainer, EveryOptimizerAndScheduleLearns) {
@@ -64,8 +64,8 @@ TEST(Trainer, EveryOptimizerAndScheduleLearns) {
       if (std::string(opt) == "rmsprop") c.optimizer.momentum = 0, c.optimizer.lr = 0.003;
       c.schedule.name = sched;
       c.schedule.warmup_steps = 4;
-      c.quant.recipe = experiments::recipe_setting("fp32");
-      const auto r = experiments::train(c, nullptr, quiet());
+      c.quant.recipe = settings::recipe_setting("fp32");
+      const auto r = train::train(c, nullptr, quiet());
       EXPECT_EQ(r.status, results::RunStatus::finished) << opt << " " << sched;
       EXPECT_GT(r.final_metric, 75.0) << opt << " " << sched;
     }
@@ -73,27 +73,27 @@ TEST(Trainer, EveryOptimizerAndScheduleLearns) {
 }
 
 TEST(Trainer, LearningRateSchedules) {
-  experiments::TrainConfig c;
+  settings::TrainConfig c;
   c.optimizer.lr = 1.0;
   c.schedule.name = "step";
   c.schedule.decay_at = {0.5, 0.75};
-  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 49, 100, 10), 1.0);
-  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 50, 100, 10), 0.1);
-  EXPECT_NEAR(experiments::learning_rate(c, 75, 100, 10), 0.01, 1e-15);
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 49, 100, 10), 1.0);
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 50, 100, 10), 0.1);
+  EXPECT_NEAR(train::learning_rate(c, 75, 100, 10), 0.01, 1e-15);
   c.schedule.name = "warmup-invsqrt";
   c.schedule.warmup_steps = 4;
-  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 0, 100, 10), 0.25);   // 1/4
-  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 3, 100, 10), 1.0);    // peak at the warm-up's end
-  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 15, 100, 10), 0.5);   // sqrt(4/16)
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 0, 100, 10), 0.25);   // 1/4
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 3, 100, 10), 1.0);    // peak at the warm-up's end
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 15, 100, 10), 0.5);   // sqrt(4/16)
   c.schedule.name = "linear";
-  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 1, 100, 10), 0.5);    // warm-up 2/4
-  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 52, 100, 10), 0.5);   // (100-52)/(100-4)
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 1, 100, 10), 0.5);    // warm-up 2/4
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 52, 100, 10), 0.5);   // (100-52)/(100-4)
   c.schedule.name = "exponential";
   c.schedule.gamma = 0.5;
   c.schedule.every_epochs = 2;
-  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 4 + 19, 100, 10), 1.0);  // 1.9 epochs after warm-up
-  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 4 + 20, 100, 10), 0.5);
-  EXPECT_DOUBLE_EQ(experiments::learning_rate(c, 4 + 45, 100, 10), 0.25);
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 4 + 19, 100, 10), 1.0);  // 1.9 epochs after warm-up
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 4 + 20, 100, 10), 0.5);
+  EXPECT_DOUBLE_EQ(train::learning_rate(c, 4 + 45, 100, 10), 0.25);
 }
 
 // One run straight through, one stopped twice and resumed, each with its own store.
@@ -106,8 +106,8 @@ void check_resume_equals_uninterrupted(const std::string& model, const std::stri
   auto c = busy("resume" + tag);
   c.model.name = model;
   if (!recipe.empty()) {
-    c.quant.recipe = experiments::recipe_setting(recipe);
-    c.quant.loss_scale = experiments::loss_scale_setting("none");
+    c.quant.recipe = settings::recipe_setting(recipe);
+    c.quant.loss_scale = settings::loss_scale_setting("none");
   }
   if (model.rfind("efficientnet", 0) == 0) {
     // Dropout and stochastic depth draw from the global generator.
@@ -115,26 +115,26 @@ void check_resume_equals_uninterrupted(const std::string& model, const std::stri
     c.model.depth_mult = 0.3;
     c.model.dropout = 0.3;
   }
-  const auto full = experiments::train(c, &s1, quiet());
+  const auto full = train::train(c, &s1, quiet());
   ASSERT_EQ(full.status, results::RunStatus::finished);
   // The final metric is the averaged weights' (average_last = 2), and says so.
   EXPECT_EQ(full.metric_name, "test_accuracy_averaged");
   EXPECT_EQ(s1.runs()[0].metric_name, "test_accuracy_averaged");
   EXPECT_DOUBLE_EQ(s1.metric(s1.runs()[0].id, "test_accuracy_averaged").at(0).second, full.final_metric);
   c.train.checkpoint = (d / ("resume2" + tag + ".ckpt")).string();
-  experiments::TrainOptions o = quiet();
+  train::TrainOptions o = quiet();
   o.stop_after = 7;  // not on a checkpoint or evaluation boundary
-  auto r = experiments::train(c, &s2, o);
+  auto r = train::train(c, &s2, o);
   EXPECT_EQ(r.status, results::RunStatus::stopped);
   EXPECT_EQ(r.steps, 7);
   EXPECT_EQ(s2.runs()[0].status, results::RunStatus::stopped);
   o.resume = true;
   o.stop_after = 9;
-  r = experiments::train(c, &s2, o);
+  r = train::train(c, &s2, o);
   EXPECT_EQ(r.status, results::RunStatus::stopped);
   EXPECT_EQ(r.steps, 16);
   o.stop_after = 0;
-  r = experiments::train(c, &s2, o);
+  r = train::train(c, &s2, o);
   ASSERT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.steps, full.steps);
   EXPECT_EQ(r.final_metric, full.final_metric);
@@ -178,7 +178,7 @@ TEST(Trainer, ChannelsLastChangesNoQuantizedValue) {
     c.data.image_size = 16;
     c.model.channels_last = channels_last;
     c.quant.compute = nn::parse_compute(compute);
-    return experiments::train(c, nullptr, quiet());
+    return train::train(c, nullptr, quiet());
   };
   const auto nchw = run("layout-nchw", false, "fp32"), nhwc = run("layout-nhwc", true, "fp32");
   ASSERT_EQ(nchw.status, results::RunStatus::finished);
@@ -196,15 +196,15 @@ TEST(Trainer, ChannelsLastChangesNoQuantizedValue) {
 
 TEST(Trainer, MovingAverageDecayWarmsUp) {
   // TensorFlow's ExponentialMovingAverage with num_updates: min(decay, (1 + n) / (10 + n)).
-  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.999, 0), 0.1);
-  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.999, 90), 0.91);
-  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.999, 8990), 0.999);  // 8991/9000 = 0.999 exactly
-  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.999, 100000), 0.999);
-  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.5, 0), 0.1);
-  EXPECT_DOUBLE_EQ(experiments::ema_decay(0.5, 10), 0.5);
+  EXPECT_DOUBLE_EQ(train::ema_decay(0.999, 0), 0.1);
+  EXPECT_DOUBLE_EQ(train::ema_decay(0.999, 90), 0.91);
+  EXPECT_DOUBLE_EQ(train::ema_decay(0.999, 8990), 0.999);  // 8991/9000 = 0.999 exactly
+  EXPECT_DOUBLE_EQ(train::ema_decay(0.999, 100000), 0.999);
+  EXPECT_DOUBLE_EQ(train::ema_decay(0.5, 0), 0.1);
+  EXPECT_DOUBLE_EQ(train::ema_decay(0.5, 10), 0.5);
   // After 1,400 steps the initial weights' share of the average is their product.
   double init_share = 1;
-  for (std::int64_t n = 0; n < 1400; ++n) init_share *= experiments::ema_decay(0.999, n);
+  for (std::int64_t n = 0; n < 1400; ++n) init_share *= train::ema_decay(0.999, n);
   EXPECT_LT(init_share, 1e-3);  // a fixed 0.999 leaves 0.999^1400 = 0.25
 }
 
@@ -226,20 +226,20 @@ TEST(Trainer, KilledRunResumesFromItsLastCheckpoint) {
   const fs::path d = dir();
   results::Store s1((d / "k1.db").string());
   auto c = busy("killed");
-  const auto full = experiments::train(c, &s1, quiet());
+  const auto full = train::train(c, &s1, quiet());
   auto c2 = busy("killed");
   c2.train.checkpoint = (d / "killed2.ckpt").string();
   results::Store s2((d / "k2.db").string());
-  experiments::TrainOptions o = quiet();
+  train::TrainOptions o = quiet();
   o.stop_after = 8;  // checkpoint at 8 ...
-  experiments::train(c2, &s2, o);
+  train::train(c2, &s2, o);
   fs::copy_file(c2.train.checkpoint, d / "at8.ckpt", fs::copy_options::overwrite_existing);
   o.resume = true;
   o.stop_after = 3;  // ... runs on to 11 (evaluation at 10) ...
-  experiments::train(c2, &s2, o);
+  train::train(c2, &s2, o);
   fs::copy_file(d / "at8.ckpt", c2.train.checkpoint, fs::copy_options::overwrite_existing);  // ... "killed" after 8
   o.stop_after = 0;
-  const auto r = experiments::train(c2, &s2, o);
+  const auto r = train::train(c2, &s2, o);
   EXPECT_EQ(r.final_metric, full.final_metric);
   EXPECT_EQ(s1.metric(s1.runs()[0].id, "test_accuracy"), s2.metric(s2.runs()[0].id, "test_accuracy"));
   EXPECT_EQ(s1.loss_scale_trace(s1.runs()[0].id), s2.loss_scale_trace(s2.runs()[0].id));
@@ -247,44 +247,44 @@ TEST(Trainer, KilledRunResumesFromItsLastCheckpoint) {
 
 TEST(Trainer, ResumeRefusesAChangedConfigOrNoCheckpoint) {
   auto c = small("changed");
-  experiments::TrainOptions o = quiet();
+  train::TrainOptions o = quiet();
   o.stop_after = 3;
-  experiments::train(c, nullptr, o);
+  train::train(c, nullptr, o);
   c.optimizer.lr = 0.5;
   o.resume = true;
-  const std::string e = error_of([&] { experiments::train(c, nullptr, o); });
+  const std::string e = error_of([&] { train::train(c, nullptr, o); });
   EXPECT_NE(e.find("different config"), std::string::npos) << e;
   EXPECT_NE(e.find("/optimizer/lr"), std::string::npos) << e;
   auto c2 = small("never-started");
-  EXPECT_NE(error_of([&] { experiments::train(c2, nullptr, o); }).find("no checkpoint"), std::string::npos);
+  EXPECT_NE(error_of([&] { train::train(c2, nullptr, o); }).find("no checkpoint"), std::string::npos);
   // A corrupt checkpoint is an error naming the file, not a crash.
   std::ofstream(c2.train.checkpoint) << "not a checkpoint";
-  EXPECT_NE(error_of([&] { experiments::train(c2, nullptr, o); }).find(c2.train.checkpoint), std::string::npos);
+  EXPECT_NE(error_of([&] { train::train(c2, nullptr, o); }).find(c2.train.checkpoint), std::string::npos);
 }
 
 TEST(Trainer, AnUnfinishedRunsCheckpointIsNeverOverwrittenSilently) {
   auto c = small("unfinished");
-  experiments::TrainOptions o = quiet();
+  train::TrainOptions o = quiet();
   o.stop_after = 3;
-  experiments::train(c, nullptr, o);
+  train::train(c, nullptr, o);
   const auto stopped_bytes = std::filesystem::file_size(c.train.checkpoint);
   o.stop_after = 0;
-  const std::string e = error_of([&] { experiments::train(c, nullptr, o); });
+  const std::string e = error_of([&] { train::train(c, nullptr, o); });
   EXPECT_NE(e.find(c.train.checkpoint + ": holds the checkpoint of an unfinished run (step 3)"), std::string::npos)
       << e;
   EXPECT_NE(e.find("--resume"), std::string::npos) << e;
   EXPECT_NE(e.find("--restart"), std::string::npos) << e;
   EXPECT_EQ(std::filesystem::file_size(c.train.checkpoint), stopped_bytes);
   o.restart = true;  // on purpose: the stopped run is discarded
-  EXPECT_EQ(experiments::train(c, nullptr, o).status, results::RunStatus::finished);
+  EXPECT_EQ(train::train(c, nullptr, o).status, results::RunStatus::finished);
   o.restart = false;  // a finished run's checkpoint may be replaced
-  EXPECT_EQ(experiments::train(c, nullptr, o).status, results::RunStatus::finished);
+  EXPECT_EQ(train::train(c, nullptr, o).status, results::RunStatus::finished);
 }
 
 TEST(Trainer, TwoRunsNeverShareACheckpoint) {
   auto c = small("locked");
-  experiments::CheckpointLock held(c.train.checkpoint);  // as a running run holds it
-  const std::string e = error_of([&] { experiments::train(c, nullptr, quiet()); });
+  train::CheckpointLock held(c.train.checkpoint);  // as a running run holds it
+  const std::string e = error_of([&] { train::train(c, nullptr, quiet()); });
   EXPECT_NE(e.find("another run is using this checkpoint (process " + std::to_string(::getpid()) + ")"),
             std::string::npos)
       << e;
@@ -296,7 +296,7 @@ TEST(Trainer, TwoRunsNeverShareACheckpoint) {
   for (const std::string& other : {link.string(), (dir() / ".." / dir().filename() / "locked.ckpt").string()}) {
     auto d = small("other");
     d.train.checkpoint = other;
-    EXPECT_NE(error_of([&] { experiments::train(d, nullptr, quiet()); }).find("another run is using this checkpoint"),
+    EXPECT_NE(error_of([&] { train::train(d, nullptr, quiet()); }).find("another run is using this checkpoint"),
               std::string::npos)
         << other;
   }
@@ -305,9 +305,9 @@ TEST(Trainer, TwoRunsNeverShareACheckpoint) {
 TEST(Trainer, DivergenceIsRecordedNotACrash) {
   results::Store store((dir() / "r2.db").string());
   auto c = small("boom");
-  c.quant.recipe = experiments::recipe_setting("fp32");
+  c.quant.recipe = settings::recipe_setting("fp32");
   c.optimizer.lr = 1e6;  // the largest accepted: blows up within a few steps
-  const auto r = experiments::train(c, &store, quiet());
+  const auto r = train::train(c, &store, quiet());
   EXPECT_EQ(r.status, results::RunStatus::diverged);
   EXPECT_EQ(store.runs({.name = "boom"})[0].status, results::RunStatus::diverged);
 }
@@ -315,9 +315,9 @@ TEST(Trainer, DivergenceIsRecordedNotACrash) {
 TEST(Trainer, BadRecipeIsRefusedBeforeAnythingIsRecorded) {
   results::Store store((dir() / "r3.db").string());
   // A recipe is parsed where the config is read: a bad one never reaches train().
-  const std::string e = error_of([&] { (void)experiments::recipe_setting("a=1.4.3,q=1"); });
+  const std::string e = error_of([&] { (void)settings::recipe_setting("a=1.4.3,q=1"); });
   EXPECT_NE(e.find("quant.recipe"), std::string::npos) << e;
-  const std::string set = error_of([&] { (void)experiments::parse_train_config("", "t", {"quant.recipe=a=1.4.3,q=1"}); });
+  const std::string set = error_of([&] { (void)train::parse_train_config("", "t", {"quant.recipe=a=1.4.3,q=1"}); });
   EXPECT_NE(set.find("quant.recipe"), std::string::npos) << set;
   EXPECT_NE(set.find("unknown key 'q'"), std::string::npos) << set;
   EXPECT_TRUE(store.runs({.name = "bad"}).empty());
@@ -328,7 +328,7 @@ TEST(Trainer, AFailureDuringTheRunIsRecordedAsFailed) {
   auto c = small("nodata");
   c.data.name = "mnist";
   c.data.dir = (dir() / "no-such-folder").string();  // valid config, fails when the data loads
-  EXPECT_THROW(experiments::train(c, &store, quiet()), Error);
+  EXPECT_THROW(train::train(c, &store, quiet()), Error);
   ASSERT_EQ(store.runs({.name = "nodata"}).size(), 1u);
   EXPECT_EQ(store.runs({.name = "nodata"})[0].status, results::RunStatus::failed);
 }
@@ -361,7 +361,7 @@ fs::path word_corpus() {
 
 TEST(Trainer, TranslationLearnsAWordMapping) {
   if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
-  experiments::TrainConfig c;
+  settings::TrainConfig c;
   c.name = "words";
   c.task = "translation";
   c.model.name = "transformer-tiny";
@@ -379,11 +379,11 @@ TEST(Trainer, TranslationLearnsAWordMapping) {
   c.train.steps = 160;
   c.train.batch = 32;
   c.train.eval_interval = 80;
-  c.quant.recipe = experiments::recipe_setting("transformer-mixed");
+  c.quant.recipe = settings::recipe_setting("transformer-mixed");
   c.threads = 2;
   c.train.checkpoint = (dir() / "words.ckpt").string();
   results::Store store((dir() / "tr.db").string());
-  const auto r = experiments::train(c, &store, quiet());
+  const auto r = train::train(c, &store, quiet());
   ASSERT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.metric_name, "test_bleu");
   EXPECT_EQ(r.evals.size(), 2u);
@@ -421,7 +421,7 @@ fs::path length_corpus(const std::string& name, int long_every) {
 
 TEST(Trainer, TranslationDropsLongPairsOnRequest) {
   if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
-  experiments::TrainConfig c;
+  settings::TrainConfig c;
   c.name = "lengths";
   c.task = "translation";
   c.model.name = "transformer-micro";
@@ -434,9 +434,9 @@ TEST(Trainer, TranslationDropsLongPairsOnRequest) {
   c.train.batch = 8;
   c.threads = 1;
   c.train.checkpoint = (dir() / "lengths.ckpt").string();
-  const auto pairs_of = [&](const experiments::TrainConfig& cfg) {
+  const auto pairs_of = [&](const settings::TrainConfig& cfg) {
     std::filesystem::remove(cfg.train.checkpoint);
-    const std::string d = experiments::train(cfg, nullptr, quiet()).model_description;
+    const std::string d = train::train(cfg, nullptr, quiet()).model_description;
     return d.substr(d.rfind(" ("));
   };
   // Truncated: every pair stays. Dropped: the lines with a long English (i % 4 == 1) or a
@@ -449,19 +449,19 @@ TEST(Trainer, TranslationDropsLongPairsOnRequest) {
   c.data.test_limit = 4;
   EXPECT_EQ(pairs_of(c), " (50 train pairs, 4 dev, 4 test)");
   // The key is written only when set, so that earlier runs keep their identity.
-  EXPECT_NE(experiments::to_json(c).find("\"drop_long\":true"), std::string::npos);
+  EXPECT_NE(settings::to_json(c).find("\"drop_long\":true"), std::string::npos);
   c.data.drop_long = false;
-  EXPECT_EQ(experiments::to_json(c).find("drop_long"), std::string::npos);
+  EXPECT_EQ(settings::to_json(c).find("drop_long"), std::string::npos);
   // Nothing left is an error naming the split and the limit; the key is for translation only.
   c.data.drop_long = true;
   c.data.dir = length_corpus("all-long", 0).string();
-  const std::string e = error_of([&] { experiments::train(c, nullptr, quiet()); });
+  const std::string e = error_of([&] { train::train(c, nullptr, quiet()); });
   EXPECT_NE(e.find("data.drop_long: no pair of " + (dir() / "all-long" / "train").string() + ".{en,es}"),
             std::string::npos) << e;
   EXPECT_NE(e.find("data.max_tokens = 16"), std::string::npos) << e;
-  experiments::TrainConfig img = small("img");
+  settings::TrainConfig img = small("img");
   img.data.drop_long = true;
-  EXPECT_NE(error_of([&] { experiments::train(img, nullptr, quiet()); }).find("data.drop_long is for translation"),
+  EXPECT_NE(error_of([&] { train::train(img, nullptr, quiet()); }).find("data.drop_long is for translation"),
             std::string::npos);
 }
 
@@ -481,9 +481,9 @@ fs::path cyclic_text(const std::string& name, int train_lines, int dev_lines) {
 }
 
 // 60 steps of AdamW on the text in `d` (vocabulary 50, 32 tokens), evaluated every 20.
-experiments::TrainConfig text_config(const std::string& name, const std::string& task, const std::string& model,
+settings::TrainConfig text_config(const std::string& name, const std::string& task, const std::string& model,
                                      const fs::path& d) {
-  experiments::TrainConfig c;
+  settings::TrainConfig c;
   c.name = name;
   c.task = task;
   c.model.name = model;
@@ -508,11 +508,11 @@ experiments::TrainConfig text_config(const std::string& name, const std::string&
 TEST(Trainer, BertPretrainingLossFalls) {
   if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
   // Both the masked words and the next sentence are predictable.
-  experiments::TrainConfig c = text_config("bert", "bert", "bert-tiny", cyclic_text("text", 600, 60));
+  settings::TrainConfig c = text_config("bert", "bert", "bert-tiny", cyclic_text("text", 600, 60));
   c.train.batch = 32;
-  c.quant.recipe = experiments::recipe_setting("bert-mixed");
+  c.quant.recipe = settings::recipe_setting("bert-mixed");
   results::Store store((dir() / "bert.db").string());
-  const auto r = experiments::train(c, &store, quiet());
+  const auto r = train::train(c, &store, quiet());
   ASSERT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.metric_name, "mlm_nsp_loss");
   ASSERT_EQ(r.evals.size(), 3u);
@@ -534,20 +534,20 @@ TEST(Trainer, LanguageModelPerplexityFalls) {
   if (std::system("command -v spm_train >/dev/null 2>&1") != 0) GTEST_SKIP() << "sentencepiece tools not installed";
   // After the first few tokens of a block the rest is predictable, so the validation
   // perplexity must fall far below the vocabulary's size.
-  experiments::TrainConfig c = text_config("lm", "language-model", "gpt-tiny", cyclic_text("lm", 800, 100));
+  settings::TrainConfig c = text_config("lm", "language-model", "gpt-tiny", cyclic_text("lm", 800, 100));
   c.train.batch = 16;
-  c.quant.recipe = experiments::recipe_setting("transformer-mixed");
-  const auto r = experiments::train(c, nullptr, quiet());
+  c.quant.recipe = settings::recipe_setting("transformer-mixed");
+  const auto r = train::train(c, nullptr, quiet());
   ASSERT_EQ(r.status, results::RunStatus::finished);
   EXPECT_EQ(r.metric_name, "val_perplexity");
   ASSERT_EQ(r.evals.size(), 3u);
   EXPECT_GT(r.evals.front().second, 1.0);
   EXPECT_LT(r.evals.back().second, r.evals.front().second);
   EXPECT_LT(r.final_metric, 3.0) << "the cycle is predictable";
-  EXPECT_TRUE(experiments::lower_is_better(r.metric_name));
+  EXPECT_TRUE(study::lower_is_better(r.metric_name));
   // A context longer than the text is an error naming the file.
   c.data.max_tokens = 4000;
   c.name = "lm-long";
-  EXPECT_NE(test::error_of([&] { experiments::train(c, nullptr, quiet()); }).find("dev.txt: fewer than 4001 tokens"),
+  EXPECT_NE(test::error_of([&] { train::train(c, nullptr, quiet()); }).find("dev.txt: fewer than 4001 tokens"),
             std::string::npos);
 }

@@ -1,4 +1,4 @@
-// A training run's record in the results store (private to src/experiments): begun or taken
+// A training run's record in the results store (private to src/train): begun or taken
 // up again when the run starts, written to as it goes, closed with its status. Without a
 // store every call does nothing, and the loss-scale trace stays with the run's state.
 #pragma once
@@ -12,12 +12,12 @@
 #include "fp8lab/results/store.hpp"
 #include "train_state.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 class RunRecord {
  public:
   // The record of `resumed` when it was written into this same store, else a new one.
-  RunRecord(results::Store* store, const TrainConfig& cfg, const std::string& config_json, const TrainState* resumed);
+  RunRecord(results::Store* store, const settings::TrainConfig& cfg, const std::string& config_json, const TrainState* resumed);
 
   std::int64_t id() const { return id_; }
   std::string store_path() const;  // absolute; "" without a store
@@ -34,4 +34,4 @@ class RunRecord {
   std::int64_t id_ = 0;
 };
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

@@ -1,4 +1,4 @@
-// A step's batch as micro-batches (private to src/experiments; docs/training.md,
+// A step's batch as micro-batches (private to src/train; docs/training.md,
 // "Data-parallel training"). train.micro_batches = M splits the global batch into M shards of
 // nearly equal size; shard m runs its own forward and backward, from the step's starting
 // buffers (batch norm's running statistics), with its own random streams. The step's
@@ -24,10 +24,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "fp8lab/experiments/world.hpp"
+#include "fp8lab/train/world.hpp"
 #include "fp8lab/settings/recipe.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 // The shard of `n` examples that micro-batch m of M holds: [begin, end).
 std::pair<std::int64_t, std::int64_t> micro_range(std::int64_t n, int micro, int m);
@@ -102,4 +102,4 @@ class MicroBatches {
   torch::Tensor side_;   // [count, side_numel] float64: loss, n, stop, defined and changed flags, buffers
 };
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

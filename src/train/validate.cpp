@@ -8,10 +8,10 @@
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/data/images.hpp"
 #include "fp8lab/settings/config.hpp"
-#include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/train/registry.hpp"
 #include "fp8lab/nn/compute.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 namespace {
 
@@ -29,7 +29,7 @@ const T& lookup(const Registry<T>& r, const std::string& key, const std::string&
   }
 }
 
-void validate_task(const TrainConfig& c) {
+void validate_task(const settings::TrainConfig& c) {
   const TaskInfo& task = lookup(tasks(), "task", c.task);
   const auto models = task.models();
   if (std::find(models.begin(), models.end(), c.model.name) == models.end()) {
@@ -53,7 +53,7 @@ void validate_task(const TrainConfig& c) {
           "data.src_lang and data.tgt_lang must be two different suffixes");
     check(c.train.beam >= 1 && c.train.beam <= 64, "train.beam must be in 1..64");
   }
-  check(c.train.beam == TrainLoopConfig{}.beam || c.task == "translation",
+  check(c.train.beam == settings::TrainLoopConfig{}.beam || c.task == "translation",
         "train.beam is for translation (task " + c.task + " does not decode)");
   check(!c.train.bleu_lowercase || c.task == "translation",
         "train.bleu_lowercase is for translation (task " + c.task + " has no BLEU)");
@@ -63,12 +63,12 @@ void validate_task(const TrainConfig& c) {
 
 }  // namespace
 
-void complete_config(TrainConfig& c) {
+void complete_config(settings::TrainConfig& c) {
   adopt_recipe_settings(c);
   validate(c);
 }
 
-void validate(const TrainConfig& c) {
+void validate(const settings::TrainConfig& c) {
   check_ranges(c);
   validate_task(c);
   try {
@@ -82,17 +82,17 @@ void validate(const TrainConfig& c) {
         "schedule " + c.schedule.name + " needs warmup_steps > 0");
 }
 
-TrainConfig parse_train_config(const std::string& text, const std::string& source,
+settings::TrainConfig parse_train_config(const std::string& text, const std::string& source,
                                const std::vector<std::string>& overrides) {
-  TrainConfig c = read_train_config(text, source, overrides);
+  settings::TrainConfig c = settings::read_train_config(text, source, overrides);
   complete_config(c);
   return c;
 }
 
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
-  TrainConfig c = read_train_config(read_file(path), path, overrides, true);
+settings::TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  settings::TrainConfig c = settings::read_train_config(read_file(path), path, overrides, true);
   complete_config(c);
   return c;
 }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

@@ -5,10 +5,10 @@
 #include <fstream>
 
 #include "../common/testutil.hpp"
-#include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/train/registry.hpp"
 
 using namespace fp8lab;
-using experiments::parse_train_config;
+using train::parse_train_config;
 using test::error_of;
 
 TEST(Config, DefaultsSectionsAndOverrides) {
@@ -46,10 +46,10 @@ epochs = 5
 TEST(Config, TomlAndJsonRoundTrip) {
   auto c = parse_train_config("", "empty", {"optimizer.lr=0.1234567890123", "train.checkpoint=a \"b\".ckpt",
                                             "schedule.decay_at=[0.25]", "seed=18446744073709551"});
-  const std::string t = experiments::to_toml(c);
+  const std::string t = settings::to_toml(c);
   const auto back = parse_train_config(t, "back");
-  EXPECT_EQ(experiments::to_toml(back), t);
-  EXPECT_EQ(experiments::to_json(back), experiments::to_json(c));
+  EXPECT_EQ(settings::to_toml(back), t);
+  EXPECT_EQ(settings::to_json(back), settings::to_json(c));
   EXPECT_DOUBLE_EQ(back.optimizer.lr, 0.1234567890123);
   EXPECT_EQ(back.train.checkpoint, "a \"b\".ckpt");
   EXPECT_NE(t.find("lr = 0.1234567890123\n"), std::string::npos) << t;
@@ -61,16 +61,16 @@ TEST(Config, TomlAndJsonRoundTrip) {
 // the config is read.
 TEST(Config, ComputeIsRecordedExceptAtItsDefault) {
   const auto plain = parse_train_config("", "plain");
-  EXPECT_EQ(experiments::to_json(plain).find("compute"), std::string::npos);
+  EXPECT_EQ(settings::to_json(plain).find("compute"), std::string::npos);
   const auto fp32 = parse_train_config("", "fp32", {"quant.compute=fp32"});
-  EXPECT_EQ(experiments::to_json(fp32), experiments::to_json(plain));
+  EXPECT_EQ(settings::to_json(fp32), settings::to_json(plain));
   const auto with_auto = parse_train_config("", "auto", {"quant.compute=auto"});
   EXPECT_EQ(with_auto.quant.compute, nn::Compute::auto_);
-  EXPECT_NE(experiments::to_json(with_auto).find("\"compute\":\"auto\""), std::string::npos);
-  EXPECT_NE(experiments::to_toml(with_auto).find("compute = \"auto\""), std::string::npos);
-  const std::string e = test::error_of([] { experiments::read_train_config("[quant]\ncompute = \"fp16\"\n", "c.toml"); });
+  EXPECT_NE(settings::to_json(with_auto).find("\"compute\":\"auto\""), std::string::npos);
+  EXPECT_NE(settings::to_toml(with_auto).find("compute = \"auto\""), std::string::npos);
+  const std::string e = test::error_of([] { settings::read_train_config("[quant]\ncompute = \"fp16\"\n", "c.toml"); });
   EXPECT_NE(e.find("c.toml:2: 'quant.compute'"), std::string::npos) << e;
-  EXPECT_NE(test::error_of([] { experiments::read_train_config("[quant]\ncompute = 16\n", "c.toml"); })
+  EXPECT_NE(test::error_of([] { settings::read_train_config("[quant]\ncompute = 16\n", "c.toml"); })
                 .find("'quant.compute' must be a string (fp32, bf16 or auto)"),
             std::string::npos);
 }
@@ -78,13 +78,13 @@ TEST(Config, ComputeIsRecordedExceptAtItsDefault) {
 // quant.accumulate likewise (fp32 by default, docs/spec.md §7.3).
 TEST(Config, AccumulateIsRecordedExceptAtItsDefault) {
   const auto plain = parse_train_config("", "plain");
-  EXPECT_EQ(experiments::to_json(plain).find("accumulate"), std::string::npos);
+  EXPECT_EQ(settings::to_json(plain).find("accumulate"), std::string::npos);
   const auto fp32 = parse_train_config("", "fp32", {"quant.accumulate=fp32"});
-  EXPECT_EQ(experiments::to_json(fp32), experiments::to_json(plain));
+  EXPECT_EQ(settings::to_json(fp32), settings::to_json(plain));
   const auto chunked = parse_train_config("", "chunked", {"quant.accumulate=1.8.10@128"});
   EXPECT_EQ(chunked.quant.accumulate->chunk, 128);
-  EXPECT_NE(experiments::to_json(chunked).find("\"accumulate\":\"1.8.10@128\""), std::string::npos);
-  EXPECT_NE(experiments::to_toml(chunked).find("accumulate = \"1.8.10@128\""), std::string::npos);
+  EXPECT_NE(settings::to_json(chunked).find("\"accumulate\":\"1.8.10@128\""), std::string::npos);
+  EXPECT_NE(settings::to_toml(chunked).find("accumulate = \"1.8.10@128\""), std::string::npos);
   const std::string e = test::error_of([] { parse_train_config("", "t", {"quant.accumulate=1.8.10@0"}); });
   EXPECT_NE(e.find("quant.accumulate"), std::string::npos) << e;
   EXPECT_NE(e.find("positive integer"), std::string::npos) << e;
@@ -96,11 +96,11 @@ TEST(Config, AccumulateIsRecordedExceptAtItsDefault) {
 TEST(Config, ChannelsLastIsRecordedWhenOn) {
   const auto plain = parse_train_config("", "plain");
   EXPECT_TRUE(plain.model.channels_last);
-  EXPECT_NE(experiments::to_json(plain).find("\"channels_last\":true"), std::string::npos);
+  EXPECT_NE(settings::to_json(plain).find("\"channels_last\":true"), std::string::npos);
   const auto nchw = parse_train_config("", "nchw", {"model.channels_last=false"});
   EXPECT_FALSE(nchw.model.channels_last);
-  EXPECT_EQ(experiments::to_json(nchw).find("channels_last"), std::string::npos);
-  experiments::validate(nchw);
+  EXPECT_EQ(settings::to_json(nchw).find("channels_last"), std::string::npos);
+  train::validate(nchw);
   const std::string e = test::error_of([] {
     parse_train_config("", "lm", {"task=\"language-model\"", "model.name=\"gpt-tiny\"", "data.name=\"text\"",
                                   "data.dir=\"/nonexistent\"", "model.channels_last=false"});
@@ -116,7 +116,7 @@ TEST(Config, ExplicitSettingsBeatTheRecipeFileWhichBeatsTheDefault) {
   const std::string recipe = (dir / "deepseek.toml").string();
   std::ofstream(recipe) << "a = \"e4m3fn\"\nw = \"e4m3fn\"\ncompute = \"auto\"\naccumulate = \"1.8.10@128\"\n";
   const std::string with_recipe = "[quant]\nrecipe = \"" + recipe + "\"\n";
-  const auto chunk_of = [](const experiments::TrainConfig& c) { return c.quant.accumulate->chunk; };
+  const auto chunk_of = [](const settings::TrainConfig& c) { return c.quant.accumulate->chunk; };
   // The default alone.
   const auto plain = parse_train_config("", "t");
   EXPECT_EQ(plain.quant.compute, nn::Compute::fp32);
@@ -125,7 +125,7 @@ TEST(Config, ExplicitSettingsBeatTheRecipeFileWhichBeatsTheDefault) {
   const auto from_file = parse_train_config(with_recipe, "t");
   EXPECT_EQ(from_file.quant.compute, nn::Compute::auto_);
   EXPECT_EQ(chunk_of(from_file), 128);
-  EXPECT_NE(experiments::to_json(from_file).find("\"accumulate\":\"1.8.10@128\""), std::string::npos);
+  EXPECT_NE(settings::to_json(from_file).find("\"accumulate\":\"1.8.10@128\""), std::string::npos);
   // The config file's own value beats the recipe file's, the default's spelling included.
   const auto in_file = parse_train_config(with_recipe + "compute = \"fp32\"\naccumulate = \"fp32\"\n", "t");
   EXPECT_EQ(in_file.quant.compute, nn::Compute::fp32);
@@ -139,11 +139,11 @@ TEST(Config, ExplicitSettingsBeatTheRecipeFileWhichBeatsTheDefault) {
   EXPECT_EQ(both.quant.compute, nn::Compute::auto_);
   // A config built in code and never completed: train() and validate-free readers see fp32
   // until complete_config takes the recipe file's values.
-  experiments::TrainConfig raw;
-  raw.quant.recipe = experiments::recipe_setting(recipe);
+  settings::TrainConfig raw;
+  raw.quant.recipe = settings::recipe_setting(recipe);
   EXPECT_FALSE(raw.quant.compute);
-  EXPECT_EQ(experiments::compute_of(raw.quant), nn::Compute::fp32);
-  experiments::complete_config(raw);
+  EXPECT_EQ(settings::compute_of(raw.quant), nn::Compute::fp32);
+  train::complete_config(raw);
   EXPECT_EQ(raw.quant.compute, nn::Compute::auto_);
   std::filesystem::remove_all(dir);
 }
@@ -162,7 +162,7 @@ TEST(Config, StringsAreUtf8TextAndRoundTripExactly) {
   // UTF-8 are refused (a NUL would cut a path short, a DEL cannot be written back).
   const auto c = parse_train_config("[data]\ndir = \"/donn\u00e9es/\u03b1\u03b2\"\n", "c.toml");
   EXPECT_EQ(c.data.dir, "/donn\xc3\xa9" "es/\xce\xb1\xce\xb2");
-  EXPECT_EQ(parse_train_config(experiments::to_toml(c), "back").data.dir, c.data.dir);
+  EXPECT_EQ(parse_train_config(settings::to_toml(c), "back").data.dir, c.data.dir);
   for (const char* bad : {"[data]\ndir = \"a\\u0000b\"\n", "[data]\ndir = \"a\\u007fb\"\n",
                                  "[data]\ndir = \"a\\tb\"\n"}) {
     const std::string e = error_of([&] { parse_train_config(bad, "c.toml"); });
@@ -204,7 +204,7 @@ TEST(Config, ErrorsNameKeyAndLine) {
   EXPECT_NE(e.find("unknown part 'rotate'"), std::string::npos) << e;
   e = error_of([] { parse_train_config("schema = 9\n", "c.toml"); });
   EXPECT_NE(e.find("newer"), std::string::npos) << e;
-  e = error_of([] { experiments::load_train_config("/nonexistent/x.toml"); });
+  e = error_of([] { train::load_train_config("/nonexistent/x.toml"); });
   EXPECT_NE(e.find("/nonexistent/x.toml"), std::string::npos) << e;
 }
 
@@ -216,6 +216,6 @@ TEST(Config, ShippedConfigsParse) {
       return std::string(std::istreambuf_iterator<char>(in), {});
     }();
     if (text.find("[recipe]") != std::string::npos || text.find("[[override]]") != std::string::npos) continue;
-    EXPECT_EQ(error_of([&] { experiments::load_train_config(entry.path().string()); }), "") << entry.path();
+    EXPECT_EQ(error_of([&] { train::load_train_config(entry.path().string()); }), "") << entry.path();
   }
 }

@@ -1,7 +1,7 @@
 // Data-parallel training (docs/training.md): N processes give the run one process gives,
 // bit for bit. The test program starts copies of itself as the ranks (FP8LAB_TEST_RANK_OF
 // names the case; RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT the world, as any launcher
-// sets them), each a plain call of experiments::train with a World; rank 0 writes the store
+// sets them), each a plain call of train::train with a World; rank 0 writes the store
 // and checkpoint, every rank writes what train() returned to a file the test reads.
 #include <gtest/gtest.h>
 #include <arpa/inet.h>
@@ -18,11 +18,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../../src/experiments/micro_batches.hpp"
+#include "../../src/train/micro_batches.hpp"
 #include "../common/testutil.hpp"
 #include "configs.hpp"
-#include "fp8lab/experiments/trainer.hpp"
-#include "fp8lab/experiments/world.hpp"
+#include "fp8lab/train/trainer.hpp"
+#include "fp8lab/train/world.hpp"
 #include "fp8lab/results/store.hpp"
 
 using namespace fp8lab;
@@ -33,8 +33,8 @@ namespace {
 
 // The trainer tests' busy config (every source of randomness and state; Backoff skips steps
 // in it) for 2 epochs of 8 batches, the last of 8 examples, as 2 micro-batches.
-experiments::TrainConfig busy(const std::string& name, const fs::path& dir, const std::string& model) {
-  experiments::TrainConfig c = test::busy_config(name, dir);
+settings::TrainConfig busy(const std::string& name, const fs::path& dir, const std::string& model) {
+  settings::TrainConfig c = test::busy_config(name, dir);
   c.model.name = model;
   if (model.rfind("efficientnet", 0) == 0) {  // dropout and stochastic depth: unused parameters
     c.model.width = 0;
@@ -50,14 +50,14 @@ experiments::TrainConfig busy(const std::string& name, const fs::path& dir, cons
 
 // What a test case hands its ranks: the config, and what to do.
 struct Case {
-  experiments::TrainConfig cfg;
+  settings::TrainConfig cfg;
   std::int64_t stop_after = 0;
   bool resume = false;
   std::uint64_t rank1_seed = 0;  // > 0: rank 1's config has this seed instead
   std::int64_t bucket_bytes = 4096;  // many buckets even for these small models
 };
 
-json to_json(const experiments::TrainResult& r) {
+json to_json(const train::TrainResult& r) {
   json counts = json::array();
   for (const auto& c : r.counts) counts.push_back({c.total, c.overflow, c.underflow, c.nan});
   return {{"status", std::string(results::to_string(r.status))},
@@ -96,15 +96,15 @@ struct Branchy : torch::nn::Module {
 
 // One step of Branchy on 6 examples as 2 shards, buckets of `bucket_bytes`: every
 // parameter's gradient after the exchange, its float32 bits as integers ("none": undefined).
-json branchy_step(experiments::World* world, std::int64_t bucket_bytes) {
+json branchy_step(train::World* world, std::int64_t bucket_bytes) {
   torch::manual_seed(7);
   Branchy net;
   const torch::Tensor x = torch::randn({6, 8});
-  experiments::MicroBatches mb(net, 2, world, std::nullopt, bucket_bytes);
+  train::MicroBatches mb(net, 2, world, std::nullopt, bucket_bytes);
   mb.begin_step();
   for (int m = mb.first(); m < mb.first() + mb.count(); ++m) {
     mb.before(m);
-    const auto [begin, end] = experiments::micro_range(6, 2, m);
+    const auto [begin, end] = train::micro_range(6, 2, m);
     const torch::Tensor loss = net.forward(x.slice(0, begin, end), m == 0).pow(2).mean();
     loss.backward();
     mb.after(m, loss.item<double>(), end - begin, false);
@@ -129,16 +129,16 @@ json branchy_step(experiments::World* world, std::int64_t bucket_bytes) {
 int run_rank(const std::string& case_file) {
   std::ifstream in(case_file);
   const json j = json::parse(in);
-  experiments::TrainConfig cfg =
-      j.contains("config") ? experiments::parse_train_config(j.at("config").get<std::string>(), case_file)
-                           : experiments::TrainConfig{};
-  const auto wc = experiments::world_from_variables(
+  settings::TrainConfig cfg =
+      j.contains("config") ? train::parse_train_config(j.at("config").get<std::string>(), case_file)
+                           : settings::TrainConfig{};
+  const auto wc = train::world_from_variables(
       [](const std::string& n) {
         const char* v = std::getenv(n.c_str());
         return v ? std::optional<std::string>(v) : std::nullopt;
       },
       std::chrono::seconds(60));
-  experiments::World world(*wc);
+  train::World world(*wc);
   if (j.contains("branchy")) {
     const json g = branchy_step(&world, j.at("branchy").get<std::int64_t>());
     std::ofstream(case_file + ".rank" + std::to_string(world.rank())) << json{{"grads", g}}.dump();
@@ -147,7 +147,7 @@ int run_rank(const std::string& case_file) {
   if (world.rank() == 1 && j.at("rank1_seed").get<std::uint64_t>() > 0) cfg.seed = j.at("rank1_seed").get<std::uint64_t>();
   std::optional<results::Store> store;
   if (world.rank() == 0) store.emplace(j.at("db").get<std::string>());
-  experiments::TrainOptions o;
+  train::TrainOptions o;
   o.progress = false;
   o.world = &world;
   o.stop_after = j.at("stop_after").get<std::int64_t>();
@@ -155,7 +155,7 @@ int run_rank(const std::string& case_file) {
   o.bucket_bytes = j.at("bucket_bytes").get<std::int64_t>();
   json out;
   try {
-    out = to_json(experiments::train(cfg, store ? &*store : nullptr, o));
+    out = to_json(train::train(cfg, store ? &*store : nullptr, o));
   } catch (const std::exception& e) {
     out = {{"error", e.what()}};
   }
@@ -213,7 +213,7 @@ std::vector<json> run_case(const fs::path& file, int n) {
 // Runs `c` as `n` ranks and returns what each rank's train() gave.
 std::vector<json> run_ranks(const Case& c, int n, const fs::path& db) {
   const fs::path file = fs::path(c.cfg.train.checkpoint).parent_path() / (c.cfg.name + ".case");
-  std::ofstream(file) << json{{"config", experiments::to_toml(c.cfg)}, {"db", db.string()},
+  std::ofstream(file) << json{{"config", settings::to_toml(c.cfg)}, {"db", db.string()},
                               {"stop_after", c.stop_after}, {"resume", c.resume}, {"rank1_seed", c.rank1_seed},
                               {"bucket_bytes", c.bucket_bytes}}
                              .dump();
@@ -221,11 +221,11 @@ std::vector<json> run_ranks(const Case& c, int n, const fs::path& db) {
 }
 
 json train_here(const Case& c, results::Store& store) {
-  experiments::TrainOptions o;
+  train::TrainOptions o;
   o.progress = false;
   o.stop_after = c.stop_after;
   o.resume = c.resume;
-  return to_json(experiments::train(c.cfg, &store, o));
+  return to_json(train::train(c.cfg, &store, o));
 }
 
 // The store of run `b` holds what the store of run `a` does: metrics, loss-scale trace,
@@ -267,7 +267,7 @@ void check_processes_equal_one(const std::string& model, int micro, const std::s
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   Case one{busy("one_" + tag, d, model)}, two{busy("two_" + tag, d, model)};
   one.cfg.train.micro_batches = two.cfg.train.micro_batches = micro;
-  one.cfg.quant.grad_comm = two.cfg.quant.grad_comm = experiments::grad_comm_setting(comm);
+  one.cfg.quant.grad_comm = two.cfg.quant.grad_comm = settings::grad_comm_setting(comm);
   two.cfg.name = one.cfg.name;  // the same config but for the checkpoint path
   // Fresh stores: a case may run twice in one process (GradientsIn8Bits repeats the first).
   fs::remove(d / ("one_" + tag + ".db"));
@@ -295,7 +295,7 @@ TEST(MicroBatches, ShardsCoverTheBatchInOrderAndBalance) {
     for (int micro : {1, 2, 3, 4, 8}) {
       std::int64_t next = 0;
       for (int m = 0; m < micro; ++m) {
-        const auto [b, e] = experiments::micro_range(n, micro, m);
+        const auto [b, e] = train::micro_range(n, micro, m);
         EXPECT_EQ(b, next);
         EXPECT_GE(e - b, n / micro);
         EXPECT_LE(e - b, n / micro + 1);
@@ -303,13 +303,13 @@ TEST(MicroBatches, ShardsCoverTheBatchInOrderAndBalance) {
       }
       EXPECT_EQ(next, n);
     }
-  EXPECT_EQ(experiments::micro_seed(42, 0), 42u);  // shard 0 draws the whole batch's streams
-  EXPECT_NE(experiments::micro_seed(42, 1), experiments::micro_seed(42, 2));
+  EXPECT_EQ(train::micro_seed(42, 0), 42u);  // shard 0 draws the whole batch's streams
+  EXPECT_NE(train::micro_seed(42, 1), train::micro_seed(42, 2));
 }
 
 TEST(World, VariablesAllOrNone) {
   auto from = [](std::map<std::string, std::string> m) {
-    return experiments::world_from_variables(
+    return train::world_from_variables(
         [&](const std::string& n) { return m.count(n) ? std::optional<std::string>(m[n]) : std::nullopt; },
         std::chrono::seconds(1));
   };

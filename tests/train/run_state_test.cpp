@@ -8,10 +8,10 @@
 #include <random>
 #include <sstream>
 
-#include "../../src/experiments/train_state.hpp"
+#include "../../src/train/train_state.hpp"
 #include "../common/testutil.hpp"
 #include "fp8lab/core/files.hpp"
-#include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/train/trainer.hpp"
 
 using namespace fp8lab;
 namespace fs = std::filesystem;
@@ -20,8 +20,8 @@ using test::error_of;
 namespace {
 fs::path dir() { return test::temp_dir("fp8lab_run_state"); }
 
-experiments::TrainState full_state() {
-  experiments::TrainState s;
+train::TrainState full_state() {
+  train::TrainState s;
   s.step = 17;
   s.loss_ema = 0.123456789;
   s.scaler = {3, 1.5, 7, -2};
@@ -38,7 +38,7 @@ experiments::TrainState full_state() {
   return s;
 }
 
-void expect_same_weights(const experiments::Weights& a, const experiments::Weights& b) {
+void expect_same_weights(const train::Weights& a, const train::Weights& b) {
   ASSERT_EQ(a.size(), b.size());
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
 }
@@ -51,10 +51,10 @@ TEST(RunState, CheckpointRoundTripsEveryField) {
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   model->forward(torch::randn({4, 3})).sum().backward();
   opt.step();  // momentum buffers to save
-  const experiments::TrainState s = full_state();
-  experiments::save_checkpoint(path, "{\"a\":1}", s, *model, opt);
+  const train::TrainState s = full_state();
+  train::save_checkpoint(path, "{\"a\":1}", s, *model, opt);
 
-  experiments::Checkpoint c(path, "{\"a\":1}");
+  train::Checkpoint c(path, "{\"a\":1}");
   const auto& r = c.state();
   EXPECT_EQ(r.step, s.step);
   EXPECT_EQ(r.loss_ema, s.loss_ema);
@@ -93,12 +93,12 @@ TEST(RunState, CheckpointRoundTripsEveryField) {
   EXPECT_TRUE(torch::equal(model2->weight, model->weight));
 
   // Refused: another config, naming the key; a finished run.
-  const std::string e = error_of([&] { experiments::Checkpoint(path, "{\"a\":2}"); });
+  const std::string e = error_of([&] { train::Checkpoint(path, "{\"a\":2}"); });
   EXPECT_NE(e.find("different config (/a)"), std::string::npos) << e;
-  experiments::TrainState done = s;
+  train::TrainState done = s;
   done.finished = true;
-  experiments::save_checkpoint(path, "{\"a\":1}", done, *model, opt);
-  EXPECT_NE(error_of([&] { experiments::Checkpoint(path, "{\"a\":1}"); }).find("has finished"), std::string::npos);
+  train::save_checkpoint(path, "{\"a\":1}", done, *model, opt);
+  EXPECT_NE(error_of([&] { train::Checkpoint(path, "{\"a\":1}"); }).find("has finished"), std::string::npos);
 }
 
 TEST(RunState, ADamagedCheckpointIsRefusedWithTheFileNamed) {
@@ -106,11 +106,11 @@ TEST(RunState, ADamagedCheckpointIsRefusedWithTheFileNamed) {
   torch::manual_seed(1);
   torch::nn::Linear model(64, 64);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
-  experiments::save_checkpoint(path, "{}", full_state(), *model, opt);
+  train::save_checkpoint(path, "{}", full_state(), *model, opt);
   const std::string good = read_file(path);
   auto expect_refused = [&](const std::string& bytes, const std::string& what) {
     write_file_atomic(path, bytes);
-    const std::string e = error_of([&] { experiments::Checkpoint(path, "{}"); });
+    const std::string e = error_of([&] { train::Checkpoint(path, "{}"); });
     EXPECT_NE(e.find(path + ": damaged checkpoint: "), std::string::npos) << e;
     EXPECT_NE(e.find(what), std::string::npos) << e;
   };
@@ -125,7 +125,7 @@ TEST(RunState, ADamagedCheckpointIsRefusedWithTheFileNamed) {
   expect_refused(good.substr(0, good.size() - 1), "truncated or appended to");
   expect_refused(good + "x", "truncated or appended to");
   write_file_atomic(path, good);
-  EXPECT_NO_THROW(experiments::Checkpoint(path, "{}"));
+  EXPECT_NO_THROW(train::Checkpoint(path, "{}"));
 }
 
 // A checkpoint file must start with its integrity line: without it (schema 1 wrote none;
@@ -139,20 +139,20 @@ TEST(RunState, CheckpointsWithoutTheirIntegrityLineOrOfAnotherSchemaAreRefused) 
   a.write("weight", torch::zeros({2}));
   std::ostringstream archive;
   a.save_to(archive);
-  experiments::TrainConfig c;
+  settings::TrainConfig c;
   c.name = "old";
   c.train.checkpoint = path;
-  experiments::TrainOptions o;
+  train::TrainOptions o;
   o.resume = true;
   o.progress = false;
   for (const std::string& body : {archive.str(), std::string(), std::string(4096, '\x5a')}) {
     write_file_atomic(path, body);
-    const std::string e = error_of([&] { experiments::train(c, nullptr, o); });
+    const std::string e = error_of([&] { train::train(c, nullptr, o); });
     EXPECT_NE(e.find(path + ": not an fp8lab checkpoint: it does not start with the integrity line"), std::string::npos)
         << e;
     EXPECT_EQ(e.find("libtorch"), std::string::npos) << e;
   }
   write_file_atomic(path, checksum_frame("fp8lab-checkpoint ", archive.str()));
-  const std::string e = error_of([&] { experiments::train(c, nullptr, o); });
+  const std::string e = error_of([&] { train::train(c, nullptr, o); });
   EXPECT_NE(e.find(path + ": checkpoint schema 1, this fp8lab reads schema 2"), std::string::npos) << e;
 }

@@ -1,4 +1,4 @@
-// A training run as one value (private to src/experiments): TrainState is everything a run
+// A training run as one value (private to src/train): TrainState is everything a run
 // carries from one step to the next besides the model's and the optimizer's own state, and
 // a checkpoint is the run's config, its TrainState, the model and the optimizer, written
 // and read by the one pair of functions below.
@@ -17,7 +17,7 @@
 #include "fp8lab/nn/ops.hpp"
 #include "fp8lab/settings/recipe.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 // 2: TrainState as one JSON value beside the model, optimizer, EMA and recent weights; the
 // file is one header line (`fp8lab-checkpoint bytes=N fnv1a64=H`) and the archive, whose
@@ -101,4 +101,4 @@ class CheckpointLock {
   int fd_ = -1;
 };
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

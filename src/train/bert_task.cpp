@@ -7,11 +7,11 @@
 #include "fp8lab/core/random.hpp"
 #include "fp8lab/data/bitext.hpp"
 #include "fp8lab/data/tokenizer.hpp"
-#include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/train/registry.hpp"
 #include "fp8lab/models/bert.hpp"
 #include "task.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 namespace fs = std::filesystem;
 
@@ -19,7 +19,7 @@ namespace {
 
 class BertTask final : public Task {
  public:
-  explicit BertTask(const TrainConfig& c) : cfg_(c) {
+  explicit BertTask(const settings::TrainConfig& c) : cfg_(c) {
     const DataSetInfo& set = text_data_sets().at(c.data.name);
     const std::string dir = data_folder(text_data_sets(), c);
     const std::string train_file = (fs::path(dir) / set.train_file).string();
@@ -160,7 +160,7 @@ class BertTask final : public Task {
     return mlm + nsp;
   }
 
-  TrainConfig cfg_;
+  settings::TrainConfig cfg_;
   data::Tokenizer tok_;
   int mask_ = 0, cls_ = 0, sep_ = 0;
   std::vector<std::vector<int>> train_, dev_;
@@ -172,6 +172,6 @@ class BertTask final : public Task {
 
 }  // namespace
 
-std::unique_ptr<Task> make_bert_task(const TrainConfig& cfg) { return std::make_unique<BertTask>(cfg); }
+std::unique_ptr<Task> make_bert_task(const settings::TrainConfig& cfg) { return std::make_unique<BertTask>(cfg); }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

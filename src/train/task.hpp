@@ -1,4 +1,4 @@
-// What the trainer trains (private to src/experiments): a model, its data, its loss and its
+// What the trainer trains (private to src/train): a model, its data, its loss and its
 // evaluation. The trainer owns everything else (optimizer, schedule, loss scaling, EMA,
 // checkpoints, the store).
 #pragma once
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "fp8lab/settings/config.hpp"
-#include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/train/registry.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 class Task {
  public:
@@ -44,13 +44,13 @@ class Task {
 };
 
 // The task `cfg.task` names (registry.hpp).
-std::unique_ptr<Task> make_task(const TrainConfig& cfg);
+std::unique_ptr<Task> make_task(const settings::TrainConfig& cfg);
 
 // Each task and its data sets (image_task.cpp, translation_task.cpp, bert_task.cpp, lm_task.cpp).
-std::unique_ptr<Task> make_image_task(const TrainConfig& cfg);
-std::unique_ptr<Task> make_translation_task(const TrainConfig& cfg);
-std::unique_ptr<Task> make_bert_task(const TrainConfig& cfg);
-std::unique_ptr<Task> make_lm_task(const TrainConfig& cfg);
+std::unique_ptr<Task> make_image_task(const settings::TrainConfig& cfg);
+std::unique_ptr<Task> make_translation_task(const settings::TrainConfig& cfg);
+std::unique_ptr<Task> make_bert_task(const settings::TrainConfig& cfg);
+std::unique_ptr<Task> make_lm_task(const settings::TrainConfig& cfg);
 const Registry<DataSetInfo>& image_data_sets();
 const Registry<DataSetInfo>& translation_data_sets();
 // One-sentence-per-line text for BERT and the language model: the English side of the
@@ -62,6 +62,6 @@ std::vector<std::string> read_lines(const std::string& path);
 
 // The folder of a text data set: data.dir, or the set's default folder, prepared on first
 // use when the set has a preparation step.
-std::string data_folder(const Registry<DataSetInfo>& sets, const TrainConfig& cfg);
+std::string data_folder(const Registry<DataSetInfo>& sets, const settings::TrainConfig& cfg);
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 struct WorldConfig {
   int rank = 0, size = 1;
@@ -87,4 +87,4 @@ class World {
   CommStats stats_;
 };
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

@@ -6,11 +6,11 @@
 
 #include "fp8lab/data/bitext.hpp"
 #include "fp8lab/data/tokenizer.hpp"
-#include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/train/registry.hpp"
 #include "fp8lab/models/gpt.hpp"
 #include "task.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 namespace fs = std::filesystem;
 
@@ -28,7 +28,7 @@ torch::Tensor token_stream(const data::Tokenizer& tok, const std::vector<std::st
 
 class LanguageModelTask final : public Task {
  public:
-  explicit LanguageModelTask(const TrainConfig& c) : cfg_(c), context_(c.data.max_tokens) {
+  explicit LanguageModelTask(const settings::TrainConfig& c) : cfg_(c), context_(c.data.max_tokens) {
     const DataSetInfo& set = text_data_sets().at(c.data.name);
     const std::string dir = data_folder(text_data_sets(), c);
     const std::string train_file = (fs::path(dir) / set.train_file).string();
@@ -100,7 +100,7 @@ class LanguageModelTask final : public Task {
                                                 options);
   }
 
-  TrainConfig cfg_;
+  settings::TrainConfig cfg_;
   std::int64_t context_;
   data::Tokenizer tok_;
   torch::Tensor train_, dev_;  // token streams
@@ -111,6 +111,6 @@ class LanguageModelTask final : public Task {
 
 }  // namespace
 
-std::unique_ptr<Task> make_lm_task(const TrainConfig& cfg) { return std::make_unique<LanguageModelTask>(cfg); }
+std::unique_ptr<Task> make_lm_task(const settings::TrainConfig& cfg) { return std::make_unique<LanguageModelTask>(cfg); }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

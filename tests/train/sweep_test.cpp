@@ -16,7 +16,7 @@
 #include "fp8lab/study/report.hpp"
 #include "fp8lab/study/sweep.hpp"
 #include "../study/small_sweep.hpp"
-#include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/train/trainer.hpp"
 
 using namespace fp8lab;
 namespace fs = std::filesystem;
@@ -33,8 +33,8 @@ fs::path fresh(const std::string& name) {
   return d;
 }
 
-experiments::Sweep parse(const std::string& body, const std::string& name = "t") {
-  return experiments::parse_sweep("name = \"" + name + "\"\n" + body, "sweep.toml", dir().string(), experiments::complete_config);
+study::Sweep parse(const std::string& body, const std::string& name = "t") {
+  return study::parse_sweep("name = \"" + name + "\"\n" + body, "sweep.toml", dir().string(), train::complete_config);
 }
 
 // Trains in this process (the CLI spawns `fp8lab train` instead).
@@ -42,18 +42,18 @@ struct InProcess {
   std::string db;
   int calls = 0, resumed = 0;
   std::map<std::string, std::int64_t> stop_after;  // run key -> stop after N steps (once)
-  int operator()(const experiments::SweepRun& run, const std::string& config, bool resume, const std::string&) {
+  int operator()(const study::SweepRun& run, const std::string& config, bool resume, const std::string&) {
     ++calls;
     resumed += resume;
     results::Store store(db);
-    experiments::TrainOptions o;
+    train::TrainOptions o;
     o.progress = false;
     o.resume = resume;
     if (auto it = stop_after.find(run.key); it != stop_after.end()) {
       o.stop_after = it->second;
       stop_after.erase(it);
     }
-    const auto r = experiments::train(experiments::load_train_config(config), &store, o);
+    const auto r = train::train(train::load_train_config(config), &store, o);
     return r.status == results::RunStatus::finished ? 0 : 1;
   }
 };
@@ -111,9 +111,9 @@ bias = { from = 10, to = 14, step = 2 }
   auto c = s.runs[5].cfg;
   c.threads = 7;
   c.train.checkpoint = "/elsewhere.ckpt";
-  EXPECT_EQ(experiments::identity_of(experiments::to_json(c)), s.runs[5].identity);
+  EXPECT_EQ(study::identity_of(settings::to_json(c)), s.runs[5].identity);
   c.seed = 99;
-  EXPECT_NE(experiments::identity_of(experiments::to_json(c)), s.runs[5].identity);
+  EXPECT_NE(study::identity_of(settings::to_json(c)), s.runs[5].identity);
 }
 
 TEST(Sweep, ErrorsNameTheProblemAndLine) {
@@ -149,9 +149,9 @@ TEST(Sweep, ErrorsNameTheProblemAndLine) {
             std::string::npos);
   EXPECT_NE(error_of([] { parse("[[plot]]\ntitle = \"x\"\n"); }).find("needs 'type' (metric, heatmap,"), std::string::npos);
   // Every type's name parses back to it, and names the default file.
-  for (auto t : {experiments::PlotType::metric, experiments::PlotType::loss_scale, experiments::PlotType::curve,
-                 experiments::PlotType::fixed_point_snr, experiments::PlotType::block_stats})
-    EXPECT_EQ(experiments::parse_plot_type(experiments::to_string(t)), t);
+  for (auto t : {study::PlotType::metric, study::PlotType::loss_scale, study::PlotType::curve,
+                 study::PlotType::fixed_point_snr, study::PlotType::block_stats})
+    EXPECT_EQ(study::parse_plot_type(study::to_string(t)), t);
   EXPECT_EQ(parse("[[plot]]\ntype = \"loss-scale\"\n").plots.at(0).file, "plot1-loss-scale");
   EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"curve\"\n"); }).find("curve plot needs 'metric'"), std::string::npos);
   EXPECT_NE(error_of([] { parse("[[plot]]\ntype = \"points\"\nmetric = \"dev_bleu\"\n"); }).find("'metric' is a key of curve"),
@@ -161,7 +161,7 @@ TEST(Sweep, ErrorsNameTheProblemAndLine) {
   EXPECT_NE(error_of([] { parse("[[grid]]\nb = [1]\n[[plot]]\ntype = \"metric\"\nx = \"c\"\n"); }).find("'c'"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse("[[grid]]\nb = [1]\n\"quant.recipe\" = \"a=1.9.9\"\n"); }), "");
-  EXPECT_NE(error_of([] { experiments::parse_sweep("seeds = 2\n", "s.toml", ".", experiments::complete_config); }).find("'name'"), std::string::npos);
+  EXPECT_NE(error_of([] { study::parse_sweep("seeds = 2\n", "s.toml", ".", train::complete_config); }).find("'name'"), std::string::npos);
 }
 
 TEST(Sweep, AGridMayGiveItsOwnSeeds) {
@@ -220,7 +220,7 @@ TEST(Sweep, EveryRunOnceAndAtLeastOne) {
         "train the same config");  // two grids overlap
   const std::string escape = error_of([] { parse("", "../outside"); });
   EXPECT_NE(escape.find("sweep name '../outside' cannot name a file"), std::string::npos) << escape;
-  const std::string run_name = error_of([] { experiments::parse_train_config("", "t.toml", {"name=\"a/b\""}); });
+  const std::string run_name = error_of([] { train::parse_train_config("", "t.toml", {"name=\"a/b\""}); });
   EXPECT_NE(run_name.find("name 'a/b' cannot name a file"), std::string::npos) << run_name;
 }
 
@@ -230,7 +230,7 @@ TEST(Sweep, EveryRunOnceAndAtLeastOne) {
 TEST(Sweep, LaunchedProgramStartsWithSigintHeld) {
   const fs::path log = dir() / "sigint.log";
   fs::remove(log);
-  const int rc = experiments::launch_process({"/bin/sh", "-c", "kill -INT $$; echo still running"}, log.string());
+  const int rc = study::launch_process({"/bin/sh", "-c", "kill -INT $$; echo still running"}, log.string());
   EXPECT_EQ(rc, 0);
   std::ifstream in(log);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -250,21 +250,21 @@ recipe = ["fp32"]
   const std::string db = (d / "r.db").string();
   results::Store store(db);
   int calls = 0;
-  experiments::SweepOptions opt;
+  study::SweepOptions opt;
   opt.dir = (d / "runs").string();
   opt.progress = false;
   opt.cores = 2;
   // As the other sweep would: its row of the run is there, running, when this sweep's own
   // process is refused (exit 2) by the checkpoint's lock.
-  opt.launch = [&](const experiments::SweepRun& run, const std::string& config, bool, const std::string&) {
+  opt.launch = [&](const study::SweepRun& run, const std::string& config, bool, const std::string&) {
     ++calls;
     results::Store other(db);
-    const auto c = experiments::load_train_config(config);
-    other.begin_run({c.name, c.task, experiments::to_json(c), c.quant.recipe.text, c.quant.loss_scale.text, run.seed});
+    const auto c = train::load_train_config(config);
+    other.begin_run({c.name, c.task, settings::to_json(c), c.quant.recipe.text, c.quant.loss_scale.text, run.seed});
     return 2;
   };
   testing::internal::CaptureStderr();
-  const auto sum = experiments::run_sweep(s, store, opt);
+  const auto sum = study::run_sweep(s, store, opt);
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_EQ(calls, 2);
   EXPECT_EQ(sum.failed, 0) << err;
@@ -285,12 +285,12 @@ recipe = ["fp32", "resnet32-mixed"]
   results::Store store(db);
   InProcess launcher{db};
   launcher.stop_after[s.runs[3].key] = 3;  // the last run stops after 3 of its 8 steps
-  experiments::SweepOptions opt;
+  study::SweepOptions opt;
   opt.dir = (d / "runs").string();
   opt.progress = false;
   opt.launch = std::ref(launcher);
   opt.cores = 2;  // one job: 2 threads a run
-  auto sum = experiments::run_sweep(s, store, opt);
+  auto sum = study::run_sweep(s, store, opt);
   EXPECT_EQ(launcher.calls, 4);
   EXPECT_EQ(sum.started, 4);
   EXPECT_EQ(sum.finished, 3);
@@ -307,14 +307,14 @@ recipe = ["fp32", "resnet32-mixed"]
   launcher.calls = 0;
   opt.jobs = 2;
   testing::internal::CaptureStderr();
-  sum = experiments::run_sweep(s, store, opt);
+  sum = study::run_sweep(s, store, opt);
   const std::string said = testing::internal::GetCapturedStderr();
   EXPECT_NE(said.find("resumes with the 2 threads it started with"), std::string::npos) << said;
   EXPECT_NE(said.find("more than the 1 a run gets here"), std::string::npos) << said;
   EXPECT_NE(said.find("warning: started on Other CPU (family 1, model 2), resumes here on " + machine_description()),
             std::string::npos) << said;
   EXPECT_EQ(said.find("counts as done were made on another processor"), std::string::npos) << said;
-  EXPECT_EQ(experiments::load_train_config((d / "runs" / (s.runs[3].key + ".toml")).string()).threads, 2);
+  EXPECT_EQ(train::load_train_config((d / "runs" / (s.runs[3].key + ".toml")).string()).threads, 2);
   EXPECT_EQ(launcher.calls, 1);
   EXPECT_EQ(launcher.resumed, 1);
   EXPECT_EQ(sum.skipped, 3);
@@ -334,7 +334,7 @@ recipe = ["fp32", "resnet32-mixed"]
   opt.jobs = 1;
   set_machine(db, rows[0].id, "");
   testing::internal::CaptureStderr();
-  sum = experiments::run_sweep(s, store, opt);
+  sum = study::run_sweep(s, store, opt);
   const std::string again = testing::internal::GetCapturedStderr();
   EXPECT_EQ(launcher.calls, 0);
   EXPECT_EQ(sum.skipped, 4);
@@ -347,7 +347,7 @@ recipe = ["fp32", "resnet32-mixed"]
   // With same_machine the sweep refuses those runs instead, naming them, and runs nothing.
   opt.same_machine = true;
   try {
-    experiments::run_sweep(s, store, opt);
+    study::run_sweep(s, store, opt);
     ADD_FAILURE() << "a sweep with same_machine counted runs made elsewhere";
   } catch (const Error& e) {
     const std::string what = e.what();
@@ -361,7 +361,7 @@ recipe = ["fp32", "resnet32-mixed"]
   opt.same_machine = false;
 
   // The report sees all four.
-  const auto rep = experiments::analyse(s, store);
+  const auto rep = study::analyse(s, store);
   ASSERT_EQ(rep.points.size(), 2u);
   EXPECT_EQ(rep.points[0].stats.n, 2u);
   EXPECT_EQ(rep.points[1].stats.n, 2u);
@@ -378,17 +378,17 @@ TEST(Sweep, LeavesRunsOfAnotherLiveProcessAlone) {
   results::RunInfo info;
   info.name = s.name;
   info.kind = s.runs[0].cfg.task;
-  info.config_json = experiments::to_json(s.runs[0].cfg);
+  info.config_json = settings::to_json(s.runs[0].cfg);
   info.recipe = s.runs[0].cfg.quant.recipe.text;
   info.loss_scale = s.runs[0].cfg.quant.loss_scale.text;
   info.seed = s.runs[0].seed;
   store.begin_run(info);
   InProcess launcher{db};
-  experiments::SweepOptions opt;
+  study::SweepOptions opt;
   opt.dir = (d / "runs").string();
   opt.progress = false;
   opt.launch = std::ref(launcher);
-  const auto sum = experiments::run_sweep(s, store, opt);
+  const auto sum = study::run_sweep(s, store, opt);
   EXPECT_EQ(sum.busy, 1);
   EXPECT_EQ(launcher.calls, 1);  // seed 2 only
   EXPECT_EQ(sum.finished, 1);
@@ -405,7 +405,7 @@ TEST(Sweep, ShippedSweepsParse) {
   int n = 0;
   for (const auto& e : fs::directory_iterator(fs::path(FP8LAB_SOURCE_DIR) / "configs" / "sweeps")) {
     if (e.path().extension() != ".toml") continue;
-    const auto s = experiments::load_sweep(e.path().string(), experiments::complete_config);
+    const auto s = study::load_sweep(e.path().string(), train::complete_config);
     EXPECT_FALSE(s.runs.empty()) << e.path();
     ++n;
   }
@@ -426,7 +426,7 @@ recipe = ["fp32", "resnet32-mixed", "resnet32-152", "a=1.4.3"]
     std::size_t smallest = all.runs.size(), largest = 0;
     for (int i = 0; i < n; ++i) {
       auto s = parse(body);
-      experiments::keep_shard(s, experiments::parse_shard(std::to_string(i) + "/" + std::to_string(n)));
+      study::keep_shard(s, study::parse_shard(std::to_string(i) + "/" + std::to_string(n)));
       for (const auto& r : s.runs) seen.insert({r.key, r.seed});
       smallest = std::min(smallest, s.runs.size());
       largest = std::max(largest, s.runs.size());
@@ -443,13 +443,13 @@ seeds = [3, 1, 2]
 recipe = ["a=1.4.3", "resnet32-152", "fp32", "resnet32-mixed"]
 "quant.recipe" = "{recipe}"
 )");
-  experiments::keep_shard(a, {1, 3});
-  experiments::keep_shard(b, {1, 3});
+  study::keep_shard(a, {1, 3});
+  study::keep_shard(b, {1, 3});
   std::set<std::pair<std::string, std::uint64_t>> ka, kb;
   for (const auto& r : a.runs) ka.insert({r.key, r.seed});
   for (const auto& r : b.runs) kb.insert({r.key, r.seed});
   EXPECT_EQ(ka, kb);
   for (const char* bad : {"1", "3/3", "-1/2", "0/0", "a/2", "1/2x", "/2"})
-    EXPECT_THROW(experiments::parse_shard(bad), Error) << bad;
-  EXPECT_EQ(experiments::to_string(experiments::parse_shard("2/7")), "2/7");
+    EXPECT_THROW(study::parse_shard(bad), Error) << bad;
+  EXPECT_EQ(study::to_string(study::parse_shard("2/7")), "2/7");
 }

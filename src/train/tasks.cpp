@@ -4,14 +4,14 @@
 #include <fstream>
 
 #include "fp8lab/data/bitext.hpp"
-#include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/train/registry.hpp"
 #include "fp8lab/models/bert.hpp"
 #include "fp8lab/models/gpt.hpp"
 #include "fp8lab/models/image_models.hpp"
 #include "fp8lab/models/transformer.hpp"
 #include "task.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 const Registry<TaskInfo>& tasks() {
   static const Registry<TaskInfo> r(
@@ -23,7 +23,7 @@ const Registry<TaskInfo>& tasks() {
   return r;
 }
 
-std::unique_ptr<Task> make_task(const TrainConfig& cfg) { return tasks().at(cfg.task).make(cfg); }
+std::unique_ptr<Task> make_task(const settings::TrainConfig& cfg) { return tasks().at(cfg.task).make(cfg); }
 
 const Registry<DataSetInfo>& text_data_sets() {
   static const Registry<DataSetInfo> r = [] {
@@ -48,11 +48,11 @@ std::vector<std::string> read_lines(const std::string& path) {
   return lines;
 }
 
-std::string data_folder(const Registry<DataSetInfo>& sets, const TrainConfig& cfg) {
+std::string data_folder(const Registry<DataSetInfo>& sets, const settings::TrainConfig& cfg) {
   const DataSetInfo& set = sets.at(cfg.data.name);
   const std::string dir = cfg.data.dir.empty() ? set.default_dir : cfg.data.dir;
   if (set.prepare) set.prepare(dir);
   return dir;
 }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

@@ -2,7 +2,7 @@
 // its checkpoint if asked, stepped until it ends, and finished (final evaluation, record,
 // checkpoint). What a run carries from step to step is one value, TrainState
 // (train_state.hpp); its record in the store is a RunRecord (run_record.hpp).
-#include "fp8lab/experiments/trainer.hpp"
+#include "fp8lab/train/trainer.hpp"
 
 #include <torch/torch.h>
 
@@ -19,18 +19,18 @@
 #include "fp8lab/core/random.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/core/progress.hpp"
-#include "fp8lab/experiments/registry.hpp"
-#include "fp8lab/experiments/world.hpp"
+#include "fp8lab/train/registry.hpp"
+#include "fp8lab/train/world.hpp"
 #include "fp8lab/nn/loss_scale.hpp"
 #include "fp8lab/nn/modules.hpp"
 #include "fp8lab/nn/runtime.hpp"
 #include "micro_batches.hpp"
-#include "fp8lab/experiments/stat_rows.hpp"
+#include "fp8lab/train/stat_rows.hpp"
 #include "run_record.hpp"
 #include "task.hpp"
 #include "train_state.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 double ema_decay(double ema, std::int64_t step) {
   return std::min(ema, static_cast<double>(1 + step) / static_cast<double>(10 + step));
@@ -38,7 +38,7 @@ double ema_decay(double ema, std::int64_t step) {
 
 using results::RunStatus;
 
-std::string checkpoint_path(const TrainConfig& cfg) {
+std::string checkpoint_path(const settings::TrainConfig& cfg) {
   return cfg.train.checkpoint.empty() ? cfg.name + ".ckpt" : cfg.train.checkpoint;
 }
 
@@ -90,7 +90,7 @@ struct Plan {
   std::int64_t examples = 0, batch = 0, steps_per_epoch = 0, total = 0, eval_every = 0, checkpoint_every = 0;
 };
 
-Plan plan_of(const TrainConfig& cfg, std::int64_t examples) {
+Plan plan_of(const settings::TrainConfig& cfg, std::int64_t examples) {
   Plan p;
   p.examples = examples;
   p.batch = cfg.train.batch;
@@ -102,7 +102,7 @@ Plan plan_of(const TrainConfig& cfg, std::int64_t examples) {
 }
 
 // The loss scaling of the config, with LogMax's target taken from the recipe's gradient format.
-nn::LossScaleConfig loss_scaling_of(const TrainConfig& cfg, const nn::Recipe& recipe, bool warn) {
+nn::LossScaleConfig loss_scaling_of(const settings::TrainConfig& cfg, const nn::Recipe& recipe, bool warn) {
   const nn::LossScaleConfig ls = nn::with_recipe_target(cfg.quant.loss_scale.value, recipe);
   if (warn && nn::backoff_blind_to_overflow(ls, recipe))
     std::fprintf(stderr,
@@ -128,7 +128,7 @@ Weights average(const std::vector<Weights>& sets) {
 // One run from build to finish.
 class Trainer {
  public:
-  Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::string& config_json, RunRecord& record);
+  Trainer(const settings::TrainConfig& cfg, const TrainOptions& opt, const std::string& config_json, RunRecord& record);
   void resume(Checkpoint& checkpoint);
   void run();
   TrainResult finish();
@@ -158,7 +158,7 @@ class Trainer {
   FinalEvaluations final_evaluations(bool reuse_last);
   std::pair<std::string, double> final_metric();
 
-  const TrainConfig& cfg_;
+  const settings::TrainConfig& cfg_;
   const TrainOptions opt_;
   World* const world_;
   const bool writer_;  // writes the store and checkpoints: the only process, or rank 0
@@ -185,7 +185,7 @@ class Trainer {
   std::optional<Progress> bar_;
 };
 
-Trainer::Trainer(const TrainConfig& cfg, const TrainOptions& opt, const std::string& config_json, RunRecord& record)
+Trainer::Trainer(const settings::TrainConfig& cfg, const TrainOptions& opt, const std::string& config_json, RunRecord& record)
     : cfg_(cfg),
       opt_(opt),
       world_(opt.world),
@@ -611,10 +611,10 @@ void start_together(World& world, const std::string& config_json, std::string er
 
 }  // namespace
 
-TrainResult train(const TrainConfig& given, results::Store* store, const TrainOptions& opt) {
+TrainResult train(const settings::TrainConfig& given, results::Store* store, const TrainOptions& opt) {
   // A config built in code completes as one read from text: settings it leaves unset from
   // its recipe file, else their defaults; then the checks.
-  TrainConfig cfg = given;
+  settings::TrainConfig cfg = given;
   complete_config(cfg);
   if (opt.resume && !opt.checkpoints) throw Error("--resume needs checkpoints");
   if (opt.resume && opt.restart) throw Error("--resume and --restart exclude each other");
@@ -653,8 +653,8 @@ TrainResult train(const TrainConfig& given, results::Store* store, const TrainOp
   }
 }
 
-Evaluation evaluate_checkpoint(const TrainConfig& given, const EvaluateOptions& opt) {
-  TrainConfig cfg = given;
+Evaluation evaluate_checkpoint(const settings::TrainConfig& given, const EvaluateOptions& opt) {
+  settings::TrainConfig cfg = given;
   complete_config(cfg);
   const nn::ScopedTorchSettings settings({cfg.threads, cfg.train.flush_denormals});
   const std::string config_json = to_json(cfg);
@@ -678,4 +678,4 @@ void check_process_count(int micro_batches, int processes) {
 }
 
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

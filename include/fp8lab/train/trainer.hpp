@@ -20,11 +20,11 @@
 
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/core/stop.hpp"  // request_stop: a running trainer stops at the next step
-#include "fp8lab/experiments/registry.hpp"  // load_train_config: the configs train() takes
+#include "fp8lab/train/registry.hpp"  // load_train_config: the configs train() takes
 #include "fp8lab/settings/recipe.hpp"
 #include "fp8lab/results/store.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 class World;  // world.hpp
 
@@ -82,7 +82,7 @@ struct TrainResult {
 // Trains per `cfg`. With a store the run is recorded as it goes; an exception marks it
 // failed before propagating. A NaN/Inf loss that loss scaling cannot recover ends it as
 // diverged (not an exception).
-TrainResult train(const TrainConfig& cfg, results::Store* store = nullptr, const TrainOptions& opt = {});
+TrainResult train(const settings::TrainConfig& cfg, results::Store* store = nullptr, const TrainOptions& opt = {});
 
 // The decay of the weights' moving average after step `step` (0-based) with train.ema =
 // `ema`: min(ema, (1 + step) / (10 + step)), the warm-up of TensorFlow's
@@ -106,16 +106,16 @@ struct Evaluation {
 };
 // The config must be the run's, except in the keys Checkpoint::evaluation_keys() names
 // (train.beam, data.test_limit, quant.compute, ...); anything else is an Error naming them.
-Evaluation evaluate_checkpoint(const TrainConfig& cfg, const EvaluateOptions& opt = {});
+Evaluation evaluate_checkpoint(const settings::TrainConfig& cfg, const EvaluateOptions& opt = {});
 
 // Throws Error unless `processes` can share train.micro_batches = `micro_batches` (a
 // multiple of it), saying which value to set.
 void check_process_count(int micro_batches, int processes);
 
 // The learning rate of 0-based `step` of `total` under the config's schedule.
-double learning_rate(const TrainConfig& cfg, std::int64_t step, std::int64_t total, std::int64_t steps_per_epoch);
+double learning_rate(const settings::TrainConfig& cfg, std::int64_t step, std::int64_t total, std::int64_t steps_per_epoch);
 
 // The checkpoint path a config uses: train.checkpoint, or "<name>.ckpt".
-std::string checkpoint_path(const TrainConfig& cfg);
+std::string checkpoint_path(const settings::TrainConfig& cfg);
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train

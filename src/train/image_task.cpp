@@ -6,11 +6,11 @@
 
 #include "fp8lab/core/random.hpp"
 #include "fp8lab/data/images.hpp"
-#include "fp8lab/experiments/registry.hpp"
+#include "fp8lab/train/registry.hpp"
 #include "fp8lab/models/image_models.hpp"
 #include "task.hpp"
 
-namespace fp8lab::experiments {
+namespace fp8lab::train {
 
 namespace fs = std::filesystem;
 
@@ -30,18 +30,18 @@ class PrefixSource final : public data::ImageSource {
   std::int64_t n_;
 };
 
-ImageSplits load_idx(const TrainConfig& c) {
+ImageSplits load_idx(const settings::TrainConfig& c) {
   const std::string dir = c.data.dir.empty() ? data::kFashionMnistDir : c.data.dir;
   return {data::memory_source(data::load_mnist_folder(dir, true)), data::memory_source(data::load_mnist_folder(dir, false))};
 }
 
 template <int kClasses>
-ImageSplits load_cifar(const TrainConfig& c) {
+ImageSplits load_cifar(const settings::TrainConfig& c) {
   return {data::memory_source(data::load_cifar(c.data.dir, true, kClasses)),
           data::memory_source(data::load_cifar(c.data.dir, false, kClasses))};
 }
 
-ImageSplits load_folder(const TrainConfig& c) {
+ImageSplits load_folder(const settings::TrainConfig& c) {
   const auto& d = c.data;
   const std::int64_t size = d.image_size > 0 ? d.image_size : 224;
   auto tr = data::image_folder_source((fs::path(d.dir) / "train").string(), size);
@@ -54,7 +54,7 @@ ImageSplits load_folder(const TrainConfig& c) {
 }
 
 // One draw split in two, so both halves share the class patterns.
-ImageSplits load_synthetic(const TrainConfig& c) {
+ImageSplits load_synthetic(const settings::TrainConfig& c) {
   const auto& d = c.data;
   const std::int64_t size = d.image_size > 0 ? d.image_size : 16;
   data::ImageSet all = data::synthetic_images(d.synthetic_train + d.synthetic_test, d.synthetic_channels, size,
@@ -67,7 +67,7 @@ ImageSplits load_synthetic(const TrainConfig& c) {
   return {data::memory_source(a), data::memory_source(b)};
 }
 
-ImageSplits load_images(const TrainConfig& c) {
+ImageSplits load_images(const settings::TrainConfig& c) {
   auto [tr, te] = image_data_sets().at(c.data.name).load_images(c);
   if (c.data.train_limit > 0) tr = std::make_shared<PrefixSource>(tr, c.data.train_limit);
   if (c.data.test_limit > 0) te = std::make_shared<PrefixSource>(te, c.data.test_limit);
@@ -85,7 +85,7 @@ double sample_beta(double a, std::mt19937_64& rng) {
   return u + v > 0 ? u / (u + v) : 0.5;
 }
 
-Mixed mix(const torch::Tensor& x, const torch::Tensor& y, const TrainLoopConfig& t, std::uint64_t seed) {
+Mixed mix(const torch::Tensor& x, const torch::Tensor& y, const settings::TrainLoopConfig& t, std::uint64_t seed) {
   Mixed m{x, {}, 1};
   if (t.mixup <= 0 && t.cutmix <= 0) return m;
   std::mt19937_64 rng(seed);
@@ -116,7 +116,7 @@ Mixed mix(const torch::Tensor& x, const torch::Tensor& y, const TrainLoopConfig&
 
 class ImageTask final : public Task {
  public:
-  explicit ImageTask(const TrainConfig& c) : cfg_(c) {
+  explicit ImageTask(const settings::TrainConfig& c) : cfg_(c) {
     std::tie(train_src_, test_src_) = load_images(c);
     train_b_ = std::make_unique<data::ImageBatcher>(train_src_);
     test_b_ = std::make_unique<data::ImageBatcher>(test_src_, train_b_->mean(), train_b_->std());
@@ -168,7 +168,7 @@ class ImageTask final : public Task {
     return cfg_.model.channels_last ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
   }
 
-  TrainConfig cfg_;
+  settings::TrainConfig cfg_;
   std::shared_ptr<data::ImageSource> train_src_, test_src_;
   std::unique_ptr<data::ImageBatcher> train_b_, test_b_;
   data::Augment aug_;
@@ -193,6 +193,6 @@ const Registry<DataSetInfo>& image_data_sets() {
   return r;
 }
 
-std::unique_ptr<Task> make_image_task(const TrainConfig& cfg) { return std::make_unique<ImageTask>(cfg); }
+std::unique_ptr<Task> make_image_task(const settings::TrainConfig& cfg) { return std::make_unique<ImageTask>(cfg); }
 
-}  // namespace fp8lab::experiments
+}  // namespace fp8lab::train
