@@ -5,15 +5,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
-#include "fp8lab/core/analysis.hpp"
-#include "fp8lab/core/format.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/text.hpp"
+#include "fp8lab/core/error.hpp"
+#include "fp8lab/study/page.hpp"
 #include "fp8lab/settings/recipe.hpp"
+#include "fp8lab/results/figures.hpp"
 #include "fp8lab/results/plot.hpp"
 
 namespace fp8lab::study {
@@ -22,12 +22,6 @@ namespace fs = std::filesystem;
 namespace plt = results::plot;
 
 namespace {
-
-std::string fixed(double v, int d) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.*f", d, v);
-  return b;
-}
 
 std::string pvalue(double p) {
   char b[32];
@@ -85,136 +79,75 @@ std::string legend_name(const Sweep& s, int point, const PlotSpec& spec) {
   return v.empty() ? point_title(s, point, spec) : v;
 }
 
-// --- plots -----------------------------------------------------------------------------
+// --- plots: which points, runs and steps each shows; the figures are results/figures.cpp ---
 
-// The baseline's mean +- sd as a grey band and a dashed line labelled `label` (nothing
-// without a baseline or its runs).
-void add_baseline(plt::Panel& p, const Sweep& s, const SweepReport& rep, const std::string& label) {
-  if (s.baseline < 0) return;
-  const auto& b = rep.points[static_cast<std::size_t>(s.baseline)];
-  if (!b.stats.n) return;
-  p.bands.push_back({b.stats.mean - b.stats.sd, b.stats.mean + b.stats.sd, "", 7, false, 0.18});
-  p.lines.push_back({b.stats.mean, label, 7, false, true});
+std::optional<results::BaselineBand> baseline_band(const Sweep& s, const SweepReport& rep, const std::string& label) {
+  if (s.baseline < 0) return std::nullopt;
+  return results::BaselineBand{rep.points[static_cast<std::size_t>(s.baseline)].stats, label};
 }
 
-// A figure of one panel of `width` x `height` pixels, with the plot's own title or, where
-// it names none, `default_title`.
-plt::Figure one_panel(const PlotSpec& spec, const std::string& default_title, plt::Panel p, int width, int height) {
-  plt::Figure fig;
-  fig.title = spec.title.empty() ? default_title : spec.title;
-  fig.panels.push_back(std::move(p));
-  fig.panel_width = width;
-  fig.panel_height = height;
-  return fig;
-}
+results::FigureTitle title_of(const PlotSpec& spec, std::string fallback) { return {spec.title, std::move(fallback)}; }
 
 std::optional<plt::Figure> metric_plot(const Sweep& s, const SweepReport& rep, const PlotSpec& spec) {
-  plt::Panel p;
-  p.xlabel = spec.x;
-  p.ylabel = rep.metric + " (mean +- sd over seeds)";
-  std::map<std::string, plt::Series> by_series;
-  std::vector<std::string> order;
-  // Points whose every run diverged have no mean: drawn at 0 (as the paper's tables give a
-  // non-converged model 0.00) in grey, for metrics where higher is better.
-  plt::Series diverged{"all runs diverged (drawn at 0)"};
-  diverged.color = 7;
-  diverged.line = false;
+  results::MetricFigure in;
+  in.title = title_of(spec, s.name + ": " + rep.metric + " against " + spec.x);
+  in.xlabel = spec.x;
+  in.metric = rep.metric;
+  in.higher_is_better = rep.higher_is_better;
   for (const auto& pr : rep.points) {
     const SweepPoint& pt = s.points[static_cast<std::size_t>(pr.point)];
     if (!matches(pt, spec.where) || pt.var(spec.x).empty()) continue;
     const double x = as_number(pt.var(spec.x));
     if (!std::isfinite(x)) continue;
-    const std::string key = spec.series.empty() ? "" : spec.series + "=" + pt.var(spec.series);
-    if (!by_series.count(key)) order.push_back(key), by_series[key].label = key;
-    auto& se = by_series[key];
-    se.x.push_back(x);
-    se.y.push_back(pr.stats.n ? pr.stats.mean : std::nan(""));
-    se.err.push_back(pr.stats.n > 1 ? pr.stats.sd : 0);
-    if (pr.stats.n == 0 && pr.diverged > 0) diverged.x.push_back(x), diverged.y.push_back(0);
+    in.points.push_back({spec.series.empty() ? "" : spec.series + "=" + pt.var(spec.series), x, pr.stats,
+                         pr.stats.n == 0 && pr.diverged > 0});
   }
-  if (order.empty()) return std::nullopt;
-  for (const auto& k : order) {
-    auto se = by_series[k];
-    std::vector<std::size_t> idx(se.x.size());
-    for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-    std::sort(idx.begin(), idx.end(), [&](auto a, auto b) { return se.x[a] < se.x[b]; });
-    plt::Series sorted{se.label};
-    for (auto i : idx) sorted.x.push_back(se.x[i]), sorted.y.push_back(se.y[i]), sorted.err.push_back(se.err[i]);
-    p.series.push_back(std::move(sorted));
-  }
-  if (!diverged.x.empty() && rep.higher_is_better) p.series.push_back(std::move(diverged));
-  add_baseline(p, s, rep, "baseline (" + (s.baseline >= 0 ? s.points[static_cast<std::size_t>(s.baseline)].label() : "") + ") +- sd");
-  return one_panel(spec, s.name + ": " + rep.metric + " against " + spec.x, std::move(p), 760, 430);
+  in.baseline = baseline_band(s, rep, "baseline (" + (s.baseline >= 0 ? s.points[static_cast<std::size_t>(s.baseline)].label() : "") + ") +- sd");
+  return results::metric_figure(in);
 }
 
 std::optional<plt::Figure> heatmap_plot(const Sweep& s, const SweepReport& rep, const PlotSpec& spec) {
-  std::set<double> xs, ys;
-  std::map<std::pair<double, double>, double> v;
+  results::HeatmapFigure in;
+  in.title = title_of(spec, s.name + ": " + rep.metric);
+  in.xlabel = spec.x;
+  in.ylabel = spec.y;
+  in.metric = rep.metric;
+  in.decimals = decimals_for(rep.metric) == 4 ? 3 : 1;
   for (const auto& pr : rep.points) {
     const SweepPoint& pt = s.points[static_cast<std::size_t>(pr.point)];
     if (!matches(pt, spec.where)) continue;
     const double x = as_number(pt.var(spec.x)), y = as_number(pt.var(spec.y));
     if (!std::isfinite(x) || !std::isfinite(y)) continue;
-    xs.insert(x), ys.insert(y);
-    v[{x, y}] = pr.stats.n ? pr.stats.mean : std::nan("");
+    in.cells[{x, y}] = pr.stats.n ? pr.stats.mean : std::nan("");
   }
-  if (xs.empty()) return std::nullopt;
-  plt::Heat h;
-  h.xs.assign(xs.begin(), xs.end());
-  h.ys.assign(ys.begin(), ys.end());
-  h.value_label = rep.metric + " (mean over seeds)";
-  h.decimals = decimals_for(rep.metric) == 4 ? 3 : 1;
-  for (double y : h.ys) {
-    std::vector<double> row;
-    for (double x : h.xs) row.push_back(v.count({x, y}) ? v[{x, y}] : std::nan(""));
-    h.v.push_back(std::move(row));
-  }
-  plt::Panel p;
-  p.xlabel = spec.x;
-  p.ylabel = spec.y;
-  p.heat = std::move(h);
-  return one_panel(spec, s.name + ": " + rep.metric, std::move(p), std::max(520, 90 + 46 * static_cast<int>(xs.size()) + 110),
-                   std::max(360, 90 + 34 * static_cast<int>(ys.size())));
+  return results::heatmap_figure(in);
 }
 
+// The first seed's trace of each point with loss scaling (the others' flat trace at 2^0 is
+// left out).
 std::optional<plt::Figure> loss_scale_plot(const Sweep& s, const results::Store& store, const PlotSpec& spec,
                                            const std::vector<results::RunRow>& rows) {
-  plt::Panel p;
-  p.xlabel = "training step";
-  p.ylabel = "loss scale (log2)";
+  std::vector<results::LabelledTrace> traces;
   for (std::size_t i = 0; i < s.points.size(); ++i) {
     if (!matches(s.points[i], spec.where)) continue;
-    // Points without loss scaling have a flat trace at 2^0: left out.
     const bool scaled = std::any_of(s.runs.begin(), s.runs.end(), [&](const SweepRun& r) {
       return r.point == static_cast<int>(i) && r.cfg.quant.loss_scale.value.method != nn::LossScaleMethod::none;
     });
     if (!scaled) continue;
     const auto row = first_run(s, static_cast<int>(i), rows);
-    if (!row) continue;
-    const auto trace = store.loss_scale_trace(row->id);
-    if (trace.empty()) continue;
-    plt::Series se;
-    se.label = legend_name(s, static_cast<int>(i), spec);
-    se.markers = false;
-    for (const auto& [step, l2, skipped] : trace) se.x.push_back(static_cast<double>(step)), se.y.push_back(l2);
-    plt::drop_flat_interior_points(se);  // a step trace: the same line from its change points
-    p.series.push_back(std::move(se));
+    if (row) traces.push_back({legend_name(s, static_cast<int>(i), spec), store.loss_scale_trace(row->id)});
   }
-  if (p.series.empty()) return std::nullopt;
-  return one_panel(spec, s.name + ": loss scale over training (first seed)", std::move(p), 760, 420);
+  return results::loss_scale_figure(title_of(spec, s.name + ": loss scale over training (first seed)"), traces);
 }
 
 // The histogram plot's layer groups: by default 0 the first layer, 1 the middle one, 2 the
 // last, 3 the others; with `patterns`, group i holds the layers whose path matches pattern
-// i first (glob, docs/experiments.md) and the last group the rest.
-struct HistogramGroups {
-  std::map<std::string, int> group;  // layer path -> group
-  std::vector<std::string> names;    // of each group
-  std::vector<int> sizes;            // layers in each pattern's group (with `patterns`)
-};
-HistogramGroups histogram_groups(const std::vector<std::string>& layer_order, const std::vector<std::string>& patterns) {
-  HistogramGroups out;
-  auto& [group, names, count] = out;
+// i first (glob, docs/experiments.md) and the last group the rest. `sizes`: the layers in
+// each pattern's group (with `patterns`).
+results::LayerGroups histogram_groups(const std::vector<std::string>& layer_order, const std::vector<std::string>& patterns,
+                                      std::vector<int>& sizes) {
+  results::LayerGroups out;
+  auto& [group, names] = out;
   if (patterns.empty()) {
     const std::size_t middle = layer_order.size() / 2;
     for (std::size_t pos = 0; pos < layer_order.size(); ++pos)
@@ -223,76 +156,40 @@ HistogramGroups histogram_groups(const std::vector<std::string>& layer_order, co
              "last layer", "other layers"};
     return out;
   }
-  count.assign(patterns.size() + 1, 0);
+  sizes.assign(patterns.size() + 1, 0);
   for (const auto& layer : layer_order) {
     std::size_t g = 0;
     while (g < patterns.size() && !nn::glob_match(patterns[g], layer)) ++g;
     group[layer] = static_cast<int>(g);
-    ++count[g];
+    ++sizes[g];
   }
   for (std::size_t g = 0; g <= patterns.size(); ++g) {
-    const std::string n = std::to_string(count[g]) + (count[g] == 1 ? " layer" : " layers");
+    const std::string n = std::to_string(sizes[g]) + (sizes[g] == 1 ? " layer" : " layers");
     names.push_back((g < patterns.size() ? patterns[g] : std::string("others")) + ": " + n);
   }
   return out;
 }
 
-// The panel of one tensor kind at one step: each layer group's exponent histogram, summed
-// over its layers, as percent of its values; nullopt where the step recorded none of `kind`.
-std::optional<plt::Panel> histogram_panel(const std::vector<results::Store::StatRow>& stats, const std::string& kind,
-                                          std::int64_t step, const HistogramGroups& layer_groups) {
-  const auto& group_of = layer_groups.group;
-  const auto& group_names = layer_groups.names;
-  std::map<int, std::map<int, double>> groups;  // group -> exponent -> count
-  std::map<int, double> zeros, totals;
+results::KindName kind_name(const std::string& kind) { return {kind, std::string(nn::kind_title(nn::parse_kind(kind)))}; }
+
+// The first, the middle and the last step of `stats` (the start, middle and end of
+// training), and the layers in forward order (as their activations were recorded).
+void steps_and_layers(const std::vector<results::Store::StatRow>& stats, std::vector<std::int64_t>& steps,
+                      std::vector<std::string>& layer_order) {
+  std::set<std::int64_t> recorded;
   for (const auto& r : stats) {
-    if (r.kind != kind || r.step != step) continue;
-    const auto gi = group_of.find(r.layer);  // a layer without activations: the others
-    const int g = gi != group_of.end() ? gi->second : static_cast<int>(group_names.size()) - 1;
-    const auto h = nlohmann::json::parse(r.histogram, nullptr, false);
-    if (h.is_discarded()) continue;
-    const int lo = h.value("lo", 0);
-    const auto counts = h.value("counts", std::vector<double>{});
-    for (std::size_t i = 0; i < counts.size(); ++i) groups[g][lo + static_cast<int>(i)] += counts[i];
-    zeros[g] += h.value("zero", 0.0);
-    totals[g] += static_cast<double>(r.total);
+    recorded.insert(r.step);
+    if (r.kind == nn::to_string(nn::TensorKind::a) && std::find(layer_order.begin(), layer_order.end(), r.layer) == layer_order.end())
+      layer_order.push_back(r.layer);
   }
-  if (groups.empty()) return std::nullopt;
-  plt::Panel p;
-  p.title = std::string(nn::kind_title(nn::parse_kind(kind))) + ", step " + std::to_string(step);
-  p.xlabel = "exponent e = floor(log2 |x|)";
-  p.ylabel = "% of values";
-  p.ymin = 0;
-  for (auto& [g, hist] : groups) {
-    plt::Series se;
-    se.label = group_names[g] + " (" + fixed(totals[g] > 0 ? 100 * zeros[g] / totals[g] : 0, 0) + "% zero)";
-    se.color = g;
-    se.markers = false;
-    for (const auto& [e, c] : hist) {
-      se.x.push_back(e + 0.5);
-      se.y.push_back(totals[g] > 0 ? 100 * c / totals[g] : 0);
-    }
-    p.series.push_back(std::move(se));
-  }
-  return p;
+  const std::vector<std::int64_t> all_steps(recorded.begin(), recorded.end());
+  steps = {all_steps.front(), all_steps[all_steps.size() / 2], all_steps.back()};
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
 }
 
-// Each format's normal range (and subnormal range, lighter) as a band behind the histograms.
-void add_format_bands(plt::Panel& p, const std::vector<std::string>& formats) {
-  static constexpr int kBandColors[] = {4, 8, 9, 5};
-  for (std::size_t fi = 0; fi < formats.size(); ++fi) {
-    const Format f = parse_format(formats[fi]);
-    const int emin = f.emin();
-    const int emax = static_cast<int>(std::floor(std::log2(f.max_finite())));
-    const int color = kBandColors[fi % 4];
-    p.bands.push_back({static_cast<double>(emin), static_cast<double>(emax + 1), formats[fi] + " normal", color, true, 0.2});
-    if (f.subnormals && f.man_bits > 0)
-      p.bands.push_back({static_cast<double>(emin - f.man_bits), static_cast<double>(emin), formats[fi] + " subnormal", color, true, 0.08});
-  }
-}
-
-// Exponent histograms: for each tensor kind, the first, middle and last recorded step, with
-// the layer groups of histogram_groups summed, against the formats' ranges.
+// Exponent histograms of the first matching point's first run: for each tensor kind, the
+// first, middle and last recorded step, with the layer groups summed, against the formats'
+// ranges.
 std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& store, const PlotSpec& spec,
                                           const std::vector<results::RunRow>& rows) {
   std::optional<results::RunRow> row;
@@ -306,73 +203,22 @@ std::optional<plt::Figure> histogram_plot(const Sweep& s, const results::Store& 
                  static_cast<long long>(row->id), which.c_str());
     return std::nullopt;
   }
-  std::set<std::int64_t> recorded;
-  std::vector<std::string> layer_order;  // forward order: as the activations were recorded
-  for (const auto& r : stats) {
-    recorded.insert(r.step);
-    if (r.kind == nn::to_string(nn::TensorKind::a) && std::find(layer_order.begin(), layer_order.end(), r.layer) == layer_order.end())
-      layer_order.push_back(r.layer);
-  }
-  // Start, middle and end of training: the first, the middle and the last recorded step.
-  const std::vector<std::int64_t> all_steps(recorded.begin(), recorded.end());
-  std::vector<std::int64_t> steps = {all_steps.front(), all_steps[all_steps.size() / 2], all_steps.back()};
-  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-  const HistogramGroups groups = histogram_groups(layer_order, spec.layers);
+  results::HistogramFigure in;
+  in.title = title_of(spec, s.name + ": exponent histograms (" + which + ", seed " + std::to_string(row->seed) + ")");
+  in.stats = &stats;
+  std::vector<std::string> layer_order;
+  steps_and_layers(stats, in.steps, layer_order);
+  std::vector<int> sizes;
+  in.groups = histogram_groups(layer_order, spec.layers, sizes);
   for (std::size_t i = 0; i < spec.layers.size(); ++i)
-    if (groups.sizes[i] == 0)
+    if (sizes[i] == 0)
       std::fprintf(stderr, "report: plot %s: layers pattern '%s' matches no layer of run %lld\n", spec.file.c_str(),
                    spec.layers[i].c_str(), static_cast<long long>(row->id));
-  std::vector<std::string> kinds = spec.kinds;
+  for (const auto& k : spec.kinds) in.kinds.push_back(kind_name(k));
   for (int k = 0; k < nn::kKinds && spec.kinds.empty(); ++k)
-    kinds.emplace_back(nn::to_string(static_cast<nn::TensorKind>(k)));
-  plt::Figure fig;
-  fig.title = spec.title.empty() ? s.name + ": exponent histograms (" + which + ", seed " + std::to_string(row->seed) + ")"
-                                 : spec.title;
-  fig.cols = static_cast<int>(steps.size());
-  fig.panel_width = 600;
-  fig.panel_height = 330;
-  for (const auto& kind : kinds) {
-    for (const std::int64_t step : steps) {
-      std::optional<plt::Panel> p = histogram_panel(stats, kind, step, groups);
-      if (!p) continue;
-      add_format_bands(*p, spec.formats);
-      fig.panels.push_back(std::move(*p));
-    }
-  }
-  if (fig.panels.empty()) return std::nullopt;
-  return fig;
-}
-
-// Appendix A: SNR of the scaled integer 1.0.7 on N(0, 1) against its quantization step,
-// the closed form and the measured value, beside the float formats' SNR.
-plt::Figure fixed_point_snr_plot(const PlotSpec& spec) {
-  plt::Panel p;
-  p.xlabel = "quantization step q (log2)";
-  p.ylabel = "SNR (dB), input N(0, 1)";
-  DistSpec d;
-  d.dist = Distribution::normal;
-  d.scale = 1;
-  const auto x = sample(d, 1 << 16, 1);
-  plt::Series model{"1.0.7 model (Appendix A)"}, measured{"1.0.7 measured (65,536 samples)"};
-  model.markers = false;
-  measured.line = false;
-  for (int b = -4; b <= 12; ++b) {
-    const Format f = make_format(0, 7, b);
-    const double q = std::log2(f.min_positive());
-    measured.x.push_back(q), measured.y.push_back(measured_snr_db(f, x));
-  }
-  for (double lq = std::log2(make_format(0, 7, 12).min_positive()); lq <= std::log2(make_format(0, 7, -4).min_positive()) + 1e-9; lq += 0.125) {
-    model.x.push_back(lq);
-    model.y.push_back(fixed_point_snr_model_db(127, std::exp2(lq), d));
-  }
-  p.series.push_back(std::move(model));
-  p.series.push_back(std::move(measured));
-  int color = 2;
-  for (const char* name : {"1.4.3", "1.5.2"}) {
-    const Format f = parse_format(name);
-    p.lines.push_back({measured_snr_db(f, x), std::string(name) + " measured (bias " + std::to_string(f.bias) + ")", color++, false, true});
-  }
-  return one_panel(spec, "Fixed point (1.0.7) SNR against the quantization step", std::move(p), 760, 430);
+    in.kinds.push_back(kind_name(std::string(nn::to_string(static_cast<nn::TensorKind>(k)))));
+  in.formats = spec.formats;
+  return results::histogram_figure(in);
 }
 
 }  // namespace
@@ -573,9 +419,20 @@ std::string machines_note(const SweepReport& r) {
          results::machine_counts(r.machines) + ".\n";
 }
 
+std::string value_text(const SweepReport& r, const PointResult& p) {
+  if (!p.stats.n) return "-";
+  const int dec = decimals_for(r.metric);
+  std::string o = fixed(p.stats.mean, dec);
+  if (p.stats.n > 1) o += " ± " + fixed(p.stats.sd, dec);  // one run has no spread: its value alone
+  return o + (p.significant ? "*" : "");
+}
+
+std::string p_text(const Sweep& s, const PointResult& p) {
+  return p.point == s.baseline ? "baseline" : p.test ? pvalue(p.test->p) : "-";
+}
+
 std::string to_markdown(const Sweep& s, const SweepReport& r) {
   const Columns c = columns(s, r);
-  const int dec = decimals_for(r.metric);
   std::ostringstream o;
   o << "| ";
   for (const auto& v : c.vars) o << v << " | ";
@@ -595,17 +452,10 @@ std::string to_markdown(const Sweep& s, const SweepReport& r) {
       o << p.loss_scale << " | " << (p.mean_log2_scale ? fixed(*p.mean_log2_scale, 1) : "-") << " | "
         << (p.skipped_steps ? fixed(*p.skipped_steps, 1) : "-") << " | ";
     }
-    if (p.stats.n) {
-      o << fixed(p.stats.mean, dec);
-      if (p.stats.n > 1) o << " ± " << fixed(p.stats.sd, dec);  // one run has no spread: its value alone
-      o << (p.significant ? "*" : "");
-    } else {
-      o << "-";
-    }
-    o << " | " << p.stats.n;
+    o << value_text(r, p) << " | " << p.stats.n;
     if (p.diverged) o << " (+" << p.diverged << " diverged)";
     if (p.missing) o << " (" << p.missing << " missing)";
-    o << " | " << (p.point == s.baseline ? "baseline" : p.test ? pvalue(p.test->p) : "-") << " |\n";
+    o << " | " << p_text(s, p) << " |\n";
   }
   o << "\n" << r.metric << ": mean ± sample standard deviation over seeds";
   if (std::any_of(r.points.begin(), r.points.end(), [](const PointResult& p) { return p.stats.n == 1; }))
@@ -643,92 +493,34 @@ std::string to_csv(const Sweep& s, const SweepReport& r) {
   return o.str();
 }
 
-// The metric of every point (mean +- sd over seeds) side by side, one marker per point at
-// an integer tick, numbered and named in the legend (a '*' where it is worse than the
-// baseline), with the baseline's band.
+namespace {
+
+// The metric of every point (mean +- sd over seeds) side by side, numbered and named in the
+// legend (a '*' where it is worse than the baseline), with the baseline's band.
 std::optional<plt::Figure> points_plot(const Sweep& s, const SweepReport& rep, const PlotSpec& spec) {
-  plt::Panel p;
-  p.xlabel = "point (see legend)";
-  p.ylabel = rep.metric + " (mean +- sd over seeds)";
-  int x = 0;
-  for (const auto& pr : rep.points) {
-    const SweepPoint& pt = s.points[static_cast<std::size_t>(pr.point)];
-    if (!matches(pt, spec.where)) continue;
-    plt::Series se;
-    se.label = std::to_string(x) + ": " + legend_name(s, pr.point, spec) + (pr.significant ? " *" : "");
-    se.line = false;
-    se.color = x;
-    p.xticks.emplace_back(x, std::to_string(x));
-    se.x.push_back(x++);
-    se.y.push_back(pr.stats.n ? pr.stats.mean : std::nan(""));
-    se.err.push_back(pr.stats.n > 1 ? pr.stats.sd : 0);
-    p.series.push_back(std::move(se));
-  }
-  if (p.series.empty()) return std::nullopt;
-  add_baseline(p, s, rep, "baseline +- sd");
-  return one_panel(spec, s.name + ": " + rep.metric + " by point (* worse than the baseline)", std::move(p), 820, 460);
+  std::vector<results::NamedPoint> points;
+  for (const auto& pr : rep.points)
+    if (matches(s.points[static_cast<std::size_t>(pr.point)], spec.where))
+      points.push_back({legend_name(s, pr.point, spec), pr.stats, pr.significant});
+  return results::points_figure(title_of(spec, s.name + ": " + rep.metric + " by point (* worse than the baseline)"),
+                                rep.metric, points, baseline_band(s, rep, "baseline +- sd"));
 }
 
-// Block-scaled quantizers' statistics (docs/spec.md §6.6): for each tensor kind, the
-// histogram of the groups' scales (by exponent, all layers) at the last recorded step of
-// each point's first run, with the share of groups that saturate and that are all zero.
+// Block-scaled quantizers' statistics (docs/spec.md §6.6) of each matching point's first run.
 std::optional<plt::Figure> block_stats_plot(const Sweep& s, const results::Store& store, const PlotSpec& spec,
                                             const std::vector<results::RunRow>& rows) {
-  std::vector<std::string> kinds = spec.kinds;
-  if (kinds.empty()) kinds = {"a", "w", "gx"};
-  plt::Figure fig;
-  fig.title = spec.title.empty() ? s.name + ": block scales at the last statistics step (first seed; sat: groups that saturate)"
-                                 : spec.title;
-  fig.panel_width = 900;
-  fig.panel_height = 360;
-  std::vector<plt::Panel> panels(kinds.size());
-  for (std::size_t k = 0; k < kinds.size(); ++k) {
-    panels[k].title = std::string(nn::kind_title(nn::parse_kind(kinds[k])));
-    panels[k].xlabel = "scale exponent floor(log2 X)";
-    panels[k].ylabel = "% of groups";
-    panels[k].ymin = 0;
-  }
-  int color = 0;
+  std::vector<results::KindName> kinds;
+  for (const auto& k : spec.kinds.empty() ? std::vector<std::string>{"a", "w", "gx"} : spec.kinds) kinds.push_back(kind_name(k));
+  std::vector<results::LabelledStats> runs;
   for (std::size_t i = 0; i < s.points.size(); ++i) {
     if (!matches(s.points[i], spec.where)) continue;
-    const auto row = first_run(s, static_cast<int>(i), rows);
-    if (!row) continue;
-    const auto stats = store.stats(row->id);
-    std::int64_t last = -1;
-    for (const auto& r : stats) last = std::max(last, r.step);
-    bool any = false;
-    for (std::size_t k = 0; k < kinds.size(); ++k) {
-      std::map<int, double> hist;
-      double groups = 0, saturated = 0, zero = 0;
-      for (const auto& r : stats) {
-        if (r.kind != kinds[k] || r.step != last) continue;
-        const auto h = nlohmann::json::parse(r.histogram, nullptr, false);
-        if (h.is_discarded() || !h.contains("groups") || !h.contains("scales")) continue;
-        const auto& g = h["groups"];
-        groups += g.value("total", 0.0);
-        saturated += g.value("saturated", 0.0);
-        zero += g.value("zero", 0.0);
-        const int lo = h["scales"].value("lo", 0);
-        const auto counts = h["scales"].value("counts", std::vector<double>{});
-        for (std::size_t j = 0; j < counts.size(); ++j) hist[lo + static_cast<int>(j)] += counts[j];
-      }
-      if (groups == 0) continue;
-      any = true;
-      plt::Series se;
-      se.label = s.points[i].label() + ": " + fixed(100 * saturated / groups, 2) + "% sat, " +
-                 fixed(100 * zero / groups, 1) + "% zero";
-      se.color = color;
-      se.markers = false;
-      for (const auto& [e, c] : hist) se.x.push_back(e + 0.5), se.y.push_back(100 * c / groups);
-      panels[k].series.push_back(std::move(se));
-    }
-    color += any;
+    if (const auto row = first_run(s, static_cast<int>(i), rows)) runs.push_back({s.points[i].label(), store.stats(row->id)});
   }
-  for (auto& p : panels)
-    if (!p.series.empty()) fig.panels.push_back(std::move(p));
-  if (fig.panels.empty()) return std::nullopt;
-  return fig;
+  return results::block_stats_figure(
+      title_of(spec, s.name + ": block scales at the last statistics step (first seed; sat: groups that saturate)"), kinds, runs);
 }
+
+}  // namespace
 
 std::vector<MetricCurve> metric_curves(const SweepReport& rep, const Sweep& s, const results::Store& store,
                                        const std::string& metric, const std::map<std::string, std::string>& where) {
@@ -757,21 +549,9 @@ namespace {
 
 // `metric` over training steps, one line per point (mean +- sd over its runs).
 std::optional<plt::Figure> curve_plot(const Sweep& s, const std::vector<MetricCurve>& curves, const PlotSpec& spec) {
-  plt::Panel p;
-  p.xlabel = "training step";
-  p.ylabel = spec.metric + " (mean +- sd over seeds)";
-  for (const MetricCurve& c : curves) {
-    plt::Series se;
-    se.label = legend_name(s, c.point, spec);
-    for (std::size_t i = 0; i < c.steps.size(); ++i) {
-      se.x.push_back(static_cast<double>(c.steps[i]));
-      se.y.push_back(c.mean[i]);
-      se.err.push_back(c.sd[i]);
-    }
-    p.series.push_back(std::move(se));
-  }
-  if (p.series.empty()) return std::nullopt;
-  return one_panel(spec, s.name + ": " + spec.metric + " over training", std::move(p), 820, 460);
+  std::vector<results::Curve> lines;
+  for (const MetricCurve& c : curves) lines.push_back({legend_name(s, c.point, spec), c.steps, c.mean, c.sd});
+  return results::curve_figure(title_of(spec, s.name + ": " + spec.metric + " over training"), spec.metric, lines);
 }
 
 // The curves' numbers: one row per point and step.
@@ -801,6 +581,21 @@ std::vector<std::pair<Sweep, SweepReport>> also_reports(const Sweep& s, const re
   return out;
 }
 
+namespace {
+
+// The page filled from `page_template` as <out>/README.md; refuses a template that is that file.
+std::string write_page(const std::string& page_template, const PageInputs& in) {
+  const std::string path = (fs::path(in.out_dir) / "README.md").string();
+  std::error_code ec;
+  if (fs::exists(path) && fs::equivalent(page_template, path, ec))
+    throw Error("report: the page template " + page_template + " is the page it would write (" + path +
+                "): keep the template beside the sweep file");
+  write_text(path, fill_page(read_file(page_template), page_template, in));
+  return path;
+}
+
+}  // namespace
+
 std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, const results::Store& store,
                                       const std::string& out_dir) {
   make_folder(out_dir);
@@ -811,7 +606,8 @@ std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, co
   write_text(csv, to_csv(s, rep));
   files.push_back(md);
   files.push_back(csv);
-  for (const auto& extra : also_reports(s, store)) {
+  const auto also = also_reports(s, store);
+  for (const auto& extra : also) {
     const std::string stem = (fs::path(out_dir) / ("table-" + extra.first.metric)).string();
     write_text(stem + ".md", to_markdown(extra.first, extra.second));
     write_text(stem + ".csv", to_csv(extra.first, extra.second));
@@ -825,7 +621,9 @@ std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, co
       case PlotType::heatmap: fig = heatmap_plot(s, rep, spec); break;
       case PlotType::loss_scale: fig = loss_scale_plot(s, store, spec, rows); break;
       case PlotType::histograms: fig = histogram_plot(s, store, spec, rows); break;
-      case PlotType::fixed_point_snr: fig = fixed_point_snr_plot(spec); break;
+      case PlotType::fixed_point_snr:
+        fig = results::fixed_point_snr_figure(title_of(spec, "Fixed point (1.0.7) SNR against the quantization step"));
+        break;
       case PlotType::points: fig = points_plot(s, rep, spec); break;
       case PlotType::block_stats: fig = block_stats_plot(s, store, spec, rows); break;
       case PlotType::curve: {
@@ -849,6 +647,7 @@ std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, co
     files.push_back(stem + ".svg");
     files.push_back(stem + ".png");
   }
+  if (!s.page.empty()) files.push_back(write_page(s.page, {s, rep, also, s.source, out_dir}));
   return files;
 }
 

@@ -290,39 +290,67 @@ std::vector<const toml::table*> grids_of(const toml::node& v, const std::string&
   return grids;
 }
 
-// One top-level key of the sweep file into `s` or `f`.
+// The top-level keys of a sweep file, each read into `s` or `f`.
+using TopKeyReader = void (*)(Sweep& s, SweepFile& f, const toml::node& v, const std::string& source,
+                              const std::string& base_dir);
+struct TopKey {
+  std::string_view name;
+  TopKeyReader read;
+};
+// A path given relative to the sweep file.
+std::string beside(const std::string& base_dir, const std::string& path) {
+  return (fs::path(base_dir) / path).lexically_normal().string();
+}
+constexpr TopKey kTopKeys[] = {
+    {"name", [](Sweep& s, SweepFile&, const toml::node& v, const std::string& source, const std::string&) {
+       s.name = string_of(v, source, "'name' must be a string");
+     }},
+    {"base", [](Sweep& s, SweepFile&, const toml::node& v, const std::string& source, const std::string& base_dir) {
+       s.base = beside(base_dir, string_of(v, source, "'base' must be a string (a config file)"));
+     }},
+    {"seeds", [](Sweep& s, SweepFile&, const toml::node& v, const std::string& source, const std::string&) {
+       s.seeds = seeds_of(v, source);
+     }},
+    {"baseline", [](Sweep&, SweepFile& f, const toml::node& v, const std::string& source, const std::string&) {
+       f.baseline = string_of(v, source, "'baseline' must be a string like \"recipe=fp32\"");
+     }},
+    {"metric", [](Sweep& s, SweepFile&, const toml::node& v, const std::string& source, const std::string&) {
+       s.metric = string_of(v, source, "'metric' must be a string");
+     }},
+    {"also", [](Sweep& s, SweepFile&, const toml::node& v, const std::string& source, const std::string&) {
+       s.also = strings_of(v, source, "'also'");
+     }},
+    {"better", [](Sweep& s, SweepFile&, const toml::node& v, const std::string& source, const std::string&) {
+       auto x = v.value_exact<std::string>();
+       if (!x || (*x != "higher" && *x != "lower")) throw Error(where(source, v) + "'better' must be \"higher\" or \"lower\"");
+       s.better = *x;
+     }},
+    {"page", [](Sweep& s, SweepFile&, const toml::node& v, const std::string& source, const std::string& base_dir) {
+       const std::string p = string_of(v, source, "'page' must be a string (a Markdown template)");
+       if (p.empty()) throw Error(where(source, v) + "'page' is empty");
+       s.page = beside(base_dir, p);
+     }},
+    {"set", [](Sweep& s, SweepFile&, const toml::node& v, const std::string& source, const std::string&) {
+       const auto* t = v.as_table();
+       if (!t) throw Error(where(source, v) + "'set' must be a table of config keys");
+       for (const auto& [ck, cv] : *t)
+         s.set.push_back(std::string(ck.str()) + "=" + scalar(cv, "[set] " + std::string(ck.str()), source).toml);
+     }},
+    {"grid", [](Sweep&, SweepFile& f, const toml::node& v, const std::string& source, const std::string&) {
+       f.grids = grids_of(v, source);
+     }},
+    {"plot", [](Sweep& s, SweepFile&, const toml::node& v, const std::string& source, const std::string&) {
+       s.plots = plots_of(v, source);
+     }},
+};
+
 void read_top_key(Sweep& s, SweepFile& f, const std::string& key, const toml::node& v, const std::string& source,
                   const std::string& base_dir) {
-  if (key == "name") {
-    s.name = string_of(v, source, "'name' must be a string");
-  } else if (key == "base") {
-    const std::string b = string_of(v, source, "'base' must be a string (a config file)");
-    s.base = (fs::path(base_dir) / b).lexically_normal().string();
-  } else if (key == "seeds") {
-    s.seeds = seeds_of(v, source);
-  } else if (key == "baseline") {
-    f.baseline = string_of(v, source, "'baseline' must be a string like \"recipe=fp32\"");
-  } else if (key == "metric") {
-    s.metric = string_of(v, source, "'metric' must be a string");
-  } else if (key == "also") {
-    s.also = strings_of(v, source, "'also'");
-  } else if (key == "better") {
-    auto x = v.value_exact<std::string>();
-    if (!x || (*x != "higher" && *x != "lower")) throw Error(where(source, v) + "'better' must be \"higher\" or \"lower\"");
-    s.better = *x;
-  } else if (key == "set") {
-    const auto* t = v.as_table();
-    if (!t) throw Error(where(source, v) + "'set' must be a table of config keys");
-    for (const auto& [ck, cv] : *t)
-      s.set.push_back(std::string(ck.str()) + "=" + scalar(cv, "[set] " + std::string(ck.str()), source).toml);
-  } else if (key == "grid") {
-    f.grids = grids_of(v, source);
-  } else if (key == "plot") {
-    s.plots = plots_of(v, source);
-  } else {
-    throw Error(where(source, v) + "unknown key '" + key +
-                "' (expected name, base, seeds, baseline, metric, also, better, set, grid, plot)");
-  }
+  for (const TopKey& k : kTopKeys)
+    if (k.name == key) return k.read(s, f, v, source, base_dir);
+  std::string expected;
+  for (const TopKey& k : kTopKeys) expected += (expected.empty() ? "" : ", ") + std::string(k.name);
+  throw Error(where(source, v) + "unknown key '" + key + "' (expected " + expected + ")");
 }
 
 // A grid's variables (with their values) and its config keys (set from a value or a

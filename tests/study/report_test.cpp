@@ -9,6 +9,7 @@
 #include "../common/testutil.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/machine.hpp"
+#include "fp8lab/study/page.hpp"
 #include "fp8lab/study/report.hpp"
 #include "fp8lab/study/sweep.hpp"
 #include "fp8lab/results/store.hpp"
@@ -431,4 +432,117 @@ recipe = ["fp32", "resnet32-mixed"]
   EXPECT_NE(e.find("other.db run 1 are the same run ('stores', seed"), std::string::npos) << e;
   EXPECT_NE(test::error_of([&] { results::StoreSet({(d / "none.db").string()}); }).find("no results store here"),
             std::string::npos);
+}
+
+namespace {
+// A sweep of three points (the baseline 90..94, bias 8 at 80..84, bias 12 at 91..95; 5
+// seeds) with a plot and an `also` metric, its store and report, for the page tests.
+struct PageFixture {
+  fs::path d = dir() / "page";
+  study::Sweep s;
+  std::unique_ptr<results::Store> store;
+  study::SweepReport rep;
+  std::vector<std::pair<study::Sweep, study::SweepReport>> also;
+  explicit PageFixture(const std::string& extra = "") {
+    fs::remove_all(d);
+    fs::create_directories(d);
+    s = parse(extra + R"(
+seeds = 5
+baseline = "recipe=fp32"
+also = ["test_bleu"]
+[[grid]]
+recipe = ["fp32"]
+"quant.recipe" = "fp32"
+[[grid]]
+recipe = ["a"]
+bias = [8, 12]
+"quant.recipe" = "a=1.4.3:{bias}"
+[[plot]]
+type = "points"
+title = "By point"
+file = "points"
+)" + std::string(test::kSmall), "page-sweep");
+    store = std::make_unique<results::Store>((d / "r.db").string());
+    for (const auto& r : s.runs) {
+      const double k = static_cast<double>(r.seed);
+      record(*store, r, results::RunStatus::finished, (r.point == 1 ? 79 : r.point == 2 ? 90 : 89) + k);
+    }
+    rep = study::analyse(s, *store);
+    also = study::also_reports(s, *store);
+  }
+  std::string fill(const std::string& text) const {
+    return study::fill_page(text, "page.md", {s, rep, also, "sweeps/x.toml", "docs/results/x"});
+  }
+};
+}  // namespace
+
+// Every placeholder of a page template becomes the report's own text: the numbers on a page
+// are the store's. The p-values are the exact one-sided ones given the ties, counted over the
+// 252 splits of the ten values by hand (scipy's method="exact" ignores ties: 0.8452 for
+// bias 12).
+TEST(Page, PlaceholdersBecomeTheReportsNumbers) {
+  const PageFixture f;
+  EXPECT_EQ(f.fill("fp32 {{value:recipe=fp32}} ({{p:recipe=fp32}}), bias 8 {{value: bias = 8 }} (p = {{p:bias=8}}), "
+                   "bias 12 {{value:recipe=a,bias=12}} (p = {{p:bias=12}}); {{runs}} runs."),
+            "fp32 92.00 ± 1.58 (baseline), bias 8 82.00 ± 1.58* (p = 0.0040), bias 12 93.00 ± 1.58 (p = 0.8492); 15 runs.");
+  EXPECT_EQ(f.fill("{{table}}"), study::to_markdown(f.s, f.rep));
+  EXPECT_EQ(f.fill("{{table:test_bleu}}"), study::to_markdown(f.also[0].first, f.also[0].second));
+  EXPECT_NE(f.fill("{{table:test_bleu}}").find("1092.00 ± 1.58"), std::string::npos);
+  EXPECT_EQ(f.fill("{{figure:points}}"), "![By point](points.png)\n([SVG](points.svg))");
+  EXPECT_EQ(f.fill("{{commands}}"),
+            "```sh\nfp8lab sweep sweeps/x.toml --jobs 2\nfp8lab report sweeps/x.toml --out docs/results/x\n```");
+  EXPECT_EQ(f.fill("{{machines}}"), "Runs made on " + machine_description() + ".");
+  EXPECT_EQ(f.fill("no placeholder { here } {x}\n"), "no placeholder { here } {x}\n");
+}
+
+// A template's mistakes are errors naming the file, the line and the placeholder.
+TEST(Page, BadPlaceholdersAreErrorsWithTheirLine) {
+  const PageFixture f;
+  const auto error = [&](const std::string& text) { return test::error_of([&] { f.fill(text); }); };
+  const std::string unknown = error("line 1\nline 2 {{value:bias=8}}\n{{tabel}}\n");
+  EXPECT_NE(unknown.find("page.md:3: placeholder '{{tabel}}': unknown placeholder (expected commands, runs, table[:ARG], "
+                         "figure:ARG, value:ARG, p:ARG, machines)"),
+            std::string::npos)
+      << unknown;
+  EXPECT_NE(error("{{value:recipe=a}}").find("names more than one point (recipe=a, bias=8; recipe=a, bias=12)"),
+            std::string::npos);
+  EXPECT_NE(error("{{value:recipe=b}}").find("names no point of sweep 'page-sweep'"), std::string::npos);
+  EXPECT_NE(error("{{p:bias}}").find("expected var=value[,var=value], got 'bias'"), std::string::npos);
+  EXPECT_NE(error("{{figure:nope}}").find("no [[plot]] with file = \"nope\""), std::string::npos);
+  EXPECT_NE(error("{{table:train_loss}}").find("no 'also' metric 'train_loss'"), std::string::npos);
+  EXPECT_NE(error("{{runs:3}}").find("'runs' takes no argument"), std::string::npos);
+  EXPECT_NE(error("{{value}}").find("'value' needs an argument"), std::string::npos);
+  EXPECT_NE(error("a\n{{value:bias=8\n}}").find("page.md:2: '{{' without '}}' on the same line"), std::string::npos);
+  EXPECT_NE(error("{{value:bias=8").find("page.md:1: '{{' without '}}'"), std::string::npos);
+}
+
+// `page` (relative to the sweep file) makes the report write <out>/README.md from it; a
+// template that is the page it would write is refused, and the old page kept.
+TEST(Page, TheReportWritesThePageBesideItsTables) {
+  const fs::path base = dir() / "page-files";
+  fs::remove_all(base);
+  fs::create_directories(base / "out");
+  write_file_atomic((base / "study.md").string(), std::string("# A study\n\n{{table}}\n{{figure:points}}\n"));
+  const PageFixture f("page = \"page-files/study.md\"\n");
+  EXPECT_EQ(f.s.page, (base / "study.md").lexically_normal().string());
+  const auto files = study::write_report(f.s, f.rep, *f.store, (base / "out").string());
+  ASSERT_FALSE(files.empty());
+  EXPECT_EQ(files.back(), (base / "out" / "README.md").string());
+  EXPECT_EQ(read_file(files.back()), "# A study\n\n" + study::to_markdown(f.s, f.rep) + "\n![By point](points.png)\n([SVG](points.svg))\n");
+
+  const std::string page = "{{runs}}";
+  write_file_atomic((base / "out" / "README.md").string(), page);
+  study::Sweep same = f.s;
+  same.page = (base / "out" / "README.md").string();
+  const std::string e = test::error_of([&] { study::write_report(same, f.rep, *f.store, (base / "out").string()); });
+  EXPECT_NE(e.find("is the page it would write"), std::string::npos) << e;
+  EXPECT_EQ(read_file((base / "out" / "README.md").string()), page);
+  const std::string missing = test::error_of([&] {
+    study::Sweep none = f.s;
+    none.page = (base / "missing.md").string();
+    study::write_report(none, f.rep, *f.store, (base / "out").string());
+  });
+  EXPECT_NE(missing.find("missing.md"), std::string::npos) << missing;
+  EXPECT_NE(test::error_of([] { parse("page = 3\n"); }).find("'page' must be a string"), std::string::npos);
+  EXPECT_NE(test::error_of([] { parse("page = \"\"\n"); }).find("'page' is empty"), std::string::npos);
 }

@@ -56,6 +56,11 @@ SweepReport analyse(const Sweep& s, const results::Store& store);
 // run has the name or the runs report different metrics.
 SweepReport analyse_named(const results::Store& store, const std::string& name, Sweep& s);
 std::string to_markdown(const Sweep& s, const SweepReport& r);
+// A point's cells in the Markdown table: "mean ± sd" with the metric's decimals (the value
+// alone for one run, a '*' where worse than the baseline, "-" without a finished run); and
+// its p-value ("baseline" for the baseline, "-" without a test).
+std::string value_text(const SweepReport& r, const PointResult& p);
+std::string p_text(const Sweep& s, const PointResult& p);
 std::string to_csv(const Sweep& s, const SweepReport& r);
 
 // A metric the runs log during training (e.g. dev_bleu after every epoch), for one point:

@@ -76,6 +76,7 @@ struct Sweep {
   std::vector<std::string> also;       // further logged metrics, each in a table of its own
   std::string better;                  // higher, lower, "": lower_is_better(metric)
   std::vector<PlotSpec> plots;
+  std::string page;  // the study page's Markdown template (study/page.hpp); "": none
   std::vector<SweepRun> runs;  // points x seeds, point-major
 };
 

@@ -1,0 +1,37 @@
+// A study's page: the sweep's Markdown template (the sweep file's `page`) with its
+// placeholders filled from the report, so that every number on the page comes from the
+// store. `fp8lab report` writes it as <out>/README.md. The placeholders (docs/experiments.md,
+// "Pages"):
+//   {{commands}}      the sweep and report commands, as a sh block
+//   {{runs}}          the sweep's number of runs
+//   {{table}}         the report's Markdown table (table.md)
+//   {{table:METRIC}}  the table of an `also` metric
+//   {{figure:FILE}}   a [[plot]]'s PNG, with its title and a link to its SVG
+//   {{value:POINT}}   a point's "mean ± sd" as the table gives it; POINT is var=value[,var=value]
+//                     and must name exactly one point
+//   {{p:POINT}}       that point's p-value against the baseline
+//   {{machines}}      the line naming the processors the runs were made on
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fp8lab/study/report.hpp"
+#include "fp8lab/study/sweep.hpp"
+
+namespace fp8lab::study {
+
+struct PageInputs {
+  const Sweep& sweep;
+  const SweepReport& report;
+  const std::vector<std::pair<Sweep, SweepReport>>& also;  // also_reports(sweep, store)
+  std::string sweep_path, out_dir;                        // for {{commands}}, as the user gave them
+};
+
+// `text` (read from `source`) with every placeholder filled. Throws Error naming the source,
+// the line and the placeholder for an unknown placeholder, an unclosed "{{", a metric or
+// figure the sweep does not have, and a POINT that names no point or several.
+std::string fill_page(const std::string& text, const std::string& source, const PageInputs& in);
+
+}  // namespace fp8lab::study

@@ -1,0 +1,138 @@
+#include "fp8lab/study/page.hpp"
+
+#include <algorithm>
+#include <string_view>
+
+#include "fp8lab/core/error.hpp"
+#include "fp8lab/core/text.hpp"
+
+namespace fp8lab::study {
+
+namespace {
+
+// Where a placeholder stands, for messages: "<source>:<line>: '{{...}}'".
+struct Place {
+  const std::string& source;
+  std::int64_t line;
+  std::string_view text;
+  std::string operator()(const std::string& what) const {
+    return at_line(source, line) + "placeholder '{{" + std::string(text) + "}}': " + what;
+  }
+};
+
+// The one point of `s` whose variables have every value `selector` ("var=value,...") names.
+const PointResult& point_of(const Sweep& s, const SweepReport& rep, std::string_view selector, const Place& at) {
+  std::vector<std::pair<std::string, std::string>> want;
+  for (const std::string_view item : split(selector, ',')) {
+    const auto kv = key_value(trim(item));
+    if (!kv || trim(kv->key).empty()) throw Error(at("expected var=value[,var=value], got '" + std::string(item) + "'"));
+    want.emplace_back(std::string(trim(kv->key)), std::string(trim(kv->value)));
+  }
+  const PointResult* found = nullptr;
+  for (const PointResult& p : rep.points) {
+    const SweepPoint& pt = s.points[static_cast<std::size_t>(p.point)];
+    if (!std::all_of(want.begin(), want.end(), [&](const auto& kv) { return pt.var(kv.first) == kv.second; })) continue;
+    if (found)
+      throw Error(at("names more than one point (" + s.points[static_cast<std::size_t>(found->point)].label() + "; " +
+                     pt.label() + "): add a variable"));
+    found = &p;
+  }
+  if (!found) throw Error(at("names no point of sweep '" + s.name + "'"));
+  return *found;
+}
+
+std::string commands(const PageInputs& in, std::string_view, const Place&) {
+  return "```sh\nfp8lab sweep " + in.sweep_path + " --jobs 2\nfp8lab report " + in.sweep_path + " --out " + in.out_dir +
+         "\n```";
+}
+
+std::string runs(const PageInputs& in, std::string_view, const Place&) { return std::to_string(in.sweep.runs.size()); }
+
+std::string table(const PageInputs& in, std::string_view metric, const Place& at) {
+  if (metric.empty()) return to_markdown(in.sweep, in.report);
+  for (const auto& [s, r] : in.also)
+    if (s.metric == metric) return to_markdown(s, r);
+  throw Error(at("the sweep has no 'also' metric '" + std::string(metric) + "'"));
+}
+
+std::string figure(const PageInputs& in, std::string_view file, const Place& at) {
+  for (const PlotSpec& p : in.sweep.plots)
+    if (p.file == file) {
+      const std::string f(file);
+      return "![" + (p.title.empty() ? f : p.title) + "](" + f + ".png)\n([SVG](" + f + ".svg))";
+    }
+  throw Error(at("the sweep has no [[plot]] with file = \"" + std::string(file) + "\""));
+}
+
+std::string value(const PageInputs& in, std::string_view selector, const Place& at) {
+  return value_text(in.report, point_of(in.sweep, in.report, selector, at));
+}
+
+std::string p_value(const PageInputs& in, std::string_view selector, const Place& at) {
+  return p_text(in.sweep, point_of(in.sweep, in.report, selector, at));
+}
+
+std::string machines(const PageInputs& in, std::string_view, const Place&) {
+  std::string m = machines_note(in.report);
+  if (!m.empty() && m.back() == '\n') m.pop_back();
+  return m;
+}
+
+// The placeholders: name, whether it takes ":ARG" (optional for table), what it becomes.
+enum class Arg { none, optional, required };
+struct Placeholder {
+  std::string_view name;
+  Arg arg;
+  std::string (*fill)(const PageInputs&, std::string_view, const Place&);
+};
+constexpr Placeholder kPlaceholders[] = {
+    {"commands", Arg::none, commands}, {"runs", Arg::none, runs},          {"table", Arg::optional, table},
+    {"figure", Arg::required, figure}, {"value", Arg::required, value},    {"p", Arg::required, p_value},
+    {"machines", Arg::none, machines},
+};
+
+std::string known_placeholders() {
+  std::string o;
+  for (const Placeholder& p : kPlaceholders)
+    o += (o.empty() ? "" : ", ") + std::string(p.name) + (p.arg == Arg::required ? ":ARG" : p.arg == Arg::optional ? "[:ARG]" : "");
+  return o;
+}
+
+std::string expand(const PageInputs& in, std::string_view inner, const Place& at) {
+  const std::size_t colon = inner.find(':');
+  const std::string_view name = trim(inner.substr(0, colon));
+  const bool has_arg = colon != std::string_view::npos;
+  const std::string_view arg = has_arg ? trim(inner.substr(colon + 1)) : std::string_view{};
+  for (const Placeholder& p : kPlaceholders) {
+    if (p.name != name) continue;
+    if (p.arg == Arg::none && has_arg) throw Error(at("'" + std::string(name) + "' takes no argument"));
+    if (p.arg == Arg::required && arg.empty()) throw Error(at("'" + std::string(name) + "' needs an argument after ':'"));
+    return p.fill(in, arg, at);
+  }
+  throw Error(at("unknown placeholder (expected " + known_placeholders() + ")"));
+}
+
+}  // namespace
+
+std::string fill_page(const std::string& text, const std::string& source, const PageInputs& in) {
+  std::string out;
+  std::int64_t line = 1;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const std::size_t open = text.find("{{", i);
+    const std::size_t upto = open == std::string::npos ? text.size() : open;
+    line += std::count(text.begin() + static_cast<std::ptrdiff_t>(i), text.begin() + static_cast<std::ptrdiff_t>(upto), '\n');
+    out.append(text, i, upto - i);
+    if (open == std::string::npos) break;
+    const std::size_t close = text.find("}}", open + 2);
+    const std::size_t newline = text.find('\n', open);
+    if (close == std::string::npos || (newline != std::string::npos && newline < close))
+      throw Error(at_line(source, line) + "'{{' without '}}' on the same line");
+    const std::string_view inner(text.data() + open + 2, close - open - 2);
+    out += expand(in, inner, Place{source, line, inner});
+    i = close + 2;
+  }
+  return out;
+}
+
+}  // namespace fp8lab::study
