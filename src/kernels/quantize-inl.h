@@ -598,6 +598,52 @@ inline void DecodeBf16Range8(const float* table, std::uint32_t mask, const std::
   for (; i < n; ++i) y[i] = static_cast<std::uint16_t>(bits[codes[i] & mask] >> 16);
 }
 
+// One chunk through the element kernel on this thread: y = Q(x) and, where `codes` is given,
+// the codes: the vector loop where the format has it (p.fast), else the scalar codec
+// element by element (counts from the codes where they are made, else from the values).
+inline void QuantizeChunk(const Params& p, const QuantSpec& q, const float* x, float* y, std::uint8_t* codes,
+                          std::size_t n, std::uint64_t index0, QuantCounts* counts) {
+  if (p.fast && codes) return QuantizeEncodeRange8(p, q, x, y, codes, n, index0, counts);
+  if (p.fast) return QuantizeRange(p, q, x, y, n, index0, counts);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (codes) codes[i] = static_cast<std::uint8_t>(fp8lab::encode(x[i], q, index0 + i, counts));
+    y[i] = fp8lab::quantize(x[i], q, index0 + i, codes ? nullptr : counts);
+  }
+}
+
+// The top half of each float's bits (its bfloat16 value where it is one); returns the OR of
+// the bottom halves (0: every value was a bfloat16 value).
+inline std::uint32_t TopHalves(const float* x, std::uint16_t* y, std::size_t n) {
+  const hn::ScalableTag<std::uint32_t> d;
+  const hn::Rebind<std::uint16_t, decltype(d)> d16;
+  const std::size_t N = hn::Lanes(d);
+  const auto* bits = reinterpret_cast<const std::uint32_t*>(x);
+  const auto low = hn::Set(d, 0xFFFFu);
+  auto dropped = hn::Zero(d);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto v = hn::LoadU(d, bits + i);
+    dropped = hn::Or(dropped, hn::And(v, low));
+    hn::StoreU(hn::TruncateTo(d16, hn::ShiftRight<16>(v)), d16, y + i);
+  }
+  std::uint32_t rest = 0;
+  for (; i < n; ++i) {
+    rest |= bits[i] & 0xFFFFu;
+    y[i] = static_cast<std::uint16_t>(bits[i] >> 16);
+  }
+  return rest | hn::GetLane(hn::MaxOfLanes(d, dropped));
+}
+
+// Q(x) as bfloat16 into y (and the codes where given): QuantizeChunk into `buffer` (n
+// floats, left in cache for the second step), then its top halves; returns the OR of their
+// bottom halves, as TopHalves.
+inline std::uint32_t QuantizeBf16Chunk(const Params& p, const QuantSpec& q, const float* x, std::uint16_t* y,
+                                       std::uint8_t* codes, std::size_t n, std::uint64_t index0, QuantCounts* counts,
+                                       float* buffer) {
+  QuantizeChunk(p, q, x, buffer, codes, n, index0, counts);
+  return TopHalves(buffer, y, n);
+}
+
 }  // namespace fp8lab::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 

@@ -1,6 +1,6 @@
-// The element kernels' entry points: each dispatches once per call to its per-target code
-// (quantize-inl.h, compiled once per Highway target and chosen at run time) and splits the
-// array over its runner's threads.
+// The element kernels' entry points: each dispatches to its per-target code (quantize-inl.h,
+// compiled once per Highway target and chosen at run time) once per range of its runner's
+// threads (quantize_bf16 once per 16 KiB chunk, which stays in L1 between its two steps).
 
 #include <bit>
 #include <cmath>
@@ -21,6 +21,8 @@
 #include "src/kernels/quantize-inl.h"
 
 #if HWY_ONCE
+#include <algorithm>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,9 +32,10 @@
 
 namespace fp8lab::kernels {
 
-HWY_EXPORT(QuantizeRange);
+HWY_EXPORT(QuantizeChunk);
+HWY_EXPORT(TopHalves);
+HWY_EXPORT(QuantizeBf16Chunk);
 HWY_EXPORT(EncodeRange8);
-HWY_EXPORT(QuantizeEncodeRange8);
 HWY_EXPORT(EncodeRange16);
 HWY_EXPORT(DecodeRange8);
 HWY_EXPORT(DecodeRange16);
@@ -87,11 +90,7 @@ void quantize(const float* x, float* y, std::size_t n, const QuantSpec& q, std::
   validate(q);
   const detail::Params p = detail::make_params(q);
   run_ranges(run, n, counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
-    if (p.fast) {
-      HWY_DYNAMIC_DISPATCH(QuantizeRange)(p, q, x + b, y + b, e - b, index_offset + b, c);
-    } else {
-      for (std::size_t i = b; i < e; ++i) y[i] = fp8lab::quantize(x[i], q, index_offset + i, c);
-    }
+    HWY_DYNAMIC_DISPATCH(QuantizeChunk)(p, q, x + b, y + b, nullptr, e - b, index_offset + b, c);
   });
 }
 
@@ -136,16 +135,35 @@ void quantize_and_encode(const float* x, float* y, std::uint8_t* codes, std::siz
   require_code_bits(q, 8);
   const detail::Params p = detail::make_params(q);
   run_ranges(run, n, counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
-    if (p.fast) {
-      HWY_DYNAMIC_DISPATCH(QuantizeEncodeRange8)(p, q, x + b, y + b, codes + b, e - b,
-                                                 index_offset + b, c);
-    } else {
-      for (std::size_t i = b; i < e; ++i) {
-        codes[i] = static_cast<std::uint8_t>(fp8lab::encode(x[i], q, index_offset + i, c));
-        y[i] = fp8lab::quantize(x[i], q, index_offset + i);
-      }
+    HWY_DYNAMIC_DISPATCH(QuantizeChunk)(p, q, x + b, y + b, codes + b, e - b, index_offset + b, c);
+  });
+}
+
+bool to_bf16_exact(const float* x, std::uint16_t* y, std::size_t n, const Runner& run) {
+  std::atomic<bool> exact{true};
+  run.parallel_for(n, 4096, [&](std::size_t b, std::size_t e) {
+    if (HWY_DYNAMIC_DISPATCH(TopHalves)(x + b, y + b, e - b) != 0) exact.store(false, std::memory_order_relaxed);
+  });
+  return exact.load();
+}
+
+bool quantize_bf16(const float* x, std::uint16_t* y, std::uint8_t* codes, std::size_t n, const QuantSpec& q,
+                   std::uint64_t index_offset, QuantCounts* counts, const Runner& run) {
+  if (codes) require_code_bits(q, 8);
+  else validate(q);
+  const detail::Params p = detail::make_params(q);
+  constexpr std::size_t kChunk = 4096;  // 16 KiB of float32: stays in L1 between the two steps
+  std::atomic<bool> exact{true};
+  run_ranges(run, n, counts, [&](std::size_t b, std::size_t e, QuantCounts* c) {
+    alignas(64) float buffer[kChunk];
+    for (std::size_t i = b; i < e; i += kChunk) {
+      const std::size_t len = std::min(kChunk, e - i);
+      if (HWY_DYNAMIC_DISPATCH(QuantizeBf16Chunk)(p, q, x + i, y + i, codes ? codes + i : nullptr, len,
+                                                  index_offset + i, c, buffer) != 0)
+        exact.store(false, std::memory_order_relaxed);
     }
   });
+  return exact.load();
 }
 
 template <typename T>

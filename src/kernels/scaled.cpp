@@ -39,19 +39,6 @@ using detail::power_of_two;
 
 namespace {
 
-// One chunk through the element kernel on this thread: y = Q(x) and, where `codes` is given,
-// the codes (SIMD where p.fast, else the scalar codec), as kernels::quantize and
-// kernels::quantize_and_encode do.
-void QuantizeChunk(const detail::Params& p, const QuantSpec& q, const float* x, float* y, std::uint8_t* codes,
-                   std::size_t n, std::uint64_t index_offset, QuantCounts* counts) {
-  if (p.fast && codes) return QuantizeEncodeRange8(p, q, x, y, codes, n, index_offset, counts);
-  if (p.fast) return QuantizeRange(p, q, x, y, n, index_offset, counts);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (codes) codes[i] = static_cast<std::uint8_t>(fp8lab::encode(x[i], q, index_offset + i, counts));
-    y[i] = fp8lab::quantize(x[i], q, index_offset + i, codes ? nullptr : counts);
-  }
-}
-
 // One pass of block-scaled quantization on this thread (QuantizePow2Blocks, quantize-inl.h):
 // with v = x[i] * before[b] (power-of-two factors, E8M0) or, with `divide`, v = x[i] /
 // before[b], b = i / block: y[i] = quantize(v) * after[b] and codes[i] (when codes is not

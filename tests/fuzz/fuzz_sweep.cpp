@@ -12,7 +12,7 @@ using namespace fp8lab::study;
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {
     const Sweep s = parse_sweep(std::string(reinterpret_cast<const char*>(data), size), "fuzz.toml",
-                                "/nonexistent-fuzz-dir", complete_settings);
+                                "/nonexistent-fuzz-dir", fp8lab::settings::complete_settings);
     if (s.runs.size() != s.points.size() * s.seeds.size()) __builtin_trap();
   } catch (const fp8lab::Error&) {
   }
