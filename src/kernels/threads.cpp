@@ -24,6 +24,15 @@ std::vector<std::pair<std::size_t, std::size_t>> split(std::size_t n, std::size_
   return ranges;
 }
 
+// Whether this thread is running a part of a pool job: a kernel called from there (a part
+// that itself quantizes with the default runner) runs on this thread alone, since the pool
+// is busy with the job that called it.
+thread_local bool in_pool_part = false;
+struct PoolPart {
+  PoolPart() { in_pool_part = true; }
+  ~PoolPart() { in_pool_part = false; }
+};
+
 class Pool {
  public:
   static Pool& get() {
@@ -55,6 +64,7 @@ class Pool {
     cv_.notify_all();
     std::exception_ptr mine;
     try {
+      const PoolPart part;
       if (ranges[0].first < ranges[0].second) fn(ranges[0].first, ranges[0].second);
     } catch (...) {
       mine = std::current_exception();
@@ -108,6 +118,7 @@ class Pool {
       }
       std::exception_ptr err;
       try {
+        const PoolPart part;
         if (range.first < range.second) (*job)(range.first, range.second);
       } catch (...) {
         err = std::current_exception();
@@ -152,7 +163,7 @@ Runner Runner::external(int parts, Parts run) {
 
 void Runner::parallel_for(std::size_t n, std::size_t align, const Range& fn) const {
   if (n == 0) return;
-  const int threads = kind_ == Kind::pool ? num_threads() : kind_ == Kind::external ? parts_ : 1;
+  const int threads = kind_ == Kind::pool ? (in_pool_part ? 1 : num_threads()) : kind_ == Kind::external ? parts_ : 1;
   if (n < kParallelThreshold || threads == 1) {
     fn(0, n);
     return;

@@ -344,6 +344,29 @@ TEST(Kernels, ThreadCountDoesNotChangeStochasticBits) {
   EXPECT_NE(std::memcmp(y1.data(), y5.data(), n * 4), 0);
 }
 
+// A kernel called with the default runner from inside a part of the pool's own job (a
+// caller's parallel_for whose parts quantize) runs on that part's thread and gives the same
+// bits, rather than waiting for the busy pool.
+TEST(Kernels, AKernelInsideAPoolPartRunsOnItsThread) {
+  const int before = kernels::num_threads();
+  kernels::set_num_threads(4);
+  QuantSpec q;
+  q.format = parse_format("e5m2");
+  q.rounding = Rounding::stochastic;
+  q.seed = 9;
+  const std::size_t rows = 8, cols = std::size_t{1} << 17;  // each row above kParallelThreshold
+  ASSERT_GE(cols, kernels::kParallelThreshold);
+  std::vector<float> x(rows * cols), nested(rows * cols), flat(rows * cols);
+  ref::InputGen gen(4);
+  for (auto& v : x) v = static_cast<float>(static_cast<std::int64_t>(gen.next() % 20001) - 10000) * 1e-3f;
+  kernels::parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t e) {
+    for (std::size_t r = b; r < e; r += cols) kernels::quantize(x.data() + r, nested.data() + r, cols, q, r);
+  });
+  kernels::quantize(x.data(), flat.data(), rows * cols, q, 0);
+  kernels::set_num_threads(before);
+  EXPECT_EQ(std::memcmp(nested.data(), flat.data(), flat.size() * 4), 0);
+}
+
 TEST(Kernels, IndexSegmentsCrossing2To32) {
   const std::size_t n = 5000;
   QuantSpec q;

@@ -26,7 +26,9 @@ class Runner {
 
   // Calls fn(begin, end) on disjoint ranges covering [0, n). Range boundaries are multiples
   // of `align` (except the end). On the calling thread alone when n is below
-  // kParallelThreshold or the runner has one thread. Exceptions from fn propagate.
+  // kParallelThreshold, the runner has one thread, or (the pool) the call comes from inside
+  // a part of the pool's own job, which the busy pool could not take. Exceptions from fn
+  // propagate.
   void parallel_for(std::size_t n, std::size_t align, const Range& fn) const;
 
  private:
