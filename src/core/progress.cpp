@@ -34,6 +34,16 @@ void Progress::finish(const std::string& extra) {
   draw(true);
 }
 
+std::string rate_text(double per_second, const std::string& unit) {
+  double rate = per_second;
+  const char* per = "s";
+  if (rate > 0 && rate < 1) rate *= 60, per = "min";
+  if (rate > 0 && rate < 1) rate *= 60, per = "h";
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "%.1f %s/%s", rate, unit.c_str(), per);
+  return buf;
+}
+
 void Progress::draw(bool final) {
   const double secs = seconds_since(start_);
   const double rate = secs > 0 ? (done_ - first_) / secs : 0;
@@ -43,9 +53,9 @@ void Progress::draw(bool final) {
   std::string bar(static_cast<std::size_t>(fill), '#');
   bar.append(static_cast<std::size_t>(width - fill), '.');
   char buf[512];
-  std::snprintf(buf, sizeof buf, "%s [%s] %lld/%lld %s  %.1f %s/s  %s %02d:%02d  %s", label_.c_str(),
+  std::snprintf(buf, sizeof buf, "%s [%s] %lld/%lld %s  %s  %s %02d:%02d  %s", label_.c_str(),
                 bar.c_str(), static_cast<long long>(done_), static_cast<long long>(total_),
-                unit_.c_str(), rate, unit_.c_str(), final ? "took" : "ETA",
+                unit_.c_str(), rate_text(rate, unit_).c_str(), final ? "took" : "ETA",
                 static_cast<int>((final ? secs : eta) / 60), static_cast<int>(final ? secs : eta) % 60,
                 extra_.c_str());
   if (tty_) std::fprintf(stderr, "\r\033[K%s%s", buf, final ? "\n" : "");

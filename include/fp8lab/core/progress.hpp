@@ -13,6 +13,11 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A rate as the bar prints it, in the largest unit of time that gives at least one item:
+// "12.3 steps/s", "2.4 runs/min" (slower than 1 a second), "1.5 runs/h" (slower than 1 a
+// minute); "0.0 runs/s" before anything is done.
+std::string rate_text(double per_second, const std::string& unit);
+
 class Progress {
  public:
   // `first`: the count already done when the bar starts (a resumed run); the rate counts
