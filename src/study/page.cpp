@@ -20,10 +20,20 @@ struct Place {
   }
 };
 
+// Whether some point of `s` has variable `key` at exactly `value`.
+bool some_point_has(const Sweep& s, const std::string& key, const std::string& value) {
+  return std::any_of(s.points.begin(), s.points.end(), [&](const SweepPoint& p) { return p.var(key) == value; });
+}
+
 // The one point of `s` whose variables have every value `selector` ("var=value,...") names.
+// A selector that is one var=value as a whole, where some point has that value (a loss
+// scaling "backoff:init=16,interval=100", say), is that pair, commas and all.
 const PointResult& point_of(const Sweep& s, const SweepReport& rep, std::string_view selector, const Place& at) {
   std::vector<std::pair<std::string, std::string>> want;
-  for (const std::string_view item : split(selector, ',')) {
+  const auto whole = key_value(trim(selector));
+  if (whole && some_point_has(s, std::string(trim(whole->key)), std::string(trim(whole->value))))
+    want.emplace_back(std::string(trim(whole->key)), std::string(trim(whole->value)));
+  for (const std::string_view item : want.empty() ? split(selector, ',') : std::vector<std::string_view>{}) {
     const auto kv = key_value(trim(item));
     if (!kv || trim(kv->key).empty()) throw Error(at("expected var=value[,var=value], got '" + std::string(item) + "'"));
     want.emplace_back(std::string(trim(kv->key)), std::string(trim(kv->value)));

@@ -495,6 +495,32 @@ TEST(Page, PlaceholdersBecomeTheReportsNumbers) {
   EXPECT_EQ(f.fill("no placeholder { here } {x}\n"), "no placeholder { here } {x}\n");
 }
 
+// A point whose value has commas in it (a loss scaling with options) is selected by that
+// value whole; other commas separate pairs.
+TEST(Page, AValueWithCommasSelectsItsPoint) {
+  const std::string sweep = R"(
+seeds = 5
+baseline = "scaling=none"
+[[grid]]
+scaling = ["none", "backoff:init=16,interval=100"]
+"quant.loss_scale" = "{scaling}"
+)" + std::string(test::kSmall);
+  const auto s = parse(sweep, "commas");
+  const fs::path d = dir() / "commas";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  results::Store store((d / "r.db").string());
+  for (const auto& r : s.runs) record(store, r, results::RunStatus::finished, (r.point ? 80 : 90) + static_cast<double>(r.seed));
+  const auto rep = study::analyse(s, store);
+  const std::vector<std::pair<study::Sweep, study::SweepReport>> also;
+  const study::PageInputs in{s, rep, also, "s.toml", "out"};
+  EXPECT_EQ(study::fill_page("{{value:scaling=backoff:init=16,interval=100}} {{p:scaling=none}}", "page.md", in),
+            "83.00 ± 1.58* baseline");
+  EXPECT_NE(test::error_of([&] { study::fill_page("{{value:scaling=backoff:init=16}}", "page.md", in); })
+                .find("names no point"),
+            std::string::npos);
+}
+
 // A template's mistakes are errors naming the file, the line and the placeholder.
 TEST(Page, BadPlaceholdersAreErrorsWithTheirLine) {
   const PageFixture f;

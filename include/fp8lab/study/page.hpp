@@ -8,7 +8,8 @@
 //   {{table:METRIC}}  the table of an `also` metric
 //   {{figure:FILE}}   a [[plot]]'s PNG, with its title and a link to its SVG
 //   {{value:POINT}}   a point's "mean ± sd" as the table gives it; POINT is var=value[,var=value]
-//                     and must name exactly one point
+//                     and must name exactly one point (a value with commas is read whole
+//                     where a point has it)
 //   {{p:POINT}}       that point's p-value against the baseline
 //   {{machines}}      the line naming the processors the runs were made on
 #pragma once
