@@ -82,6 +82,18 @@ std::string p_value(const PageInputs& in, std::string_view selector, const Place
   return p_text(in.sweep, point_of(in.sweep, in.report, selector, at));
 }
 
+std::string log2_scale(const PageInputs& in, std::string_view selector, const Place& at) {
+  const PointResult& p = point_of(in.sweep, in.report, selector, at);
+  if (!p.mean_log2_scale) throw Error(at("the point has no loss scale (its runs scale by 1 or have no trace)"));
+  return fixed(*p.mean_log2_scale, 1);
+}
+
+std::string skipped(const PageInputs& in, std::string_view selector, const Place& at) {
+  const PointResult& p = point_of(in.sweep, in.report, selector, at);
+  if (!p.skipped_steps) throw Error(at("the point has no loss scale (its runs scale by 1 or have no trace)"));
+  return fixed(*p.skipped_steps, 1);
+}
+
 std::string machines(const PageInputs& in, std::string_view, const Place&) {
   std::string m = machines_note(in.report);
   if (!m.empty() && m.back() == '\n') m.pop_back();
@@ -98,6 +110,7 @@ struct Placeholder {
 constexpr Placeholder kPlaceholders[] = {
     {"commands", Arg::none, commands}, {"runs", Arg::none, runs},          {"table", Arg::optional, table},
     {"figure", Arg::required, figure}, {"value", Arg::required, value},    {"p", Arg::required, p_value},
+    {"scale", Arg::required, log2_scale},  {"skipped", Arg::required, skipped},
     {"machines", Arg::none, machines},
 };
 

@@ -510,7 +510,8 @@ scaling = ["none", "backoff:init=16,interval=100"]
   fs::remove_all(d);
   fs::create_directories(d);
   results::Store store((d / "r.db").string());
-  for (const auto& r : s.runs) record(store, r, results::RunStatus::finished, (r.point ? 80 : 90) + static_cast<double>(r.seed));
+  for (const auto& r : s.runs)
+    record(store, r, results::RunStatus::finished, (r.point ? 80 : 90) + static_cast<double>(r.seed), r.seed == 1);
   const auto rep = study::analyse(s, store);
   const std::vector<std::pair<study::Sweep, study::SweepReport>> also;
   const study::PageInputs in{s, rep, also, "s.toml", "out"};
@@ -518,6 +519,12 @@ scaling = ["none", "backoff:init=16,interval=100"]
             "83.00 ± 1.58* baseline");
   EXPECT_NE(test::error_of([&] { study::fill_page("{{value:scaling=backoff:init=16}}", "page.md", in); })
                 .find("names no point"),
+            std::string::npos);
+  // The fixture's trace (seed 1 only): 2^10 for 50 steps, 2^9 for 50 with one skipped, 2^10.
+  EXPECT_EQ(study::fill_page("{{scale:scaling=backoff:init=16,interval=100}} {{skipped:scaling=backoff:init=16,interval=100}}",
+                             "page.md", in),
+            "9.5 1.0");
+  EXPECT_NE(test::error_of([&] { study::fill_page("{{scale:scaling=none}}", "page.md", in); }).find("has no loss scale"),
             std::string::npos);
 }
 
@@ -527,7 +534,7 @@ TEST(Page, BadPlaceholdersAreErrorsWithTheirLine) {
   const auto error = [&](const std::string& text) { return test::error_of([&] { f.fill(text); }); };
   const std::string unknown = error("line 1\nline 2 {{value:bias=8}}\n{{tabel}}\n");
   EXPECT_NE(unknown.find("page.md:3: placeholder '{{tabel}}': unknown placeholder (expected commands, runs, table[:ARG], "
-                         "figure:ARG, value:ARG, p:ARG, machines)"),
+                         "figure:ARG, value:ARG, p:ARG, scale:ARG, skipped:ARG, machines)"),
             std::string::npos)
       << unknown;
   EXPECT_NE(error("{{value:recipe=a}}").find("names more than one point (recipe=a, bias=8; recipe=a, bias=12)"),

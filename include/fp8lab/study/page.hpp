@@ -11,6 +11,8 @@
 //                     and must name exactly one point (a value with commas is read whole
 //                     where a point has it)
 //   {{p:POINT}}       that point's p-value against the baseline
+//   {{scale:POINT}}   its mean log2 loss scale, {{skipped:POINT}} its skipped steps (as the
+//                     table gives them; an error for a point without loss scaling)
 //   {{machines}}      the line naming the processors the runs were made on
 #pragma once
 
