@@ -1,6 +1,7 @@
 #include "fp8lab/study/page.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <string_view>
 
 #include "fp8lab/core/error.hpp"
@@ -25,19 +26,28 @@ bool some_point_has(const Sweep& s, const std::string& key, const std::string& v
   return std::any_of(s.points.begin(), s.points.end(), [&](const SweepPoint& p) { return p.var(key) == value; });
 }
 
-// The one point of `s` whose variables have every value `selector` ("var=value,...") names.
-// A selector that is one var=value as a whole, where some point has that value (a loss
-// scaling "backoff:init=16,interval=100", say), is that pair, commas and all.
-const PointResult& point_of(const Sweep& s, const SweepReport& rep, std::string_view selector, const Place& at) {
-  std::vector<std::pair<std::string, std::string>> want;
+using Pairs = std::vector<std::pair<std::string, std::string>>;
+
+// The var=value pairs of `selector`: the whole text as one pair where some point has that
+// value (a loss scaling "backoff:init=16,interval=100", say), else its comma-separated items.
+Pairs wanted_pairs(const Sweep& s, std::string_view selector, const Place& at) {
   const auto whole = key_value(trim(selector));
-  if (whole && some_point_has(s, std::string(trim(whole->key)), std::string(trim(whole->value))))
-    want.emplace_back(std::string(trim(whole->key)), std::string(trim(whole->value)));
-  for (const std::string_view item : want.empty() ? split(selector, ',') : std::vector<std::string_view>{}) {
+  if (whole) {
+    std::string key(trim(whole->key)), value(trim(whole->value));
+    if (some_point_has(s, key, value)) return {{std::move(key), std::move(value)}};
+  }
+  Pairs want;
+  for (const std::string_view item : split(selector, ',')) {
     const auto kv = key_value(trim(item));
     if (!kv || trim(kv->key).empty()) throw Error(at("expected var=value[,var=value], got '" + std::string(item) + "'"));
     want.emplace_back(std::string(trim(kv->key)), std::string(trim(kv->value)));
   }
+  return want;
+}
+
+// The one point of `s` whose variables have every value `selector` names (wanted_pairs).
+const PointResult& point_of(const Sweep& s, const SweepReport& rep, std::string_view selector, const Place& at) {
+  const Pairs want = wanted_pairs(s, selector, at);
   const PointResult* found = nullptr;
   for (const PointResult& p : rep.points) {
     const SweepPoint& pt = s.points[static_cast<std::size_t>(p.point)];
@@ -82,16 +92,21 @@ std::string p_value(const PageInputs& in, std::string_view selector, const Place
   return p_text(in.sweep, point_of(in.sweep, in.report, selector, at));
 }
 
-std::string log2_scale(const PageInputs& in, std::string_view selector, const Place& at) {
+// One of a point's loss-scale figures (its mean log2 scale, its skipped steps) as the table
+// gives it; an error for a point without loss scaling.
+std::string scale_figure(const PageInputs& in, std::string_view selector, const Place& at,
+                         std::optional<double> PointResult::*figure) {
   const PointResult& p = point_of(in.sweep, in.report, selector, at);
-  if (!p.mean_log2_scale) throw Error(at("the point has no loss scale (its runs scale by 1 or have no trace)"));
-  return fixed(*p.mean_log2_scale, 1);
+  if (!(p.*figure)) throw Error(at("the point has no loss scale (its runs scale by 1 or have no trace)"));
+  return fixed(*(p.*figure), 1);
+}
+
+std::string log2_scale(const PageInputs& in, std::string_view selector, const Place& at) {
+  return scale_figure(in, selector, at, &PointResult::mean_log2_scale);
 }
 
 std::string skipped(const PageInputs& in, std::string_view selector, const Place& at) {
-  const PointResult& p = point_of(in.sweep, in.report, selector, at);
-  if (!p.skipped_steps) throw Error(at("the point has no loss scale (its runs scale by 1 or have no trace)"));
-  return fixed(*p.skipped_steps, 1);
+  return scale_figure(in, selector, at, &PointResult::skipped_steps);
 }
 
 std::string machines(const PageInputs& in, std::string_view, const Place&) {

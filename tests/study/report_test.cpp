@@ -22,6 +22,14 @@ namespace fs = std::filesystem;
 namespace {
 fs::path dir() { return test::temp_dir("fp8lab_report"); }
 
+// dir()/name, emptied.
+fs::path empty_dir(const std::string& name) {
+  const fs::path d = dir() / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
 study::Sweep parse(const std::string& body, const std::string& name = "t") {
   return study::parse_sweep("name = \"" + name + "\"\n" + body, "sweep.toml", dir().string(), settings::complete_settings);
 }
@@ -82,9 +90,7 @@ bool valid_svg(const std::string& path) {
 }  // namespace
 
 TEST(Report, TableMarksWorsePointsAndPlotsRender) {
-  const fs::path d = dir() / "report";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const fs::path d = empty_dir("report");
   const auto s = parse(R"(
 seeds = 5
 baseline = "recipe=fp32"
@@ -377,9 +383,7 @@ TEST(Report, TableNamesTheProcessorsOfItsRuns) {
 // store is refused, an identical copy counts once, and a failed attempt beside another
 // store's outcome is left out.
 TEST(Report, SeveralStoresReadAsOne) {
-  const fs::path d = dir() / "stores";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const fs::path d = empty_dir("stores");
   auto s = parse(R"(
 seeds = 4
 baseline = "recipe=fp32"
@@ -438,14 +442,12 @@ namespace {
 // A sweep of three points (the baseline 90..94, bias 8 at 80..84, bias 12 at 91..95; 5
 // seeds) with a plot and an `also` metric, its store and report, for the page tests.
 struct PageFixture {
-  fs::path d = dir() / "page";
+  fs::path d = empty_dir("page");
   study::Sweep s;
   std::unique_ptr<results::Store> store;
   study::SweepReport rep;
   std::vector<std::pair<study::Sweep, study::SweepReport>> also;
   explicit PageFixture(const std::string& extra = "") {
-    fs::remove_all(d);
-    fs::create_directories(d);
     s = parse(extra + R"(
 seeds = 5
 baseline = "recipe=fp32"
@@ -506,9 +508,7 @@ scaling = ["none", "backoff:init=16,interval=100"]
 "quant.loss_scale" = "{scaling}"
 )" + std::string(test::kSmall);
   const auto s = parse(sweep, "commas");
-  const fs::path d = dir() / "commas";
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const fs::path d = empty_dir("commas");
   results::Store store((d / "r.db").string());
   for (const auto& r : s.runs)
     record(store, r, results::RunStatus::finished, (r.point ? 80 : 90) + static_cast<double>(r.seed), r.seed == 1);
@@ -552,8 +552,7 @@ TEST(Page, BadPlaceholdersAreErrorsWithTheirLine) {
 // `page` (relative to the sweep file) makes the report write <out>/README.md from it; a
 // template that is the page it would write is refused, and the old page kept.
 TEST(Page, TheReportWritesThePageBesideItsTables) {
-  const fs::path base = dir() / "page-files";
-  fs::remove_all(base);
+  const fs::path base = empty_dir("page-files");
   fs::create_directories(base / "out");
   write_file_atomic((base / "study.md").string(), std::string("# A study\n\n{{table}}\n{{figure:points}}\n"));
   const PageFixture f("page = \"page-files/study.md\"\n");
