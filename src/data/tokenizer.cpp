@@ -4,12 +4,12 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <system_error>
 
 #include "fp8lab/core/error.hpp"
 #include "fp8lab/core/files.hpp"
@@ -51,11 +51,26 @@ void run(const std::string& cmd, const std::string& what, const std::string& err
   throw Error(what + " failed: " + err);
 }
 
-// A scratch file path unique to this process and call.
-std::string scratch(const std::string& tag) {
-  static std::atomic<int> n{0};
-  return (fs::temp_directory_path() / ("fp8lab_spm_" + std::to_string(::getpid()) + "_" + std::to_string(n++) + tag)).string();
-}
+// A scratch file unique to this process and call, removed when it goes out of scope
+// (an error on the way leaves nothing behind either).
+class Scratch {
+ public:
+  explicit Scratch(const std::string& tag) {
+    static std::atomic<int> n{0};
+    path_ = (fs::temp_directory_path() / ("fp8lab_spm_" + std::to_string(::getpid()) + "_" + std::to_string(n++) + tag)).string();
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove(path_, ec);
+    fs::remove(path_ + ".err", ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& model_path) {
@@ -120,7 +135,9 @@ Tokenizer Tokenizer::train_or_load(const std::string& prefix, const std::vector<
 }
 
 std::vector<std::vector<int>> Tokenizer::encode(const std::vector<std::string>& lines) const {
-  const std::string in = scratch(".txt"), out = scratch(".ids");
+  const Scratch in_file(".txt"), out_file(".ids");
+  const std::string& in = in_file.path();
+  const std::string& out = out_file.path();
   {
     std::ofstream f(in, std::ios::binary);
     for (const auto& l : lines) {
@@ -140,15 +157,15 @@ std::vector<std::vector<int>> Tokenizer::encode(const std::vector<std::string>& 
     while (ss >> x) v.push_back(x);
     ids.push_back(std::move(v));
   }
-  fs::remove(in);
-  fs::remove(out);
   if (ids.size() != lines.size())
     throw Error("spm_encode returned " + std::to_string(ids.size()) + " lines for " + std::to_string(lines.size()));
   return ids;
 }
 
 std::vector<std::string> Tokenizer::decode(const std::vector<std::vector<int>>& ids) const {
-  const std::string in = scratch(".ids"), out = scratch(".txt");
+  const Scratch in_file(".ids"), out_file(".txt");
+  const std::string& in = in_file.path();
+  const std::string& out = out_file.path();
   {
     std::ofstream f(in, std::ios::binary);
     for (const auto& v : ids) {
@@ -168,8 +185,6 @@ std::vector<std::string> Tokenizer::decode(const std::vector<std::vector<int>>& 
   std::vector<std::string> text;
   std::string line;
   while (std::getline(f, line)) text.push_back(line);
-  fs::remove(in);
-  fs::remove(out);
   // spm_decode writes nothing for a trailing empty line; an empty hypothesis is "".
   while (text.size() < ids.size()) text.emplace_back();
   return text;

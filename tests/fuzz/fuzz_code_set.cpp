@@ -8,19 +8,30 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include "fp8lab/core/code_set.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/core/error.hpp"
 
 namespace {
-const std::string& folder() {
-  static const std::string d = [] {
+// The fuzzer's scratch folder, removed when the process exits normally.
+struct Folder {
+  std::string path;
+  Folder() {
     const auto p = std::filesystem::temp_directory_path() / ("fp8lab-fuzz-code-set-" + std::to_string(::getpid()));
     std::filesystem::create_directories(p);
-    return p.string();
-  }();
-  return d;
+    path = p.string();
+  }
+  ~Folder() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+const std::string& folder() {
+  static const Folder d;
+  return d.path;
 }
 
 fp8lab::CodeSet reference_set() {
