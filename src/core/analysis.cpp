@@ -44,23 +44,16 @@ Distribution parse_distribution(std::string_view s) {
 namespace {
 double positive_number(std::string_view text, std::string_view what, std::string_view in) {
   const std::string t(trim(text));
-  char* end = nullptr;
-  const double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
-  if (t.empty() || end != t.c_str() + t.size() || !(v > 0) || !std::isfinite(v))
+  const auto v = parse_number(t);
+  if (!v || !(*v > 0))
     throw Error("distribution '" + std::string(in) + "': " + std::string(what) + " must be a positive number (got '" +
                 t + "')");
-  return v;
+  return *v;
 }
 }  // namespace
 
 DistSpec parse_dist_spec(std::string_view text) {
-  std::vector<std::string_view> parts;
-  for (std::size_t start = 0;;) {
-    const std::size_t at = text.find(':', start);
-    parts.push_back(text.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start));
-    if (at == std::string_view::npos) break;
-    start = at + 1;
-  }
+  const std::vector<std::string_view> parts = split(text, ':');
   DistSpec d;
   d.dist = parse_distribution(trim(parts[0]));
   const std::size_t want = d.dist == Distribution::student_t ? 2 : d.dist == Distribution::outliers ? 3 : 1;

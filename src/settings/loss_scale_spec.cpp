@@ -37,12 +37,9 @@ class ValueReader {
       : text_(text), key_(key), value_(value) {}
   Error bad(const std::string& why) const { return Error("loss scaling '" + std::string(text_) + "': " + why); }
   double number() const {
-    const std::string v(value_);
-    char* end = nullptr;
-    const double d = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0' || !std::isfinite(d))
-      throw bad("'" + std::string(key_) + "' needs a number, got '" + v + "'");
-    return d;
+    const auto d = parse_number(value_);
+    if (!d) throw bad("'" + std::string(key_) + "' needs a number, got '" + std::string(value_) + "'");
+    return *d;
   }
   // An integer in [lo, hi]: a log2 scale outside float32's exponent range, or a fraction,
   // is an error rather than a silently converted value.

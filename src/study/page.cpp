@@ -45,20 +45,28 @@ Pairs wanted_pairs(const Sweep& s, std::string_view selector, const Place& at) {
   return want;
 }
 
-// The one point of `s` whose variables have every value `selector` names (wanted_pairs).
-const PointResult& point_of(const Sweep& s, const SweepReport& rep, std::string_view selector, const Place& at) {
+// The points of `rep` whose variables have every value `selector` names (wanted_pairs), in
+// the sweep's order.
+std::vector<const PointResult*> points_matching(const Sweep& s, const SweepReport& rep, std::string_view selector,
+                                                const Place& at) {
   const Pairs want = wanted_pairs(s, selector, at);
-  const PointResult* found = nullptr;
+  std::vector<const PointResult*> found;
   for (const PointResult& p : rep.points) {
     const SweepPoint& pt = s.points[static_cast<std::size_t>(p.point)];
-    if (!std::all_of(want.begin(), want.end(), [&](const auto& kv) { return pt.var(kv.first) == kv.second; })) continue;
-    if (found)
-      throw Error(at("names more than one point (" + s.points[static_cast<std::size_t>(found->point)].label() + "; " +
-                     pt.label() + "): add a variable"));
-    found = &p;
+    if (std::all_of(want.begin(), want.end(), [&](const auto& kv) { return pt.var(kv.first) == kv.second; }))
+      found.push_back(&p);
   }
-  if (!found) throw Error(at("names no point of sweep '" + s.name + "'"));
-  return *found;
+  if (found.empty()) throw Error(at("names no point of sweep '" + s.name + "'"));
+  return found;
+}
+
+// The one point of `s` that `selector` names.
+const PointResult& point_of(const Sweep& s, const SweepReport& rep, std::string_view selector, const Place& at) {
+  const auto found = points_matching(s, rep, selector, at);
+  if (found.size() > 1)
+    throw Error(at("names more than one point (" + s.points[static_cast<std::size_t>(found[0]->point)].label() + "; " +
+                   s.points[static_cast<std::size_t>(found[1]->point)].label() + "): add a variable"));
+  return *found[0];
 }
 
 std::string commands(const PageInputs& in, std::string_view, const Place&) {
@@ -109,6 +117,59 @@ std::string skipped(const PageInputs& in, std::string_view selector, const Place
   return scale_figure(in, selector, at, &PointResult::skipped_steps);
 }
 
+// The baseline point's mean; an error where the sweep has none or it has no finished run.
+double baseline_mean(const PageInputs& in, const Place& at) {
+  for (const PointResult& p : in.report.points)
+    if (p.point == in.sweep.baseline && p.stats.n) return p.stats.mean;
+  throw Error(at("needs the sweep's baseline with a finished run"));
+}
+
+// Runs of consecutive entries of `in_window` as "A-B" (or "A" alone), joined by ", ".
+std::string ranges(const std::vector<std::string>& values, const std::vector<bool>& in_window) {
+  std::string o;
+  for (std::size_t i = 0; i < values.size();) {
+    if (!in_window[i]) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j + 1 < values.size() && in_window[j + 1]) ++j;
+    o += (o.empty() ? "" : ", ") + values[i] + (j > i ? "-" + values[j] : "");
+    i = j + 1;
+  }
+  return o.empty() ? "none" : o;
+}
+
+// {{window:VAR:WITHIN:POINTS}}: the values of VAR, among the points POINTS names, whose mean
+// lies within WITHIN of the baseline's (or beats it) as ranges of consecutive points, then
+// the best of them: "4-12, 20-32 (best 78.10 at 4)". A point without a finished run is
+// outside the window.
+std::string window(const PageInputs& in, std::string_view arg, const Place& at) {
+  const auto parts = split(arg, ':');
+  if (parts.size() < 3) throw Error(at("expected window:VAR:WITHIN:POINTS"));
+  const std::string var(trim(parts[0]));
+  const auto within = parse_number(trim(parts[1]));
+  if (!within || *within < 0) throw Error(at("WITHIN must be a number >= 0, got '" + std::string(parts[1]) + "'"));
+  const std::string_view selector = arg.substr(parts[0].size() + parts[1].size() + 2);
+  const double base = baseline_mean(in, at);
+  const bool higher = in.report.higher_is_better;
+  std::vector<std::string> values;
+  std::vector<bool> inside;
+  const PointResult* best = nullptr;
+  for (const PointResult* p : points_matching(in.sweep, in.report, selector, at)) {
+    const std::string v = in.sweep.points[static_cast<std::size_t>(p->point)].var(var);
+    if (v.empty()) throw Error(at("a point it names has no variable '" + var + "'"));
+    values.push_back(v);
+    const double m = p->stats.mean;
+    inside.push_back(p->stats.n > 0 && (higher ? m >= base - *within : m <= base + *within));
+    if (p->stats.n && (!best || (higher ? m > best->stats.mean : m < best->stats.mean))) best = p;
+  }
+  const std::string best_text = best ? " (best " + fixed(best->stats.mean, decimals_for(in.report.metric)) + " at " +
+                                           in.sweep.points[static_cast<std::size_t>(best->point)].var(var) + ")"
+                                     : " (no finished run)";
+  return ranges(values, inside) + best_text;
+}
+
 std::string machines(const PageInputs& in, std::string_view, const Place&) {
   std::string m = machines_note(in.report);
   if (!m.empty() && m.back() == '\n') m.pop_back();
@@ -126,7 +187,7 @@ constexpr Placeholder kPlaceholders[] = {
     {"commands", Arg::none, commands}, {"runs", Arg::none, runs},          {"table", Arg::optional, table},
     {"figure", Arg::required, figure}, {"value", Arg::required, value},    {"p", Arg::required, p_value},
     {"scale", Arg::required, log2_scale},  {"skipped", Arg::required, skipped},
-    {"machines", Arg::none, machines},
+    {"window", Arg::required, window},     {"machines", Arg::none, machines},
 };
 
 std::string known_placeholders() {

@@ -30,10 +30,9 @@ std::string pvalue(double p) {
   return b;
 }
 
-// Decimals for a metric: accuracies and BLEU 2, losses 4.
-int decimals_for(const std::string& metric) { return metric.find("loss") != std::string::npos ? 4 : 2; }
-
 }  // namespace
+
+int decimals_for(const std::string& metric) { return metric.find("loss") != std::string::npos ? 4 : 2; }
 
 bool lower_is_better(const std::string& metric) {
   return metric.find("loss") != std::string::npos || metric.find("perplexity") != std::string::npos;
@@ -49,11 +48,7 @@ bool matches(const SweepPoint& p, const std::map<std::string, std::string>& wher
   return true;
 }
 
-double as_number(const std::string& s) {
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  return end && *end == '\0' && !s.empty() ? v : std::nan("");
-}
+double as_number(const std::string& s) { return parse_number(s).value_or(std::nan("")); }
 
 // The finished/diverged run of a point with the smallest seed (for traces and histograms).
 std::optional<results::RunRow> first_run(const Sweep& s, int point, const std::vector<results::RunRow>& rows) {

@@ -145,6 +145,11 @@ TEST(Text, NumbersAndTrim) {
   EXPECT_EQ(shortest_float(-1.0 / 0.0), "-inf");
   EXPECT_EQ(fixed(2.0 / 3.0, 3), "0.667");
   EXPECT_EQ(trim("  a b \t\n"), "a b");
+  EXPECT_EQ(parse_number("1e-3"), 1e-3);
+  EXPECT_EQ(parse_number("-2.5"), -2.5);
+  EXPECT_EQ(parse_number("0x1p-3"), 0.125);
+  for (const char* bad : {"", " 1", "1 ", "1x", "inf", "-inf", "nan", "1e999", "--1"})
+    EXPECT_FALSE(parse_number(bad).has_value()) << bad;
 }
 
 TEST(Text, CsvFieldQuotesOnlyWhatNeedsIt) {

@@ -269,7 +269,9 @@ TEST_P(AllTargets, QuantizeBf16IsTheScalarQuantizersTopHalves) {
                                            &counts));
         for (std::size_t i = 0; i < n; ++i) {
           ASSERT_EQ(y[i], want[i]) << "i=" << i << " x=" << std::hexfloat << x[i];
-          if (with_codes) ASSERT_EQ(codes[i], want_codes[i]) << "i=" << i;
+          if (with_codes) {
+            ASSERT_EQ(codes[i], want_codes[i]) << "i=" << i;
+          }
         }
         EXPECT_EQ(counts, want_counts);
       }

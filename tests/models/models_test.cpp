@@ -168,8 +168,9 @@ TEST(Models, ChannelsLastKeepsValuesAndLayout) {
       if (pb[i].dim() == 4) {
         ++convs;
         EXPECT_TRUE(pb[i].is_contiguous(torch::MemoryFormat::ChannelsLast));
-        if (pb[i].size(2) * pb[i].size(3) > 1 && pb[i].size(1) > 1)
+        if (pb[i].size(2) * pb[i].size(3) > 1 && pb[i].size(1) > 1) {
           EXPECT_FALSE(pb[i].is_contiguous()) << "weight " << i << " " << pb[i].sizes();
+        }
       }
     }
     EXPECT_GE(convs, 7);

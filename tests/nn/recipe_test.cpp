@@ -321,7 +321,9 @@ TEST(RecipeGrammar, RandomRecipesRoundTripThroughBothForms) {
       r.overrides.push_back(o);
     }
     ASSERT_EQ(parse_recipe_toml(r.to_toml(), "t.toml"), r) << r.to_toml();
-    if (!overrides) ASSERT_EQ(without_name(parse_recipe(r.to_line())), without_name(r)) << r.to_line();
+    if (!overrides) {
+      ASSERT_EQ(without_name(parse_recipe(r.to_line())), without_name(r)) << r.to_line();
+    }
   }
 }
 

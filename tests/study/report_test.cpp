@@ -528,13 +528,56 @@ scaling = ["none", "backoff:init=16,interval=100"]
             std::string::npos);
 }
 
+// {{window:VAR:WITHIN:POINTS}} gives the values of VAR whose points lie within WITHIN of the
+// baseline as ranges of consecutive points, and the best: one seed per bias, the baseline at
+// 90, bias 0..20 at 80, 90, 70, 91, 92 and a diverged run.
+TEST(Page, AWindowListsTheValuesNearTheBaseline) {
+  const auto s = parse(R"(
+seeds = 1
+baseline = "kind=fp32"
+[[grid]]
+kind = ["fp32"]
+"quant.recipe" = "fp32"
+[[grid]]
+kind = ["a"]
+bias = [0, 4, 8, 12, 16, 20]
+"quant.recipe" = "a=1.4.3:{bias}"
+)" + std::string(test::kSmall), "window");
+  const fs::path d = empty_dir("window");
+  results::Store store((d / "r.db").string());
+  const double by_point[] = {90, 80, 90, 70, 91, 92, 0};
+  for (const auto& r : s.runs)
+    record(store, r, r.point == 6 ? results::RunStatus::diverged : results::RunStatus::finished,
+           by_point[r.point]);
+  auto rep = study::analyse(s, store);
+  const std::vector<std::pair<study::Sweep, study::SweepReport>> also;
+  const auto fill = [&](const std::string& text, const study::SweepReport& r) {
+    return study::fill_page(text, "page.md", {s, r, also, "s.toml", "out"});
+  };
+  EXPECT_EQ(fill("{{window:bias:3:kind=a}}", rep), "4, 12-16 (best 92.00 at 16)");
+  EXPECT_EQ(fill("{{window:bias:0:kind=a}}", rep), "4, 12-16 (best 92.00 at 16)");
+  EXPECT_EQ(fill("{{window:bias:10:kind=a}}", rep), "0-4, 12-16 (best 92.00 at 16)");
+  EXPECT_EQ(fill("{{window: bias : 0.5 : kind=a,bias=8}}", rep), "none (best 70.00 at 8)");
+  EXPECT_EQ(fill("{{window:bias:1:kind=a,bias=20}}", rep), "none (no finished run)");
+  // Where lower is better the window lies below the baseline plus WITHIN.
+  rep.higher_is_better = false;
+  EXPECT_EQ(fill("{{window:bias:0:kind=a}}", rep), "0-8 (best 70.00 at 8)");
+  EXPECT_EQ(fill("{{window:bias:1:kind=a}}", rep), "0-12 (best 70.00 at 8)");
+  const auto error = [&](const std::string& text) { return test::error_of([&] { fill(text, rep); }); };
+  EXPECT_NE(error("{{window:bias:3}}").find("expected window:VAR:WITHIN:POINTS"), std::string::npos);
+  EXPECT_NE(error("{{window:bias:-1:kind=a}}").find("WITHIN must be a number >= 0, got '-1'"), std::string::npos);
+  EXPECT_NE(error("{{window:bias:x:kind=a}}").find("WITHIN must be a number >= 0, got 'x'"), std::string::npos);
+  EXPECT_NE(error("{{window:seed:3:kind=a}}").find("a point it names has no variable 'seed'"), std::string::npos);
+  EXPECT_NE(error("{{window:bias:3:kind=b}}").find("names no point"), std::string::npos);
+}
+
 // A template's mistakes are errors naming the file, the line and the placeholder.
 TEST(Page, BadPlaceholdersAreErrorsWithTheirLine) {
   const PageFixture f;
   const auto error = [&](const std::string& text) { return test::error_of([&] { f.fill(text); }); };
   const std::string unknown = error("line 1\nline 2 {{value:bias=8}}\n{{tabel}}\n");
   EXPECT_NE(unknown.find("page.md:3: placeholder '{{tabel}}': unknown placeholder (expected commands, runs, table[:ARG], "
-                         "figure:ARG, value:ARG, p:ARG, scale:ARG, skipped:ARG, machines)"),
+                         "figure:ARG, value:ARG, p:ARG, scale:ARG, skipped:ARG, window:ARG, machines)"),
             std::string::npos)
       << unknown;
   EXPECT_NE(error("{{value:recipe=a}}").find("names more than one point (recipe=a, bias=8; recipe=a, bias=12)"),

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -66,6 +67,17 @@ inline std::optional<std::int64_t> parse_integer(std::string_view s) {
   std::int64_t v = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+// A finite decimal number, all of `s` (what strtod reads: "1e-3", "-2.5", "0x1p-3"; no
+// spaces); nullopt when it is not one, or is infinite or NaN.
+inline std::optional<double> parse_number(std::string_view s) {
+  const std::string t(s);
+  char* end = nullptr;
+  if (t.empty() || std::isspace(static_cast<unsigned char>(t[0]))) return std::nullopt;  // strtod would skip it
+  const double v = std::strtod(t.c_str(), &end);
+  if (end != t.c_str() + t.size() || !std::isfinite(v)) return std::nullopt;
   return v;
 }
 

@@ -13,6 +13,8 @@
 //   {{p:POINT}}       that point's p-value against the baseline
 //   {{scale:POINT}}   its mean log2 loss scale, {{skipped:POINT}} its skipped steps (as the
 //                     table gives them; an error for a point without loss scaling)
+//   {{window:VAR:WITHIN:POINTS}}  the values of VAR among the points POINTS names whose mean
+//                     lies within WITHIN of the baseline's, as ranges, then the best
 //   {{machines}}      the line naming the processors the runs were made on
 #pragma once
 

@@ -56,6 +56,8 @@ SweepReport analyse(const Sweep& s, const results::Store& store);
 // run has the name or the runs report different metrics.
 SweepReport analyse_named(const results::Store& store, const std::string& name, Sweep& s);
 std::string to_markdown(const Sweep& s, const SweepReport& r);
+// Decimals the table gives a metric: 4 for a loss, 2 for the rest (accuracies, BLEU, perplexity).
+int decimals_for(const std::string& metric);
 // A point's cells in the Markdown table: "mean ± sd" with the metric's decimals (the value
 // alone for one run, a '*' where worse than the baseline, "-" without a finished run); and
 // its p-value ("baseline" for the baseline, "-" without a test).
