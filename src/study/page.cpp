@@ -124,7 +124,7 @@ double baseline_mean(const PageInputs& in, const Place& at) {
   throw Error(at("needs the sweep's baseline with a finished run"));
 }
 
-// Runs of consecutive entries of `in_window` as "A-B" (or "A" alone), joined by ", ".
+// Runs of consecutive entries of `in_window` as "A..B" (or "A" alone), joined by ", ".
 std::string ranges(const std::vector<std::string>& values, const std::vector<bool>& in_window) {
   std::string o;
   for (std::size_t i = 0; i < values.size();) {
@@ -134,7 +134,7 @@ std::string ranges(const std::vector<std::string>& values, const std::vector<boo
     }
     std::size_t j = i;
     while (j + 1 < values.size() && in_window[j + 1]) ++j;
-    o += (o.empty() ? "" : ", ") + values[i] + (j > i ? "-" + values[j] : "");
+    o += (o.empty() ? "" : ", ") + values[i] + (j > i ? ".." + values[j] : "");
     i = j + 1;
   }
   return o.empty() ? "none" : o;
@@ -142,7 +142,7 @@ std::string ranges(const std::vector<std::string>& values, const std::vector<boo
 
 // {{window:VAR:WITHIN:POINTS}}: the values of VAR, among the points POINTS names, whose mean
 // lies within WITHIN of the baseline's (or beats it) as ranges of consecutive points, then
-// the best of them: "4-12, 20-32 (best 78.10 at 4)". A point without a finished run is
+// the best of them: "4..12, 20..32 (best 78.10 at 4)". A point without a finished run is
 // outside the window.
 std::string window(const PageInputs& in, std::string_view arg, const Place& at) {
   const auto parts = split(arg, ':');

@@ -554,15 +554,15 @@ bias = [0, 4, 8, 12, 16, 20]
   const auto fill = [&](const std::string& text, const study::SweepReport& r) {
     return study::fill_page(text, "page.md", {s, r, also, "s.toml", "out"});
   };
-  EXPECT_EQ(fill("{{window:bias:3:kind=a}}", rep), "4, 12-16 (best 92.00 at 16)");
-  EXPECT_EQ(fill("{{window:bias:0:kind=a}}", rep), "4, 12-16 (best 92.00 at 16)");
-  EXPECT_EQ(fill("{{window:bias:10:kind=a}}", rep), "0-4, 12-16 (best 92.00 at 16)");
+  EXPECT_EQ(fill("{{window:bias:3:kind=a}}", rep), "4, 12..16 (best 92.00 at 16)");
+  EXPECT_EQ(fill("{{window:bias:0:kind=a}}", rep), "4, 12..16 (best 92.00 at 16)");
+  EXPECT_EQ(fill("{{window:bias:10:kind=a}}", rep), "0..4, 12..16 (best 92.00 at 16)");
   EXPECT_EQ(fill("{{window: bias : 0.5 : kind=a,bias=8}}", rep), "none (best 70.00 at 8)");
   EXPECT_EQ(fill("{{window:bias:1:kind=a,bias=20}}", rep), "none (no finished run)");
   // Where lower is better the window lies below the baseline plus WITHIN.
   rep.higher_is_better = false;
-  EXPECT_EQ(fill("{{window:bias:0:kind=a}}", rep), "0-8 (best 70.00 at 8)");
-  EXPECT_EQ(fill("{{window:bias:1:kind=a}}", rep), "0-12 (best 70.00 at 8)");
+  EXPECT_EQ(fill("{{window:bias:0:kind=a}}", rep), "0..8 (best 70.00 at 8)");
+  EXPECT_EQ(fill("{{window:bias:1:kind=a}}", rep), "0..12 (best 70.00 at 8)");
   const auto error = [&](const std::string& text) { return test::error_of([&] { fill(text, rep); }); };
   EXPECT_NE(error("{{window:bias:3}}").find("expected window:VAR:WITHIN:POINTS"), std::string::npos);
   EXPECT_NE(error("{{window:bias:-1:kind=a}}").find("WITHIN must be a number >= 0, got '-1'"), std::string::npos);
