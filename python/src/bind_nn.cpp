@@ -137,6 +137,8 @@ void bind_recipe(py::module_& m) {
            }, "The recipe's accumulation (fp32 or FORMAT@CHUNK), or None where it leaves it to the run")
       .def("resolve", &nn::Recipe::resolve, py::arg("path"), py::arg("index"), py::arg("count"),
            "The quantizers of layer `index` of `count` at module path `path`")
+      .def_property_readonly("depends_on_count", &nn::Recipe::depends_on_count,
+                             "Whether a layer's quantizers depend on how many layers there are (keep_last, an override of 'last')")
       .def("check_overrides", [](const nn::Recipe& r, const std::vector<std::string>& paths) {
              nn::check_overrides(r, paths);
            },

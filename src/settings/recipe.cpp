@@ -1,7 +1,8 @@
+#include <algorithm>
+
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/settings/compute_spec.hpp"
 #include "fp8lab/settings/recipe.hpp"
-
 
 namespace fp8lab::nn {
 
@@ -144,6 +145,10 @@ LayerQuant Recipe::resolve(std::string_view path, int index, int count) const {
       for (int k = 0; k < kKinds; ++k)
         if (o.set[k]) out.q[k] = *o.set[k];
   return out;
+}
+
+bool Recipe::depends_on_count() const {
+  return keep_last || std::any_of(overrides.begin(), overrides.end(), [](const RecipeOverride& o) { return o.pattern == "last"; });
 }
 
 const std::vector<RecipePreset>& recipe_presets() {

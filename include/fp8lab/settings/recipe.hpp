@@ -72,6 +72,8 @@ struct Recipe {
   // The quantizers of layer `index` of `count` with module path `path`: the base, the
   // first-layer exemption, then every matching override in order.
   LayerQuant resolve(std::string_view path, int index, int count) const;
+  // Whether resolve() needs the count of layers: keep_last, or an override of `last`.
+  bool depends_on_count() const;
   // The one-line form of everything but the name; parse_recipe(to_line()) equals this
   // recipe but for its name. Throws Error for a recipe with overrides (only TOML holds them).
   std::string to_line() const;

@@ -12,9 +12,10 @@ from ._modules import LayerSlot, QuantConv2d, QuantLinear, QuantMatmul, QuantMul
 from ._convert import QuantState, quant_state, quantize_model  # noqa: F401
 from ._scaling import LossScaler  # noqa: F401
 from ._record import RunRecorder  # noqa: F401
+from ._dispatch import QuantizedProgram, quantized  # noqa: F401
 
 __all__ = [
     "LayerState", "QuantContext", "context", "layer", "linear", "conv2d", "matmul", "QuantLinear", "QuantConv2d",
     "QuantMatmul", "QuantMultiheadAttention", "LayerSlot", "QuantState", "quant_state", "quantize_model",
-    "LossScaler", "RunRecorder",
+    "LossScaler", "RunRecorder", "QuantizedProgram", "quantized",
 ]

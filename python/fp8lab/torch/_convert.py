@@ -47,6 +47,8 @@ class QuantState:
         self.layers: Dict[str, _core.LayerState] = layers
         self.skipped: List[Tuple[str, str]] = skipped
         self.traced = traced  # None: not traced; else what tracing did
+        # fp8lab.torch.quantized: products that ran float32 inside it, name -> (calls, reason).
+        self.unquantized: Dict[str, Tuple[int, str]] = collections.OrderedDict()
         self.auto_step = True
         self._next = 0
         self._saved = None
@@ -110,6 +112,8 @@ class QuantState:
             lines.append(f"  {p}: " + " ".join(f"{k}={v}" for k, v in q.items()))
         for p, why in self.skipped:
             lines.append(f"  {p}: float32 ({why})")
+        for p, (n, why) in self.unquantized.items():
+            lines.append(f"  {p}: float32 in {n} calls ({why})")
         return "\n".join(lines)
 
 
@@ -280,6 +284,28 @@ def _trace_matmuls(model: torch.nn.Module, skipped: list):
     return gm, f"traced: {replaced} torch.matmul/bmm/@ products became QuantMatmul modules"
 
 
+def _in_run_order(model: torch.nn.Module, sites: list) -> list:
+    """The layers in the order a traced model's graph runs them (the QuantMatmul modules
+    tracing added come last in the module tree, not where they run), each at the place of
+    its closest module the graph calls; module-tree order for a model not traced."""
+    if not isinstance(model, torch.fx.GraphModule):
+        return sites
+    calls = {}
+    for node in model.graph.nodes:
+        if node.op == "call_module":
+            calls.setdefault(node.target, len(calls))
+
+    def key(item):
+        i, (path, _) = item
+        parts = path.split(".")
+        for n in range(len(parts), 0, -1):
+            at = calls.get(".".join(parts[:n]))
+            if at is not None:
+                return (at, i)
+        return (len(calls), i)
+    return [site for _, site in sorted(enumerate(sites), key=key)]
+
+
 def quantize_model(model: torch.nn.Module, recipe: Union[str, _core.Recipe] = "fp32", *, seed: int = 0,
                    compute: Optional[str] = None, accumulate: Optional[str] = None, stats_interval: int = 0,
                    save_codes: bool = True, attention: bool = True, trace: str = "auto") -> torch.nn.Module:
@@ -319,7 +345,7 @@ def quantize_model(model: torch.nn.Module, recipe: Union[str, _core.Recipe] = "f
             traced = (f"not traced ({type(e).__name__}: {e}); torch.matmul/bmm/@ products in its forward "
                       "stay float32: use fp8lab.torch.QuantMatmul or fp8lab.torch.matmul there")
             warnings.warn(f"fp8lab.torch.quantize_model: the model is {traced}", stacklevel=2)
-    sites = [(p, m) for p, m in model.named_modules() if isinstance(m, _LEAVES)]
+    sites = _in_run_order(model, [(p, m) for p, m in model.named_modules() if isinstance(m, _LEAVES)])
     paths = [p for p, _ in sites]
     r.check_overrides(paths)
     layers = collections.OrderedDict()

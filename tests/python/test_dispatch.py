@@ -1,0 +1,350 @@
+"""fp8lab.torch.quantized: every product a program runs, whoever wrote it.
+
+Where quantize_model also applies, the dispatch path must give its bits (outputs, every
+gradient, buffers, layer names and counts); functional products (F.linear with a module's
+own parameter, addmm as GPT-2's Conv1D computes, einsum, conv1d, scaled_dot_product_attention)
+must equal torch's float32 op on the operands fp8lab.quantize makes; products it does not
+quantize must be counted and named; and the models people train (transformers' GPT-2, Llama,
+Mistral, Mixtral, BERT, ViT, ResNet, T5, built from configs) must have every product quantized,
+as many layers as a hand count of their products, and train a step with a finite loss.
+"""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+import fp8lab
+import fp8lab.torch as ft
+
+A, W = "1.4.3:10", "1.4.3:14"
+MIXED = "resnet32-mixed"  # a=1.4.3:10, w=1.4.3:14, gx=1.5.2:33, gw=1.5.2:31
+
+
+def q(t, fmt):
+    return fp8lab.quantize(t.detach().contiguous(), fmt)
+
+
+def same(a, b):
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (a - b).abs().max()
+
+
+class Net(torch.nn.Module):
+    """Conv, batch norm, dropout, Linear, a product of activations and a last Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.drop = torch.nn.Dropout(0.2)
+        self.fc = torch.nn.Linear(4 * 8 * 8, 16)
+        self.out = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        h = self.drop(torch.relu(self.bn(self.conv(x)))).flatten(1)
+        h = self.fc(h)
+        a = h @ h.t()
+        return self.out(h + a.sum(1, keepdim=True) * 1e-3)
+
+
+def _step(path, recipe, steps=2):
+    """Two training steps of Net on either path: outputs, gradients, buffers, state."""
+    torch.manual_seed(0)
+    m = Net()
+    x = torch.randn(4, 3, 8, 8)
+    outs, grads = [], []
+    if path == "module":
+        m = ft.quantize_model(m, recipe)
+        program = None
+    else:
+        program = ft.quantized(m, recipe)
+    for _ in range(steps):
+        m.zero_grad()
+        if program is None:
+            y = m(x)
+        else:
+            with program:
+                y = m(x)
+        y.square().sum().backward()
+        outs.append(y.detach())
+        grads.append([p.grad.clone() for p in m.parameters()])
+    return outs, grads, [b.clone() for b in m.buffers()], ft.quant_state(m)
+
+
+@pytest.mark.parametrize("recipe", [MIXED, "a=1.4.3:10/stochastic,w=1.4.3:14,gx=1.5.2:33/stochastic,gw=1.5.2:31,last=fp32",
+                                    "mxfp8", "nvfp4"])
+def test_the_dispatch_path_gives_the_module_paths_bits(recipe):
+    mo, mg, mb, ms = _step("module", recipe)
+    do, dg, db, ds = _step("dispatch", recipe)
+    assert list(ds.layers) == list(ms.layers) == ["conv", "fc", "matmul", "out"]
+    for a, b in zip(mo, do):
+        same(a, b)
+    for ga, gb in zip(mg, dg):
+        for a, b in zip(ga, gb):
+            same(a, b)
+    for a, b in zip(mb, db):  # batch norm's running statistics: the discovery pass leaves none
+        assert torch.equal(a, b)
+    assert ds.counts() == ms.counts()
+    assert ds.quantizers() == ms.quantizers()
+    assert not ds.unquantized
+    if "last=fp32" in recipe:
+        assert ds.quantizers()["out"] == {"a": "fp32", "w": "fp32", "gx": "fp32", "gw": "fp32"}
+
+
+class Functional(torch.nn.Module):
+    """Products no module owns: F.linear with its own parameter, GPT-2's addmm, `@` with a
+    parameter, einsum with one, conv1d."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(12, 8) * 0.3)
+        self.c_w = torch.nn.Parameter(torch.randn(12, 6) * 0.3)  # Conv1D: [in, out]
+        self.c_b = torch.nn.Parameter(torch.randn(6) * 0.1)
+        self.m = torch.nn.Parameter(torch.randn(6, 5) * 0.3)
+        self.e = torch.nn.Parameter(torch.randn(4, 5) * 0.3)
+        self.k = torch.nn.Parameter(torch.randn(3, 1, 3) * 0.3)
+
+    def forward(self, x):
+        h = F.linear(x, self.w)
+        h = torch.addmm(self.c_b, h, self.c_w)
+        h = h @ self.m
+        h = torch.einsum("bi,oi->bo", h, self.e)
+        return F.conv1d(h.unsqueeze(1), self.k, padding=1)
+
+
+def test_functional_products_are_quantized():
+    torch.manual_seed(1)
+    m, x = Functional(), torch.randn(5, 8)
+    with ft.quantized(m, f"a={A},w={W},gx=1.5.2:33,gw=1.5.2:31,first=true") as program:
+        y = m(x)
+    st = ft.quant_state(m)
+    assert list(st.layers) == ["w", "c_w", "m", "e", "k"]
+    assert not st.unquantized
+    # The forward, product by product, from torch's float32 ops on fp8lab.quantize's values
+    # (the first layer's input stays float32).
+    h = F.linear(x, q(m.w, W))
+    h = torch.addmm(m.c_b, q(h, A), q(m.c_w, W))
+    h = q(h, A) @ q(m.m, W)
+    h = q(h, A) @ q(m.e, W).t()
+    want = F.conv1d(q(h, A).unsqueeze(1), q(m.k, W), padding=1)
+    torch.testing.assert_close(y, want, rtol=1e-6, atol=1e-6)
+    y.sum().backward()
+    assert program.state.counts()["m"]["gx"]["total"] == 5 * 5  # backward quantized too
+    assert all(p.grad is not None for p in m.parameters())
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, gqa=False):
+        super().__init__()
+        self.gqa = gqa
+
+    def forward(self, q_, k, v, mask=None, causal=False):
+        return F.scaled_dot_product_attention(q_, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.gqa)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "bool-mask", "float-mask", "gqa"])
+def test_scaled_dot_product_attention_is_its_two_products(case):
+    torch.manual_seed(2)
+    qq, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8), torch.randn(2, 4, 7, 8)
+    if case == "gqa":
+        k, v = k[:, :2], v[:, :2]
+    mask = {"bool-mask": torch.rand(5, 7) > 0.3, "float-mask": torch.randn(5, 7)}.get(case)
+    if case == "causal":
+        k, v = k[:, :, :5], v[:, :, :5]
+    m = Attention(gqa=case == "gqa")
+    want = m(qq, k, v, mask, case == "causal")
+    with ft.quantized(m, "fp32"):
+        got = m(qq, k, v, mask, case == "causal")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert list(ft.quant_state(m).layers) == ["scores", "context"]
+    m2 = Attention(gqa=case == "gqa")
+    with ft.quantized(m2, f"a={A},w={W},gx=1.5.2,gw=1.5.2,first=false"):
+        got = m2(qq, k, v, mask, case == "causal")
+    if case == "gqa":
+        k, v = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    scores = q(qq * (1 / 8 ** 0.5), A) @ q(k, A).transpose(-2, -1)
+    if case == "causal":
+        scores = scores.masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    torch.testing.assert_close(got, q(torch.softmax(scores, -1), A) @ q(v, A), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("equation,shapes", [("bhqd,bhkd->bhqk", [(2, 3, 4, 5), (2, 3, 6, 5)]),
+                                             ("ij,jk,kl->il", [(3, 4), (4, 5), (5, 2)]),
+                                             ("bij,bjk", [(2, 3, 4), (2, 4, 5)]),
+                                             ("ij,kj->ik", [(3, 4), (5, 4)]),
+                                             ("bi,bj->bij", [(2, 3), (2, 4)]),
+                                             ("abc,cd->abd", [(2, 3, 4), (4, 6)]),
+                                             ("ij,jk->", [(3, 4), (4, 5)])])
+def test_einsum_is_taken_apart_into_products(equation, shapes):
+    torch.manual_seed(3)
+    ops = [torch.randn(s) for s in shapes]
+
+    class E(torch.nn.Module):
+        def forward(self, *xs):
+            return torch.einsum(equation, *xs)
+    m = E()
+    with ft.quantized(m, "fp32"):
+        got = m(*ops)
+    torch.testing.assert_close(got, torch.einsum(equation, *ops), rtol=1e-5, atol=1e-5)
+    st = ft.quant_state(m)
+    assert len(st.layers) == len(ops) - 1 and not st.unquantized
+
+
+class Unsupported(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c3 = torch.nn.Conv3d(1, 2, 1)
+        self.t2 = torch.nn.ConvTranspose2d(1, 1, 2)
+        self.fc = torch.nn.Linear(4, 4).double()
+
+    def forward(self, x):
+        a = self.c3(x.view(1, 1, 1, 2, 2)).sum()
+        b = self.t2(x.view(1, 1, 2, 2)).sum()
+        c = self.fc(x.view(1, 4).double()).sum().float()
+        d = torch.ops.aten.mm(x.view(2, 2), x.view(2, 2)).sum()  # below every torch function
+        e = torch.einsum("ii->i", x.view(2, 2)).sum()  # one operand: no product
+        f = torch.einsum("i...,i...->i", x.view(2, 2), x.view(2, 2)).sum()
+        return a + b + c + d + e + f
+
+
+def test_products_left_float32_are_counted_named_and_warned_once():
+    m = Unsupported()
+    x = torch.randn(4)
+    program = ft.quantized(m, MIXED)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with program:
+                m(x)
+    u = ft.quant_state(m).unquantized
+    assert u["c3"] == (2, "conv3d has no quantized op")
+    assert u["t2"] == (2, "conv_transpose2d has no quantized op")
+    assert u["fc"] == (2, "float64 operands (fp8lab quantizes float32 products)")
+    assert u["aten.mm"] == (1, "an ATen product below a function fp8lab does not take apart")  # first step only
+    assert u["einsum"][1].startswith("einsum 'i...,i...->i' is not taken apart")
+    assert len(u) == 5 and not ft.quant_state(m).layers
+    said = [str(x.message) for x in w if "fp8lab" in str(x.message)]
+    assert len(said) == 1 and "5 products ran in float32" in said[0] and "c3 (1x: conv3d" in said[0]
+    assert "float32 in 2 calls (conv3d has no quantized op)" in repr(ft.quant_state(m))
+
+
+def test_the_program_is_one_per_model_and_steps_on():
+    torch.manual_seed(4)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    program = ft.quantized(m, MIXED)
+    assert ft.quantized(m, MIXED) is program and ft.quantized(m) is not None
+    with pytest.raises(ValueError, match="quantized already with recipe 'resnet32-mixed'"):
+        ft.quantized(m, "mxfp8")
+    with pytest.raises(ValueError, match="quantized already"):
+        ft.quantize_model(m, MIXED)
+    for _ in range(3):
+        with program:
+            m(torch.randn(2, 4))
+    assert ft.quant_state(m).step == 3
+    with program:
+        with pytest.raises(RuntimeError, match="entered already"):
+            program.__enter__()
+    with pytest.raises(ZeroDivisionError):  # an error inside leaves nothing behind
+        with program:
+            1 / 0
+    assert torch.overrides._get_current_function_mode_stack() == []
+    assert not m._forward_hooks and not m[0]._forward_pre_hooks
+    with pytest.raises(TypeError, match="takes a torch.nn.Module"):
+        ft.quantized(lambda x: x, MIXED)
+
+
+class WithAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+        self.fc = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.fc(self.attn(x, x, x, need_weights=False)[0])
+
+
+def test_multihead_attention_gives_the_module_paths_bits():
+    torch.manual_seed(5)
+    base, x = WithAttention(), torch.randn(2, 6, 16)
+    a, b = copy.deepcopy(base), copy.deepcopy(base)
+    ya = ft.quantize_model(a, "mxfp8")(x)
+    with ft.quantized(b, "mxfp8"):
+        yb = b(x)
+    same(ya, yb)
+    ya.sum().backward()
+    yb.sum().backward()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        if name == "attn.in_proj_bias":  # sums its gradient in another order: a few ulp apart
+            torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-6, atol=1e-8)
+        else:
+            same(pa.grad, pb.grad)
+    assert list(ft.quant_state(b).layers) == ["attn.in_proj", "attn.scores", "attn.context", "attn.out_proj", "fc"]
+
+
+# ---- the models people train, from transformers' configs --------------------------------------
+
+def _lm(cls, cfg_cls, **kw):
+    common = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64,
+                  max_position_embeddings=32)
+    common.update(kw)
+    return cls(cfg_cls(**common))
+
+
+def _models():
+    t = transformers
+    vision = dict(image_size=16, num_channels=3)
+    return {
+        # per block: attention's c_attn, scores, context, c_proj, the MLP's two; lm_head
+        "gpt2": (lambda: t.GPT2LMHeadModel(t.GPT2Config(vocab_size=64, n_embd=32, n_head=4, n_layer=2,
+                                                         n_positions=32)), 2 * 6 + 1, "lm"),
+        # q, k, v, scores, context, o, gate, up, down; lm_head
+        "llama": (lambda: _lm(t.LlamaForCausalLM, t.LlamaConfig, num_key_value_heads=2), 2 * 9 + 1, "lm"),
+        "mistral": (lambda: _lm(t.MistralForCausalLM, t.MistralConfig, num_key_value_heads=2), 2 * 9 + 1, "lm"),
+        # attention's 6, the router, the experts' two weight banks; lm_head
+        "mixtral": (lambda: _lm(t.MixtralForCausalLM, t.MixtralConfig, num_key_value_heads=2, num_local_experts=4,
+                                num_experts_per_tok=2), 2 * 9 + 1, "lm"),
+        # query, key, value, scores, context, attention output, intermediate, output; head
+        # transform and decoder
+        "bert": (lambda: _lm(t.BertForMaskedLM, t.BertConfig), 2 * 8 + 2, "lm"),
+        # the patch embedding conv; per block 8 as BERT's; the classifier
+        "vit": (lambda: t.ViTForImageClassification(t.ViTConfig(hidden_size=32, num_attention_heads=4,
+                                                                 num_hidden_layers=2, intermediate_size=64,
+                                                                 patch_size=4, num_labels=5, **vision)),
+                1 + 2 * 8 + 1, "image"),
+        # embedder conv; stage 1: 2 basic blocks of 2 convs; stage 2: 2 blocks of 2 convs and
+        # the shortcut's; the classifier
+        "resnet": (lambda: t.ResNetForImageClassification(t.ResNetConfig(
+            num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[2, 2], layer_type="basic",
+            num_labels=5)), 1 + 4 + 5 + 1, "image"),
+    }
+
+
+@pytest.mark.parametrize("recipe", [MIXED, "mxfp8", "nvfp4"])
+@pytest.mark.parametrize("name", list(_models()))
+def test_transformers_models_train_with_every_product_quantized(name, recipe):
+    make, layers, kind = _models()[name]
+    torch.manual_seed(6)
+    m = make()
+    m.train()
+    if kind == "lm":
+        ids = torch.randint(0, 64, (2, 16))
+        batch = dict(input_ids=ids, labels=ids)
+    else:
+        batch = dict(pixel_values=torch.randn(2, 3, 16, 16), labels=torch.tensor([1, 3]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no product may run float32 unsaid
+        with ft.quantized(m, recipe):
+            loss = m(**batch).loss
+    loss.backward()
+    st = ft.quant_state(m)
+    assert torch.isfinite(loss)
+    assert not st.unquantized, st.unquantized
+    assert len(st.layers) == layers, list(st.layers)
+    for layer, c in st.counts().items():
+        assert c["a"]["total"] > 0 and c["gx"]["total"] > 0, (layer, c)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters() if p.requires_grad)
