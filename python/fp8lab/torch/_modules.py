@@ -200,8 +200,14 @@ class QuantMultiheadAttention(torch.nn.Module):
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.unsqueeze(0)
-        elif self.batch_first:
-            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        elif self.batch_first:  # as torch does it: self-attention stays one packed projection
+            if query is key and key is value:
+                query = key = value = query.transpose(0, 1)
+            elif key is value:
+                query, key = query.transpose(0, 1), key.transpose(0, 1)
+                value = key
+            else:
+                query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
         L, N, E = query.shape
         S = key.shape[0]
         h, d = self.num_heads, self.head_dim
