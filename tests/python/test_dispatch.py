@@ -136,6 +136,27 @@ def test_functional_products_are_quantized():
     assert all(p.grad is not None for p in m.parameters())
 
 
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2.0), (0, 1)])
+def test_addmm_and_baddbmm_scale_as_torch_does(beta, alpha):
+    torch.manual_seed(8)
+    inp2, m1, m2 = torch.randn(3, 5), torch.randn(3, 4), torch.randn(4, 5)
+    inp3, b1, b2 = torch.randn(2, 3, 5), torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+
+    class S(torch.nn.Module):
+        def forward(self):
+            return (torch.addmm(inp2, m1, m2, beta=beta, alpha=alpha),
+                    torch.baddbmm(inp3, b1, b2, beta=beta, alpha=alpha))
+    m = S()
+    with ft.quantized(m, "fp32"):
+        got = m()
+    for g, want in zip(got, m()):
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
+    assert list(ft.quant_state(m).layers) == ["matmul", "matmul_1"] and not ft.quant_state(m).unquantized
+    with ft.quantized(m):
+        torch.addmm(inp2.double(), m1.double(), m2.double())
+    assert ft.quant_state(m).unquantized["matmul"][1] == "float64 operands (fp8lab quantizes float32 products)"
+
+
 class Attention(torch.nn.Module):
     def __init__(self, gqa=False):
         super().__init__()
@@ -254,6 +275,10 @@ def test_the_program_is_one_per_model_and_steps_on():
             1 / 0
     assert torch.overrides._get_current_function_mode_stack() == []
     assert not m._forward_hooks and not m[0]._forward_pre_hooks
+    lone = torch.nn.Linear(2, 2)
+    with ft.quantized(lone, "a=1.4.3,w=1.4.3,gx=1.5.2,gw=1.5.2,last=fp32"):  # a product before any forward
+        torch.randn(2, 3) @ torch.randn(3, 2)
+    assert ft.quant_state(lone).quantizers()["matmul"]["w"] == "1.4.3"
     with pytest.raises(TypeError, match="takes a torch.nn.Module"):
         ft.quantized(lambda x: x, MIXED)
 

@@ -307,7 +307,9 @@ class QuantizedProgram:
         if self.discovering:
             return None
         index = self.order.index(name)
-        st = _core.LayerState(name, self.recipe.resolve(name, index, self.count), self.state.context, index)
+        # A product run before the model's first forward (outside it) cannot be the last.
+        count = self.count if self.count is not None else _NO_COUNT
+        st = _core.LayerState(name, self.recipe.resolve(name, index, count), self.state.context, index)
         self.state.layers[name] = st
         return st
 
@@ -367,6 +369,9 @@ def _matmul(p, func, args, kwargs):
     return func(*args, **kwargs) if prod is None else prod
 
 
+_ADDMM, _BADDBMM = ("mat1", "mat2"), ("batch1", "batch2")
+
+
 def _scaled_sum(inp, prod, beta, alpha):
     """beta * inp + alpha * prod, as torch's addmm and baddbmm define it (beta 0 ignores inp)."""
     if alpha != 1:
@@ -376,11 +381,22 @@ def _scaled_sum(inp, prod, beta, alpha):
     return (inp if beta == 1 else inp * beta) + prod
 
 
+def _bind_scaled(args, kwargs, operands: Tuple[str, str]) -> dict:
+    """addmm's and baddbmm's arguments: input, the two operands, beta, alpha, out."""
+    return _bind(args, kwargs, ("input",) + operands, {"beta": 1, "alpha": 1, "out": None})
+
+
+def _scaled_refusal(c: dict, operands: Tuple[str, str]) -> Optional[str]:
+    """Why a scaled product (addmm, baddbmm) runs float32, or None."""
+    ts = (c["input"], c[operands[0]], c[operands[1]])
+    return "out= given" if c["out"] is not None else None if _float32(*ts) else _dtype_reason(*ts)
+
+
 def _addmm(p, func, args, kwargs):
-    c = _bind(args, kwargs, ("input", "mat1", "mat2"), {"beta": 1, "alpha": 1, "out": None})
+    c = _bind_scaled(args, kwargs, _ADDMM)
     inp, m1, m2 = c["input"], c["mat1"], c["mat2"]
-    if c["out"] is not None or not _float32(inp, m1, m2):
-        why = "out= given" if c["out"] is not None else _dtype_reason(inp, m1, m2)
+    why = _scaled_refusal(c, _ADDMM)
+    if why:
         return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), why)
     if m1.dim() != 2 or m2.dim() != 2:
         return func(*args, **kwargs)  # torch's own error for the shapes
@@ -390,6 +406,15 @@ def _addmm(p, func, args, kwargs):
         return func(*args, **kwargs) if layer is None else fn.linear(m1, m2.t(), inp, layer)
     prod = _product(p, m1, m2)
     return func(*args, **kwargs) if prod is None else _scaled_sum(inp, prod, c["beta"], c["alpha"])
+
+
+def _baddbmm(p, func, args, kwargs):
+    c = _bind_scaled(args, kwargs, _BADDBMM)
+    why = _scaled_refusal(c, _BADDBMM)
+    if why:
+        return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), why)
+    prod = _product(p, c["batch1"], c["batch2"])
+    return func(*args, **kwargs) if prod is None else _scaled_sum(c["input"], prod, c["beta"], c["alpha"])
 
 
 def _linear(p, func, args, kwargs):
@@ -479,6 +504,10 @@ def _sdpa(p, func, args, kwargs):
     return fn.matmul(attn, v, context_layer)
 
 
+# QuantMultiheadAttention's layers, in the order they run.
+_ATTENTION_LAYERS = ("in_proj", "scores", "context", "out_proj")
+
+
 def _attention_module(p: QuantizedProgram, mha: torch.nn.MultiheadAttention, path: str) -> QuantMultiheadAttention:
     """The QuantMultiheadAttention that runs `mha`'s products, with its layers named as
     quantize_model names them (in_proj, scores, context, out_proj)."""
@@ -486,7 +515,7 @@ def _attention_module(p: QuantizedProgram, mha: torch.nn.MultiheadAttention, pat
     if q is None:
         q = QuantMultiheadAttention(mha)
         q.batch_first = False  # multi_head_attention_forward's inputs are sequence first
-        for slot in ("in_proj", "scores", "context", "out_proj"):
+        for slot in _ATTENTION_LAYERS:
             getattr(q, slot).layer = p.layer(_join(path, slot))
         p.attention[id(mha)] = q
     q.train(mha.training)
@@ -508,7 +537,7 @@ def _multi_head_attention(p, func, args, kwargs):
     if not _float32(c["query"], c["key"], c["value"]):
         return _fallback(p, func, args, kwargs, path, _dtype_reason(c["query"], c["key"], c["value"]))
     if p.discovering:
-        for slot in ("in_proj", "scores", "context", "out_proj"):
+        for slot in _ATTENTION_LAYERS:
             p.layer(_join(path, slot))
         return func(*args, **kwargs)
     return _attention_module(p, mha, path)(c["query"], c["key"], c["value"], key_padding_mask=c["key_padding_mask"],
@@ -639,16 +668,6 @@ def _handlers() -> dict:
         if f is not None:
             h[f] = _grouped_mm
     return h
-
-
-def _baddbmm(p, func, args, kwargs):
-    c = _bind(args, kwargs, ("input", "batch1", "batch2"), {"beta": 1, "alpha": 1, "out": None})
-    inp, b1, b2 = c["input"], c["batch1"], c["batch2"]
-    if c["out"] is not None or not _float32(inp, b1, b2):
-        why = "out= given" if c["out"] is not None else _dtype_reason(inp, b1, b2)
-        return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), why)
-    prod = _product(p, b1, b2)
-    return func(*args, **kwargs) if prod is None else _scaled_sum(inp, prod, c["beta"], c["alpha"])
 
 
 _HANDLERS = _handlers()
