@@ -71,10 +71,12 @@ struct Params {
 // The smallest float32 bits of |x| whose magnitude code exceeds k under the codec's
 // rounding (docs/spec.md §2): past the midpoint to the next value (at it for an odd k, the
 // tie going to the even code), or at the next value when truncating. Above the largest
-// code the next value is one quantum past it.
+// code the next value is one quantum past it: 2^(ilogb(v) - M) in v's binade, or the fixed
+// 2^(1 - bias - M) of a format without exponent bits (an integer grid, no binades).
 inline std::uint32_t first_above(const Format& f, std::uint32_t k, Rounding r) {
   const double v = f.magnitude(k);
-  const double next = k < f.max_code() ? f.magnitude(k + 1) : v + std::ldexp(1.0, std::ilogb(v) - f.man_bits);
+  const int quantum = f.exp_bits == 0 ? 1 - f.bias - f.man_bits : std::ilogb(v) - f.man_bits;
+  const double next = k < f.max_code() ? f.magnitude(k + 1) : v + std::ldexp(1.0, quantum);
   if (r == Rounding::toward_zero) return std::bit_cast<std::uint32_t>(static_cast<float>(next));
   const auto mid = std::bit_cast<std::uint32_t>(static_cast<float>((v + next) / 2));  // exact
   return k % 2 == 1 ? mid : mid + 1;
@@ -506,7 +508,12 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
       // computes, instead of after it.
       hwy::Prefetch(x + i + kPrefetchAhead);
       const auto xf = hn::LoadU(df, x + i);
-      const auto vf = kDivide ? hn::Div(xf, hn::Set(df, before[b])) : hn::Mul(xf, hn::Set(df, before[b]));
+      auto vf = kDivide ? hn::Div(xf, hn::Set(df, before[b])) : hn::Mul(xf, hn::Set(df, before[b]));
+      // A finite x whose scaled value lies past float32's range saturates (docs/spec.md §6.3).
+      const auto vinf = hn::IsInf(vf);
+      if (HWY_UNLIKELY(!hn::AllFalse(df, vinf)))
+        vf = hn::IfThenElse(hn::And(vinf, hn::IsFinite(xf)),
+                            hn::CopySign(hn::Set(df, std::numeric_limits<float>::max()), vf), vf);
       fl += hn::CountTrue(df, hn::AndNot(hn::Eq(xf, fzero), hn::Eq(vf, fzero)));
       const Lanes l = Process<kMode, kWantCode, true, kCount>(d, p, hn::BitCast(d, vf), idx, key, &local);
       hot[b] |= static_cast<std::uint8_t>(l.overflow);
@@ -517,7 +524,8 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
     }
     for (; i < seg_end; ++i) {  // only at a 2^32 boundary of the stream index
       const std::size_t b = i / block;
-      const float v = kDivide ? x[i] / before[b] : x[i] * before[b];
+      float v = kDivide ? x[i] / before[b] : x[i] * before[b];
+      if (std::isinf(v) && std::isfinite(x[i])) v = std::copysign(std::numeric_limits<float>::max(), v);
       fl += v == 0 && x[i] != 0;
       QuantCounts one;
       const std::uint32_t code = fp8lab::encode(v, q, index0 + i, &one);

@@ -110,6 +110,33 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
       }
 }
 
+// Delayed scaling from a small history: finite values whose scaled value lies past
+// float32's range saturate (the exact quotient would), infinities stay NaN, on the vector
+// path, its tail and the piecewise passes alike.
+TEST_P(ScaledKernels, QuotientsPastFloat32Saturate) {
+  for (const char* name : {"e4m3_delayed", "e4m3fn@tensor:e8m0:floor:delayed-4", "e4m3fn@tensor:e8m0:nearest:delayed-4",
+                           "e5m2@tensor:fp32:ceil:delayed-2"})
+    for (std::size_t cols : {64u, 37u}) {
+      const ScaledSpec s = parse_scaled(name);
+      std::vector<float> x = inputs(3 * cols, cols);
+      x[1] = 1e36f;
+      x[2] = -3e38f;
+      x[cols + 3] = INFINITY;
+      x[2 * cols + 5] = 2e37f;
+      ScaledCall call;
+      call.delayed_amax = 1e-3f;
+      const std::string what = std::string(name) + " cols " + std::to_string(cols);
+      const Out want = run(scaled_quantize_reference, s, x, 3, cols, call);
+      const Out got = run(kernel_quantize, s, x, 3, cols, call);
+      expect_same(got, want, what);
+      const float top = static_cast<float>(s.element.format.max_finite());
+      EXPECT_TRUE(std::isfinite(want.y[1]) && want.y[1] > 0.0f) << what;
+      EXPECT_EQ(want.y[2], -want.y[1]) << what;  // both saturate at the element max times the scale
+      EXPECT_EQ(want.codes[1], encode(top, s.element)) << what;
+      EXPECT_FALSE(std::isfinite(want.y[cols + 3])) << what;  // an infinity stays visible (NaN or Inf)
+    }
+}
+
 // Blocks of ordinary values (a normal sample times a power of two that varies by block,
 // from 2^-30 to 2^30) with a few zero, tiny and NaN blocks: the inputs on which the fast
 // scale paths (E8M0 from the bits, UE4M3 from the ScaleSteps table) decide nearly every
