@@ -12,18 +12,33 @@ from typing import Union
 import numpy as np
 import torch
 
-from . import _core
+from . import _core, _dtypes, _portable
 
 FormatLike = Union[str, "_core.Format", "_core.ScaledFormat"]
 
 
+_BACKENDS = ("auto", "kernels", "torch")
+
+
+def _ops(x, backend: str, what: str):
+    """The quantizers x goes through: the C++ kernels (fp8lab._core), or the same quantizers
+    written as torch operations (fp8lab._portable) for backend "torch", or "auto" and a tensor
+    that is not on the CPU. Both offer quantize_tensor, encode_tensor, decode_tensor,
+    scaled_quantize_matrix and scaled_decode_matrix with one signature."""
+    if backend not in _BACKENDS:
+        raise ValueError(f"{what}: backend={backend!r}: expected one of {', '.join(_BACKENDS)}")
+    off_cpu = isinstance(x, torch.Tensor) and x.device.type != "cpu"
+    if backend == "kernels" and off_cpu:
+        raise TypeError(f"{what}: the C++ kernels work on CPU tensors, got one on {x.device}; use .cpu() or "
+                        "backend='torch' (or 'auto')")
+    return _portable if backend == "torch" or (backend == "auto" and off_cpu) else _core
+
+
 def _tensor(x, what: str, *, writable: bool = False):
-    """(a CPU tensor over x's memory, whether x was a NumPy array)."""
+    """(a tensor over x's memory, whether x was a NumPy array)."""
     if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array
         x = np.asarray(x)
     if isinstance(x, torch.Tensor):
-        if x.device.type != "cpu":
-            raise TypeError(f"{what}: fp8lab works on CPU tensors, got one on {x.device}; use .cpu()")
         if writable and torch._debug_has_internal_overlap(x) == 1:
             raise ValueError(f"{what}: in-place quantization of a tensor whose elements share memory (an expanded "
                              "view); quantize x.clone() instead")
@@ -105,7 +120,7 @@ def _out(t: torch.Tensor, numpy: bool):
 
 def quantize(x, format: FormatLike, *, rounding: str = "nearest-even", overflow: str = "saturate",
              seed: int = 0, random_bits: int = 32, axis: int = -1, inplace: bool = False,
-             return_counts: bool = False):
+             return_counts: bool = False, backend: str = "auto"):
     """Fake-quantizes x (float32, any shape): every value rounded to the format, as float32.
 
     format: a Format, a ScaledFormat or their text ("1.4.3:10", "e5m2", "mxfp4", "nvfp4").
@@ -113,19 +128,21 @@ def quantize(x, format: FormatLike, *, rounding: str = "nearest-even", overflow:
     tensor draws stream index i of `seed`, so the result does not depend on the layout).
     overflow: saturate, nan or inf (ieee formats). axis: scaled formats group along it.
     inplace: overwrite x. return_counts: also return what rounding did (a dict).
-    Bit-identical to the C++ kernels and `fp8lab quantize`.
+    backend: "kernels" (the C++ library, CPU), "torch" (torch operations on x's device) or
+    "auto" (the kernels on the CPU, torch elsewhere). Bit-identical to `fp8lab quantize`.
     """
+    ops = _ops(x, backend, "quantize")
     _check_rounding("quantize", rounding, overflow, seed, random_bits)
     t, numpy = _tensor(x, "quantize", writable=inplace)
     _require_float32(t, "quantize")
     spec = _spec(format)
     if isinstance(spec, _core.Format):
-        y, counts = _core.quantize_tensor(t, spec, rounding, overflow, random_bits, seed, inplace)
+        y, counts = ops.quantize_tensor(t, spec, rounding, overflow, random_bits, seed, inplace)
     else:
         if overflow != "saturate":
             raise ValueError(f"scaled formats saturate their elements (overflow={overflow!r} given)")
         a = _axis(t, axis)
-        r = _core.scaled_quantize_matrix(_matrix(t, a), spec, rounding, random_bits, seed, True, False)
+        r = ops.scaled_quantize_matrix(_matrix(t, a), spec, rounding, random_bits, seed, True, False)
         y = _unmatrix(r["values"], t.shape, a)
         if inplace:
             t.copy_(y)
@@ -146,17 +163,30 @@ class ScaledCodes:
     format: "_core.ScaledFormat"
     axis: int
 
+    def to_torch(self):
+        """(element codes, scales) as torch's dtypes: the elements as fp8lab.to_torch gives
+        them (float8 views; float4_e2m1fn_x2 packed along the last axis), the scales as
+        float8_e8m0fnu (E8M0), float8_e4m3fn (UE4M3, non-negative codes) or float32. The
+        tensor scale is self.tensor_scale."""
+        codes = torch.from_numpy(self.codes) if isinstance(self.codes, np.ndarray) else self.codes
+        scales = self.scales
+        if isinstance(scales, np.ndarray):
+            scales = torch.from_numpy(np.ascontiguousarray(scales).view(np.int32))
+        return _dtypes.to_torch(codes, self.format.element), _dtypes.scales_to_torch(scales, self.format.scale_format)
+
 
 def encode(x, format: FormatLike, *, rounding: str = "nearest-even", overflow: str = "saturate",
-           seed: int = 0, random_bits: int = 32, axis: int = -1, return_counts: bool = False):
+           seed: int = 0, random_bits: int = 32, axis: int = -1, return_counts: bool = False,
+           backend: str = "auto"):
     """The codes of x in the format: uint8 up to 8 bits, uint16 (int16 for torch, which has
-    no uint16) up to 16; a ScaledCodes for a scaled format."""
+    no uint16) up to 16; a ScaledCodes for a scaled format. backend: as quantize's."""
+    ops = _ops(x, backend, "encode")
     _check_rounding("encode", rounding, overflow, seed, random_bits)
     t, numpy = _tensor(x, "encode")
     _require_float32(t, "encode")
     spec = _spec(format)
     if isinstance(spec, _core.Format):
-        codes, counts = _core.encode_tensor(t, spec, rounding, overflow, random_bits, seed)
+        codes, counts = ops.encode_tensor(t, spec, rounding, overflow, random_bits, seed)
         if numpy:
             codes = codes.numpy()
             if codes.dtype == np.int16:
@@ -167,7 +197,7 @@ def encode(x, format: FormatLike, *, rounding: str = "nearest-even", overflow: s
             raise ValueError(f"scaled formats saturate their elements (overflow={overflow!r} given)")
         a = _axis(t, axis)
         m = _matrix(t, a)
-        r = _core.scaled_quantize_matrix(m, spec, rounding, random_bits, seed, False, True)
+        r = ops.scaled_quantize_matrix(m, spec, rounding, random_bits, seed, False, True)
         scales = r["scales"]
         codes = _unmatrix(r["codes"], t.shape, a)
         out = ScaledCodes(_out(codes, numpy), scales.numpy().view(np.uint32) if numpy else scales,
@@ -176,8 +206,10 @@ def encode(x, format: FormatLike, *, rounding: str = "nearest-even", overflow: s
     return (out, counts) if return_counts else out
 
 
-def decode(codes, format: FormatLike = None):
-    """float32 values of codes: encode's result (for a scaled format, its ScaledCodes)."""
+def decode(codes, format: FormatLike = None, *, backend: str = "auto"):
+    """float32 values of codes: encode's result (for a scaled format, its ScaledCodes).
+    backend: as quantize's."""
+    ops = _ops(codes.codes if isinstance(codes, ScaledCodes) else codes, backend, "decode")
     if isinstance(codes, ScaledCodes):
         c, numpy = _tensor(codes.codes, "decode")
         scales = codes.scales
@@ -185,8 +217,13 @@ def decode(codes, format: FormatLike = None):
             scales = np.ascontiguousarray(scales).view(np.int32)
         s, _ = _tensor(scales, "decode")
         a = codes.axis
-        y = _core.scaled_decode_matrix(_matrix(c, a), s.reshape(-1), codes.tensor_scale, codes.format)
+        y = ops.scaled_decode_matrix(_matrix(c, a), s.reshape(-1), codes.tensor_scale, codes.format)
         return _out(_unmatrix(y, c.shape, a), numpy)
+    if isinstance(codes, torch.Tensor) and _dtypes.format_of(codes.dtype) is not None:
+        codes, own = _dtypes.from_torch(codes)  # torch's float8/float4 dtypes carry their format
+        if format is not None and _spec(format) != own:
+            raise ValueError(f"decode: the codes are {own} (their dtype says so), not {_spec(format)}")
+        format = own
     if format is None:
         raise TypeError("decode: name the format the codes are of")
     spec = _spec(format)
@@ -195,4 +232,4 @@ def decode(codes, format: FormatLike = None):
     if isinstance(codes, np.ndarray) and codes.dtype == np.uint16:
         codes = codes.view(np.int16)
     t, numpy = _tensor(codes, "decode")
-    return _out(_core.decode_tensor(t, spec), numpy)
+    return _out(ops.decode_tensor(t, spec), numpy)

@@ -83,6 +83,8 @@ void bind_format(py::module_& m) {
       .def_property_readonly("policy", [](const Format& f) { return std::string(to_string(f.policy)); })
       .def_property_readonly("subnormals", [](const Format& f) { return f.subnormals; })
       .def_property_readonly("signed", [](const Format& f) { return f.sign; })
+      .def_property_readonly("zero", [](const Format& f) { return f.zero; },
+                             "False where code 0 is 2^-bias, not zero (E8M0)")
       .def_property_readonly("bits", &Format::width, "Bits per value, the sign included")
       .def_property_readonly("max", &Format::max_finite, "Largest finite value")
       .def_property_readonly("min_normal", &Format::min_normal, "Smallest normal value (0 without an exponent)")
@@ -160,6 +162,16 @@ std::pair<torch::Tensor, QuantCounts> quantize_tensor(torch::Tensor t, const Qua
 
 // quantize_tensor, encode_tensor, decode_tensor: one element format, any tensor.
 void bind_element_functions(py::module_& m) {
+  m.def(
+      "quant_spec",
+      [](const Format& f, const std::string& rounding, const std::string& overflow, int random_bits) {
+        const QuantSpec q = make_spec(f, rounding, overflow, random_bits, 0);
+        return py::make_tuple(std::string(to_string(q.rounding)), std::string(to_string(q.overflow)),
+                              static_cast<int>(q.random_bits));
+      },
+      "The quantizer's rounding and overflow as canonical names, and its random bits, checked as the kernels "
+      "check them (ValueError naming what is wrong)",
+      py::arg("format"), py::arg("rounding"), py::arg("overflow"), py::arg("random_bits"));
   m.def(
       "quantize_tensor",
       [](torch::Tensor t, const Format& f, const std::string& rounding, const std::string& overflow, int random_bits,
