@@ -5,12 +5,14 @@
     loss.backward()
 
 A torch.overrides.TorchFunctionMode sees each torch function the program calls inside the
-context. The products among them (F.linear, matmul, @, mm, bmm, addmm, baddbmm, einsum,
-conv1d, conv2d, scaled_dot_product_attention, multi-head attention) run through the C++
-library's quantized autograd functions, so that their backward products are quantized as
-the recipe says; every other product (conv3d, transposed convolutions, a product of
-float64 tensors...) runs as torch runs it and is counted, with its reason, in
-QuantState.unquantized, and named in a warning after the first training forward.
+context. The products among them (F.linear, matmul, @, mm, bmm, mv, dot, outer, inner,
+tensordot, multi_dot, addmm, baddbmm, addbmm, addmv, addr and their in-place forms, einsum,
+bilinear, conv1d, conv2d, scaled_dot_product_attention, multi-head attention) run through
+the C++ library's quantized autograd functions, so that their backward products are
+quantized as the recipe says; every other product (conv3d, transposed convolutions, a
+product of float64 tensors, LSTM's fused kernel...) runs as torch runs it and is counted,
+with its reason, in QuantState.unquantized, and named in a warning after the first
+training forward.
 
 Layers are named as quantize_model names them, so that a recipe's overrides, `first` and
 `last` mean the same on both paths and the two give the same bits: a product with a
@@ -28,7 +30,7 @@ import collections
 import math
 import string
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -145,7 +147,9 @@ _ATEN_PRODUCTS = {_aten.mm, _aten.bmm, _aten.addmm, _aten.baddbmm, _aten.addbmm,
                   _aten.addmv, _aten.dot, _aten.vdot, _aten._grouped_mm, _aten._scaled_mm,
                   _aten._scaled_dot_product_flash_attention_for_cpu, _aten._scaled_dot_product_efficient_attention,
                   _aten._scaled_dot_product_flash_attention, _aten.cudnn_convolution, _aten._convolution,
-                  _aten.mkldnn_convolution}
+                  _aten.mkldnn_convolution, _aten.addmm_, _aten.baddbmm_, _aten.addbmm_, _aten.addmv_, _aten.addr,
+                  _aten.addr_, _aten._int_mm, _aten.mkldnn_rnn_layer, _aten._thnn_fused_lstm_cell,
+                  _aten._thnn_fused_gru_cell, _aten._cudnn_rnn, _aten.miopen_rnn, _aten.mkldnn_linear}
 
 
 class _Audit(TorchDispatchMode):
@@ -351,8 +355,22 @@ def _product(p: QuantizedProgram, a: torch.Tensor, b: torch.Tensor, base: str = 
     return None if layer is None else fn.matmul(a, b, layer)
 
 
-def _vector_reason(a, b) -> str:
-    return f"a product of {a.dim()}-d and {b.dim()}-d tensors (vectors are not quantized)"
+def _any_product(p: QuantizedProgram, a: torch.Tensor, b: torch.Tensor) -> Optional[torch.Tensor]:
+    """torch.matmul(a, b) quantized, vectors included: a 1-d operand is a 1xK row (left) or a
+    Kx1 column (right) and the dimension it adds is dropped again, as matmul defines it."""
+    if a.dim() >= 2 and b.dim() >= 2:
+        return _product(p, a, b)
+    prod = _product(p, a.unsqueeze(0) if a.dim() == 1 else a, b.unsqueeze(-1) if b.dim() == 1 else b)
+    if prod is None:
+        return None
+    if b.dim() == 1:
+        prod = prod.squeeze(-1)
+    if a.dim() == 1:
+        prod = prod.squeeze(-1 if b.dim() == 1 else -2)
+    return prod
+
+
+_MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__)
 
 
 def _matmul(p, func, args, kwargs):
@@ -363,10 +381,102 @@ def _matmul(p, func, args, kwargs):
         return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), "out= given")
     if not _float32(a, b):
         return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), _dtype_reason(a, b))
-    if a.dim() < 2 or b.dim() < 2:
-        return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), _vector_reason(a, b))
-    prod = _product(p, a, b)
+    vectors = func in _MATMULS and min(a.dim(), b.dim()) == 1
+    if not vectors and (a.dim() < 2 or b.dim() < 2):
+        return func(*args, **kwargs)  # torch's own error (mm and bmm take matrices; matmul no scalars)
+    prod = _any_product(p, a, b)
     return func(*args, **kwargs) if prod is None else prod
+
+
+def _vector_op(shape_ok, operands: Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]):
+    """A handler for mv, dot and outer: the two operands as matmul's (shape_ok: the dims torch
+    takes; otherwise torch's own error)."""
+    def run(p, func, args, kwargs):
+        a = args[0]
+        b = args[1] if len(args) > 1 else next((v for k, v in kwargs.items() if k != "out"), None)
+        if kwargs.get("out") is not None:
+            return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), "out= given")
+        if not isinstance(b, torch.Tensor) or not shape_ok(a, b):
+            return func(*args, **kwargs)
+        if not _float32(a, b):
+            return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), _dtype_reason(a, b))
+        prod = _any_product(p, *operands(a, b))
+        return func(*args, **kwargs) if prod is None else prod
+    return run
+
+
+_mv = _vector_op(lambda a, b: a.dim() == 2 and b.dim() == 1, lambda a, b: (a, b))
+_dot = _vector_op(lambda a, b: a.dim() == 1 and b.dim() == 1, lambda a, b: (a, b))
+_outer = _vector_op(lambda a, b: a.dim() == 1 and b.dim() == 1, lambda a, b: (a.unsqueeze(1), b.unsqueeze(0)))
+
+
+def _tensordot_dims(a: torch.Tensor, b: torch.Tensor, dims) -> Tuple[List[int], List[int]]:
+    """tensordot's contracted dimensions of a and of b."""
+    if isinstance(dims, torch.Tensor):
+        dims = dims.tolist()
+    if isinstance(dims, int):
+        return list(range(a.dim() - dims, a.dim())), list(range(dims))
+    da, db = dims
+    da, db = ([da] if isinstance(da, int) else list(da)), ([db] if isinstance(db, int) else list(db))
+    return [d % a.dim() for d in da], [d % b.dim() for d in db]
+
+
+def _contract_dims(p, a, b, da: List[int], db: List[int]) -> Optional[torch.Tensor]:
+    """The product summing a's dimensions da against b's db (tensordot): a as [free, contracted],
+    b as [contracted, free], one 2-d product, reshaped to a's free then b's free dimensions."""
+    fa = [d for d in range(a.dim()) if d not in da]
+    fb = [d for d in range(b.dim()) if d not in db]
+    k = math.prod(a.shape[d] for d in da)
+    a2 = a.permute(fa + da).reshape(math.prod(a.shape[d] for d in fa), k)
+    b2 = b.permute(db + fb).reshape(k, math.prod(b.shape[d] for d in fb))
+    prod = _product(p, a2, b2)
+    return None if prod is None else prod.reshape([a.shape[d] for d in fa] + [b.shape[d] for d in fb])
+
+
+def _tensordot(p, func, args, kwargs):
+    c = _bind(args, kwargs, ("a", "b", "dims"), {"dims": 2, "out": None})
+    a, b = c["a"], c["b"]
+    if c["out"] is not None or not _float32(a, b):
+        why = "out= given" if c["out"] is not None else _dtype_reason(a, b)
+        return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), why)
+    try:
+        da, db = _tensordot_dims(a, b, c["dims"])
+    except (TypeError, ValueError, ZeroDivisionError):
+        return func(*args, **kwargs)  # torch's own error for the dims
+    if len(da) != len(db) or any(a.shape[i] != b.shape[j] for i, j in zip(da, db)) or not (da or db):
+        return func(*args, **kwargs)  # torch's error, or an outer product without a sum (no product)
+    prod = _contract_dims(p, a, b, da, db)
+    return func(*args, **kwargs) if prod is None else prod
+
+
+def _inner(p, func, args, kwargs):
+    a, b = args[0], args[1] if len(args) > 1 else kwargs.get("other")
+    if kwargs.get("out") is not None:
+        return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), "out= given")
+    if not isinstance(b, torch.Tensor) or min(a.dim(), b.dim()) == 0 or a.shape[-1] != b.shape[-1]:
+        return func(*args, **kwargs)  # a scalar's inner product is a multiplication; or torch's own error
+    if not _float32(a, b):
+        return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), _dtype_reason(a, b))
+    prod = _contract_dims(p, a, b, [a.dim() - 1], [b.dim() - 1])
+    return func(*args, **kwargs) if prod is None else prod
+
+
+def _multi_dot(p, func, args, kwargs):
+    """linalg.multi_dot and chain_matmul: the products left to right (torch may choose another
+    order, which sums in another order)."""
+    ts = list(args[0]) if func is torch.linalg.multi_dot else list(args)
+    if kwargs.get("out") is not None:
+        return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), "out= given")
+    if len(ts) < 2 or not all(isinstance(t, torch.Tensor) for t in ts):
+        return func(*args, **kwargs)
+    if not _float32(*ts):
+        return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), _dtype_reason(*ts))
+    cur = ts[0]
+    for t in ts[1:]:
+        cur = _any_product(p, cur, t)
+        if cur is None:
+            return func(*args, **kwargs)
+    return cur
 
 
 _ADDMM, _BADDBMM = ("mat1", "mat2"), ("batch1", "batch2")
@@ -417,6 +527,53 @@ def _baddbmm(p, func, args, kwargs):
     return func(*args, **kwargs) if prod is None else _scaled_sum(c["input"], prod, c["beta"], c["alpha"])
 
 
+def _scaled_op(operands: Tuple[str, str], product: Callable):
+    """A handler of beta * input + alpha * product(a, b): addmv, addbmm, addr."""
+    def run(p, func, args, kwargs):
+        c = _bind_scaled(args, kwargs, operands)
+        why = _scaled_refusal(c, operands)
+        if why:
+            return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), why)
+        x, y = c[operands[0]], c[operands[1]]
+        try:
+            prod = product(p, x, y)
+        except (RuntimeError, IndexError):
+            return func(*args, **kwargs)  # torch's own error for the shapes
+        return func(*args, **kwargs) if prod is None else _scaled_sum(c["input"], prod, c["beta"], c["alpha"])
+    return run
+
+
+def _summed_bmm(p, b1, b2):
+    if b1.dim() != 3 or b2.dim() != 3:
+        raise RuntimeError("addbmm takes 3-d batches")
+    prod = _product(p, b1, b2)
+    return None if prod is None else prod.sum(0)
+
+
+def _mv_product(p, m, v):
+    if m.dim() != 2 or v.dim() != 1:
+        raise RuntimeError("addmv takes a matrix and a vector")
+    return _any_product(p, m, v)
+
+
+def _outer_product(p, u, v):
+    if u.dim() != 1 or v.dim() != 1:
+        raise RuntimeError("addr takes two vectors")
+    return _product(p, u.unsqueeze(1), v.unsqueeze(0))
+
+
+_addmv = _scaled_op(("mat", "vec"), _mv_product)
+_addbmm = _scaled_op(("batch1", "batch2"), _summed_bmm)
+_addr = _scaled_op(("vec1", "vec2"), _outer_product)
+
+
+def _in_place(handler, out_of_place):
+    """Tensor.addmm_ and its kin: the quantized out-of-place result, copied into self."""
+    def run(p, func, args, kwargs):
+        return args[0].copy_(handler(p, out_of_place, args, kwargs))
+    return run
+
+
 def _linear(p, func, args, kwargs):
     c = _bind(args, kwargs, ("input", "weight", "bias"), {"bias": None})
     x, w, b = c["input"], c["weight"], c["bias"]
@@ -461,6 +618,26 @@ def _conv(p, func, args, kwargs, dims: int):
     y = fn.conv2d(x.unsqueeze(-2), w.unsqueeze(-2), b, layer, [1] + stride, [0] + padding, [1] + dilation,
                   c["groups"])
     return y.squeeze(-2)
+
+
+def _bilinear(p, func, args, kwargs):
+    """F.bilinear(x1, x2, W, b) as its two products: t = x1 W' (W' the weight laid out as a
+    linear layer's, [O*J, I]: the weight quantizer), then t [.., O, J] times x2 [.., J, 1] (a
+    product of activations, "<layer>.matmul"), plus the bias."""
+    c = _bind(args, kwargs, ("input1", "input2", "weight", "bias"), {"bias": None})
+    x1, x2, w, bias = c["input1"], c["input2"], c["weight"], c["bias"]
+    name = p.names.of_parameter(w) or p.names.of_activations("bilinear")
+    if not _float32(x1, x2, w, bias):
+        return _fallback(p, func, args, kwargs, name, _dtype_reason(x1, x2, w, bias))
+    if w.dim() != 3 or x1.dim() < 1 or x1.shape[:-1] != x2.shape[:-1] or (x1.shape[-1], x2.shape[-1]) != w.shape[1:]:
+        return func(*args, **kwargs)  # torch's own error
+    O, I, J = w.shape
+    first, second = p.layer(name), p.layer(p.names.of_activations("matmul"))
+    if first is None:
+        return func(*args, **kwargs)
+    t = fn.linear(x1, w.permute(0, 2, 1).reshape(O * J, I), None, first)
+    y = fn.matmul(t.reshape(*x1.shape[:-1], O, J), x2.unsqueeze(-1), second).squeeze(-1)
+    return y if bias is None else y + bias
 
 
 def _no_quantized_op(p, func, args, kwargs):
@@ -601,15 +778,58 @@ def _einsum_product(p, a, a2, b, b2):
     return fn.matmul(a2, b2, layer)
 
 
+def _expand_ellipsis(equation: str, operands: list) -> Optional[Tuple[str, list]]:
+    """The equation with each "..." replaced by letters of its own (the broadcast dimensions,
+    aligned from the right as einsum aligns them) and the operands expanded to the broadcast
+    sizes; None where the equation is malformed (torch then says why)."""
+    eq = equation.replace(" ", "")
+    if "." not in eq:
+        return eq, operands
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands) or any(t.replace("...", "", 1).count(".") for t in terms + [out]):
+        return None
+    counts = [op.dim() - (len(t) - 3) if "..." in t else 0 for t, op in zip(terms, operands)]
+    if any(k < 0 for k in counts):
+        return None
+    free = [ch for ch in string.ascii_letters if ch not in eq]
+    n = max(counts)
+    ell = "".join(free[:n])
+    shapes = [tuple(op.shape[t.index("..."):t.index("...") + k]) if "..." in t else () for t, op, k in
+              zip(terms, operands, counts)]
+    try:
+        broadcast = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return None
+    new_terms, new_ops = [], []
+    for t, op, k in zip(terms, operands, counts):
+        if "..." in t:
+            i = t.index("...")
+            op = op.expand(list(op.shape[:i]) + list(broadcast[n - k:]) + list(op.shape[i + k:]))
+            t = t.replace("...", ell[n - k:])
+        new_terms.append(t)
+        new_ops.append(op)
+    if not arrow:  # implicit output: the broadcast dimensions, then the letters used once, sorted
+        once = collections.Counter("".join(terms).replace("...", ""))
+        out = "..." + "".join(sorted(ch for ch, c in once.items() if c == 1))
+    return ",".join(new_terms) + "->" + out.replace("...", ell), new_ops
+
+
 def _einsum(p, func, args, kwargs):
     equation = args[0]
     operands = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) else list(args[1:])
     if len(operands) < 2:
         return func(*args, **kwargs)  # one operand: a sum or a permutation, no product
+    if isinstance(equation, str) and _float32(*operands):
+        expanded = _expand_ellipsis(equation, operands)
+        if expanded is None:
+            return func(*args, **kwargs)  # torch's own error
+        equation, operands = expanded
     terms = _einsum_terms(equation, len(operands)) if isinstance(equation, str) else None
     if not _float32(*operands) or terms is None or kwargs:
         why = (_dtype_reason(*operands) if not _float32(*operands) else
-               f"einsum '{equation}' is not taken apart (an ellipsis or a letter twice in one operand)")
+               "einsum's sublist form is not taken apart" if not isinstance(equation, str) else
+               f"einsum '{equation}' is not taken apart (a letter twice in one operand: a diagonal)")
         return _fallback(p, func, args, kwargs, p.names.of_activations("einsum"), why)
     letters, out = terms
     cur, idx = operands[0], letters[0]
@@ -657,10 +877,19 @@ def _handlers() -> dict:
     h[F.linear] = _linear
     h[F.conv2d] = lambda p, f, a, k: _conv(p, f, a, k, 2)
     h[F.conv1d] = lambda p, f, a, k: _conv(p, f, a, k, 1)
-    for f in (F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.bilinear, torch.addbmm,
-              torch.Tensor.addbmm, torch.mv, torch.Tensor.mv, torch.addmv, torch.dot, torch.Tensor.dot,
-              torch.tensordot, torch.inner, torch.outer, torch.linalg.multi_dot, torch.chain_matmul):
+    for f in (F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d):
         h[f] = _no_quantized_op
+    for fs, handler in (((torch.mv, torch.Tensor.mv), _mv), ((torch.dot, torch.Tensor.dot, torch.vdot), _dot),
+                        ((torch.outer, torch.Tensor.outer, torch.ger, torch.Tensor.ger), _outer),
+                        ((torch.inner, torch.Tensor.inner), _inner), ((torch.tensordot,), _tensordot),
+                        ((torch.linalg.multi_dot, torch.chain_matmul), _multi_dot),
+                        ((torch.addmv, torch.Tensor.addmv), _addmv), ((torch.addbmm, torch.Tensor.addbmm), _addbmm),
+                        ((torch.addr, torch.Tensor.addr), _addr), ((F.bilinear,), _bilinear)):
+        for f in fs:
+            h[f] = handler
+    for name, handler in (("addmm", _addmm), ("baddbmm", _baddbmm), ("addmv", _addmv), ("addbmm", _addbmm),
+                          ("addr", _addr)):
+        h[getattr(torch.Tensor, name + "_")] = _in_place(handler, getattr(torch, name))
     h[F.scaled_dot_product_attention] = _sdpa
     h[F.multi_head_attention_forward] = _multi_head_attention
     h[torch.einsum] = _einsum
@@ -676,9 +905,10 @@ _HANDLERS = _handlers()
 def quantized(model: torch.nn.Module, recipe=None, *, seed: int = 0, compute: Optional[str] = None,
               accumulate: Optional[str] = None, stats_interval: int = 0, save_codes: bool = True) -> QuantizedProgram:
     """A context manager that quantizes with `recipe` every product run inside it: the
-    model's modules, functional calls (F.linear, F.conv1d/2d, torch.matmul, @, mm, bmm,
-    addmm, baddbmm, einsum, F.scaled_dot_product_attention, multi-head attention) and any
-    code they call, named by module path and parameter (module docstring).
+    model's modules, functional calls (F.linear, F.conv1d/2d, F.bilinear, torch.matmul, @,
+    mm, bmm, mv, dot, outer, inner, tensordot, multi_dot, addmm, baddbmm, addbmm, addmv,
+    addr, einsum, F.scaled_dot_product_attention, multi-head attention) and any code they
+    call, named by module path and parameter (module docstring).
 
         step = fp8lab.torch.quantized(model, "nvfp4")
         for x, y in data:
