@@ -270,6 +270,18 @@ void bind_ops(py::module_& m) {
         },
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
         py::arg("groups"), py::arg("layer"));
+  m.def("quant_conv",
+        [](const torch::Tensor& x, const torch::Tensor& w, const std::optional<torch::Tensor>& b,
+           std::vector<std::int64_t> stride, std::vector<std::int64_t> padding, std::vector<std::int64_t> dilation,
+           bool transposed, std::vector<std::int64_t> output_padding, std::int64_t groups, const LayerStatePtr& st) {
+          require_float32(x, "conv input");
+          require_float32(w, "conv weight");
+          py::gil_scoped_release nogil;
+          return nn::quant_conv(x, w, b ? *b : torch::Tensor(), std::move(stride), std::move(padding),
+                                std::move(dilation), transposed, std::move(output_padding), groups, st);
+        },
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
+        py::arg("transposed"), py::arg("output_padding"), py::arg("groups"), py::arg("layer"));
   m.def("quant_matmul",
         [](const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st) {
           require_float32(a, "matmul a");

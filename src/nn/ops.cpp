@@ -268,6 +268,110 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
   }
 };
 
+// ---- N-d and transposed convolutions ----------------------------------------------------
+// The views of a tensor of `dims` dimensions (batch, channels, D positions), D = dims - 2.
+std::vector<std::int64_t> iota_from(std::int64_t first, std::int64_t last) {
+  std::vector<std::int64_t> v;
+  for (std::int64_t i = first; i <= last; ++i) v.push_back(i);
+  return v;
+}
+// [N, C, S...] -> [N*S, C]: reduction over channels.
+MatrixView channels_nd(std::int64_t dims) {
+  std::vector<std::int64_t> perm{0};
+  for (std::int64_t d : iota_from(2, dims - 1)) perm.push_back(d);
+  perm.push_back(1);
+  return {{}, perm, 1};
+}
+// [N, C, S...] -> [C, N*S]: reduction over batch and positions.
+MatrixView batch_positions_nd(std::int64_t dims) {
+  std::vector<std::int64_t> perm{1, 0};
+  for (std::int64_t d : iota_from(2, dims - 1)) perm.push_back(d);
+  return {{}, perm, static_cast<int>(dims - 1)};
+}
+// A weight [A, B, k...] -> [A, k*B]: the reduction over B and the kernel positions.
+MatrixView weight_rows_nd(std::int64_t dims) {
+  std::vector<std::int64_t> perm{0};
+  for (std::int64_t d : iota_from(2, dims - 1)) perm.push_back(d);
+  perm.push_back(1);
+  return {{}, perm, static_cast<int>(dims - 1)};
+}
+// A weight [A, B, k...] in `groups` groups of A -> [groups*B, k*A/groups]: the reduction
+// over A within each group and the kernel positions.
+MatrixView weight_groups_nd(const torch::Tensor& w, std::int64_t groups) {
+  std::vector<std::int64_t> view{groups, w.size(0) / groups};
+  for (std::int64_t d = 1; d < w.dim(); ++d) view.push_back(w.size(d));
+  std::vector<std::int64_t> perm{0};
+  for (std::int64_t d : iota_from(2, w.dim())) perm.push_back(d);
+  perm.push_back(1);
+  return {view, perm, static_cast<int>(w.dim() - 1)};
+}
+
+struct ConvParams {
+  std::vector<std::int64_t> stride, padding, dilation, output_padding;
+  bool transposed = false;
+  std::int64_t groups = 1;
+};
+
+// The weight's matrices: forward and grad_x's. A convolution's weight [O, C/g, k...] reduces
+// over C/g and k going forward and over O within a group for grad_x; a transposed one's
+// [C, O/g, k...] the other way round.
+std::pair<MatrixView, MatrixView> weight_views(const torch::Tensor& w, const ConvParams& c) {
+  MatrixView rows = weight_rows_nd(w.dim()), groups = weight_groups_nd(w, c.groups);
+  return c.transposed ? std::pair{groups, rows} : std::pair{rows, groups};
+}
+
+class ConvNdFn : public torch::autograd::Function<ConvNdFn> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& b, std::vector<std::int64_t> stride,
+                               std::vector<std::int64_t> padding, std::vector<std::int64_t> dilation,
+                               std::vector<std::int64_t> output_padding, bool transposed, std::int64_t groups,
+                               LayerStatePtr st) {
+    const ConvParams c{stride, padding, dilation, output_padding, transposed, groups};
+    const auto [wf, wb] = weight_views(w, c);
+    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels_nd(x.dim()), batch_positions_nd(x.dim())},
+                                      {w, TensorKind::w, 0, wf, wb}, false);
+    ctx->saved_data["stride"] = stride;
+    ctx->saved_data["padding"] = padding;
+    ctx->saved_data["dilation"] = dilation;
+    ctx->saved_data["output_padding"] = output_padding;
+    ctx->saved_data["transposed"] = transposed;
+    ctx->saved_data["groups"] = groups;
+    return at::convolution(xq, wq, b.numel() > 0 ? b : torch::Tensor(), stride, padding, dilation, transposed,
+                           output_padding, groups);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto [st, call, xq, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w);
+    const ConvParams c{ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
+                       ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["output_padding"].toIntVector(),
+                       ctx->saved_data["transposed"].toBool(), ctx->saved_data["groups"].toInt()};
+    torch::Tensor g = std::move(grads[0]);
+    const auto conv_backward = [&](const torch::Tensor& gq, std::array<bool, 3> want) {
+      const std::vector<std::int64_t> bias_sizes{gq.size(1)};
+      return at::convolution_backward(gq, xq, wq, want[2] ? at::OptionalIntArrayRef(bias_sizes) : std::nullopt,
+                                      c.stride, c.padding, c.dilation, c.transposed, c.output_padding, c.groups,
+                                      want);
+    };
+    torch::Tensor db;  // libtorch's reduction of the float32 g, before g may be quantized in place
+    if (ctx->needs_input_grad(2)) db = std::get<2>(conv_backward(g, {false, false, true}));
+    auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels_nd(xq.dim()), batch_positions_nd(xq.dim()),
+                                                  call, backward_grad_refs(), {});
+    torch::Tensor dx, dw;
+    if (g_for_dx.is_same(g_for_dw)) {
+      auto r = conv_backward(g_for_dx, {ctx->needs_input_grad(0), ctx->needs_input_grad(1), false});
+      dx = std::get<0>(r);
+      dw = std::get<1>(r);
+    } else {
+      if (ctx->needs_input_grad(0)) dx = std::get<0>(conv_backward(g_for_dx, {true, false, false}));
+      if (ctx->needs_input_grad(1)) dw = std::get<1>(conv_backward(g_for_dw, {false, true, false}));
+    }
+    if (dw.defined()) dw = st->quantize_along(TensorKind::gw, std::move(dw), weight_views(wq, c).first, call);
+    return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
 class MatmulFn : public torch::autograd::Function<MatmulFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
@@ -365,6 +469,38 @@ torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const
                 std::to_string(w.size(0)) + " output channels");
   return Conv2dFn::apply(x, w, b.defined() ? b : torch::empty({0}), pair_of(stride, "stride", st->name),
                          pair_of(padding, "padding", st->name), pair_of(dilation, "dilation", st->name), groups, st);
+}
+
+torch::Tensor quant_conv(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                         std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                         std::vector<std::int64_t> dilation, bool transposed,
+                         std::vector<std::int64_t> output_padding, std::int64_t groups, const LayerStatePtr& st) {
+  check_cpu_float(x, "quant_conv", "input");
+  check_cpu_float(w, "quant_conv", "weight");
+  const std::string where = "quant_conv '" + st->name + "': ";
+  if (x.dim() < 3 || x.dim() > 5 || w.dim() != x.dim())
+    throw Error(where + "expected an input and a weight of 3 to 5 dimensions (batch, channels, 1 to 3 positions), got " +
+                std::to_string(x.dim()) + " and " + std::to_string(w.dim()));
+  if (st->ctx->layer_products())
+    throw Error(where + "N-d and transposed convolutions run float32 products: compute and accumulate other than "
+                "fp32 apply to linear layers, 2-d convolutions and matmuls");
+  if (groups < 1 || w.size(0) % groups != 0)
+    throw Error(where + "groups " + std::to_string(groups) + " does not divide the weight's " +
+                std::to_string(w.size(0)) + " channels");
+  const std::int64_t in = transposed ? w.size(0) : w.size(1) * groups;
+  if (x.size(1) != in)
+    throw Error(where + "the input has " + std::to_string(x.size(1)) + " channels, the weight takes " +
+                std::to_string(in));
+  const std::size_t D = static_cast<std::size_t>(x.dim() - 2);
+  const auto per_axis = [&](std::vector<std::int64_t> v, const char* what) {
+    if (v.size() == 1) v.assign(D, v[0]);
+    if (v.size() != D)
+      throw Error(where + what + " takes one value or " + std::to_string(D) + ", got " + std::to_string(v.size()));
+    return v;
+  };
+  return ConvNdFn::apply(x, w, b.defined() ? b : torch::empty({0}), per_axis(std::move(stride), "stride"),
+                         per_axis(std::move(padding), "padding"), per_axis(std::move(dilation), "dilation"),
+                         per_axis(std::move(output_padding), "output_padding"), transposed, groups, st);
 }
 
 torch::Tensor quant_matmul(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st) {

@@ -276,17 +276,84 @@ def test_the_other_products_are_quantized(case):
         torch.testing.assert_close(got, op(*qs), rtol=1e-5, atol=1e-5)
 
 
+_CONVS = [  # (op, input shape, weight shape, keyword arguments)
+    (F.conv3d, (2, 4, 5, 6, 5), (6, 2, 3, 2, 3), dict(stride=(1, 2, 1), padding=1, dilation=(1, 1, 2), groups=2)),
+    (F.conv3d, (3, 4, 4, 4), (2, 3, 3, 3, 3), dict(padding="same")),  # unbatched, padding by name
+    (F.conv_transpose1d, (2, 4, 7), (4, 3, 3), dict(stride=2, padding=1, output_padding=1)),
+    (F.conv_transpose2d, (2, 4, 5, 5), (4, 3, 3, 2), dict(stride=(2, 1), padding=(1, 0), groups=2, dilation=(1, 2))),
+    (F.conv_transpose3d, (1, 2, 3, 4, 3), (2, 2, 2, 2, 2), dict(stride=2, output_padding=(1, 0, 1))),
+]
+
+
+@pytest.mark.parametrize("case", _CONVS, ids=lambda c: f"{c[0].__name__}{c[1]}" if isinstance(c, tuple) else str(c))
+def test_nd_and_transposed_convolutions_are_quantized(case):
+    """conv3d and the transposed convolutions: with float32 quantizers torch's values and
+    gradients; quantized, torch's op on fp8lab.quantize's operands forward, and backward
+    dx, dw from the quantized gradient (dw quantized again), as spec §4 defines them."""
+    op, xs, ws, kw = case
+    torch.manual_seed(10)
+    x, w, b = torch.randn(xs, requires_grad=True), torch.randn(ws, requires_grad=True), None
+    out_channels = ws[0] if op is F.conv3d else ws[1] * kw.get("groups", 1)
+    b = torch.randn(out_channels, requires_grad=True)
+
+    class C(torch.nn.Module):
+        def forward(self, x, w, b):
+            return op(x, w, b, **kw)
+    want = op(x, w, b, **kw)
+    g = torch.randn_like(want)
+    m = C()
+    with ft.quantized(m, "fp32"):
+        got = m(x, w, b)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for a, e in zip(torch.autograd.grad(got, (x, w, b), g), torch.autograd.grad(want, (x, w, b), g)):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+    GX, GW = "1.5.2:33", "1.5.2:31"
+    m = C()
+    with ft.quantized(m, f"a={A},w={W},gx={GX},gw={GW},first=false"):
+        got = m(x, w, b)
+    xq, wq = q(x, A).requires_grad_(), q(w, W).requires_grad_()
+    ref = op(xq, wq, b, **kw)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    dx, dw, db = torch.autograd.grad(got, (x, w, b), g)
+    rdx, rdw = torch.autograd.grad(ref, (xq, wq), q(g, GX))
+    torch.testing.assert_close(dx, rdx, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw, q(rdw, GW), rtol=1e-5, atol=1e-5)
+    channels = 0 if x.dim() == w.dim() - 1 else 1  # an unbatched input's channels come first
+    torch.testing.assert_close(db, g.sum([d for d in range(g.dim()) if d != channels]))
+    st = ft.quant_state(m)
+    assert len(st.layers) == 1 and not st.unquantized
+    c = st.counts()[next(iter(st.layers))]
+    assert c["a"]["total"] == x.numel() and c["w"]["total"] == w.numel() and c["gw"]["total"] == w.numel()
+
+
+def test_convolutions_the_compute_layer_does_not_model_are_reported():
+    m = torch.nn.Sequential(torch.nn.Conv3d(1, 2, 1), torch.nn.ConvTranspose2d(2, 1, 2))
+    with ft.quantized(m, MIXED, accumulate="1.8.10@16"):
+        m[0](torch.randn(1, 1, 2, 2, 2))
+        m[1](torch.randn(1, 2, 3, 3))
+    u = ft.quant_state(m).unquantized
+    assert set(u) == {"0", "1"} and all("modelled for linear layers, 2-d convolutions and matmuls" in r for _, r in
+                                        u.values())
+    chunked = ft.layer("c", ft.context(accumulate="1.8.10@16"), a="1.4.3", w="1.4.3")
+    with pytest.raises(ValueError, match="N-d and transposed convolutions run float32 products"):
+        ft.conv(torch.randn(1, 1, 2, 2, 2), torch.randn(2, 1, 1, 1, 1), None, chunked)
+    plain = ft.layer("c", a="1.4.3", w="1.4.3")
+    with pytest.raises(ValueError, match="the input has 3 channels, the weight takes 1"):
+        ft.conv(torch.randn(1, 3, 2, 2, 2), torch.randn(2, 1, 1, 1, 1), None, plain)
+    with pytest.raises(ValueError, match="stride takes one value or 3, got 2"):
+        fp8lab._core.quant_conv(torch.randn(1, 1, 2, 2, 2), torch.randn(2, 1, 1, 1, 1), None, [1, 1], [0], [1],
+                                False, [0], 1, plain)
+
+
 class Unsupported(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.c3 = torch.nn.Conv3d(1, 2, 1)
-        self.t2 = torch.nn.ConvTranspose2d(1, 1, 2)
         self.fc = torch.nn.Linear(4, 4).double()
         self.lstm = torch.nn.LSTM(2, 2)
 
     def forward(self, x):
-        a = self.c3(x.view(1, 1, 1, 2, 2)).sum()
-        b = self.t2(x.view(1, 1, 2, 2)).sum()
+        a = b = 0
         c = self.fc(x.view(1, 4).double()).sum().float()
         d = torch.ops.aten.mm(x.view(2, 2), x.view(2, 2)).sum()  # below every torch function
         e = torch.einsum("ii->i", x.view(2, 2)).sum()  # one operand: no product
@@ -305,17 +372,15 @@ def test_products_left_float32_are_counted_named_and_warned_once():
             with program:
                 m(x)
     u = ft.quant_state(m).unquantized
-    assert u["c3"] == (2, "conv3d has no quantized op")
-    assert u["t2"] == (2, "conv_transpose2d has no quantized op")
     assert u["fc"] == (2, "float64 operands (fp8lab quantizes float32 products)")
     assert u["aten.mm"] == (1, "an ATen product below a function fp8lab does not take apart")  # first step only
     assert u["einsum"][1].startswith("einsum 'ii,i->i' is not taken apart (a letter twice")
     lstm = [k for k in u if k.startswith("lstm.aten.")]  # mkldnn_rnn_layer, or addmm where oneDNN is off
     assert lstm and all(u[k][1] == "an ATen product below a function fp8lab does not take apart" for k in lstm)
-    assert len(u) == 5 + len(lstm) and not ft.quant_state(m).layers
+    assert len(u) == 3 + len(lstm) and not ft.quant_state(m).layers
     said = [str(x.message) for x in w if "fp8lab" in str(x.message)]
-    assert len(said) == 1 and f"{5 + len(lstm)} products ran in float32" in said[0] and "c3 (1x: conv3d" in said[0]
-    assert "float32 in 2 calls (conv3d has no quantized op)" in repr(ft.quant_state(m))
+    assert len(said) == 1 and f"{3 + len(lstm)} products ran in float32" in said[0] and "fc (1x: float64" in said[0]
+    assert "float32 in 2 calls (float64 operands" in repr(ft.quant_state(m))
 
 
 def test_the_program_is_one_per_model_and_steps_on():

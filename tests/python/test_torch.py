@@ -9,6 +9,7 @@ import copy
 import json
 import re
 import subprocess
+import warnings
 
 import numpy as np
 import pytest
@@ -554,3 +555,59 @@ def _saved(m):
     buf = io.BytesIO()
     torch.save(m, buf)
     return buf.getvalue()
+
+
+class MyLinear(torch.nn.Linear):
+    """A subclass that changes nothing of the computation."""
+
+
+class OwnLinear(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def test_conversion_keeps_subclasses_hooks_and_parametrizations():
+    torch.manual_seed(12)
+    seen = []
+    m = torch.nn.Sequential(MyLinear(4, 4), OwnLinear(4, 4),
+                            torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 4)),
+                            torch.nn.utils.weight_norm(torch.nn.Linear(4, 4)))
+    hook = m[0].register_forward_hook(lambda mod, args, out: seen.append(tuple(out.shape)))
+    pre = m[0].register_forward_pre_hook(lambda mod, args: seen.append("pre"))
+    params = dict(m.named_parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.nn.utils.weight_norm is deprecated
+        qm = ft.quantize_model(m, f"a={A},w={W},gx={GX},gw={GW}")
+        st = ft.quant_state(qm)
+        assert isinstance(qm[0], ft.QuantLinear) and "0" in st.layers  # MyLinear computes as Linear
+        kept = dict(st.skipped)
+        assert "its own code" in kept["1"]
+        assert "parametrized weight (weight_norm, spectral_norm)" in kept["2"]
+        assert "weight computed from weight_g, weight_v" in kept["3"]
+        assert dict(qm.named_parameters()).keys() == params.keys()  # weight_norm's parameters stay
+        qm(torch.randn(3, 4)).sum().backward()
+    assert seen == ["pre", (3, 4)]  # the hooks registered before the conversion fire after it
+    assert all(p.grad is not None for p in qm.parameters())
+    hook.remove()
+    pre.remove()
+    qm(torch.randn(3, 4))
+    assert seen == ["pre", (3, 4)]  # and their handles still remove them
+
+    conv = torch.nn.Sequential(torch.nn.Conv2d(1, 1, 2, padding="same"))
+    st = ft.quant_state(ft.quantize_model(conv, "fp32"))
+    assert not st.layers and "even dilated kernel pads unevenly" in dict(st.skipped)["0"]  # said at conversion
+
+
+def test_the_dispatch_path_names_a_parametrized_weight_by_its_module():
+    torch.manual_seed(13)
+    m = torch.nn.Sequential(torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 4)),
+                            torch.nn.utils.parametrizations.spectral_norm(torch.nn.Conv2d(4, 2, 1)))
+    with ft.quantized(m, f"a={A},w={W},gx={GX},gw={GW},first=false"):
+        y = m[1](m[0](torch.randn(3, 4)).view(3, 4, 1, 1))
+    y.sum().backward()
+    st = ft.quant_state(m)
+    assert list(st.layers) == ["0", "1"]
+    assert st.quantizers()["0"]["w"] == W and st.counts()["0"]["w"]["total"] == 16
+    # spectral_norm's power iteration (two mv products) computes the weight: float32, and said so
+    assert st.unquantized and all("parametrized weight's computation" in why for _, why in st.unquantized.values())
+    assert all(k.startswith("1.parametrizations.weight") for k in st.unquantized)

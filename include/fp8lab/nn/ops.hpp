@@ -25,6 +25,13 @@ torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const
                            std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
                            std::vector<std::int64_t> dilation, std::int64_t groups,
                            const LayerStatePtr& st);
+// A convolution of 1 to 3 spatial dimensions ([N, C, S...]), transposed or not, with
+// groups: at::convolution's arguments, each per-axis one given once or per axis. Its
+// products are float32 (a context whose compute or accumulation is not fp32 is refused).
+torch::Tensor quant_conv(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                         std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                         std::vector<std::int64_t> dilation, bool transposed,
+                         std::vector<std::int64_t> output_padding, std::int64_t groups, const LayerStatePtr& st);
 // torch::matmul(a, b) with both operands in the activation format (attention's Q K^T, A V).
 torch::Tensor quant_matmul(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st);
 

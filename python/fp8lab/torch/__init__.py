@@ -7,7 +7,7 @@
     scaler.step(optimizer)
     scaler.update()
 """
-from ._functional import LayerState, QuantContext, context, conv2d, layer, linear, matmul  # noqa: F401
+from ._functional import LayerState, QuantContext, context, conv, conv2d, layer, linear, matmul  # noqa: F401
 from ._modules import LayerSlot, QuantConv2d, QuantLinear, QuantMatmul, QuantMultiheadAttention  # noqa: F401
 from ._convert import QuantState, quant_state, quantize_model  # noqa: F401
 from ._scaling import LossScaler  # noqa: F401
@@ -15,7 +15,7 @@ from ._record import RunRecorder  # noqa: F401
 from ._dispatch import QuantizedProgram, quantized  # noqa: F401
 
 __all__ = [
-    "LayerState", "QuantContext", "context", "layer", "linear", "conv2d", "matmul", "QuantLinear", "QuantConv2d",
+    "LayerState", "QuantContext", "context", "layer", "linear", "conv", "conv2d", "matmul", "QuantLinear", "QuantConv2d",
     "QuantMatmul", "QuantMultiheadAttention", "LayerSlot", "QuantState", "quant_state", "quantize_model",
     "LossScaler", "RunRecorder", "QuantizedProgram", "quantized",
 ]

@@ -138,6 +138,29 @@ def _settings(r: _core.Recipe, compute: Optional[str], accumulate: Optional[str]
     return out[0], out[1]
 
 
+def _plain(m: torch.nn.Module, base: type) -> bool:
+    """m is a `base` (or a subclass of it that changes none of its computation)."""
+    return isinstance(m, base) and all(getattr(type(m), f, None) is getattr(base, f, None)
+                                       for f in ("forward", "_conv_forward"))
+
+
+def _why_kept(m: torch.nn.Module) -> Optional[str]:
+    """Why a Linear or Conv2d stays as it is, or None: its weight is computed (weight_norm,
+    spectral_norm: a replacement would drop the parametrization), or a same padding that
+    QuantConv2d cannot give (an even dilated kernel pads unevenly)."""
+    if not isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)):
+        return None
+    extra = sorted(n for n, _ in m.named_parameters(recurse=False) if n not in ("weight", "bias"))
+    if torch.nn.utils.parametrize.is_parametrized(m) or extra:
+        what = "parametrized weight" if not extra else "weight computed from " + ", ".join(extra)
+        return (f"{type(m).__name__} with a {what} (weight_norm, spectral_norm): replacing it would drop the "
+                "parametrization; fp8lab.torch.quantized quantizes its products as they run")
+    if isinstance(m, torch.nn.Conv2d) and m.padding == "same" and any(
+            d * (k - 1) % 2 for d, k in zip(m.dilation, m.kernel_size)):
+        return "Conv2d padding='same' with an even dilated kernel pads unevenly, which QuantConv2d cannot"
+    return None
+
+
 def _convert_children(module: torch.nn.Module, prefix: str, attention: bool, skipped: list,
                       seen: Optional[dict] = None) -> None:
     """Replaces plain layers by quantized ones in place, depth first. A module that appears
@@ -158,9 +181,12 @@ def _convert_children(module: torch.nn.Module, prefix: str, attention: bool, ski
         if isinstance(child, _LEAVES):
             seen[id(child)] = (child, child)
             continue
-        if type(child) in (torch.nn.Linear, torch.nn.modules.linear.NonDynamicallyQuantizableLinear):
+        kept = _why_kept(child)
+        if kept is not None:
+            skipped.append((path, kept))
+        elif _plain(child, torch.nn.Linear):
             setattr(module, name, QuantLinear.adopt(child))
-        elif type(child) is torch.nn.Conv2d:
+        elif _plain(child, torch.nn.Conv2d):
             setattr(module, name, QuantConv2d.adopt(child))
         elif isinstance(child, torch.nn.MultiheadAttention):
             if attention:

@@ -7,10 +7,10 @@
 A torch.overrides.TorchFunctionMode sees each torch function the program calls inside the
 context. The products among them (F.linear, matmul, @, mm, bmm, mv, dot, outer, inner,
 tensordot, multi_dot, addmm, baddbmm, addbmm, addmv, addr and their in-place forms, einsum,
-bilinear, conv1d, conv2d, scaled_dot_product_attention, multi-head attention) run through
-the C++ library's quantized autograd functions, so that their backward products are
-quantized as the recipe says; every other product (conv3d, transposed convolutions, a
-product of float64 tensors, LSTM's fused kernel...) runs as torch runs it and is counted,
+bilinear, conv1d/2d/3d, transposed convolutions, scaled_dot_product_attention,
+multi-head attention) run through the C++ library's quantized autograd functions, so that
+their backward products are quantized as the recipe says; every other product (a product
+of float64 tensors, an einsum diagonal, LSTM's fused kernel...) runs as torch runs it and is counted,
 with its reason, in QuantState.unquantized, and named in a warning after the first
 training forward.
 
@@ -105,6 +105,25 @@ class _Names:
         owner, _, leaf = name.rpartition(".")
         return _join(owner, _layer_suffix(leaf))
 
+    def of_weight(self, t: torch.Tensor) -> Optional[str]:
+        """of_parameter, or the running module's path where `t` is its computed `weight` (a
+        parametrized module: weight_norm, spectral_norm)."""
+        name = self.of_parameter(t)
+        if name is None and self.stack:
+            m = self.stack[-1]
+            if torch.nn.utils.parametrize.is_parametrized(m, "weight"):
+                # Computed afresh at each access: known by the shape of its originals (weight_norm's v).
+                own = any(o.shape == t.shape for o in m.parametrizations["weight"].parameters())
+            else:
+                own = m.__dict__.get("weight") is t  # torch.nn.utils.weight_norm's, set by its pre-forward hook
+            if own:
+                return self.modules.get(id(m), "") or None
+        return name
+
+    def in_parametrization(self) -> bool:
+        """Whether a parametrization (weight_norm, spectral_norm) is computing a weight."""
+        return any(isinstance(m, torch.nn.utils.parametrize.ParametrizationList) for m in self.stack)
+
     def of_activations(self, base: str) -> str:
         """"<module>.<base>", then "_1", "_2"... within one call of the module."""
         key = id(self.stack[-1]) if self.stack else 0
@@ -136,9 +155,16 @@ class _Mode(TorchFunctionMode):
         p = self.program
         p.inside += 1  # what runs below is accounted for: the audit leaves it alone
         try:
+            if p.names.in_parametrization():
+                name = p.names.of_activations(getattr(func, "__name__", "product"))
+                return _fallback(p, func, args, kwargs or {}, name, _IN_PARAMETRIZATION)
             return handler(p, func, args, kwargs or {})
         finally:
             p.inside -= 1
+
+
+_IN_PARAMETRIZATION = ("part of a parametrized weight's computation (spectral_norm's power iteration): the layer's "
+                       "product quantizes the weight it computes")
 
 
 _aten = torch.ops.aten
@@ -577,7 +603,7 @@ def _in_place(handler, out_of_place):
 def _linear(p, func, args, kwargs):
     c = _bind(args, kwargs, ("input", "weight", "bias"), {"bias": None})
     x, w, b = c["input"], c["weight"], c["bias"]
-    name = p.names.of_parameter(w) or p.names.of_activations("linear")
+    name = p.names.of_weight(w) or p.names.of_activations("linear")
     if not _float32(x, w, b):
         return _fallback(p, func, args, kwargs, name, _dtype_reason(x, w, b))
     layer = p.layer(name)
@@ -597,7 +623,7 @@ def _conv(p, func, args, kwargs, dims: int):
     c = _bind(args, kwargs, ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
               {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1})
     x, w, b = c["input"], c["weight"], c["bias"]
-    name = p.names.of_parameter(w) or p.names.of_activations("conv")
+    name = p.names.of_weight(w) or p.names.of_activations("conv")
     if not _float32(x, w, b):
         return _fallback(p, func, args, kwargs, name, _dtype_reason(x, w, b))
     stride, dilation = _as_list(c["stride"], dims), _as_list(c["dilation"], dims)
@@ -609,9 +635,13 @@ def _conv(p, func, args, kwargs, dims: int):
         if padding is None:
             return _fallback(p, func, args, kwargs, name, "padding='same' with an even dilated kernel pads unevenly")
     padding = _as_list(padding, dims)
+    if dims == 3 and _layer_products(p):
+        return _fallback(p, func, args, kwargs, name, _COMPUTE_LAYER_ONLY)
     layer = p.layer(name)
     if layer is None:
         return func(*args, **kwargs)
+    if dims == 3:
+        return fn.conv(x, w, b, layer, stride, padding, dilation, c["groups"])
     if dims == 2:
         return fn.conv2d(x, w, b, layer, stride, padding, dilation, c["groups"])
     # A 1-d convolution is a 2-d one over a height of 1: the same products, the same blocks.
@@ -640,11 +670,33 @@ def _bilinear(p, func, args, kwargs):
     return y if bias is None else y + bias
 
 
-def _no_quantized_op(p, func, args, kwargs):
-    w = args[1] if len(args) > 1 else kwargs.get("weight")
-    fname = getattr(func, "__name__", str(func))
-    name = (p.names.of_parameter(w) if isinstance(w, torch.Tensor) else None) or p.names.of_activations(fname)
-    return _fallback(p, func, args, kwargs, name, f"{fname} has no quantized op")
+_COMPUTE_LAYER_ONLY = ("compute and accumulate other than fp32 are modelled for linear layers, 2-d convolutions "
+                       "and matmuls; this convolution's products would be float32")
+
+
+def _layer_products(p: QuantizedProgram) -> bool:
+    """Whether the context sends products through the compute layer (bf16, auto, chunked sums)."""
+    ctx = p.state.context
+    return ctx.compute != "fp32" or ctx.accumulate != "fp32"
+
+
+def _conv_transpose(p, func, args, kwargs, dims: int):
+    c = _bind(args, kwargs, ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation"),
+              {"bias": None, "stride": 1, "padding": 0, "output_padding": 0, "groups": 1, "dilation": 1})
+    x, w, b = c["input"], c["weight"], c["bias"]
+    name = p.names.of_parameter(w) or p.names.of_activations("conv_transpose")
+    if not _float32(x, w, b):
+        return _fallback(p, func, args, kwargs, name, _dtype_reason(x, w, b))
+    if _layer_products(p):
+        return _fallback(p, func, args, kwargs, name, _COMPUTE_LAYER_ONLY)
+    if w.dim() != dims + 2 or x.dim() not in (dims + 1, dims + 2):
+        return func(*args, **kwargs)  # torch's own error
+    layer = p.layer(name)
+    if layer is None:
+        return func(*args, **kwargs)
+    return fn.conv(x, w, b, layer, _as_list(c["stride"], dims), _as_list(c["padding"], dims),
+                   _as_list(c["dilation"], dims), c["groups"], transposed=True,
+                   output_padding=_as_list(c["output_padding"], dims))
 
 
 def _attention_mask(scores, attn_mask, is_causal: bool):
@@ -877,8 +929,9 @@ def _handlers() -> dict:
     h[F.linear] = _linear
     h[F.conv2d] = lambda p, f, a, k: _conv(p, f, a, k, 2)
     h[F.conv1d] = lambda p, f, a, k: _conv(p, f, a, k, 1)
-    for f in (F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d):
-        h[f] = _no_quantized_op
+    h[F.conv3d] = lambda p, f, a, k: _conv(p, f, a, k, 3)
+    for dims, f in ((1, F.conv_transpose1d), (2, F.conv_transpose2d), (3, F.conv_transpose3d)):
+        h[f] = lambda p, func, a, k, dims=dims: _conv_transpose(p, func, a, k, dims)
     for fs, handler in (((torch.mv, torch.Tensor.mv), _mv), ((torch.dot, torch.Tensor.dot, torch.vdot), _dot),
                         ((torch.outer, torch.Tensor.outer, torch.ger, torch.Tensor.ger), _outer),
                         ((torch.inner, torch.Tensor.inner), _inner), ((torch.tensordot,), _tensordot),
@@ -905,7 +958,8 @@ _HANDLERS = _handlers()
 def quantized(model: torch.nn.Module, recipe=None, *, seed: int = 0, compute: Optional[str] = None,
               accumulate: Optional[str] = None, stats_interval: int = 0, save_codes: bool = True) -> QuantizedProgram:
     """A context manager that quantizes with `recipe` every product run inside it: the
-    model's modules, functional calls (F.linear, F.conv1d/2d, F.bilinear, torch.matmul, @,
+    model's modules, functional calls (F.linear, F.conv1d/2d/3d, F.conv_transpose1d/2d/3d,
+    F.bilinear, torch.matmul, @,
     mm, bmm, mv, dot, outer, inner, tensordot, multi_dot, addmm, baddbmm, addbmm, addmv,
     addr, einsum, F.scaled_dot_product_attention, multi-head attention) and any code they
     call, named by module path and parameter (module docstring).

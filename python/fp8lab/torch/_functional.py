@@ -68,6 +68,38 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     return y.squeeze(0) if unbatched else y
 
 
+def _axes(v: Union[int, Sequence[int]], name: str, least: int, n: int) -> list:
+    """A convolution argument as n integers >= least (ValueError or TypeError naming it)."""
+    items = [v] * n if isinstance(v, int) else list(v) if isinstance(v, (tuple, list)) else None
+    if items is None or len(items) not in (1, n) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                            for i in items):
+        raise TypeError(f"conv: {name}={v!r}: expected an integer or {n}")
+    if min(items) < least:
+        raise ValueError(f"conv: {name}={v!r}: each must be at least {least}")
+    return items * n if len(items) == 1 else items
+
+
+def conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: LayerState, stride=1,
+         padding=0, dilation=1, groups: int = 1, *, transposed: bool = False, output_padding=0) -> torch.Tensor:
+    """torch's convolutions of 1 to 3 spatial dimensions (F.conv1d/2d/3d, or with
+    transposed=True F.conv_transpose1d/2d/3d; [N, C, S...] or unbatched [C, S...], numeric
+    padding) with quantized operands and gradients; the products in float32. The weight
+    quantizer's blocks run along a weight's reduction: input channels and kernel positions
+    forward."""
+    if isinstance(padding, str):
+        raise ValueError(f"conv: padding={padding!r}; give the padding as numbers")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"conv: groups={groups!r}: expected an integer >= 1")
+    n = weight.dim() - 2
+    if not 1 <= n <= 3:
+        raise ValueError(f"conv: a weight of {weight.dim()} dimensions; convolutions take 3 to 5")
+    unbatched = x.dim() == n + 1
+    y = _core.quant_conv(x.unsqueeze(0) if unbatched else x, weight, bias, _axes(stride, "stride", 1, n),
+                         _axes(padding, "padding", 0, n), _axes(dilation, "dilation", 1, n), transposed,
+                         _axes(output_padding, "output_padding", 0, n), groups, layer)
+    return y.squeeze(0) if unbatched else y
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, layer: LayerState) -> torch.Tensor:
     """torch.matmul of two activations (attention's Q K^T and A V): both operands take the
     activation quantizer, the gradients grad_x's."""

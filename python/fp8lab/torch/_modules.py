@@ -42,7 +42,7 @@ class QuantLinear(torch.nn.Linear):
         q.bias = m.bias
         q.layer = layer
         q.train(m.training)
-        return q
+        return _keep_hooks(m, q)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 0 or x.shape[-1] != self.in_features:
@@ -55,6 +55,22 @@ class QuantLinear(torch.nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {_describe(self.layer)}"
+
+
+# A module's hooks (forward, pre-forward, backward, state dict): shared with its replacement,
+# so that hooks registered before the conversion fire after it and their handles still remove them.
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+               "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+def _keep_hooks(old: torch.nn.Module, new: torch.nn.Module) -> torch.nn.Module:
+    for name in _HOOK_DICTS:
+        if hasattr(old, name):
+            setattr(new, name, getattr(old, name))
+    if hasattr(old, "_is_full_backward_hook"):
+        new._is_full_backward_hook = old._is_full_backward_hook
+    return new
 
 
 class QuantConv2d(torch.nn.Conv2d):
@@ -75,7 +91,7 @@ class QuantConv2d(torch.nn.Conv2d):
         q.bias = m.bias
         q.layer = layer
         q.train(m.training)
-        return q
+        return _keep_hooks(m, q)
 
     def _numeric_padding(self):
         if not isinstance(self.padding, str):
