@@ -175,6 +175,10 @@ void bind_context(py::module_& m) {
       .def_property_readonly("seed", [](const QuantContext& c) { return c.seed; })
       .def_property("step", [](const QuantContext& c) { return c.step.load(); },
                     [](QuantContext& c, std::uint64_t s) { c.step = s; })
+      .def_property("shard", [](const QuantContext& c) { return c.micro.load(); },
+                    [](QuantContext& c, std::uint32_t m) { c.micro = m; },
+                    "The shard of the step's batch being computed (0: the whole batch): each shard draws its own "
+                    "stochastic-rounding streams, so a shard quantizes alike on whichever process computes it")
       .def_readwrite("recording", &QuantContext::recording)
       .def_readwrite("stats_interval", &QuantContext::stats_interval)
       .def_property_readonly("compute", [](const QuantContext& c) { return std::string(nn::to_string(c.compute)); })

@@ -70,6 +70,20 @@ class QuantState:
             self._saved = None
 
     @property
+    def shard(self) -> int:
+        """The shard of the step's batch the next passes compute (0: the whole batch). A
+        data-parallel rank computing shard r of each step sets shard = r: every shard draws
+        its own stochastic-rounding streams, so N ranks give what one process gives running
+        the N shards in turn (docs/python.md, "Data-parallel training")."""
+        return self.context.shard
+
+    @shard.setter
+    def shard(self, m: int) -> None:
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"shard must be an integer >= 0, got {m!r}")
+        self.context.shard = m
+
+    @property
     def step(self) -> int:
         """The step the next training forward pass runs as."""
         return self._next
