@@ -19,6 +19,7 @@ if _torch.__version__ != _BUILT_FOR:
 from ._core import Format, ScaledFormat, Recipe  # noqa: F401
 from ._arrays import quantize, encode, decode  # noqa: F401
 from ._dtypes import from_torch, to_torch, torch_dtype  # noqa: F401
+from ._data import bible_verses, plot_lines  # noqa: F401
 from ._analysis import (  # noqa: F401
     formats, presets, scaled_presets, recipe_presets, dynamic_range_db, snr_model_db,
     measured_snr_db, sample, exponent_histogram,
@@ -26,7 +27,7 @@ from ._analysis import (  # noqa: F401
 
 __all__ = [
     "Format", "ScaledFormat", "Recipe", "quantize", "encode", "decode", "to_torch", "from_torch", "torch_dtype",
-    "formats", "presets",
+    "bible_verses", "plot_lines", "formats", "presets",
     "scaled_presets", "recipe_presets", "dynamic_range_db", "snr_model_db", "measured_snr_db",
     "sample", "exponent_histogram",
 ]

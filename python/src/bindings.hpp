@@ -17,6 +17,7 @@ namespace py = pybind11;
 void bind_core(py::module_& m);
 void bind_nn(py::module_& m);
 void bind_results(py::module_& m);
+void bind_data(py::module_& m);
 
 // Throws TypeError unless t is a float32 CPU tensor (`what` names the argument).
 void require_float32(const torch::Tensor& t, const char* what);

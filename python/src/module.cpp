@@ -43,4 +43,5 @@ PYBIND11_MODULE(_core, m) {
   fp8lab::python::bind_core(m);
   fp8lab::python::bind_nn(m);
   fp8lab::python::bind_results(m);
+  fp8lab::python::bind_data(m);
 }

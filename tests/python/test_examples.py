@@ -40,3 +40,15 @@ def test_attention_model_in_8_bits():
     assert "became QuantMatmul" in out and "self_attn.scores" in out
     acc = {l.split(":")[0]: float(l.split()[-2]) for l in lines[-2:]}
     assert len(acc) == 2 and min(acc.values()) > 50, out  # chance: 6 %
+
+
+def test_llama_on_the_bible_in_nvfp4(tmp_path):
+    """Shortened: 30 steps of a narrower Llama; the loss falls from log(256) = 5.5 nats/byte
+    and every run's curve lands in the plot."""
+    out = run_example("llama_bible.py", "--steps", 30, "--width", 32, "--length", 32, "--batch", 8,
+                      "--data", REPO / "data" / "bible-en-es", "--out", tmp_path / "loss")
+    dev = {l.split(":")[0]: float(l.split()[3]) for l in out.splitlines() if "validation loss" in l}
+    assert set(dev) == {"fp32", "transformer-mixed", "nvfp4"} and max(dev.values()) < 4.5, out
+    assert "(19 quantized layers)" in out  # 2 blocks of q, k, v, scores, context, o, gate, up, down; lm_head
+    svg = (tmp_path / "loss.svg").read_text()
+    assert all(r in svg for r in dev) and (tmp_path / "loss.png").stat().st_size > 1000
