@@ -4,10 +4,12 @@ cross-entropy, backward, SGD with momentum) timed in one process, interleaved ro
 
   cpp_q   the C++ library's model (models::CifarResNet) quantized by nn::quantize_model
   py_q    the same network written in PyTorch, quantized by fp8lab.torch.quantize_model
+  py_disp the PyTorch network run inside fp8lab.torch.quantized (the dispatch path)
   py_fp32 the PyTorch network in float32, without fp8lab
   cpp_fp32 the C++ model in float32 (what Python costs PyTorch itself)
 
-and the ratios py_q / cpp_q (goal: below 1.05), py_fp32 / cpp_fp32 and py_q / py_fp32.
+and the ratios py_q / cpp_q (goal: below 1.05), py_disp / py_q (goal: below 1.10),
+py_fp32 / cpp_fp32 and py_q / py_fp32.
 
     PYTHONPATH=build/python:build/bench .venv/bin/python bench/bench_python.py [--batch 32] [--compute auto]
 """
@@ -26,8 +28,8 @@ from libtorch_baseline import resnet20  # models::CifarResNet's ResNet-20 in PyT
 
 
 class PyStep:
-    def __init__(self, model, batch):
-        self.model = model
+    def __init__(self, model, batch, context=None):
+        self.model, self.context = model, context
         self.x = torch.randn(batch, 3, 32, 32)
         self.t = torch.randint(0, 10, (batch,))
         self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -35,7 +37,12 @@ class PyStep:
     def step(self):
         t0 = time.perf_counter()
         self.opt.zero_grad()
-        F.cross_entropy(self.model(self.x), self.t).backward()
+        if self.context is None:
+            loss = F.cross_entropy(self.model(self.x), self.t)
+        else:
+            with self.context:
+                loss = F.cross_entropy(self.model(self.x), self.t)
+        loss.backward()
         self.opt.step()
         return (time.perf_counter() - t0) * 1e3
 
@@ -51,9 +58,11 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(a.threads or len(os.sched_getaffinity(0)))
     torch.manual_seed(0)
+    disp = resnet20()
     variants = {
         "cpp_q": fp8lab_cpp_step.CppResNetStep(20, 16, a.batch, a.recipe, a.compute),
         "py_q": PyStep(ft.quantize_model(resnet20(), a.recipe, compute=a.compute), a.batch),
+        "py_disp": PyStep(disp, a.batch, ft.quantized(disp, a.recipe, compute=a.compute)),
         "py_fp32": PyStep(resnet20(), a.batch),
         "cpp_fp32": fp8lab_cpp_step.CppResNetStep(20, 16, a.batch, "fp32", "fp32"),
     }
@@ -71,6 +80,8 @@ def main():
     ratio = [x / y for x, y in zip(times["py_q"], times["cpp_q"])]
     print(f"  py_q / cpp_q   {statistics.median(ratio):.3f} (per-round ratios: min {min(ratio):.3f}, "
           f"max {max(ratio):.3f})")
+    d = [x / y for x, y in zip(times["py_disp"], times["py_q"])]
+    print(f"  py_disp / py_q {statistics.median(d):.3f} (min {min(d):.3f}, max {max(d):.3f})")
     fp = [x / y for x, y in zip(times["py_fp32"], times["cpp_fp32"])]
     print(f"  py_fp32 / cpp_fp32 {statistics.median(fp):.3f} (min {min(fp):.3f}, max {max(fp):.3f})")
     print(f"  py_q / py_fp32 {med['py_q'] / med['py_fp32']:.3f}")

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""A transformers Llama training step (AdamW) in float32 against the same step run inside
+fp8lab.torch.quantized with each recipe, interleaved round by round in one process: the
+ratio to float32 is what quantized simulation costs for a model people train.
+
+    PYTHONPATH=build/python .venv/bin/python bench/bench_llama.py [--recipes transformer-mixed nvfp4]
+"""
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+import fp8lab.torch as ft
+
+
+class Step:
+    def __init__(self, a, recipe):
+        torch.manual_seed(0)
+        self.model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=256, hidden_size=a.width, intermediate_size=4 * a.width, num_hidden_layers=a.layers,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=a.length))
+        self.context = None if recipe is None else ft.quantized(self.model, recipe)
+        self.x = torch.randint(0, 256, (a.batch, a.length))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+
+    def step(self):
+        t0 = time.perf_counter()
+        self.opt.zero_grad()
+        if self.context is None:
+            logits = self.model(input_ids=self.x).logits
+        else:
+            with self.context:
+                logits = self.model(input_ids=self.x).logits
+        F.cross_entropy(logits[:, :-1].reshape(-1, 256), self.x[:, 1:].reshape(-1)).backward()
+        self.opt.step()
+        return (time.perf_counter() - t0) * 1e3
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipes", nargs="+", default=["fp32", "transformer-mixed", "mxfp8", "nvfp4"])
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--length", type=int, default=128)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--steps", type=int, default=3, help="steps per variant and round")
+    p.add_argument("--threads", type=int, default=0)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads or len(os.sched_getaffinity(0)))
+    variants = {"float32": Step(a, None), **{r: Step(a, r) for r in a.recipes}}
+    times = {k: [] for k in variants}
+    for r in range(a.rounds + 1):
+        for k, v in variants.items():
+            ms = min(v.step() for _ in range(a.steps))
+            if r:  # round 0 warms up
+                times[k].append(ms)
+    print(f"transformers Llama, width {a.width}, {a.layers} layers, batch {a.batch} x {a.length} tokens, "
+          f"{torch.get_num_threads()} threads; median over {a.rounds} rounds of the best of {a.steps} steps")
+    for k, v in times.items():
+        ratio = [x / y for x, y in zip(v, times["float32"])]
+        print(f"  {k:18s} {statistics.median(v):8.1f} ms/step  / float32 {statistics.median(ratio):.2f} "
+              f"(min {min(ratio):.2f}, max {max(ratio):.2f})")
+
+
+if __name__ == "__main__":
+    main()
