@@ -154,7 +154,7 @@ def test_addmm_and_baddbmm_scale_as_torch_does(beta, alpha):
     assert list(ft.quant_state(m).layers) == ["matmul", "matmul_1"] and not ft.quant_state(m).unquantized
     with ft.quantized(m):
         torch.addmm(inp2.double(), m1.double(), m2.double())
-    assert ft.quant_state(m).unquantized["matmul"][1] == "float64 operands (fp8lab quantizes float32 products)"
+    assert ft.quant_state(m).unquantized["matmul"][1] == "float64 operands (fp8lab quantizes products of float32, bfloat16 and float16 values)"
 
 
 class Attention(torch.nn.Module):
@@ -372,7 +372,7 @@ def test_products_left_float32_are_counted_named_and_warned_once():
             with program:
                 m(x)
     u = ft.quant_state(m).unquantized
-    assert u["fc"] == (2, "float64 operands (fp8lab quantizes float32 products)")
+    assert u["fc"] == (2, "float64 operands (fp8lab quantizes products of float32, bfloat16 and float16 values)")
     assert u["aten.mm"] == (1, "an ATen product below a function fp8lab does not take apart")  # first step only
     assert u["einsum"][1].startswith("einsum 'ii,i->i' is not taken apart (a letter twice")
     lstm = [k for k in u if k.startswith("lstm.aten.")]  # mkldnn_rnn_layer, or addmm where oneDNN is off
@@ -553,3 +553,49 @@ def test_torchvision_models_train_with_every_product_quantized(name, products):
     loss.backward()
     st = ft.quant_state(m)
     assert torch.isfinite(loss) and not st.unquantized and len(st.layers) == products
+
+
+def test_autocast_and_low_precision_models_quantize_from_float32():
+    """Under torch.autocast a product's operands are quantized from float32 (bfloat16 values
+    are exact there) and its result is rounded to autocast's dtype, as torch's product would
+    be; a bfloat16 model alike. float64 stays float32-refused, with its reason."""
+    torch.manual_seed(14)
+    lin = torch.nn.Linear(8, 6)
+    x = torch.randn(4, 8)
+    recipe = f"a={A},w={W},gx=1.5.2:33,gw=1.5.2:31,first=false"
+    ref = torch.nn.Linear(8, 6)
+    ref.load_state_dict(lin.state_dict())
+    with ft.quantized(ref, recipe):
+        want = ref(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16), ft.quantized(lin, recipe):
+        got = lin(x)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want.to(torch.bfloat16))
+    got.float().sum().backward()
+    assert lin.weight.grad.dtype == torch.float32 and torch.isfinite(lin.weight.grad).all()
+
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    for model in (net, ft.quantize_model(copy.deepcopy(net), recipe)):  # both paths
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if model is net:
+                with ft.quantized(model, recipe):
+                    y = model(x)
+            else:
+                y = model(x)
+        y.float().square().sum().backward()
+        st = ft.quant_state(model)
+        assert y.dtype == torch.bfloat16 and len(st.layers) == 2 and not st.unquantized
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+    low = torch.nn.Linear(8, 6).to(torch.bfloat16)
+    with ft.quantized(low, recipe):
+        y = low(x.to(torch.bfloat16))
+    up = torch.nn.Linear(8, 6)
+    up.load_state_dict({k: v.float() for k, v in low.state_dict().items()})
+    with ft.quantized(up, recipe):
+        want = up(x.to(torch.bfloat16).float())
+    assert y.dtype == torch.bfloat16 and torch.equal(y, want.to(torch.bfloat16))
+    y.float().sum().backward()
+    assert low.weight.grad.dtype == torch.bfloat16
+
+    with pytest.raises(TypeError, match="operands of bfloat16 and float32"):
+        ft.linear(x.to(torch.bfloat16), lin.weight, None, ft.layer("l"))

@@ -352,8 +352,12 @@ class QuantizedProgram:
 
 # -- the products ---------------------------------------------------------------------------
 
-def _float32(*ts) -> bool:
-    return all(t is None or (isinstance(t, torch.Tensor) and t.dtype == torch.float32) for t in ts)
+_QUANTIZABLE = (torch.float32, torch.bfloat16, torch.float16)  # exact in float32: quantized from there
+
+
+def _quantizable(*ts) -> bool:
+    """Every operand is a tensor whose values float32 holds exactly (float32, bfloat16, float16)."""
+    return all(t is None or (isinstance(t, torch.Tensor) and t.dtype in _QUANTIZABLE) for t in ts)
 
 
 def _fallback(p: QuantizedProgram, func, args, kwargs, name: str, why: str):
@@ -362,8 +366,10 @@ def _fallback(p: QuantizedProgram, func, args, kwargs, name: str, why: str):
 
 
 def _dtype_reason(*ts) -> str:
-    kinds = sorted({str(t.dtype).replace("torch.", "") for t in ts if isinstance(t, torch.Tensor)} - {"float32"})
-    return f"{', '.join(kinds) or 'non-tensor'} operands (fp8lab quantizes float32 products)"
+    kinds = sorted({str(t.dtype).replace("torch.", "") for t in ts if isinstance(t, torch.Tensor)} -
+                   {"float32", "bfloat16", "float16"})
+    return (f"{', '.join(kinds) or 'non-tensor'} operands (fp8lab quantizes products of float32, bfloat16 and "
+            "float16 values)")
 
 
 def _product(p: QuantizedProgram, a: torch.Tensor, b: torch.Tensor, base: str = "matmul") -> Optional[torch.Tensor]:
@@ -405,7 +411,7 @@ def _matmul(p, func, args, kwargs):
         a, b = b, a
     if kwargs.get("out") is not None:
         return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), "out= given")
-    if not _float32(a, b):
+    if not _quantizable(a, b):
         return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), _dtype_reason(a, b))
     vectors = func in _MATMULS and min(a.dim(), b.dim()) == 1
     if not vectors and (a.dim() < 2 or b.dim() < 2):
@@ -424,7 +430,7 @@ def _vector_op(shape_ok, operands: Callable[[torch.Tensor, torch.Tensor], Tuple[
             return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), "out= given")
         if not isinstance(b, torch.Tensor) or not shape_ok(a, b):
             return func(*args, **kwargs)
-        if not _float32(a, b):
+        if not _quantizable(a, b):
             return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), _dtype_reason(a, b))
         prod = _any_product(p, *operands(a, b))
         return func(*args, **kwargs) if prod is None else prod
@@ -462,7 +468,7 @@ def _contract_dims(p, a, b, da: List[int], db: List[int]) -> Optional[torch.Tens
 def _tensordot(p, func, args, kwargs):
     c = _bind(args, kwargs, ("a", "b", "dims"), {"dims": 2, "out": None})
     a, b = c["a"], c["b"]
-    if c["out"] is not None or not _float32(a, b):
+    if c["out"] is not None or not _quantizable(a, b):
         why = "out= given" if c["out"] is not None else _dtype_reason(a, b)
         return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), why)
     try:
@@ -481,7 +487,7 @@ def _inner(p, func, args, kwargs):
         return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), "out= given")
     if not isinstance(b, torch.Tensor) or min(a.dim(), b.dim()) == 0 or a.shape[-1] != b.shape[-1]:
         return func(*args, **kwargs)  # a scalar's inner product is a multiplication; or torch's own error
-    if not _float32(a, b):
+    if not _quantizable(a, b):
         return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), _dtype_reason(a, b))
     prod = _contract_dims(p, a, b, [a.dim() - 1], [b.dim() - 1])
     return func(*args, **kwargs) if prod is None else prod
@@ -495,7 +501,7 @@ def _multi_dot(p, func, args, kwargs):
         return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), "out= given")
     if len(ts) < 2 or not all(isinstance(t, torch.Tensor) for t in ts):
         return func(*args, **kwargs)
-    if not _float32(*ts):
+    if not _quantizable(*ts):
         return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), _dtype_reason(*ts))
     cur = ts[0]
     for t in ts[1:]:
@@ -525,7 +531,7 @@ def _bind_scaled(args, kwargs, operands: Tuple[str, str]) -> dict:
 def _scaled_refusal(c: dict, operands: Tuple[str, str]) -> Optional[str]:
     """Why a scaled product (addmm, baddbmm) runs float32, or None."""
     ts = (c["input"], c[operands[0]], c[operands[1]])
-    return "out= given" if c["out"] is not None else None if _float32(*ts) else _dtype_reason(*ts)
+    return "out= given" if c["out"] is not None else None if _quantizable(*ts) else _dtype_reason(*ts)
 
 
 def _addmm(p, func, args, kwargs):
@@ -596,6 +602,9 @@ _addr = _scaled_op(("vec1", "vec2"), _outer_product)
 def _in_place(handler, out_of_place):
     """Tensor.addmm_ and its kin: the quantized out-of-place result, copied into self."""
     def run(p, func, args, kwargs):
+        if args[0].dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
+            return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"),
+                             "an in-place product into a tensor other than float32, or under autocast")
         return args[0].copy_(handler(p, out_of_place, args, kwargs))
     return run
 
@@ -604,7 +613,7 @@ def _linear(p, func, args, kwargs):
     c = _bind(args, kwargs, ("input", "weight", "bias"), {"bias": None})
     x, w, b = c["input"], c["weight"], c["bias"]
     name = p.names.of_weight(w) or p.names.of_activations("linear")
-    if not _float32(x, w, b):
+    if not _quantizable(x, w, b):
         return _fallback(p, func, args, kwargs, name, _dtype_reason(x, w, b))
     layer = p.layer(name)
     return func(*args, **kwargs) if layer is None else fn.linear(x, w, b, layer)
@@ -624,7 +633,7 @@ def _conv(p, func, args, kwargs, dims: int):
               {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1})
     x, w, b = c["input"], c["weight"], c["bias"]
     name = p.names.of_weight(w) or p.names.of_activations("conv")
-    if not _float32(x, w, b):
+    if not _quantizable(x, w, b):
         return _fallback(p, func, args, kwargs, name, _dtype_reason(x, w, b))
     stride, dilation = _as_list(c["stride"], dims), _as_list(c["dilation"], dims)
     padding = c["padding"]
@@ -657,7 +666,7 @@ def _bilinear(p, func, args, kwargs):
     c = _bind(args, kwargs, ("input1", "input2", "weight", "bias"), {"bias": None})
     x1, x2, w, bias = c["input1"], c["input2"], c["weight"], c["bias"]
     name = p.names.of_parameter(w) or p.names.of_activations("bilinear")
-    if not _float32(x1, x2, w, bias):
+    if not _quantizable(x1, x2, w, bias):
         return _fallback(p, func, args, kwargs, name, _dtype_reason(x1, x2, w, bias))
     if w.dim() != 3 or x1.dim() < 1 or x1.shape[:-1] != x2.shape[:-1] or (x1.shape[-1], x2.shape[-1]) != w.shape[1:]:
         return func(*args, **kwargs)  # torch's own error
@@ -685,7 +694,7 @@ def _conv_transpose(p, func, args, kwargs, dims: int):
               {"bias": None, "stride": 1, "padding": 0, "output_padding": 0, "groups": 1, "dilation": 1})
     x, w, b = c["input"], c["weight"], c["bias"]
     name = p.names.of_parameter(w) or p.names.of_activations("conv_transpose")
-    if not _float32(x, w, b):
+    if not _quantizable(x, w, b):
         return _fallback(p, func, args, kwargs, name, _dtype_reason(x, w, b))
     if _layer_products(p):
         return _fallback(p, func, args, kwargs, name, _COMPUTE_LAYER_ONLY)
@@ -716,7 +725,7 @@ def _sdpa(p, func, args, kwargs):
     c = _bind(args, kwargs, ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"),
               {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False})
     q, k, v = c["query"], c["key"], c["value"]
-    if not _float32(q, k, v):
+    if not _quantizable(q, k, v):
         return _fallback(p, func, args, kwargs, p.names.of_activations("scores"), _dtype_reason(q, k, v))
     scores_layer = p.layer(p.names.of_activations("scores"))
     context_layer = p.layer(p.names.of_activations("context"))
@@ -763,7 +772,7 @@ def _multi_head_attention(p, func, args, kwargs):
                                                       "is_causal": False})
     if mha.bias_k is not None or mha.add_zero_attn:
         return _fallback(p, func, args, kwargs, path, "add_bias_kv and add_zero_attn have no quantized op")
-    if not _float32(c["query"], c["key"], c["value"]):
+    if not _quantizable(c["query"], c["key"], c["value"]):
         return _fallback(p, func, args, kwargs, path, _dtype_reason(c["query"], c["key"], c["value"]))
     if p.discovering:
         for slot in _ATTENTION_LAYERS:
@@ -872,14 +881,14 @@ def _einsum(p, func, args, kwargs):
     operands = list(args[1]) if len(args) == 2 and isinstance(args[1], (list, tuple)) else list(args[1:])
     if len(operands) < 2:
         return func(*args, **kwargs)  # one operand: a sum or a permutation, no product
-    if isinstance(equation, str) and _float32(*operands):
+    if isinstance(equation, str) and _quantizable(*operands):
         expanded = _expand_ellipsis(equation, operands)
         if expanded is None:
             return func(*args, **kwargs)  # torch's own error
         equation, operands = expanded
     terms = _einsum_terms(equation, len(operands)) if isinstance(equation, str) else None
-    if not _float32(*operands) or terms is None or kwargs:
-        why = (_dtype_reason(*operands) if not _float32(*operands) else
+    if not _quantizable(*operands) or terms is None or kwargs:
+        why = (_dtype_reason(*operands) if not _quantizable(*operands) else
                "einsum's sublist form is not taken apart" if not isinstance(equation, str) else
                f"einsum '{equation}' is not taken apart (a letter twice in one operand: a diagonal)")
         return _fallback(p, func, args, kwargs, p.names.of_activations("einsum"), why)
@@ -900,7 +909,7 @@ def _grouped_mm(p, func, args, kwargs):
     c = _bind(args, kwargs, ("mat_a", "mat_b"), {"offs": None, "bias": None, "out_dtype": None})
     a, b, offs = c["mat_a"], c["mat_b"], c["offs"]
     name = p.names.of_parameter(b) or p.names.of_activations("grouped_mm")
-    if not _float32(a, b) or c["out_dtype"] not in (None, torch.float32):
+    if not _quantizable(a, b) or c["out_dtype"] not in (None, torch.float32):
         return _fallback(p, func, args, kwargs, name, _dtype_reason(a, b))
     if a.dim() != 2 or b.dim() != 3 or offs is None or c["bias"] is not None:
         return _fallback(p, func, args, kwargs, name, "a grouped product other than 2-d input, 3-d weights, offs")

@@ -10,6 +10,8 @@ else holds them.
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Optional, Sequence, Union
 
 import torch
@@ -18,6 +20,42 @@ from .. import _core
 
 LayerState = _core.LayerState
 QuantContext = _core.QuantContext
+
+# Values that float32 holds exactly: their products are quantized from float32 copies.
+_EXACT_IN_FLOAT32 = (torch.bfloat16, torch.float16)
+
+
+def _result_dtype(what: str, tensors) -> torch.dtype:
+    """The dtype of a product's result: autocast's where it is on (torch.autocast's lower
+    precision products), else its operands' one dtype (float32, bfloat16 or float16)."""
+    if torch.is_autocast_enabled("cpu"):
+        return torch.get_autocast_dtype("cpu")
+    kinds = {t.dtype for t in tensors}
+    if len(kinds) > 1:
+        raise TypeError(f"{what}: operands of {' and '.join(sorted(str(k).replace('torch.', '') for k in kinds))}; "
+                        "give them one dtype or run under torch.autocast, as torch requires")
+    return kinds.pop() if kinds else torch.float32
+
+
+def _in_float32(op):
+    """`op` (one of the quantized products below) for bfloat16 and float16 operands and under
+    torch.autocast: the operands' float32 copies (exact) are quantized and multiplied with
+    autocast off, and the result is rounded to the dtype torch's own product would give, so
+    that its gradient comes back in the operands' dtypes. float32 operands outside autocast
+    go straight through; anything else (float64) reaches the C++ op, which refuses it."""
+    def run(*args, **kwargs):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        low = any(t.dtype in _EXACT_IN_FLOAT32 for t in tensors)
+        if not low and not torch.is_autocast_enabled("cpu"):
+            return op(*args, **kwargs)
+        if any(t.dtype not in _EXACT_IN_FLOAT32 + (torch.float32,) for t in tensors):
+            return op(*args, **kwargs)  # the C++ op's own refusal names the dtype
+        out = _result_dtype(op.__name__, tensors)
+        up = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+        with torch.autocast("cpu", enabled=False):
+            y = op(*up, **kwargs)
+        return y if out == torch.float32 else y.to(out)
+    return functools.update_wrapper(run, op)
 
 
 def context(*, seed: int = 0, compute: str = "fp32", accumulate: str = "fp32", stats_interval: int = 0,
@@ -38,6 +76,7 @@ def layer(name: str, ctx: Optional[QuantContext] = None, *, index: int = 0, a: s
     return LayerState(name, q, ctx if ctx is not None else context(), index)
 
 
+@_in_float32
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: LayerState) -> torch.Tensor:
     """torch.nn.functional.linear with quantized operands and gradients."""
     return _core.quant_linear(x, weight, bias, layer)
@@ -53,6 +92,7 @@ def _pair(v: Union[int, Sequence[int]], name: str, least: int) -> list:
     return items
 
 
+@_in_float32
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: LayerState, stride=1,
            padding=0, dilation=1, groups: int = 1) -> torch.Tensor:
     """torch.nn.functional.conv2d (NCHW or unbatched CHW, numeric padding) with quantized
@@ -79,6 +119,7 @@ def _axes(v: Union[int, Sequence[int]], name: str, least: int, n: int) -> list:
     return items * n if len(items) == 1 else items
 
 
+@_in_float32
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: LayerState, stride=1,
          padding=0, dilation=1, groups: int = 1, *, transposed: bool = False, output_padding=0) -> torch.Tensor:
     """torch's convolutions of 1 to 3 spatial dimensions (F.conv1d/2d/3d, or with
@@ -100,6 +141,7 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], la
     return y.squeeze(0) if unbatched else y
 
 
+@_in_float32
 def matmul(a: torch.Tensor, b: torch.Tensor, layer: LayerState) -> torch.Tensor:
     """torch.matmul of two activations (attention's Q K^T and A V): both operands take the
     activation quantizer, the gradients grad_x's."""
