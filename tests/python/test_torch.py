@@ -611,3 +611,9 @@ def test_the_dispatch_path_names_a_parametrized_weight_by_its_module():
     # spectral_norm's power iteration (two mv products) computes the weight: float32, and said so
     assert st.unquantized and all("parametrized weight's computation" in why for _, why in st.unquantized.values())
     assert all(k.startswith("1.parametrizations.weight") for k in st.unquantized)
+
+
+def test_jit_trace_of_a_quantized_model_is_refused_not_wrong():
+    m = ft.quantize_model(torch.nn.Sequential(torch.nn.Linear(4, 4)), f"a={A},w={W},gx={GX},gw={GW}")
+    with pytest.raises(RuntimeError, match="torch.jit.trace cannot record fp8lab's quantized products"):
+        torch.jit.trace(m, torch.randn(2, 4))

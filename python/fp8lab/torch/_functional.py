@@ -44,6 +44,10 @@ def _in_float32(op):
     that its gradient comes back in the operands' dtypes. float32 operands outside autocast
     go straight through; anything else (float64) reaches the C++ op, which refuses it."""
     def run(*args, **kwargs):
+        if torch.jit.is_tracing():
+            raise RuntimeError(f"fp8lab.torch.{op.__name__}: torch.jit.trace cannot record fp8lab's quantized products "
+                               "(C++ autograd functions outside TorchScript: the trace would hold their outputs as "
+                               "constants); trace or export the float32 model")
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         low = any(t.dtype in _EXACT_IN_FLOAT32 for t in tensors)
         if not low and not torch.is_autocast_enabled("cpu"):
