@@ -617,3 +617,23 @@ def test_jit_trace_of_a_quantized_model_is_refused_not_wrong():
     m = ft.quantize_model(torch.nn.Sequential(torch.nn.Linear(4, 4)), f"a={A},w={W},gx={GX},gw={GW}")
     with pytest.raises(RuntimeError, match="torch.jit.trace cannot record fp8lab's quantized products"):
         torch.jit.trace(m, torch.randn(2, 4))
+
+
+def test_a_model_that_is_one_layer_and_a_held_transformer_convert():
+    torch.manual_seed(15)
+    lin = torch.nn.Linear(4, 3)
+    q = ft.quantize_model(lin, f"a={A},w={W},gx={GX},gw={GW},first=false")
+    assert isinstance(q, ft.QuantLinear) and q.weight is lin.weight and list(ft.quant_state(q).layers) == ["linear"]
+    x = torch.randn(2, 4)
+    same(q(x), F.linear(fp8lab.quantize(x, A), fp8lab.quantize(lin.weight.detach(), W), lin.bias))
+    conv = ft.quantize_model(torch.nn.Conv2d(2, 2, 3), "resnet32-mixed")
+    assert isinstance(conv, ft.QuantConv2d) and list(ft.quant_state(conv).layers) == ["conv"]
+    mha = ft.quantize_model(torch.nn.MultiheadAttention(8, 2), "resnet32-mixed")
+    assert isinstance(mha, ft.QuantMultiheadAttention) and len(ft.quant_state(mha).layers) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # nn.Transformer's note on nested tensors
+        held = torch.nn.Sequential(torch.nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1,
+                                                        num_decoder_layers=1, dim_feedforward=16))
+    st = ft.quant_state(ft.quantize_model(held, "resnet32-mixed", trace="off"))
+    # encoder: attention's 4 and the MLP's 2; decoder: two attentions and the MLP
+    assert len(st.layers) == 6 + 10 and not st.skipped

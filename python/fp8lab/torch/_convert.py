@@ -30,7 +30,7 @@ _LEAVES = (QuantLinear, QuantConv2d, QuantMatmul, LayerSlot)
 _EVAL_STEP = (1 << 64) - 2
 # Modules with products that have no quantized op here: left float32, and said so.
 _UNSUPPORTED = (torch.nn.Conv1d, torch.nn.Conv3d, torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d,
-                torch.nn.ConvTranspose3d, torch.nn.Bilinear, torch.nn.RNNBase, torch.nn.Transformer)
+                torch.nn.ConvTranspose3d, torch.nn.Bilinear, torch.nn.RNNBase)
 
 
 class QuantState:
@@ -221,6 +221,28 @@ def _convert_children(module: torch.nn.Module, prefix: str, attention: bool, ski
         seen[id(child)] = (child, module._modules[name])
 
 
+def _convert_root(model: torch.nn.Module, attention: bool, skipped: list) -> torch.nn.Module:
+    """A model that is itself one layer (a bare Linear, Conv2d or MultiheadAttention): its
+    quantized replacement (the same parameter tensors), or the model, with the reason."""
+    kept = _why_kept(model)
+    if kept is not None:
+        skipped.append(("", kept))
+    elif _plain(model, torch.nn.Linear):
+        return QuantLinear.adopt(model)
+    elif _plain(model, torch.nn.Conv2d):
+        return QuantConv2d.adopt(model)
+    elif isinstance(model, torch.nn.MultiheadAttention) and attention:
+        return QuantMultiheadAttention(model)
+    elif isinstance(model, _UNSUPPORTED):
+        skipped.append(("", f"{type(model).__name__} has no quantized op"))
+    return model
+
+
+# The layer name of a model that is itself one quantized layer (its module path is empty),
+# as the dispatch path names that product.
+_ROOT_NAMES = {QuantLinear: "linear", QuantConv2d: "conv"}
+
+
 class _Tracer(torch.fx.Tracer):
     """Traces with fp8lab's modules as leaves, noting the module path each node comes from."""
 
@@ -352,8 +374,18 @@ def quantize_model(model: torch.nn.Module, recipe: Union[str, _core.Recipe] = "f
     """Quantizes `model` with `recipe` (a preset, a line 'a=1.4.3,w=1.4.3,gx=1.5.2:24,gw=fp32'
     or a recipe .toml file with per-layer overrides) and returns it.
 
+    What converts: every torch.nn.Linear and Conv2d (and subclasses that change none of
+    their computation) becomes a QuantLinear / QuantConv2d, nn.MultiheadAttention a
+    QuantMultiheadAttention (attention=True), anywhere in the tree, the model itself
+    included. What stays float32 is listed with its reason in quant_state(model).skipped
+    (Conv1d/3d, transposed convolutions, RNNs, layers with a computed weight...; the
+    context manager fp8lab.torch.quantized quantizes most of them). The recipe's first
+    layer keeps its input in float32 unless the recipe says first=false; `last` and
+    overrides select layers by position and qualified name (docs/spec.md §4).
+
     The model is changed in place (its parameters stay the same tensors, so an optimizer
-    built before keeps working), except that a model whose forward calls torch.matmul,
+    built before keeps working; a model that is itself one layer is returned as its
+    quantized replacement), except that a model whose forward calls torch.matmul,
     torch.bmm or `@` on two activations is returned as a torch.fx.GraphModule with those
     products quantized (trace='auto', when the model traces; trace='off' skips tracing;
     trace='require' makes a model that does not trace an error). Where the model does not
@@ -374,6 +406,7 @@ def quantize_model(model: torch.nn.Module, recipe: Union[str, _core.Recipe] = "f
     comp, acc = _settings(r, compute, accumulate)
     ctx = fn.context(seed=seed, compute=comp, accumulate=acc, stats_interval=stats_interval, save_codes=save_codes)
     skipped: list = []
+    model = _convert_root(model, attention, skipped)
     _convert_children(model, "", attention, skipped)
     traced = None
     if trace != "off":
@@ -385,7 +418,8 @@ def quantize_model(model: torch.nn.Module, recipe: Union[str, _core.Recipe] = "f
             traced = (f"not traced ({type(e).__name__}: {e}); torch.matmul/bmm/@ products in its forward "
                       "stay float32: use fp8lab.torch.QuantMatmul or fp8lab.torch.matmul there")
             warnings.warn(f"fp8lab.torch.quantize_model: the model is {traced}", stacklevel=2)
-    sites = _in_run_order(model, [(p, m) for p, m in model.named_modules() if isinstance(m, _LEAVES)])
+    sites = _in_run_order(model, [(p or _ROOT_NAMES.get(type(m), p), m) for p, m in model.named_modules()
+                                  if isinstance(m, _LEAVES)])
     paths = [p for p, _ in sites]
     r.check_overrides(paths)
     layers = collections.OrderedDict()
