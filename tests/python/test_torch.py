@@ -288,6 +288,21 @@ def test_models_that_do_not_trace_say_so():
     assert list(st.layers) == ["qkv", "out"]
     with pytest.raises(ValueError, match="does not trace"):
         ft.quantize_model(Untraceable(), "fp32", trace="require")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no products of activations: nothing to warn of
+        st = ft.quant_state(ft.quantize_model(UntraceableWithoutProducts(), "a=1.4.3,w=1.4.3"))
+    assert "not traced" in st.traced and list(st.layers) == ["fc"]
+
+
+class UntraceableWithoutProducts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            x = x * 2
+        return self.fc(x)
 
 
 @pytest.mark.parametrize("batch_first", [False, True])

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import collections
 import copy
+import inspect
 import json
 import operator
+import re
 import warnings
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -243,6 +245,27 @@ def _convert_root(model: torch.nn.Module, attention: bool, skipped: list) -> tor
 _ROOT_NAMES = {QuantLinear: "linear", QuantConv2d: "conv"}
 
 
+_PRODUCT_CALLS = re.compile(r"\bmatmul\b|\bbmm\b|\beinsum\b|@")
+
+
+def _may_multiply_activations(model: torch.nn.Module) -> bool:
+    """Whether a forward written outside torch (the model's own classes) may call torch.matmul,
+    bmm, einsum or `@`: from its source, or True where the source cannot be read."""
+    for m in model.modules():
+        if isinstance(m, (*_LEAVES, QuantMultiheadAttention)):
+            continue
+        for cls in type(m).__mro__:  # the forwards it runs, inherited ones included
+            if "forward" not in cls.__dict__ or cls.__module__.startswith("torch."):
+                continue
+            try:
+                source = inspect.getsource(cls.__dict__["forward"])
+            except (OSError, TypeError):
+                return True
+            if _PRODUCT_CALLS.search(source):
+                return True
+    return False
+
+
 class _Tracer(torch.fx.Tracer):
     """Traces with fp8lab's modules as leaves, noting the module path each node comes from."""
 
@@ -417,7 +440,8 @@ def quantize_model(model: torch.nn.Module, recipe: Union[str, _core.Recipe] = "f
                 raise ValueError(f"the model does not trace with torch.fx: {e}") from e
             traced = (f"not traced ({type(e).__name__}: {e}); torch.matmul/bmm/@ products in its forward "
                       "stay float32: use fp8lab.torch.QuantMatmul or fp8lab.torch.matmul there")
-            warnings.warn(f"fp8lab.torch.quantize_model: the model is {traced}", stacklevel=2)
+            if _may_multiply_activations(model):
+                warnings.warn(f"fp8lab.torch.quantize_model: the model is {traced}", stacklevel=2)
     sites = _in_run_order(model, [(p or _ROOT_NAMES.get(type(m), p), m) for p, m in model.named_modules()
                                   if isinstance(m, _LEAVES)])
     paths = [p for p, _ in sites]
