@@ -652,3 +652,29 @@ def test_a_model_that_is_one_layer_and_a_held_transformer_convert():
     st = ft.quant_state(ft.quantize_model(held, "resnet32-mixed", trace="off"))
     # encoder: attention's 4 and the MLP's 2; decoder: two attentions and the MLP
     assert len(st.layers) == 6 + 10 and not st.skipped
+
+
+class ReadsItsChildsWeight(torch.nn.Module):
+    """As torchvision's Swin does: the parent calls F.linear on a child Linear's weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(4, 4)
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(F.linear(x, self.qkv.weight, self.qkv.bias))
+
+
+def test_converted_layers_a_parent_bypasses_are_named_after_the_first_step():
+    m = ft.quantize_model(ReadsItsChildsWeight(), "resnet32-mixed")
+    with pytest.warns(UserWarning, match=r"1 converted layers did not run in the first training forward \(qkv\)"):
+        m(torch.randn(3, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        m(torch.randn(3, 4))  # said once
+    assert ft.quant_state(m).counts()["qkv"]["w"]["total"] == 0
+    net = ReadsItsChildsWeight()
+    with ft.quantized(net, "resnet32-mixed"):  # the dispatch path quantizes the product
+        net(torch.randn(3, 4))
+    assert ft.quant_state(net).counts()["qkv"]["w"]["total"] == 16

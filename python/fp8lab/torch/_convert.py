@@ -54,6 +54,9 @@ class QuantState:
         self.auto_step = True
         self._next = 0
         self._saved = None
+        self._watch: list = []  # quantize_model's: hooks noting which converted layers the first step runs
+        self._ran: set = set()
+        self._watched: set = set()
 
     # -- step bookkeeping (forward hooks of the quantized model) -----------------------------
     def _before_forward(self, module, args):
@@ -70,6 +73,30 @@ class QuantState:
         if not module.training and self._saved is not None:
             self.context.step, self.context.recording = self._saved
             self._saved = None
+        if module.training and self._watch:
+            self._warn_idle()
+
+    def _mark_ran(self, module, args) -> None:
+        self._ran.add(module.layer.name)
+
+    def _watch_layers(self, modules) -> None:
+        """Notes which of these converted layers the first training forward runs."""
+        self._watch = [m.register_forward_pre_hook(self._mark_ran) for m in modules]
+
+    def _warn_idle(self) -> None:
+        """After the first training forward: the converted layers that did not run. A parent
+        that reads a layer's weight itself (torchvision's Swin calls F.linear on its
+        attention's qkv.weight) bypasses the layer, and its products run float32."""
+        for h in self._watch:
+            h.remove()
+        self._watch = []
+        idle = [p for p, l in self.layers.items() if p not in self._ran and l.name == p and p in self._watched]
+        if idle:
+            shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")
+            warnings.warn(f"fp8lab.torch.quantize_model: {len(idle)} converted layers did not run in the first "
+                          f"training forward ({shown}): where a parent module reads their weights itself "
+                          "(F.linear(x, self.fc.weight)), those products run float32; fp8lab.torch.quantized "
+                          "quantizes them", stacklevel=3)
 
     @property
     def shard(self) -> int:
@@ -450,4 +477,8 @@ def quantize_model(model: torch.nn.Module, recipe: Union[str, _core.Recipe] = "f
     for i, (p, m) in enumerate(sites):
         m.layer = _core.LayerState(p, r.resolve(p, i, len(sites)), ctx, i)
         layers[p] = m.layer
-    return _attach(model, QuantState(ctx, r.name or r.to_line(), layers, skipped, traced))
+    state = QuantState(ctx, r.name or r.to_line(), layers, skipped, traced)
+    watched = [m for _, m in sites if isinstance(m, (QuantLinear, QuantConv2d))]
+    state._watched = {m.layer.name for m in watched}
+    state._watch_layers(watched)
+    return _attach(model, state)
