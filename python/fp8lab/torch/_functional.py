@@ -59,7 +59,9 @@ def _in_float32(op):
         with torch.autocast("cpu", enabled=False):
             y = op(*up, **kwargs)
         return y if out == torch.float32 else y.to(out)
-    return functools.update_wrapper(run, op)
+    # torch.compile runs each quantized product eagerly (a graph break), as fp8lab's C++
+    # autograd functions are opaque to it: compiled models give the eager bits.
+    return torch.compiler.disable(functools.update_wrapper(run, op), recursive=True)
 
 
 def context(*, seed: int = 0, compute: str = "fp32", accumulate: str = "fp32", stats_interval: int = 0,
