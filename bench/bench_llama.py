@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import transformers
 
 import fp8lab.torch as ft
+from interleaved import interleaved
 
 
 class Step:
@@ -53,12 +54,7 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(a.threads or len(os.sched_getaffinity(0)))
     variants = {"float32": Step(a, None), **{r: Step(a, r) for r in a.recipes}}
-    times = {k: [] for k in variants}
-    for r in range(a.rounds + 1):
-        for k, v in variants.items():
-            ms = min(v.step() for _ in range(a.steps))
-            if r:  # round 0 warms up
-                times[k].append(ms)
+    times = interleaved(variants, a.rounds, a.steps)
     print(f"transformers Llama, width {a.width}, {a.layers} layers, batch {a.batch} x {a.length} tokens, "
           f"{torch.get_num_threads()} threads; median over {a.rounds} rounds of the best of {a.steps} steps")
     for k, v in times.items():

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 import fp8lab
 import fp8lab.torch as ft
+from interleaved import interleaved
 import fp8lab_cpp_step  # bench/cpp_step_module.cpp, built in build/bench
 from libtorch_baseline import resnet20  # models::CifarResNet's ResNet-20 in PyTorch
 
@@ -66,12 +67,7 @@ def main():
         "py_fp32": PyStep(resnet20(), a.batch),
         "cpp_fp32": fp8lab_cpp_step.CppResNetStep(20, 16, a.batch, "fp32", "fp32"),
     }
-    times = {k: [] for k in variants}
-    for r in range(a.rounds + 1):
-        for k, v in variants.items():
-            ms = min(v.step() for _ in range(a.steps))
-            if r:  # round 0 warms up
-                times[k].append(ms)
+    times = interleaved(variants, a.rounds, a.steps)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"CIFAR ResNet-20 width 16, batch {a.batch}, recipe {a.recipe}, compute {a.compute}, "
           f"{torch.get_num_threads()} threads; median over {a.rounds} rounds of the best of {a.steps} steps")
