@@ -115,17 +115,23 @@ torch::Tensor as_rows(const torch::Tensor& t) {
   return t.reshape({rows, t.dim() > 0 ? t.size(-1) : 1});
 }
 
+// The values of t as a tensor autograd does not take for a view. torch::linear returns a view
+// for a contiguous 3-d input with a bias (addmm, then view), as does reshaping a product's
+// rows: an autograd Function's output that is a view refuses in-place ops (wav2vec2's
+// masked assignment), where torch's own linear allows them. The same memory, no copy.
+torch::Tensor not_a_view(const torch::Tensor& t) { return t.is_view() ? at::_unsafe_view(t, t.sizes()) : t; }
+
 class LinearFn : public torch::autograd::Function<LinearFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b, LayerStatePtr st) {
     auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), true},
                                       {w, TensorKind::w, 0, last_dim(), second_last(2)}, st->ctx->layer_products());
-    if (!st->ctx->layer_products()) return torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor());
+    if (!st->ctx->layer_products()) return not_a_view(torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor()));
     // Other paths: the product through the compute layer, then the bias.
     std::vector<std::int64_t> shape(xq.sizes().begin(), xq.sizes().end());
     shape.back() = wq.size(0);
-    torch::Tensor y = st->products.matmul(as_rows(xq), wq.t()).reshape(shape);
+    torch::Tensor y = not_a_view(st->products.matmul(as_rows(xq), wq.t()).reshape(shape));
     return b.numel() > 0 ? y.add_(b) : y;
   }
 

@@ -599,3 +599,62 @@ def test_autocast_and_low_precision_models_quantize_from_float32():
 
     with pytest.raises(TypeError, match="operands of bfloat16 and float32"):
         ft.linear(x.to(torch.bfloat16), lin.weight, None, ft.layer("l"))
+
+
+def _held_out():
+    """Architectures the hand-counted tests above never saw: each must train with every
+    product quantized or reported (nothing silently float32)."""
+    t = transformers
+    lm = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64,
+              max_position_embeddings=40)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    text = dict(input_ids=ids, labels=ids)
+    return {
+        "qwen2": (lambda: t.Qwen2ForCausalLM(t.Qwen2Config(num_key_value_heads=2, **lm)), text),
+        "gemma": (lambda: t.GemmaForCausalLM(t.GemmaConfig(num_key_value_heads=2, head_dim=8, **lm)), text),
+        "phi": (lambda: t.PhiForCausalLM(t.PhiConfig(**lm)), text),
+        "roberta": (lambda: t.RobertaForMaskedLM(t.RobertaConfig(**lm)), text),
+        "distilbert": (lambda: t.DistilBertForMaskedLM(t.DistilBertConfig(
+            vocab_size=64, dim=32, n_heads=4, n_layers=2, hidden_dim=64, max_position_embeddings=32)), text),
+        # conv feature encoder, a weight-normed grouped positional conv, masked assignment in place
+        "wav2vec2": (lambda: t.Wav2Vec2ForCTC(t.Wav2Vec2Config(
+            vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4)),
+            dict(input_values=torch.randn(2, 400), labels=torch.randint(1, 16, (2, 5)))),
+        "segformer": (lambda: t.SegformerForImageClassification(t.SegformerConfig(
+            num_channels=3, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16],
+            patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], num_labels=5)),
+            dict(pixel_values=torch.randn(2, 3, 32, 32), labels=torch.tensor([1, 3]))),
+    }
+
+
+@pytest.mark.parametrize("name", list(_held_out()))
+def test_held_out_architectures_train_with_every_product_quantized_or_reported(name):
+    make, batch = _held_out()[name]
+    torch.manual_seed(7)
+    m = make()
+    m.train()
+    with ft.quantized(m, "mxfp8"):
+        loss = m(**batch).loss
+    loss.backward()
+    st = ft.quant_state(m)
+    assert torch.isfinite(loss) and len(st.layers) > 0
+    assert not st.unquantized, st.unquantized
+    assert all(c["a"]["total"] > 0 for c in st.counts().values())
+
+
+def test_a_linear_output_can_be_changed_in_place_as_torchs_can():
+    """torch's linear of a 3-d input with a bias is a view; fp8lab's product must allow the
+    in-place ops torch's output allows (wav2vec2 assigns into it through a mask)."""
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 5, 4, requires_grad=True)
+    for model in (ft.quantize_model(copy.deepcopy(torch.nn.Sequential(lin)), MIXED), torch.nn.Sequential(lin)):
+        if isinstance(model[0], ft.QuantLinear):
+            y = model(x)
+        else:
+            with ft.quantized(model, MIXED):
+                y = model(x)
+        y[:, 0] = 0.0
+        y.sum().backward()
+        assert torch.isfinite(x.grad).all()
