@@ -75,8 +75,8 @@ struct Params {
 // 2^(1 - bias - M) of a format without exponent bits (an integer grid, no binades).
 inline std::uint32_t first_above(const Format& f, std::uint32_t k, Rounding r) {
   const double v = f.magnitude(k);
-  const int quantum = f.exp_bits == 0 ? 1 - f.bias - f.man_bits : std::ilogb(v) - f.man_bits;
-  const double next = k < f.max_code() ? f.magnitude(k + 1) : v + std::ldexp(1.0, quantum);
+  const auto quantum = [&] { return f.exp_bits == 0 ? 1 - f.bias - f.man_bits : std::ilogb(v) - f.man_bits; };
+  const double next = k < f.max_code() ? f.magnitude(k + 1) : v + std::ldexp(1.0, quantum());
   if (r == Rounding::toward_zero) return std::bit_cast<std::uint32_t>(static_cast<float>(next));
   const auto mid = std::bit_cast<std::uint32_t>(static_cast<float>((v + next) / 2));  // exact
   return k % 2 == 1 ? mid : mid + 1;

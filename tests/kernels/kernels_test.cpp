@@ -185,8 +185,9 @@ TEST_P(AllTargets, SmallFormatsMatchTheCodecAtEveryBreakpoint) {
                          0x1p-149f, 1e-30f, 3e38f};
     for (std::uint32_t k = 0; k <= f.max_code(); ++k) {
       const double v = f.magnitude(k);
-      const double step = f.exp_bits == 0 ? f.magnitude(1) : std::ldexp(1.0, std::ilogb(v) - f.man_bits);
-      const double next = k < f.max_code() ? f.magnitude(k + 1) : v + step;
+      // Past the largest value: a grid step (no exponent bits) or a step of its binade.
+      const auto step = [&] { return f.exp_bits == 0 ? f.magnitude(1) : std::ldexp(1.0, std::ilogb(v) - f.man_bits); };
+      const double next = k < f.max_code() ? f.magnitude(k + 1) : v + step();
       for (const double t : {v, (v + next) / 2, next}) {
         const auto c = static_cast<float>(t);
         for (const float y : {c, std::nextafter(c, 0.0f), std::nextafter(c, INFINITY)}) {
