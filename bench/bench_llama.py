@@ -4,6 +4,7 @@ fp8lab.torch.quantized with each recipe, interleaved round by round in one proce
 ratio to float32 is what quantized simulation costs for a model people train.
 
     PYTHONPATH=build/python .venv/bin/python bench/bench_llama.py [--recipes transformer-mixed nvfp4]
+    PYTHONPATH=build/python .venv/bin/python bench/bench_llama.py --compile   # every variant torch.compile'd
 """
 import argparse
 import os
@@ -25,6 +26,7 @@ class Step:
             vocab_size=256, hidden_size=a.width, intermediate_size=4 * a.width, num_hidden_layers=a.layers,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=a.length))
         self.context = None if recipe is None else ft.quantized(self.model, recipe)
+        self.forward = torch.compile(self.model) if a.compile else self.model
         self.x = torch.randint(0, 256, (a.batch, a.length))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
 
@@ -32,10 +34,10 @@ class Step:
         t0 = time.perf_counter()
         self.opt.zero_grad()
         if self.context is None:
-            logits = self.model(input_ids=self.x).logits
+            logits = self.forward(input_ids=self.x).logits
         else:
             with self.context:
-                logits = self.model(input_ids=self.x).logits
+                logits = self.forward(input_ids=self.x).logits
         F.cross_entropy(logits[:, :-1].reshape(-1, 256), self.x[:, 1:].reshape(-1)).backward()
         self.opt.step()
         return (time.perf_counter() - t0) * 1e3
@@ -51,11 +53,13 @@ def main():
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--steps", type=int, default=3, help="steps per variant and round")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--compile", action="store_true", help="torch.compile each variant's model (inductor)")
     a = p.parse_args()
     torch.set_num_threads(a.threads or len(os.sched_getaffinity(0)))
     variants = {"float32": Step(a, None), **{r: Step(a, r) for r in a.recipes}}
     times = interleaved(variants, a.rounds, a.steps)
-    print(f"transformers Llama, width {a.width}, {a.layers} layers, batch {a.batch} x {a.length} tokens, "
+    print(f"transformers Llama{' (torch.compile)' if a.compile else ''}, width {a.width}, {a.layers} layers, "
+          f"batch {a.batch} x {a.length} tokens, "
           f"{torch.get_num_threads()} threads; median over {a.rounds} rounds of the best of {a.steps} steps")
     for k, v in times.items():
         ratio = [x / y for x, y in zip(v, times["float32"])]
