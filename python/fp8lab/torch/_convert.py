@@ -59,6 +59,7 @@ class QuantState:
         self._watched: set = set()
 
     # -- step bookkeeping (forward hooks of the quantized model) -----------------------------
+    @torch.compiler.disable  # bookkeeping: runs eagerly under torch.compile
     def _before_forward(self, module, args):
         if module.training:
             if self.auto_step:
@@ -69,6 +70,7 @@ class QuantState:
             self.context.step = _EVAL_STEP
             self.context.recording = False
 
+    @torch.compiler.disable  # bookkeeping: runs eagerly under torch.compile
     def _after_forward(self, module, args, out):
         if not module.training and self._saved is not None:
             self.context.step, self.context.recording = self._saved
@@ -76,6 +78,7 @@ class QuantState:
         if module.training and self._watch:
             self._warn_idle()
 
+    @torch.compiler.disable  # bookkeeping: runs eagerly under torch.compile
     def _mark_ran(self, module, args) -> None:
         self._ran.add(module.layer.name)
 

@@ -267,12 +267,15 @@ class QuantizedProgram:
             audit.__exit__(None, None, None)
 
     # -- hooks --------------------------------------------------------------------------------
+    @torch.compiler.disable  # bookkeeping: runs eagerly under torch.compile
     def _module_pre(self, module, args):
         self.names.enter(module)
 
+    @torch.compiler.disable  # bookkeeping: runs eagerly under torch.compile
     def _module_post(self, module, args, out):
         self.names.leave(module)
 
+    @torch.compiler.disable  # bookkeeping: runs eagerly under torch.compile
     def _model_pre(self, module, args, kwargs):
         self._depth += 1
         if self._depth > 1:
@@ -287,6 +290,7 @@ class QuantizedProgram:
                 self._audit.__enter__()
         return None
 
+    @torch.compiler.disable  # bookkeeping: runs eagerly under torch.compile
     def _model_post(self, module, args, out):
         self._depth -= 1
         if self._depth > 0 or self.discovering:
