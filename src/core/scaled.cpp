@@ -644,10 +644,7 @@ bool quantize_group(const GroupJob& j, const ScaledSpec& s, const GroupScale& g,
       y = std::isnan(x) ? quantize(x, s.element) : decode(code, e) * 0.0f;
       if (std::isnan(x)) ++qc.nan;
     } else {
-      float v = x / g.value;
-      // A finite x whose quotient lies past float32's range saturates, as its exact value
-      // would (docs/spec.md §6.3); only an infinite x is an infinity.
-      if (std::isinf(v) && std::isfinite(x)) v = std::copysign(std::numeric_limits<float>::max(), v);
+      const float v = saturate_scaled(x / g.value, x);
       QuantCounts one;
       code = encode(v, s.element, index, &one);
       --one.total;

@@ -26,6 +26,7 @@
 
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/core/random.hpp"
+#include "fp8lab/core/scaled.hpp"
 
 #ifndef FP8LAB_KERNELS_PARAMS_ONCE
 #define FP8LAB_KERNELS_PARAMS_ONCE
@@ -524,8 +525,7 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
     }
     for (; i < seg_end; ++i) {  // only at a 2^32 boundary of the stream index
       const std::size_t b = i / block;
-      float v = kDivide ? x[i] / before[b] : x[i] * before[b];
-      if (std::isinf(v) && std::isfinite(x[i])) v = std::copysign(std::numeric_limits<float>::max(), v);
+      const float v = fp8lab::saturate_scaled(kDivide ? x[i] / before[b] : x[i] * before[b], x[i]);
       fl += v == 0 && x[i] != 0;
       QuantCounts one;
       const std::uint32_t code = fp8lab::encode(v, q, index0 + i, &one);

@@ -73,12 +73,6 @@ float pow2f(int e) {
   return e >= -149 ? std::bit_cast<float>(1u << (e + 149)) : 0.0f;
 }
 
-// v = x scaled, where a finite x whose v lies past float32's range takes the largest float
-// of its sign: the element then saturates, as the exact quotient would (docs/spec.md §6.3).
-inline float saturate_quotient(float v, float x) {
-  return std::isinf(v) && std::isfinite(x) ? std::copysign(std::numeric_limits<float>::max(), v) : v;
-}
-
 Scaling scaling_of(const ScaledSpec& s, const GroupScale& g) {
   Scaling sc{g};
   if (power_of_two(s) && !g.nan) {  // E8M0 exponents lie in [-127, 127]
@@ -358,7 +352,7 @@ class Worker {
     } else if (power_of_two(s_)) {
       std::uint64_t flushed = 0;  // x * 2^-e below float32's range: the reference flushes them too
       for (std::size_t i = 0; i < p.len; ++i) {
-        v[i] = saturate_quotient(xs[i] * sc.before, xs[i]);
+        v[i] = saturate_scaled(xs[i] * sc.before, xs[i]);
         flushed += (v[i] == 0) & (xs[i] != 0);
       }
       counts.elements.underflow += flushed;
@@ -372,7 +366,7 @@ class Worker {
     } else {
       std::uint64_t flushed = 0;
       for (std::size_t i = 0; i < p.len; ++i) {
-        v[i] = saturate_quotient(xs[i] / g.value, xs[i]);
+        v[i] = saturate_scaled(xs[i] / g.value, xs[i]);
         flushed += (v[i] == 0) & (xs[i] != 0);
       }
       counts.elements.underflow += flushed;

@@ -7,9 +7,11 @@
 // (fp8lab/kernels/scaled.hpp) is tested bit-exact against.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -172,6 +174,13 @@ class ScaleSteps {
   std::vector<float> values_;
   std::vector<Bucket> buckets_;
 };
+
+// An element scaled by its group (v = x / X, or x * 2^-e), where a finite x whose v lies past
+// float32's range takes float32's largest value of its sign: it then saturates, as the exact
+// quotient would (docs/spec.md §6.3); only an infinite x stays infinite.
+inline float saturate_scaled(float v, float x) {
+  return std::isinf(v) && std::isfinite(x) ? std::copysign(std::numeric_limits<float>::max(), v) : v;
+}
 
 // Largest finite |x| (0 if none) and whether any value is NaN or Inf.
 struct Amax {
