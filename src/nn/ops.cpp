@@ -36,15 +36,32 @@ MatrixView second_last(std::int64_t dims) {
   std::swap(v.perm[static_cast<std::size_t>(dims - 1)], v.perm[static_cast<std::size_t>(dims - 2)]);
   return v;
 }
-// NCHW -> [N*H*W, C]: reduction over channels.
-MatrixView channels() { return {{}, {0, 2, 3, 1}, 1}; }
-// NCHW -> [C, N*H*W]: reduction over batch and positions (the weight gradient's).
-MatrixView batch_positions() { return {{}, {1, 0, 2, 3}, 3}; }
-// Weight [O, C/g, kh, kw] -> [O, kh*kw*C/g], channels fastest: the forward reduction.
-MatrixView weight_forward() { return {{}, {0, 2, 3, 1}, 3}; }
-// Weight -> [C, kh*kw*O/g], output channels fastest: grad_x's reduction within each group.
-MatrixView weight_grad_x(const torch::Tensor& w, std::int64_t groups) {
-  return {{groups, w.size(0) / groups, w.size(1), w.size(2), w.size(3)}, {0, 2, 3, 4, 1}, 3};
+// The views of a convolution's tensors of `dims` dimensions ([N, C, S...] activations and
+// gradients, [A, B, k...] weights), S and k of 1 to 3 positions.
+// [d0, d1, d2, ...] -> [d0, d2, ..., d1]: the second dimension moved last.
+std::vector<std::int64_t> second_last_out(std::int64_t dims) {
+  std::vector<std::int64_t> perm{0};
+  for (std::int64_t d = 2; d < dims; ++d) perm.push_back(d);
+  perm.push_back(1);
+  return perm;
+}
+// [N, C, S...] -> [N*S, C]: reduction over channels.
+MatrixView channels(std::int64_t dims) { return {{}, second_last_out(dims), 1}; }
+// [N, C, S...] -> [C, N*S]: reduction over batch and positions (the weight gradient's).
+MatrixView batch_positions(std::int64_t dims) {
+  std::vector<std::int64_t> perm{1, 0};
+  for (std::int64_t d = 2; d < dims; ++d) perm.push_back(d);
+  return {{}, perm, static_cast<int>(dims - 1)};
+}
+// A weight [A, B, k...] -> [A, k*B], B fastest: a convolution's forward reduction
+// ([O, C/g, k...]: over input channels and kernel positions).
+MatrixView weight_rows(std::int64_t dims) { return {{}, second_last_out(dims), static_cast<int>(dims - 1)}; }
+// A weight [A, B, k...] in `groups` groups of A -> [groups*B, k*A/groups], A fastest: the
+// reduction over A within each group and the kernel positions (a convolution's grad_x).
+MatrixView weight_groups(const torch::Tensor& w, std::int64_t groups) {
+  std::vector<std::int64_t> view{groups, w.size(0) / groups};
+  for (std::int64_t d = 1; d < w.dim(); ++d) view.push_back(w.size(d));
+  return {view, second_last_out(w.dim() + 1), static_cast<int>(w.dim() - 1)};
 }
 
 struct Operand {
@@ -218,8 +235,8 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
                                std::vector<std::int64_t> padding,
                                std::vector<std::int64_t> dilation, std::int64_t groups,
                                LayerStatePtr st) {
-    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(), batch_positions()},
-                                      {w, TensorKind::w, 0, weight_forward(), weight_grad_x(w, groups)},
+    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(4), batch_positions(4)},
+                                      {w, TensorKind::w, 0, weight_rows(4), weight_groups(w, groups)},
                                       st->ctx->layer_products());
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
@@ -251,7 +268,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
       db = std::get<2>(at::convolution_backward(g, xq, wq, bias_sizes, stride, padding, dilation,
                                                 false, {0, 0}, groups, {false, false, true}));
     }
-    auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(), batch_positions(), call,
+    auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(4), batch_positions(4), call,
                                                   backward_grad_refs(), {.for_products = layer_products});
     const auto backward = [&](const torch::Tensor& gq, bool want_dx, bool want_dw) {
       return torch_conv_backward(gq, xq, wq, stride, padding, dilation, groups, want_dx, want_dw);
@@ -268,49 +285,13 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
       if (ctx->needs_input_grad(0)) dx = backward(g_for_dx, true, false).first;
       if (ctx->needs_input_grad(1)) dw = backward(g_for_dw, false, true).second;
     }
-    if (dw.defined()) dw = st->quantize_along(TensorKind::gw, std::move(dw), weight_forward(), call);
+    if (dw.defined()) dw = st->quantize_along(TensorKind::gw, std::move(dw), weight_rows(4), call);
     return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor()};
   }
 };
 
 // ---- N-d and transposed convolutions ----------------------------------------------------
-// The views of a tensor of `dims` dimensions (batch, channels, D positions), D = dims - 2.
-std::vector<std::int64_t> iota_from(std::int64_t first, std::int64_t last) {
-  std::vector<std::int64_t> v;
-  for (std::int64_t i = first; i <= last; ++i) v.push_back(i);
-  return v;
-}
-// [N, C, S...] -> [N*S, C]: reduction over channels.
-MatrixView channels_nd(std::int64_t dims) {
-  std::vector<std::int64_t> perm{0};
-  for (std::int64_t d : iota_from(2, dims - 1)) perm.push_back(d);
-  perm.push_back(1);
-  return {{}, perm, 1};
-}
-// [N, C, S...] -> [C, N*S]: reduction over batch and positions.
-MatrixView batch_positions_nd(std::int64_t dims) {
-  std::vector<std::int64_t> perm{1, 0};
-  for (std::int64_t d : iota_from(2, dims - 1)) perm.push_back(d);
-  return {{}, perm, static_cast<int>(dims - 1)};
-}
-// A weight [A, B, k...] -> [A, k*B]: the reduction over B and the kernel positions.
-MatrixView weight_rows_nd(std::int64_t dims) {
-  std::vector<std::int64_t> perm{0};
-  for (std::int64_t d : iota_from(2, dims - 1)) perm.push_back(d);
-  perm.push_back(1);
-  return {{}, perm, static_cast<int>(dims - 1)};
-}
-// A weight [A, B, k...] in `groups` groups of A -> [groups*B, k*A/groups]: the reduction
-// over A within each group and the kernel positions.
-MatrixView weight_groups_nd(const torch::Tensor& w, std::int64_t groups) {
-  std::vector<std::int64_t> view{groups, w.size(0) / groups};
-  for (std::int64_t d = 1; d < w.dim(); ++d) view.push_back(w.size(d));
-  std::vector<std::int64_t> perm{0};
-  for (std::int64_t d : iota_from(2, w.dim())) perm.push_back(d);
-  perm.push_back(1);
-  return {view, perm, static_cast<int>(w.dim() - 1)};
-}
 
 struct ConvParams {
   std::vector<std::int64_t> stride, padding, dilation, output_padding;
@@ -322,7 +303,7 @@ struct ConvParams {
 // over C/g and k going forward and over O within a group for grad_x; a transposed one's
 // [C, O/g, k...] the other way round.
 std::pair<MatrixView, MatrixView> weight_views(const torch::Tensor& w, const ConvParams& c) {
-  MatrixView rows = weight_rows_nd(w.dim()), groups = weight_groups_nd(w, c.groups);
+  MatrixView rows = weight_rows(w.dim()), groups = weight_groups(w, c.groups);
   return c.transposed ? std::pair{groups, rows} : std::pair{rows, groups};
 }
 
@@ -335,7 +316,7 @@ class ConvNdFn : public torch::autograd::Function<ConvNdFn> {
                                LayerStatePtr st) {
     const ConvParams c{stride, padding, dilation, output_padding, transposed, groups};
     const auto [wf, wb] = weight_views(w, c);
-    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels_nd(x.dim()), batch_positions_nd(x.dim())},
+    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(x.dim()), batch_positions(x.dim())},
                                       {w, TensorKind::w, 0, wf, wb}, false);
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
@@ -361,7 +342,7 @@ class ConvNdFn : public torch::autograd::Function<ConvNdFn> {
     };
     torch::Tensor db;  // libtorch's reduction of the float32 g, before g may be quantized in place
     if (ctx->needs_input_grad(2)) db = std::get<2>(conv_backward(g, {false, false, true}));
-    auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels_nd(xq.dim()), batch_positions_nd(xq.dim()),
+    auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(xq.dim()), batch_positions(xq.dim()),
                                                   call, backward_grad_refs(), {});
     torch::Tensor dx, dw;
     if (g_for_dx.is_same(g_for_dw)) {
