@@ -168,11 +168,16 @@ class ScaledCodes:
         them (float8 views; float4_e2m1fn_x2 packed along the last axis), the scales as
         float8_e8m0fnu (E8M0), float8_e4m3fn (UE4M3, non-negative codes) or float32. The
         tensor scale is self.tensor_scale."""
-        codes = torch.from_numpy(self.codes) if isinstance(self.codes, np.ndarray) else self.codes
+        codes, _ = _tensor(self.codes, "to_torch")
+        return (_dtypes.to_torch(codes, self.format.element),
+                _dtypes.scales_to_torch(self._scale_tensor("to_torch"), self.format.scale_format))
+
+    def _scale_tensor(self, what: str) -> torch.Tensor:
+        """The scale codes as the int32 tensor the kernels take (uint32 NumPy codes viewed so)."""
         scales = self.scales
         if isinstance(scales, np.ndarray):
-            scales = torch.from_numpy(np.ascontiguousarray(scales).view(np.int32))
-        return _dtypes.to_torch(codes, self.format.element), _dtypes.scales_to_torch(scales, self.format.scale_format)
+            scales = np.ascontiguousarray(scales).view(np.int32)
+        return _tensor(scales, what)[0]
 
 
 def encode(x, format: FormatLike, *, rounding: str = "nearest-even", overflow: str = "saturate",
@@ -212,10 +217,7 @@ def decode(codes, format: FormatLike = None, *, backend: str = "auto"):
     ops = _ops(codes.codes if isinstance(codes, ScaledCodes) else codes, backend, "decode")
     if isinstance(codes, ScaledCodes):
         c, numpy = _tensor(codes.codes, "decode")
-        scales = codes.scales
-        if isinstance(scales, np.ndarray):
-            scales = np.ascontiguousarray(scales).view(np.int32)
-        s, _ = _tensor(scales, "decode")
+        s = codes._scale_tensor("decode")
         a = codes.axis
         y = ops.scaled_decode_matrix(_matrix(c, a), s.reshape(-1), codes.tensor_scale, codes.format)
         return _out(_unmatrix(y, c.shape, a), numpy)

@@ -7,6 +7,7 @@ packs two codes per byte, element 2i in the low four bits and 2i+1 in the high f
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import numpy as np
@@ -28,9 +29,10 @@ _PAIRS = (
 _SCALE_DTYPES = {"e8m0": "float8_e8m0fnu", "ue4m3": "float8_e4m3fn", "fp32": "float32"}
 
 
+@functools.lru_cache(maxsize=None)
 def _table():
-    """(dtype, Format, codes per byte) of the dtypes this torch has."""
-    return [(getattr(torch, d), _core.Format(f), k) for d, f, k in _PAIRS if hasattr(torch, d)]
+    """(dtype, Format, codes per byte) of the dtypes this torch has (made once: decode asks)."""
+    return tuple((getattr(torch, d), _core.Format(f), k) for d, f, k in _PAIRS if hasattr(torch, d))
 
 
 def torch_dtype(format) -> Optional[torch.dtype]:

@@ -362,17 +362,13 @@ def quantize_values(x: torch.Tensor, codes: torch.Tensor, q: Spec, bias=None) ->
     """The fake-quantized values of x from its codes: decode(encode(x)), except that NaN stays
     a NaN with x's sign in a format without NaN (docs/spec.md §2.3)."""
     y = decode(codes, q.fmt, bias)
-    if q.fmt.has_nan:
-        return y
-    xb = _bits(x)
-    return torch.where(torch.isnan(x), _from_bits(_nan_of((xb >> 31) == 1)), y)
+    return y if q.fmt.has_nan else torch.where(torch.isnan(x), _nan_result(x, q.fmt), y)
 
 
 def _nan_result(x: torch.Tensor, f: Fmt) -> torch.Tensor:
     """quantize(x) where x is NaN: the format's NaN, or (a format without NaN) x's sign on a quiet NaN."""
-    if f.has_nan:
-        return _from_bits(_nan_of(((_bits(x) >> 31) == 1) & f.signed_nan))
-    return _from_bits(_nan_of((_bits(x) >> 31) == 1))
+    negative = (_bits(x) >> 31) == 1
+    return _from_bits(_nan_of(negative & f.signed_nan if f.has_nan else negative))
 
 
 def _counts(total: int, over, under, nan) -> Dict[str, int]:

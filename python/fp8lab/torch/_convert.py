@@ -84,6 +84,7 @@ class QuantState:
 
     def _watch_layers(self, modules) -> None:
         """Notes which of these converted layers the first training forward runs."""
+        self._watched = {m.layer.name for m in modules}
         self._watch = [m.register_forward_pre_hook(self._mark_ran) for m in modules]
 
     def _warn_idle(self) -> None:
@@ -93,7 +94,7 @@ class QuantState:
         for h in self._watch:
             h.remove()
         self._watch = []
-        idle = [p for p, l in self.layers.items() if p not in self._ran and l.name == p and p in self._watched]
+        idle = [p for p in self.layers if p in self._watched and p not in self._ran]
         if idle:
             shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")
             warnings.warn(f"fp8lab.torch.quantize_model: {len(idle)} converted layers did not run in the first "
@@ -481,7 +482,5 @@ def quantize_model(model: torch.nn.Module, recipe: Union[str, _core.Recipe] = "f
         m.layer = _core.LayerState(p, r.resolve(p, i, len(sites)), ctx, i)
         layers[p] = m.layer
     state = QuantState(ctx, r.name or r.to_line(), layers, skipped, traced)
-    watched = [m for _, m in sites if isinstance(m, (QuantLinear, QuantConv2d))]
-    state._watched = {m.layer.name for m in watched}
-    state._watch_layers(watched)
+    state._watch_layers([m for _, m in sites if isinstance(m, (QuantLinear, QuantConv2d))])
     return _attach(model, state)

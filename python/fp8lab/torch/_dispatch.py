@@ -364,6 +364,13 @@ def _quantizable(*ts) -> bool:
     return all(t is None or (isinstance(t, torch.Tensor) and t.dtype in _QUANTIZABLE) for t in ts)
 
 
+def _refusal(out, *ts) -> Optional[str]:
+    """Why a product runs float32 (out= given; operands float32 cannot hold), or None."""
+    if out is not None:
+        return "out= given"
+    return None if _quantizable(*ts) else _dtype_reason(*ts)
+
+
 def _fallback(p: QuantizedProgram, func, args, kwargs, name: str, why: str):
     p.unquantized(name, why)
     return func(*args, **kwargs)
@@ -413,10 +420,9 @@ def _matmul(p, func, args, kwargs):
     a, b = args[0], args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("mat2"))
     if func is torch.Tensor.__rmatmul__:
         a, b = b, a
-    if kwargs.get("out") is not None:
-        return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), "out= given")
-    if not _quantizable(a, b):
-        return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), _dtype_reason(a, b))
+    why = _refusal(kwargs.get("out"), a, b)
+    if why:
+        return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), why)
     vectors = func in _MATMULS and min(a.dim(), b.dim()) == 1
     if not vectors and (a.dim() < 2 or b.dim() < 2):
         return func(*args, **kwargs)  # torch's own error (mm and bmm take matrices; matmul no scalars)
@@ -472,8 +478,8 @@ def _contract_dims(p, a, b, da: List[int], db: List[int]) -> Optional[torch.Tens
 def _tensordot(p, func, args, kwargs):
     c = _bind(args, kwargs, ("a", "b", "dims"), {"dims": 2, "out": None})
     a, b = c["a"], c["b"]
-    if c["out"] is not None or not _quantizable(a, b):
-        why = "out= given" if c["out"] is not None else _dtype_reason(a, b)
+    why = _refusal(c["out"], a, b)
+    if why:
         return _fallback(p, func, args, kwargs, p.names.of_activations("matmul"), why)
     try:
         da, db = _tensordot_dims(a, b, c["dims"])
@@ -534,8 +540,7 @@ def _bind_scaled(args, kwargs, operands: Tuple[str, str]) -> dict:
 
 def _scaled_refusal(c: dict, operands: Tuple[str, str]) -> Optional[str]:
     """Why a scaled product (addmm, baddbmm) runs float32, or None."""
-    ts = (c["input"], c[operands[0]], c[operands[1]])
-    return "out= given" if c["out"] is not None else None if _quantizable(*ts) else _dtype_reason(*ts)
+    return _refusal(c["out"], c["input"], c[operands[0]], c[operands[1]])
 
 
 def _addmm(p, func, args, kwargs):
