@@ -93,6 +93,18 @@ std::size_t utf8_length(const std::string& s) {
   return n;
 }
 double text_width(const std::string& s, double size) { return 0.58 * size * static_cast<double>(utf8_length(s)); }
+// s, or its first code points and "..." where it is wider than `width` at size 11 (cut at a
+// code point, never inside one).
+std::string fitted_label(const std::string& s, double width) {
+  if (text_width(s, 11) <= width) return s;
+  const double keep = std::max(1.0, std::floor(width / (0.58 * 11)) - 3);
+  std::size_t i = 0;
+  for (double n = 0; n < keep && i < s.size(); ++n) {
+    const auto ch = utf8_at(s, i);
+    i += ch ? ch->size : 1;
+  }
+  return s.substr(0, i) + "...";
+}
 // The font size at which s fits `width` (at most `size`; a title too long for its plot is
 // drawn smaller rather than cut off at the edges).
 double fitting_size(const std::string& s, double size, double width) {
@@ -109,9 +121,11 @@ std::string num(double v) {
   return b;
 }
 
-// About n "nice" ticks (1, 2, 5 x 10^k) covering [lo, hi].
+// About n "nice" ticks (1, 2, 5 x 10^k) covering [lo, hi]. A range too narrow for ticks that
+// differ in double precision (values a few ulps apart) gets one tick, lo: a step below the
+// values' resolution would never advance.
 std::vector<double> ticks(double lo, double hi, int n = 6) {
-  if (!(hi > lo)) return {lo};
+  if (!(hi > lo) || !std::isfinite(hi - lo)) return {lo};
   const double raw = (hi - lo) / n;
   const double mag = std::pow(10.0, std::floor(std::log10(raw)));
   double step = mag;
@@ -120,16 +134,26 @@ std::vector<double> ticks(double lo, double hi, int n = 6) {
       step = m * mag;
       break;
     }
+  const double first = std::ceil(lo / step - 1e-9), last = std::floor(hi / step + 1e-9);
+  if (!(step > 0) || !std::isfinite(first) || !std::isfinite(last) || !(last - first <= 4.0 * n) ||
+      lo + step == lo || hi - step == hi)
+    return {lo};
   std::vector<double> t;
-  for (double v = std::ceil(lo / step - 1e-9) * step; v <= hi + step * 1e-9; v += step)
+  for (int i = 0; i <= static_cast<int>(last - first); ++i) {
+    const double v = (first + i) * step;
     t.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
+  }
   return t;
 }
+
+// Values farther from zero than this are drawn at the edge: a range between them and their
+// negatives stays finite, and so does every coordinate computed from it.
+constexpr double kPlotLimit = 1e300;
 
 struct Range {
   double lo = std::numeric_limits<double>::infinity(), hi = -std::numeric_limits<double>::infinity();
   void add(double v) {
-    if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+    if (std::isfinite(v)) v = std::clamp(v, -kPlotLimit, kPlotLimit), lo = std::min(lo, v), hi = std::max(hi, v);
   }
   bool empty() const { return !(hi >= lo); }
 };
@@ -181,6 +205,7 @@ std::pair<Range, Range> ranges_of(const Panel& p) {
     if (xr.empty()) xr = {0, 1};
     if (yr.empty()) yr = {0, 1};
     if (xr.hi == xr.lo) xr.lo -= 1, xr.hi += 1;
+    if (xr.hi == xr.lo) xr.lo -= std::fabs(xr.lo) * 0.1, xr.hi += std::fabs(xr.hi) * 0.1;  // past 2^53, 1 is below an ulp
     if (yr.hi == yr.lo) yr.lo -= std::max(1.0, std::fabs(yr.lo) * 0.1), yr.hi += std::max(1.0, std::fabs(yr.hi) * 0.1);
     const double xpad = (xr.hi - xr.lo) * 0.04, ypad = (yr.hi - yr.lo) * 0.06;
     xr.lo -= xpad, xr.hi += xpad, yr.lo -= ypad, yr.hi += ypad;
@@ -329,9 +354,7 @@ void draw_legend(List& l, const std::vector<LegendEntry>& legend, double lx, dou
     if (e.kind == 1) add_rect(l, lx, ly - 5, lx + 22, ly + 5, e.c, e.alpha);
     else if (e.kind == 3) add_circle(l, lx + 11, ly, 3.2, e.c);
     else add_line(l, lx, ly, lx + 22, ly, e.c, 2, e.kind == 2);
-    std::string label = e.label;
-    while (label.size() > 4 && text_width(label, 11) + 30 > legend_w) label = label.substr(0, label.size() - 4) + "...";
-    add_text(l, lx + 28, ly, label, 11, 0);
+    add_text(l, lx + 28, ly, fitted_label(e.label, legend_w - 30), 11, 0);
     ly += 17;
   }
 }
@@ -381,14 +404,21 @@ std::string hex(RGB c) {
   std::snprintf(b, sizeof b, "#%02x%02x%02x", c.r, c.g, c.b);
   return b;
 }
+// Text as XML character data: markup characters escaped, and what XML 1.0 may not hold (a
+// control character, a byte that is not UTF-8) written as U+FFFD, so any label gives a
+// well-formed SVG.
 std::string esc(const std::string& s) {
   std::string o;
-  for (char c : s) {
-    if (c == '&') o += "&amp;";
+  for (std::size_t i = 0; i < s.size();) {
+    const auto ch = utf8_at(s, i);
+    const char c = s[i];
+    if (!ch || (ch->size == 1 && static_cast<unsigned char>(c) < 0x20) || c == 0x7f) o += "\xEF\xBF\xBD";
+    else if (c == '&') o += "&amp;";
     else if (c == '<') o += "&lt;";
     else if (c == '>') o += "&gt;";
     else if (c == '"') o += "&quot;";
-    else o += c;
+    else o.append(s, i, ch->size);
+    i += ch ? ch->size : 1;
   }
   return o;
 }

@@ -1,6 +1,11 @@
 // Plots: the raster renderer draws what the figure holds.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
 #include "fp8lab/results/plot.hpp"
 
 using namespace fp8lab;
@@ -71,4 +76,63 @@ TEST(Plot, DropFlatInteriorPointsKeepsEachRunsEnds) {
   bars.markers = false;
   results::plot::drop_flat_interior_points(bars);
   EXPECT_EQ(bars.x.size(), 3u);
+}
+
+namespace {
+results::plot::Figure line_figure(std::vector<double> x, std::vector<double> y, std::string label = "a") {
+  results::plot::Figure f;
+  results::plot::Panel p;
+  p.series.push_back({std::move(label), std::move(x), std::move(y), {}, 0});
+  f.panels.push_back(p);
+  return f;
+}
+}  // namespace
+
+// Values a few ulps apart gave a tick step below their resolution: the tick loop never
+// advanced and filled memory. Ranges past float limits gave NaN coordinates. Each figure
+// must now draw, in bounded time, with pixels and SVG text.
+TEST(Plot, NarrowHugeAndNonFiniteRangesDraw) {
+  const std::vector<std::pair<std::vector<double>, std::vector<double>>> cases = {
+      {{0, 1}, {1.0, std::nextafter(1.0, 2.0)}},
+      {{0, 1}, {1e15, 1e15 + 0.125}},
+      {{1e300, std::nextafter(1e300, 2e300)}, {0, 1}},
+      {{-1.7e308, 1.7e308}, {-1.7e308, 1.7e308}},
+      {{0, 1}, {5e-324, 1e-323}},
+      {{0, 1}, {std::nan(""), std::numeric_limits<double>::infinity()}},
+      {{}, {}},
+  };
+  for (const auto& [x, y] : cases) {
+    const auto f = line_figure(x, y);
+    int w = 0, h = 0;
+    const auto px = results::plot::rasterize(f, w, h);
+    EXPECT_EQ(px.size(), static_cast<std::size_t>(w) * static_cast<std::size_t>(h) * 3);
+    const std::string svg = results::plot::to_svg(f);
+    for (const char* bad : {"=\"nan", "=\"-nan", "=\"inf", "=\"-inf", ">nan<", ">inf<", ">-inf<"})
+      EXPECT_EQ(svg.find(bad), std::string::npos) << bad << ", x0 " << (x.empty() ? 0 : x[0]);
+  }
+}
+
+// Any label gives well-formed XML: markup escaped, control characters and bytes that are not
+// UTF-8 written as U+FFFD; a label of a million characters is cut to the legend's width at a
+// code point, at once (cutting it four bytes a step took minutes).
+TEST(Plot, AnyLabelGivesWellFormedSvg) {
+  const std::string hostile = std::string("<&\"x\0\x01\x1b[31m\xff", 12) + "\xc3\xa9";
+  auto f = line_figure({0, 1}, {0, 1}, hostile);
+  f.title = hostile;
+  f.panels[0].xlabel = hostile;
+  const std::string svg = results::plot::to_svg(f);
+  for (unsigned char c : svg) EXPECT_TRUE(c >= 0x20 || c == '\n') << "byte " << static_cast<int>(c);
+  EXPECT_EQ(svg.find("<&"), std::string::npos);
+  EXPECT_NE(svg.find("&lt;&amp;&quot;x\xEF\xBF\xBD"), std::string::npos);
+  EXPECT_NE(svg.find("\xc3\xa9"), std::string::npos);  // UTF-8 kept
+  EXPECT_EQ(svg.find("\xff"), std::string::npos);
+
+  std::string wide;
+  for (int i = 0; i < 1000000; ++i) wide += "\xc3\xa9";
+  const auto g = line_figure({0, 1}, {0, 1}, wide);
+  const std::string s = results::plot::to_svg(g);
+  EXPECT_LT(s.size(), 100000u);
+  EXPECT_NE(s.find("\xc3\xa9..."), std::string::npos);  // cut between two characters, not inside one
+  int w = 0, h = 0;
+  EXPECT_FALSE(results::plot::rasterize(g, w, h).empty());
 }
