@@ -48,10 +48,35 @@ struct ExponentCounts {
   std::vector<double> counts;
   double zero = 0;
 };
+// A histogram's lowest exponent and counts as stored: nullopt where the JSON does not hold
+// them (a store edited by hand or damaged: such a row is left out, as one that does not
+// parse, never an internal error).
+std::optional<std::pair<int, std::vector<double>>> exponent_bins(const nlohmann::json& h) {
+  constexpr double kMaxExponent = 1 << 20;  // far beyond any format's exponents
+  const auto lo = h.find("lo");
+  const auto counts = h.find("counts");
+  if (lo == h.end() || !lo->is_number() || !(std::fabs(lo->get<double>()) <= kMaxExponent)) return std::nullopt;
+  if (counts == h.end() || !counts->is_array() || counts->size() > kMaxExponent) return std::nullopt;
+  std::vector<double> c;
+  for (const auto& v : *counts) {
+    if (!v.is_number()) return std::nullopt;
+    c.push_back(v.get<double>());
+  }
+  return std::make_pair(static_cast<int>(lo->get<double>()), std::move(c));
+}
+
+// A number stored under `key` of object j, or `fallback` where there is none or it is no number.
+double number_in(const nlohmann::json& j, const char* key, double fallback) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
 std::optional<ExponentCounts> exponent_counts(const std::string& histogram_json) {
   const auto h = nlohmann::json::parse(histogram_json, nullptr, false);
-  if (h.is_discarded()) return std::nullopt;
-  return ExponentCounts{h.value("lo", 0), h.value("counts", std::vector<double>{}), h.value("zero", 0.0)};
+  if (h.is_discarded() || !h.is_object()) return std::nullopt;
+  auto bins = exponent_bins(h);
+  if (!bins) return std::nullopt;
+  return ExponentCounts{bins->first, std::move(bins->second), number_in(h, "zero", 0.0)};
 }
 
 // The panel of one tensor kind at one step: each layer group's exponent histogram, summed
@@ -114,14 +139,14 @@ std::optional<plt::Series> block_scale_series(const LabelledStats& run, const st
   for (const auto& r : run.stats) {
     if (r.kind != kind || r.step != last) continue;
     const auto h = nlohmann::json::parse(r.histogram, nullptr, false);
-    if (h.is_discarded() || !h.contains("groups") || !h.contains("scales")) continue;
+    if (h.is_discarded() || !h.is_object() || !h.contains("groups") || !h.contains("scales")) continue;
     const auto& g = h["groups"];
-    groups += g.value("total", 0.0);
-    saturated += g.value("saturated", 0.0);
-    zero += g.value("zero", 0.0);
-    const int lo = h["scales"].value("lo", 0);
-    const auto counts = h["scales"].value("counts", std::vector<double>{});
-    for (std::size_t j = 0; j < counts.size(); ++j) hist[lo + static_cast<int>(j)] += counts[j];
+    const auto bins = h["scales"].is_object() ? exponent_bins(h["scales"]) : std::nullopt;
+    if (!g.is_object() || !bins) continue;
+    groups += number_in(g, "total", 0.0);
+    saturated += number_in(g, "saturated", 0.0);
+    zero += number_in(g, "zero", 0.0);
+    for (std::size_t j = 0; j < bins->second.size(); ++j) hist[bins->first + static_cast<int>(j)] += bins->second[j];
   }
   if (groups == 0) return std::nullopt;
   plt::Series se;
