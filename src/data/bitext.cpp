@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "fp8lab/core/error.hpp"
@@ -301,28 +302,49 @@ std::string run_mod2imp(const std::string& module) {
 
 void write_text(const fs::path& p, const std::string& s) { write_file_atomic(p.string(), s.data(), s.size()); }
 
+// The report of a corpus built before in `d` for these modules, or nullopt where there is none
+// to reuse: no report.json, one of another version or modules, one that is not what fp8lab
+// writes (edited, damaged: the corpus is built again), or a split file missing. A report.json
+// that is not a regular file (a folder, a FIFO) is refused by read_file, never waited on.
+std::optional<AlignReport> cached_report(const fs::path& d, const std::string& en_module, const std::string& es_module) {
+  const fs::path rep_path = d / "report.json";
+  if (!fs::exists(rep_path)) return std::nullopt;
+  const auto j = nlohmann::json::parse(read_file(rep_path.string()), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  auto text = [&](const char* k) { return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string(); };
+  auto count = [&](const char* k) -> std::optional<std::size_t> {
+    if (!j.contains(k) || !j[k].is_number_unsigned()) return std::nullopt;
+    return j[k].get<std::size_t>();
+  };
+  if (!j.contains("version") || j["version"] != kCorpusVersion || text("en_module") != en_module ||
+      text("es_module") != es_module)
+    return std::nullopt;
+  for (const char* s : {"train", "dev", "test"})
+    for (const char* e : {".en", ".es", ".ref"})
+      if (!fs::exists(d / (std::string(s) + e))) return std::nullopt;
+  AlignReport r;
+  const auto verses = count("verses"), empty = count("empty"), disagreeing = count("disagreeing"),
+             shifted = count("shifted"), pairs = count("pairs");
+  if (!verses || !empty || !disagreeing || !shifted || !pairs || !j.contains("shifted_chapters") ||
+      !j["shifted_chapters"].is_array())
+    return std::nullopt;
+  for (const auto& c : j["shifted_chapters"]) {
+    if (!c.is_string()) return std::nullopt;
+    r.shifted_chapters.push_back(c.get<std::string>());
+  }
+  r.verses = *verses, r.empty = *empty, r.disagreeing = *disagreeing, r.shifted = *shifted, r.pairs = *pairs;
+  return r;
+}
+
 }  // namespace
 
 CorpusFiles prepare_bible_corpus(const std::string& dir, const std::string& en_module, const std::string& es_module) {
   CorpusFiles files;
   files.dir = dir;
   const fs::path d(dir), rep_path = d / "report.json";
-  if (fs::exists(rep_path)) {
-    std::ifstream in(rep_path);
-    const auto j = nlohmann::json::parse(in, nullptr, false);
-    bool ok = !j.is_discarded() && j.value("version", 0) == kCorpusVersion && j.value("en_module", "") == en_module &&
-              j.value("es_module", "") == es_module;
-    for (const char* s : {"train", "dev", "test"})
-      for (const char* e : {".en", ".es", ".ref"}) ok = ok && fs::exists(d / (std::string(s) + e));
-    if (ok) {
-      files.report.verses = j["verses"];
-      files.report.empty = j["empty"];
-      files.report.disagreeing = j["disagreeing"];
-      files.report.shifted = j["shifted"];
-      files.report.pairs = j["pairs"];
-      files.report.shifted_chapters = j["shifted_chapters"].get<std::vector<std::string>>();
-      return files;
-    }
+  if (auto cached = cached_report(d, en_module, es_module)) {
+    files.report = std::move(*cached);
+    return files;
   }
   const auto en = parse_imp(run_mod2imp(en_module), "mod2imp " + en_module);
   const auto es = parse_imp(run_mod2imp(es_module), "mod2imp " + es_module);

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "fp8lab/core/error.hpp"
+#include "fp8lab/core/files.hpp"
 
 namespace fp8lab::data::io {
 
@@ -16,8 +17,12 @@ void fail(const std::string& path, std::uint64_t offset, const std::string& what
   throw Error(path + ": offset " + std::to_string(offset) + ": " + what);
 }
 
-// gzread passes plain files through unchanged.
+// gzread passes plain files through unchanged. Only a regular file is read (a FIFO would
+// hang, /dev/zero never end), and what it inflates to may take at most the memory budget (a
+// small gzip file can inflate to more than the machine holds).
 std::vector<std::uint8_t> slurp(const std::string& path) {
+  regular_file_size(path);
+  const std::uint64_t budget = memory_budget();
   gzFile f = gzopen(path.c_str(), "rb");
   if (!f) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   std::unique_ptr<std::remove_pointer_t<gzFile>, int (*)(gzFile)> guard(f, gzclose);
@@ -31,6 +36,9 @@ std::vector<std::uint8_t> slurp(const std::string& path) {
       fail(path, out.size(), std::string("corrupt compressed data (") + msg + ")");
     }
     if (n == 0) break;
+    if (out.size() + static_cast<std::size_t>(n) > budget)
+      fail(path, out.size(), "inflates to more than the " + std::to_string(budget) +
+                                 " bytes (half the memory) one input may take");
     out.insert(out.end(), buf, buf + n);
   }
   return out;

@@ -27,6 +27,7 @@ constexpr int kTokenizerVersion = 1;
 std::string fingerprint(const std::vector<std::string>& inputs) {
   std::uint64_t h = kFnvBasis;
   for (const auto& p : inputs) {
+    regular_file_size(p);  // a FIFO or a device would never end
     std::ifstream in(p, std::ios::binary);
     if (!in) throw Error(p + ": cannot open tokenizer training text");
     char buf[1 << 16];
@@ -78,6 +79,7 @@ Tokenizer Tokenizer::load(const std::string& model_path) {
   std::string vocab = model_path;
   if (vocab.size() > 6 && vocab.substr(vocab.size() - 6) == ".model") vocab = vocab.substr(0, vocab.size() - 6);
   vocab += ".vocab";
+  regular_file_size(vocab);  // a FIFO or a device would never end
   std::ifstream in(vocab);
   if (!in) throw Error(vocab + ": cannot open the vocabulary next to " + model_path);
   Tokenizer t;

@@ -3,6 +3,7 @@
 // perplexity.
 #include <cmath>
 #include <filesystem>
+#include <utility>
 
 #include "fp8lab/data/bitext.hpp"
 #include "fp8lab/data/tokenizer.hpp"
@@ -33,12 +34,16 @@ class LanguageModelTask final : public Task {
     const std::string dir = data_folder(text_data_sets(), c);
     const std::string train_file = (fs::path(dir) / set.train_file).string();
     const std::string dev_file = (fs::path(dir) / set.dev_file).string();
+    // Read (and so checked: regular files, not empty) before the tokenizer trains on them.
+    const auto train_lines = read_lines(train_file), dev_lines = read_lines(dev_file);
+    for (const auto& [file, lines] : {std::pair{&train_file, &train_lines}, std::pair{&dev_file, &dev_lines}})
+      if (lines->empty()) throw Error(*file + ": no text (the language model needs lines of text in each split)");
     data::TokenizerOptions to;
     to.vocab_size = c.data.vocab_size;
     tok_ = data::Tokenizer::train_or_load(
         (fs::path(train_file).parent_path() / ("spm-lm" + std::to_string(c.data.vocab_size))).string(), {train_file}, to);
-    train_ = token_stream(tok_, read_lines(train_file));
-    dev_ = token_stream(tok_, read_lines(dev_file));
+    train_ = token_stream(tok_, train_lines);
+    dev_ = token_stream(tok_, dev_lines);
     train_blocks_ = blocks_in(train_, c.data.train_limit);
     dev_blocks_ = blocks_in(dev_, c.data.test_limit);
     if (train_blocks_ < 1 || dev_blocks_ < 1)

@@ -2,6 +2,8 @@
 // alignment with a shifted chapter and empty verses, the split) and, where Debian's SWORD
 // modules are installed, on the real modules.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
 
 #include <filesystem>
 #include <fstream>
@@ -171,4 +173,16 @@ TEST(BibleCorpus, FromDebianModules) {
   const auto t0 = fs::last_write_time(d / "train.en");
   EXPECT_EQ(data::prepare_bible_corpus(d.string()).report.pairs, r.pairs);
   EXPECT_EQ(fs::last_write_time(d / "train.en"), t0);
+  // A report.json that is not what fp8lab writes (edited, damaged) is no reuse: the corpus is
+  // built again (it threw nlohmann's type errors, an internal error, before).
+  for (const char* damaged : {"{\"version\": \"x\"}", "[1, 2]", "{\"version\": 1, \"verses\": \"many\"}", "7"}) {
+    { std::ofstream(d / "report.json") << damaged; }
+    EXPECT_EQ(data::prepare_bible_corpus(d.string()).report.pairs, r.pairs) << damaged;
+  }
+  // One that is no regular file is refused by name, not read (a FIFO would wait forever).
+  fs::remove(d / "report.json");
+  ASSERT_EQ(::mkfifo((d / "report.json").c_str(), 0600), 0);
+  const std::string e = error_of([&] { data::prepare_bible_corpus(d.string()); });
+  EXPECT_NE(e.find("report.json: is not a regular file"), std::string::npos) << e;
+  fs::remove_all(d);
 }

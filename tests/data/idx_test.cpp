@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <zlib.h>
 
@@ -61,6 +62,13 @@ TEST(Idx, LoadsGeneratedSetsPlainAndGzip) {
 
 TEST(Idx, BadFilesNameFileAndOffset) {
   const fs::path d = tmpdir();
+  // Only regular files are read: a FIFO would wait forever, a folder read as "corrupt data".
+  ASSERT_EQ(::mkfifo((d / "fifo").c_str(), 0600), 0);
+  EXPECT_NE(error_of([&] { data::read_idx((d / "fifo").string(), 3); }).find("fifo: is not a regular file"),
+            std::string::npos);
+  fs::create_directories(d / "folder");
+  EXPECT_NE(error_of([&] { data::read_idx((d / "folder").string(), 3); }).find("folder: is a folder"),
+            std::string::npos);
   const std::string good = idx_bytes({2, 2, 2}, std::vector<std::uint8_t>(8, 1));
   write(d / "trunc", good.substr(0, good.size() - 3), false);
   std::string e = error_of([&] { data::read_idx((d / "trunc").string(), 3); });
