@@ -2,6 +2,8 @@
 // [--out FILE]: the final evaluation of a run's checkpoint (finished or not), timed; with
 // --out, what it produced (translation: one hypothesis per test sentence).
 #include <cstdio>
+#include <filesystem>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "commands.hpp"
 #include "fp8lab/core/files.hpp"
 #include "fp8lab/settings/config.hpp"
+#include "fp8lab/train/registry.hpp"
 #include "fp8lab/train/trainer.hpp"
 #include "table.hpp"
 
@@ -21,10 +24,35 @@ struct EvaluateArgs {
   std::string checkpoint, decoder = "cached", out;
 };
 
+// The data folder the run reads (data.dir, or its data set's default folder; "" for none).
+std::string data_dir_of(const settings::TrainConfig& cfg) {
+  if (!cfg.data.dir.empty()) return cfg.data.dir;
+  const auto& sets = train::tasks().at(cfg.task).data_sets();
+  return sets.contains(cfg.data.name) ? sets.at(cfg.data.name).default_dir : std::string();
+}
+
+// --out may be no file the evaluation reads, checked before the evaluation runs: not the
+// config, not the checkpoint (by name or as a file: a link, another spelling), and not a file
+// of the data folder (hypotheses over the test set would change every later evaluation).
+void check_out_is_no_input(const std::string& out, const std::string& config, const std::string& checkpoint,
+                           const std::string& data_dir) {
+  for (const auto& [what, path] : {std::pair<const char*, std::string>{"the config", config}, {"the checkpoint", checkpoint}})
+    if (out == path || same_file(out, path))
+      throw Error("--out " + out + ": is " + what + " (" + path + "); write the outputs to another file");
+  if (data_dir.empty()) return;
+  const std::string parent = std::filesystem::path(out).parent_path().string();
+  if (same_file(parent.empty() ? "." : parent, data_dir))
+    throw Error("--out " + out + ": is in the data folder " + data_dir +
+                ", which the evaluation reads; write the outputs elsewhere");
+}
+
 int run_evaluate(const EvaluateArgs& a) {
   const settings::TrainConfig cfg = train::load_train_config(a.config, a.set);
   train::EvaluateOptions opt;
   opt.checkpoint = a.checkpoint;
+  if (!a.out.empty())
+    check_out_is_no_input(a.out, a.config, a.checkpoint.empty() ? train::checkpoint_path(cfg) : a.checkpoint,
+                          data_dir_of(cfg));
   opt.reference_decoding = a.decoder == "reference";
   const train::Evaluation e = train::evaluate_checkpoint(cfg, opt);
   Table t({"metric", "value", "step", "seconds"});

@@ -617,6 +617,38 @@ TOML
     "$FP8LAB" evaluate "$T/words.toml" --set optimizer.lr=0.1
   expect_fail "evaluate without a checkpoint" "no checkpoint to evaluate" \
     "$FP8LAB" evaluate "$T/words.toml" --checkpoint "$T/none.ckpt"
+  # --out may be no file the evaluation reads: checked before it runs, the file left as it was.
+  cp "$T/words.toml" "$T/words.keep"; cp "$T/words.ckpt" "$T/ckpt.keep"; cp "$T/words/test.en" "$T/test.keep"
+  ln -sf "$T/words.ckpt" "$T/ckpt.link"
+  expect_fail "evaluate --out over its config" "is the config" "$FP8LAB" evaluate "$T/words.toml" --out "$T/words.toml"
+  expect_fail "evaluate --out over its checkpoint (a link)" "is the checkpoint" \
+    "$FP8LAB" evaluate "$T/words.toml" --out "$T/ckpt.link"
+  expect_fail "evaluate --out into the data folder" "is in the data folder" \
+    "$FP8LAB" evaluate "$T/words.toml" --out "$T/words/../words/test.en"
+  check "evaluate --out refusals keep the config" cmp -s "$T/words.toml" "$T/words.keep"
+  check "evaluate --out refusals keep the checkpoint" cmp -s "$T/words.ckpt" "$T/ckpt.keep"
+  check "evaluate --out refusals keep the test set" cmp -s "$T/words/test.en" "$T/test.keep"
+fi
+
+# --- text corpora that are no regular files: refused by name, never waited on ---------------
+if [ $TORCH = 1 ]; then
+  for kind in fifo zero folder empty; do
+    mkdir -p "$T/text-$kind"
+    case $kind in
+      fifo) mkfifo "$T/text-$kind/train.txt" ;;
+      zero) ln -s /dev/zero "$T/text-$kind/train.txt" ;;
+      folder) mkdir "$T/text-$kind/train.txt" ;;
+      empty) : >"$T/text-$kind/train.txt" ;;
+    esac
+    echo "a b c" >"$T/text-$kind/dev.txt"
+    case $kind in fifo|zero) want="is not a regular file" ;; folder) want="is a folder" ;; empty) want="no text" ;; esac
+    for task in language-model:gpt-tiny bert:bert-tiny; do
+      [ $kind = empty ] && [ ${task%%:*} = bert ] && want="at least two sentences"
+      expect_fail "text corpus $kind, ${task%%:*}" "$want" timeout 60 "$FP8LAB" train --set task=${task%%:*} \
+        --set model.name=${task#*:} --set data.name=text --set "data.dir=$T/text-$kind" --set train.steps=1 \
+        --db "$T/text.db" --no-progress
+    done
+  done
 fi
 
 echo "cli: $pass passed, $fail failed"
