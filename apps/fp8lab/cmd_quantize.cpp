@@ -154,15 +154,11 @@ void run_scaled_decode(const QuantizeArgs& a, const ScaledSpec& s) {
                 " " + shape_text(want.shape) + " (C order), the file has " + npy_descr(sc.dtype) + " " + shape_text(sc.shape));
   check_codes(in.data.data(), in.size(), s.element.format, a.input);
   std::vector<std::uint32_t> ordered(l.groups());
-  const std::uint32_t top = s.scale == ScaleFormat::fp32 ? ~0u : scale_format(s.scale).max_code();
   for (std::size_t i = 0; i < ordered.size(); ++i) {
     if (sc.dtype == DType::u8) ordered[i] = sc.data[i];
     else std::memcpy(&ordered[i], sc.data.data() + 4 * i, 4);
-    const bool nan_code = s.scale != ScaleFormat::fp32 && ordered[i] == scale_format(s.scale).nan_code(false);
-    if (ordered[i] > top && !nan_code)
-      throw Error(scales_path + ": value " + std::to_string(ordered[i]) + " at index " + std::to_string(i) + " is not a " +
-                  std::string(to_string(s.scale)) + " code");
   }
+  check_scale_codes(ordered.data(), ordered.size(), s, scales_path);
   std::vector<std::uint32_t> scales = ordered;
   if (s.granularity == Granularity::block || s.granularity == Granularity::line)
     scales = to_rows(ordered.data(), AxisView{v.outer, l.grid_cols(), v.inner});
@@ -174,7 +170,7 @@ void run_scaled_decode(const QuantizeArgs& a, const ScaledSpec& s) {
       throw Error(ts_path + ": the tensor scale is one float32 (<f4 (1,)), the file has " + npy_descr(t.dtype) + " " +
                   shape_text(t.shape));
     std::memcpy(&ts, t.data.data(), 4);
-    if (!(ts > 0) || !std::isfinite(ts)) throw Error(ts_path + ": the tensor scale must be a positive finite number");
+    check_tensor_scale(ts, s, ts_path);
   }
   const std::size_t n = in.size();
   const std::vector<std::uint8_t> rows = v.inner == 1 ? std::vector<std::uint8_t>() : to_rows(in.data.data(), v);

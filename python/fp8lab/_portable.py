@@ -729,6 +729,26 @@ def scaled_quantize_matrix(x: torch.Tensor, format: "_core.ScaledFormat", roundi
             "tensor_scale": ts, "amax": current, "counts": counts}
 
 
+def _check_scale_codes(sc: torch.Tensor, kind: str) -> None:
+    """core check_scale_codes: every scale code is one of the scale format's (its NaN code is)."""
+    if kind == "fp32":
+        return
+    bad = (sc > _scale_max_code(kind)) & (sc != _scale_nan_code(kind))
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad.reshape(-1))[0])
+        raise _core.Error(f"decode: scales: value {int(sc.reshape(-1)[i])} at index {i} is not a {kind} code")
+
+
+def _check_tensor_scale(ts: float, format) -> None:
+    """core check_tensor_scale: positive and finite in float32 for two-level formats, else 1."""
+    t = np.float32(ts) if np.isfinite(ts) and abs(ts) < 3.5e38 else np.float32(np.inf)
+    if format.tensor_scale and not (t > 0 and np.isfinite(t)):
+        raise _core.Error(f"decode: the tensor scale must be a positive finite float32 number, got {ts!r}")
+    if not format.tensor_scale and t != 1:
+        raise _core.Error(f"decode: {format} has no tensor scale, but one of {ts!r} was given (codes of another "
+                          "format?)")
+
+
 def scaled_decode_matrix(codes: torch.Tensor, scales: torch.Tensor, tensor_scale: float,
                          format: "_core.ScaledFormat") -> torch.Tensor:
     """scaled_decode_reference: the values of a uint8 code matrix and its int32 scale codes."""
@@ -748,6 +768,8 @@ def scaled_decode_matrix(codes: torch.Tensor, scales: torch.Tensor, tensor_scale
     if scales.numel() != gr * gc:
         raise _core.Error(f"decode: {scales.numel()} scales given, {format} has {gr * gc} for a {rows}x{cols} matrix")
     sc = (scales.to(torch.int64) & _M32).reshape(gr, gc)
+    _check_scale_codes(sc, s.scale)
+    _check_tensor_scale(tensor_scale, format)
     if s.scale == "fp32":
         nan = torch.isnan(_from_bits(sc))
     else:

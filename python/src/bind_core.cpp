@@ -269,6 +269,9 @@ void bind_scaled_functions(py::module_& m) {
         q.codes = codes.contiguous();
         check_codes(q.codes.data_ptr<std::uint8_t>(), static_cast<std::size_t>(q.codes.numel()), s.element.format, "decode");
         q.scales = scales.contiguous();
+        check_scale_codes(reinterpret_cast<const std::uint32_t*>(q.scales.data_ptr<std::int32_t>()),
+                          static_cast<std::size_t>(q.scales.numel()), s, "decode: scales");
+        check_tensor_scale(tensor_scale, s, "decode");
         q.tensor_scale = tensor_scale;
         py::gil_scoped_release nogil;
         return nn::scaled_decode_matrix(q, s);

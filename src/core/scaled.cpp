@@ -6,6 +6,7 @@
 #include <bit>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "fp8lab/core/enum_names.hpp"
@@ -438,6 +439,29 @@ GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts*
   g.value = static_cast<float>(sc.value(g.code) * ts);
   if (s.scale == ScaleFormat::e8m0) g.exponent = static_cast<int>(g.code) - 127;
   return g;
+}
+
+void check_scale_codes(const std::uint32_t* codes, std::size_t n, const ScaledSpec& s, const std::string& where) {
+  if (s.scale == ScaleFormat::fp32 || !s.scaled()) return;
+  const Format f = scale_format(s.scale);
+  const std::uint32_t top = f.max_code(), nan = f.nan_code(false);
+  for (std::size_t i = 0; i < n; ++i)
+    if (codes[i] > top && codes[i] != nan)
+      throw Error(where + ": value " + std::to_string(codes[i]) + " at index " + std::to_string(i) + " is not a " +
+                  std::string(to_string(s.scale)) + " code");
+}
+
+void check_tensor_scale(float ts, const ScaledSpec& s, const std::string& where) {
+  const auto fmt_g = [](float v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.9g", static_cast<double>(v));
+    return std::string(b);
+  };
+  if (s.tensor_scale && !(ts > 0 && std::isfinite(ts)))
+    throw Error(where + ": the tensor scale must be a positive finite float32 number, got " + fmt_g(ts));
+  if (!s.tensor_scale && ts != 1.0f)
+    throw Error(where + ": " + to_string(s) + " has no tensor scale, but one of " + fmt_g(ts) +
+                " was given (codes of another format?)");
 }
 
 GroupScale scale_from_code(const ScaledSpec& s, std::uint32_t code, float ts) {

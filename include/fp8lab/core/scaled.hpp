@@ -119,6 +119,13 @@ int element_emax(const Format& element);
 // The scale format's Format (e8m0 / ue4m3); fp32 and none have none.
 Format scale_format(ScaleFormat s);
 
+// Throws Error naming `where` and the index of the first of `n` scale codes that is no code
+// of s's scale format (E8M0: 0..255; UE4M3: 0..126 and its NaN 127; float32: any bits).
+void check_scale_codes(const std::uint32_t* codes, std::size_t n, const ScaledSpec& s, const std::string& where);
+// Throws Error naming `where` unless `ts` can be s's tensor scale: a positive finite float32
+// for a two-level spec, 1 for the others (a set's parts must belong together).
+void check_tensor_scale(float ts, const ScaledSpec& s, const std::string& where);
+
 // The group scale that scale code `code` stands for, under tensor scale `ts` (decoding).
 GroupScale scale_from_code(const ScaledSpec& s, std::uint32_t code, float ts);
 
