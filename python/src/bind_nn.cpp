@@ -135,7 +135,14 @@ void bind_recipe(py::module_& m) {
              if (!r.accumulate) return std::nullopt;
              return nn::to_string(*r.accumulate);
            }, "The recipe's accumulation (fp32 or FORMAT@CHUNK), or None where it leaves it to the run")
-      .def("resolve", &nn::Recipe::resolve, py::arg("path"), py::arg("index"), py::arg("count"),
+      .def("resolve",
+           [](const nn::Recipe& r, const std::string& path, int index, int count) {
+             if (count < 1 || index < 0 || index >= count)
+               throw Error("Recipe.resolve: layer index " + std::to_string(index) + " of " + std::to_string(count) +
+                           " layers: the index must be in 0..count-1");
+             return r.resolve(path, index, count);
+           },
+           py::arg("path"), py::arg("index"), py::arg("count"),
            "The quantizers of layer `index` of `count` at module path `path`")
       .def_property_readonly("depends_on_count", &nn::Recipe::depends_on_count,
                              "Whether a layer's quantizers depend on how many layers there are (keep_last, an override of 'last')")

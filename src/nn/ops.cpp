@@ -430,14 +430,61 @@ std::int64_t backward_grad_refs() {
   return refs;
 }
 
+namespace {
+
+// A product's layer state: given (None from Python is no layer, refused by name).
+void check_layer(const LayerStatePtr& st, const char* op) {
+  if (!st) throw Error(std::string(op) + ": no layer state given (make one with fp8lab.torch.layer)");
+}
+
+std::string shape_text(const torch::Tensor& t) {
+  std::string s = "[";
+  for (std::int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+// A bias fits `outputs` output features (or channels): none, or a vector of that many.
+void check_bias(const torch::Tensor& b, std::int64_t outputs, const std::string& where) {
+  if (b.defined() && (b.dim() != 1 || b.size(0) != outputs))
+    throw Error(where + "a bias of shape " + shape_text(b) + " for " + std::to_string(outputs) + " outputs");
+}
+
+// The positions a convolution gives along each spatial axis, each at least 1, as torch
+// computes them (F.conv*d and F.conv_transpose*d); an input smaller than the (dilated) kernel,
+// or an output padding torch refuses, is an error naming the axis.
+void check_conv_geometry(const torch::Tensor& x, const torch::Tensor& w, const std::vector<std::int64_t>& stride,
+                         const std::vector<std::int64_t>& padding, const std::vector<std::int64_t>& dilation,
+                         const std::vector<std::int64_t>& output_padding, bool transposed, const std::string& where) {
+  for (std::size_t i = 0; i < stride.size(); ++i) {
+    const std::int64_t in = x.size(static_cast<std::int64_t>(i) + 2), k = w.size(static_cast<std::int64_t>(i) + 2);
+    if (stride[i] < 1 || dilation[i] < 1 || padding[i] < 0 || dilation[i] > (std::int64_t{1} << 30) ||
+        stride[i] > (std::int64_t{1} << 30) || padding[i] > (std::int64_t{1} << 30))
+      throw Error(where + "stride and dilation must be in 1..2^30, padding in 0..2^30 (axis " + std::to_string(i) + ")");
+    const std::int64_t span = dilation[i] * (k - 1) + 1;  // the dilated kernel
+    const std::int64_t out = transposed ? (in - 1) * stride[i] - 2 * padding[i] + span + output_padding[i]
+                                        : (in + 2 * padding[i] - span) / stride[i] + 1;
+    if (transposed && (output_padding[i] < 0 || output_padding[i] >= std::max(stride[i], dilation[i])))
+      throw Error(where + "output_padding " + std::to_string(output_padding[i]) + " on axis " + std::to_string(i) +
+                  " must be below the stride or the dilation");
+    if ((!transposed && in + 2 * padding[i] < span) || out < 1)
+      throw Error(where + "the input's " + std::to_string(in) + " positions on axis " + std::to_string(i) +
+                  " (padding " + std::to_string(padding[i]) + ") give no output for a kernel spanning " +
+                  std::to_string(span));
+  }
+}
+
+}  // namespace
+
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                            const LayerStatePtr& st) {
+  check_layer(st, "quant_linear");
   check_cpu_float(x, "quant_linear", "input");
   check_cpu_float(w, "quant_linear", "weight");
   if (w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.size(1))
     throw Error("quant_linear '" + st->name + "': input's last dimension " +
                 std::to_string(x.dim() ? x.size(-1) : 0) + " does not match weight " +
                 std::to_string(w.size(0)) + "x" + std::to_string(w.size(1)));
+  check_bias(b, w.size(0), "quant_linear '" + st->name + "': ");
   // Autograd functions take no undefined tensors: an empty one stands for "no bias".
   return LinearFn::apply(x, w, b.defined() ? b : torch::empty({0}), st);
 }
@@ -446,6 +493,7 @@ torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const
                            std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
                            std::vector<std::int64_t> dilation, std::int64_t groups,
                            const LayerStatePtr& st) {
+  check_layer(st, "quant_conv2d");
   check_cpu_float(x, "quant_conv2d", "input");
   check_cpu_float(w, "quant_conv2d", "weight");
   if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1) * groups)
@@ -454,14 +502,19 @@ torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const
   if (groups < 1 || w.size(0) % groups != 0)
     throw Error("quant_conv2d '" + st->name + "': groups " + std::to_string(groups) + " does not divide the " +
                 std::to_string(w.size(0)) + " output channels");
-  return Conv2dFn::apply(x, w, b.defined() ? b : torch::empty({0}), pair_of(stride, "stride", st->name),
-                         pair_of(padding, "padding", st->name), pair_of(dilation, "dilation", st->name), groups, st);
+  const std::string where = "quant_conv2d '" + st->name + "': ";
+  check_bias(b, w.size(0), where);
+  stride = pair_of(stride, "stride", st->name), padding = pair_of(padding, "padding", st->name);
+  dilation = pair_of(dilation, "dilation", st->name);
+  check_conv_geometry(x, w, stride, padding, dilation, {0, 0}, false, where);
+  return Conv2dFn::apply(x, w, b.defined() ? b : torch::empty({0}), stride, padding, dilation, groups, st);
 }
 
 torch::Tensor quant_conv(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                          std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
                          std::vector<std::int64_t> dilation, bool transposed,
                          std::vector<std::int64_t> output_padding, std::int64_t groups, const LayerStatePtr& st) {
+  check_layer(st, "quant_conv");
   check_cpu_float(x, "quant_conv", "input");
   check_cpu_float(w, "quant_conv", "weight");
   const std::string where = "quant_conv '" + st->name + "': ";
@@ -485,16 +538,25 @@ torch::Tensor quant_conv(const torch::Tensor& x, const torch::Tensor& w, const t
       throw Error(where + what + " takes one value or " + std::to_string(D) + ", got " + std::to_string(v.size()));
     return v;
   };
-  return ConvNdFn::apply(x, w, b.defined() ? b : torch::empty({0}), per_axis(std::move(stride), "stride"),
-                         per_axis(std::move(padding), "padding"), per_axis(std::move(dilation), "dilation"),
-                         per_axis(std::move(output_padding), "output_padding"), transposed, groups, st);
+  stride = per_axis(std::move(stride), "stride"), padding = per_axis(std::move(padding), "padding");
+  dilation = per_axis(std::move(dilation), "dilation");
+  output_padding = per_axis(std::move(output_padding), "output_padding");
+  check_bias(b, transposed ? w.size(1) * groups : w.size(0), where);
+  check_conv_geometry(x, w, stride, padding, dilation, output_padding, transposed, where);
+  return ConvNdFn::apply(x, w, b.defined() ? b : torch::empty({0}), stride, padding, dilation, output_padding,
+                         transposed, groups, st);
 }
 
 torch::Tensor quant_matmul(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st) {
+  check_layer(st, "quant_matmul");
   check_cpu_float(a, "quant_matmul", "first operand");
   check_cpu_float(b, "quant_matmul", "second operand");
-  if (a.dim() < 2 || b.dim() < 2 || a.size(-1) != b.size(-2))
-    throw Error("quant_matmul '" + st->name + "': shapes do not multiply");
+  bool fits = a.dim() >= 2 && b.dim() >= 2 && a.size(-1) == b.size(-2);
+  for (std::int64_t i = 3; fits && i <= std::min(a.dim(), b.dim()); ++i)  // batch axes broadcast
+    fits = a.size(-i) == b.size(-i) || a.size(-i) == 1 || b.size(-i) == 1;
+  if (!fits)
+    throw Error("quant_matmul '" + st->name + "': shapes " + shape_text(a) + " and " + shape_text(b) +
+                " do not multiply");
   return MatmulFn::apply(a, b, st);
 }
 
