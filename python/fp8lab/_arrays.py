@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Union
+from typing import Tuple, Union
 
 import numpy as np
 import torch
@@ -39,6 +39,12 @@ def _tensor(x, what: str, *, writable: bool = False):
     if isinstance(x, np.generic):  # a NumPy scalar: a 0-d array
         x = np.asarray(x)
     if isinstance(x, torch.Tensor):
+        if x.layout != torch.strided:
+            raise TypeError(f"{what}: expected a dense tensor, got one of layout {str(x.layout).replace('torch.', '')}; "
+                            "convert it with .to_dense()")
+        if writable and x.requires_grad and x.is_leaf and torch.is_grad_enabled():
+            raise ValueError(f"{what}: in-place quantization of a leaf tensor that requires grad (autograd forbids "
+                             "it); quantize it under torch.no_grad() or quantize x.detach()")
         if writable and torch._debug_has_internal_overlap(x) == 1:
             raise ValueError(f"{what}: in-place quantization of a tensor whose elements share memory (an expanded "
                              "view); quantize x.clone() instead")
@@ -99,6 +105,15 @@ def _axis(t: torch.Tensor, axis: int) -> int:
     return axis % t.dim()
 
 
+def _fixed_bias_axis(t: torch.Tensor, axis) -> None:
+    """A fixed-bias format has no groups, so `axis` changes nothing, but a wrong one is still
+    an error (not silently ignored): an integer naming an axis of t (any, for a 0-d t)."""
+    if t.dim() > 0:
+        _axis(t, axis)
+    elif not _is_integer(axis):
+        raise TypeError(f"axis must be an integer, not {type(axis).__name__}")
+
+
 def _matrix(t: torch.Tensor, axis: int) -> torch.Tensor:
     """The tensor as [rows, len(axis)]: the groups of a scaled format run along `axis`."""
     rows = 1
@@ -137,6 +152,7 @@ def quantize(x, format: FormatLike, *, rounding: str = "nearest-even", overflow:
     _require_float32(t, "quantize")
     spec = _spec(format)
     if isinstance(spec, _core.Format):
+        _fixed_bias_axis(t, axis)
         y, counts = ops.quantize_tensor(t, spec, rounding, overflow, random_bits, seed, inplace)
     else:
         if overflow != "saturate":
@@ -163,14 +179,27 @@ class ScaledCodes:
     format: "_core.ScaledFormat"
     axis: int
 
+    def _checked(self, what: str) -> Tuple["_core.ScaledFormat", int]:
+        """(the scaled format, the 0-based axis) of these codes, checked: a ScaledFormat (or
+        its name) and an axis of the codes (a dataclass's fields can be set to anything)."""
+        f = self.format
+        if isinstance(f, str):
+            f = _core.ScaledFormat(f)
+        if not isinstance(f, _core.ScaledFormat) or not f.scaled:
+            raise TypeError(f"{what}: ScaledCodes.format must be a scaled format (a ScaledFormat or its name, "
+                            f"e.g. 'mxfp4'), got {f!r}")
+        codes, _ = _tensor(self.codes, what)
+        return f, _axis(codes, self.axis)
+
     def to_torch(self):
         """(element codes, scales) as torch's dtypes: the elements as fp8lab.to_torch gives
         them (float8 views; float4_e2m1fn_x2 packed along the last axis), the scales as
         float8_e8m0fnu (E8M0), float8_e4m3fn (UE4M3, non-negative codes) or float32. The
         tensor scale is self.tensor_scale."""
+        f, _ = self._checked("to_torch")
         codes, _ = _tensor(self.codes, "to_torch")
-        return (_dtypes.to_torch(codes, self.format.element),
-                _dtypes.scales_to_torch(self._scale_tensor("to_torch"), self.format.scale_format))
+        return (_dtypes.to_torch(codes, f.element),
+                _dtypes.scales_to_torch(self._scale_tensor("to_torch"), f.scale_format))
 
     def _scale_tensor(self, what: str) -> torch.Tensor:
         """The scale codes as the int32 tensor the kernels take (uint32 NumPy codes viewed so)."""
@@ -191,6 +220,7 @@ def encode(x, format: FormatLike, *, rounding: str = "nearest-even", overflow: s
     _require_float32(t, "encode")
     spec = _spec(format)
     if isinstance(spec, _core.Format):
+        _fixed_bias_axis(t, axis)
         codes, counts = ops.encode_tensor(t, spec, rounding, overflow, random_bits, seed)
         if numpy:
             codes = codes.numpy()
@@ -216,10 +246,13 @@ def decode(codes, format: FormatLike = None, *, backend: str = "auto"):
     backend: as quantize's."""
     ops = _ops(codes.codes if isinstance(codes, ScaledCodes) else codes, backend, "decode")
     if isinstance(codes, ScaledCodes):
+        f, a = codes._checked("decode")
         c, numpy = _tensor(codes.codes, "decode")
         s = codes._scale_tensor("decode")
-        a = codes.axis
-        y = ops.scaled_decode_matrix(_matrix(c, a), s.reshape(-1), codes.tensor_scale, codes.format)
+        ts = codes.tensor_scale
+        if isinstance(ts, bool) or not isinstance(ts, (int, float, np.floating, np.integer)):
+            raise TypeError(f"decode: ScaledCodes.tensor_scale must be a number, got {type(ts).__name__}")
+        y = ops.scaled_decode_matrix(_matrix(c, a), s.reshape(-1), float(ts), f)
         return _out(_unmatrix(y, c.shape, a), numpy)
     if isinstance(codes, torch.Tensor) and _dtypes.format_of(codes.dtype) is not None:
         codes, own = _dtypes.from_torch(codes)  # torch's float8/float4 dtypes carry their format

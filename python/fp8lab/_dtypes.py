@@ -85,6 +85,8 @@ def from_torch(t: torch.Tensor) -> Tuple[torch.Tensor, "_core.Format"]:
     raw = t.view(torch.uint8)
     if not str(t.dtype).endswith("_x2"):
         return raw, f
+    if raw.dim() == 0:  # one byte, two codes: a row of two
+        raw = raw.reshape(1)
     return torch.stack([raw & 0xF, raw >> 4], dim=-1).reshape(*raw.shape[:-1], raw.shape[-1] * 2), f
 
 

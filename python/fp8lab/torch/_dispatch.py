@@ -34,10 +34,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import _core
+from .._errors import UsageError
 from . import _functional as fn
 from ._convert import QuantState, _attach, _recipe, _settings
 from ._modules import LayerSlot, QuantLinear, QuantMatmul, QuantMultiheadAttention
@@ -158,9 +160,33 @@ class _Mode(TorchFunctionMode):
             if p.names.in_parametrization():
                 name = p.names.of_activations(getattr(func, "__name__", "product"))
                 return _fallback(p, func, args, kwargs or {}, name, _IN_PARAMETRIZATION)
-            return handler(p, func, args, kwargs or {})
+            try:
+                return handler(p, func, args, kwargs or {})
+            except (ValueError, TypeError):
+                raise  # fp8lab's own refusals name the layer
+            except Exception as e:
+                refusal = _torch_refusal(func, args, kwargs or {})
+                if refusal is None:
+                    raise
+                raise ValueError(f"fp8lab.torch.quantized: {getattr(func, '__name__', 'a product')} in "
+                                 f"{p.names.owner() or 'the model'}: torch refuses these operands: {refusal}") from e
         finally:
             p.inside -= 1
+
+
+def _torch_refusal(func, args, kwargs) -> Optional[str]:
+    """torch's own error for a call (found on meta tensors: shapes and dtypes only, no data
+    touched), or None where torch accepts it or cannot tell without the data."""
+    def meta(t):
+        return t.detach().to("meta") if isinstance(t, torch.Tensor) and t.layout == torch.strided else t
+    try:
+        with torch.no_grad():
+            func(*torch.utils._pytree.tree_map(meta, list(args)), **torch.utils._pytree.tree_map(meta, dict(kwargs)))
+    except NotImplementedError:
+        return None
+    except Exception as e:  # noqa: BLE001 - torch's refusal, whatever its class
+        return str(e).split("\n")[0]
+    return None
 
 
 _IN_PARAMETRIZATION = ("part of a parametrized weight's computation (spectral_norm's power iteration): the layer's "
@@ -241,7 +267,7 @@ class QuantizedProgram:
     # -- entering and leaving -----------------------------------------------------------------
     def __enter__(self) -> "QuantizedProgram":
         if self._mode is not None:
-            raise RuntimeError("fp8lab.torch.quantized: this context is entered already")
+            raise UsageError("fp8lab.torch.quantized: this context is entered already")
         for m in self.model.modules():
             self._hooks.append(m.register_forward_pre_hook(self._module_pre))
             self._hooks.append(m.register_forward_hook(self._module_post))

@@ -9,11 +9,23 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Optional
 
 from .. import _core
+from .._data import _path
 from ._convert import quant_state
+from ._scaling import LossScaler
+
+
+def _check_text(what: str, v) -> None:
+    """A run's name or kind: non-empty text without control characters (`fp8lab runs` prints
+    it on one line, and `report --name` looks it up)."""
+    if not isinstance(v, str):
+        raise TypeError(f"RunRecorder: {what} must be a str, got {type(v).__name__}")
+    if not v or any(ord(c) < 0x20 or ord(c) == 0x7F for c in v):
+        raise ValueError(f"RunRecorder: {what} {v!r} must be non-empty text without control characters")
 
 
 class RunRecorder:
@@ -22,7 +34,13 @@ class RunRecorder:
 
     def __init__(self, db: str, name: str, *, model=None, scaler=None, seed: int = 0, config: Optional[dict] = None,
                  kind: str = "python"):
-        self.store = _core.Store(str(db))
+        for what, v in (("name", name), ("kind", kind)):
+            _check_text(what, v)
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise ValueError(f"RunRecorder: seed must be an integer in 0..2^64-1, got {seed!r}")
+        if scaler is not None and not isinstance(scaler, LossScaler):
+            raise TypeError(f"RunRecorder: scaler must be an fp8lab.torch.LossScaler, got {type(scaler).__name__}")
+        self.store = _core.Store(_path(db, "RunRecorder: db"))
         self.model = model
         self.scaler = scaler
         state = quant_state(model) if model is not None else None
@@ -45,8 +63,15 @@ class RunRecorder:
     def log(self, step: int, **metrics: float) -> None:
         """Metrics at a step (e.g. loss=..., test_accuracy=...); the last one logged is the
         run's final metric unless finish() names one."""
-        for k, v in metrics.items():
-            self.store.log_metric(self.id, int(step), k, float(v))
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+            raise ValueError(f"RunRecorder.log: step must be an integer in 0..2^63-1, got {step!r}")
+        values = {k: float(v) for k, v in metrics.items()}
+        for k, v in values.items():
+            if not math.isfinite(v):
+                raise ValueError(f"RunRecorder.log: {k} is {v} at step {step}; the store keeps finite values "
+                                 "(a run that diverged ends with finish(status='diverged'))")
+        for k, v in values.items():
+            self.store.log_metric(self.id, step, k, v)
             self._last = (k, float(v))
 
     def log_stats(self) -> int:

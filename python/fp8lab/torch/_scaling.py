@@ -17,6 +17,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from .. import _core
+from .._errors import UsageError
 
 
 class LossScaler:
@@ -50,7 +51,7 @@ class LossScaler:
         """Divides the gradients by alpha in place and decides this step (call it before
         clipping gradients; step() calls it otherwise)."""
         if self._unscaled is not None:
-            raise RuntimeError("unscale_() was already called since the last update()")
+            raise UsageError("unscale_() was already called since the last update()")
         scale = self._core.scale()
         self._unscaled = self._core.update(self._grads(optimizer))
         self.trace.append((self._iteration, int(round(math.log2(scale))), self._unscaled["skipped"]))
@@ -66,7 +67,7 @@ class LossScaler:
     def update(self) -> None:
         """Ends the iteration (the next scale was set when the gradients were unscaled)."""
         if self._unscaled is None:
-            raise RuntimeError("update() without step() or unscale_() in this iteration")
+            raise UsageError("update() without step() or unscale_() in this iteration")
         self._unscaled = None
         self._iteration += 1
 
