@@ -74,6 +74,15 @@ def _worker(rank: int, store: str, out: str, wrapper: str, path: str, recipe: st
         counts = st.counts()
         if rank == 0:
             torch.save({"params": params, "counts": counts}, out)
+        # torch 2.13's Gloo process group can deadlock when the DDP model's reducer is freed:
+        # the reducer, freed holding the GIL, takes the group down and joins its worker
+        # threads, one of which was seen (gdb) freeing a collective whose captured thread state
+        # holds a Python object, waiting for the GIL. It happened on the dispatch path only
+        # (about one run in ten, before this change as after). A barrier lets the workers
+        # finish (it waits without the GIL), and the model goes before the group: no hang in
+        # 25 runs since (docs/python.md, "Data-parallel training").
+        dist.barrier()
+        del model, net, opt, run
     finally:
         dist.destroy_process_group()
 
