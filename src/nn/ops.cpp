@@ -437,16 +437,10 @@ void check_layer(const LayerStatePtr& st, const char* op) {
   if (!st) throw Error(std::string(op) + ": no layer state given (make one with fp8lab.torch.layer)");
 }
 
-std::string shape_text(const torch::Tensor& t) {
-  std::string s = "[";
-  for (std::int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
-
 // A bias fits `outputs` output features (or channels): none, or a vector of that many.
 void check_bias(const torch::Tensor& b, std::int64_t outputs, const std::string& where) {
   if (b.defined() && (b.dim() != 1 || b.size(0) != outputs))
-    throw Error(where + "a bias of shape " + shape_text(b) + " for " + std::to_string(outputs) + " outputs");
+    throw Error(where + "a bias of shape " + c10::str(b.sizes()) + " for " + std::to_string(outputs) + " outputs");
 }
 
 // The positions a convolution gives along each spatial axis, each at least 1, as torch
@@ -555,7 +549,7 @@ torch::Tensor quant_matmul(const torch::Tensor& a, const torch::Tensor& b, const
   for (std::int64_t i = 3; fits && i <= std::min(a.dim(), b.dim()); ++i)  // batch axes broadcast
     fits = a.size(-i) == b.size(-i) || a.size(-i) == 1 || b.size(-i) == 1;
   if (!fits)
-    throw Error("quant_matmul '" + st->name + "': shapes " + shape_text(a) + " and " + shape_text(b) +
+    throw Error("quant_matmul '" + st->name + "': shapes " + c10::str(a.sizes()) + " and " + c10::str(b.sizes()) +
                 " do not multiply");
   return MatmulFn::apply(a, b, st);
 }
