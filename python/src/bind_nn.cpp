@@ -259,6 +259,60 @@ void bind_layer_state(py::module_& m) {
       .def("__repr__", [](const LayerState& s) { return "LayerState('" + s.name + "')"; });
 }
 
+// The products split into a forward and a backward call (nn::quant_*_forward,
+// quant_backward): torch.compile's custom ops (fp8lab/torch/_compiled.py).
+void bind_split_ops(py::module_& m) {
+  const auto pair = [](nn::SplitForward r) { return std::make_pair(std::move(r.y), std::move(r.handle)); };
+  m.def("quant_linear_forward",
+        [pair](const torch::Tensor& x, const torch::Tensor& w, const std::optional<torch::Tensor>& b,
+               const LayerStatePtr& st) {
+          require_float32(x, "linear input");
+          require_float32(w, "linear weight");
+          py::gil_scoped_release nogil;
+          return pair(nn::quant_linear_forward(x, w, b ? *b : torch::Tensor(), st));
+        },
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("layer"));
+  m.def("quant_conv2d_forward",
+        [pair](const torch::Tensor& x, const torch::Tensor& w, const std::optional<torch::Tensor>& b,
+               std::vector<std::int64_t> stride, std::vector<std::int64_t> padding, std::vector<std::int64_t> dilation,
+               std::int64_t groups, const LayerStatePtr& st) {
+          require_float32(x, "conv2d input");
+          require_float32(w, "conv2d weight");
+          py::gil_scoped_release nogil;
+          return pair(nn::quant_conv2d_forward(x, w, b ? *b : torch::Tensor(), std::move(stride), std::move(padding),
+                                               std::move(dilation), groups, st));
+        },
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
+        py::arg("groups"), py::arg("layer"));
+  m.def("quant_conv_forward",
+        [pair](const torch::Tensor& x, const torch::Tensor& w, const std::optional<torch::Tensor>& b,
+               std::vector<std::int64_t> stride, std::vector<std::int64_t> padding, std::vector<std::int64_t> dilation,
+               bool transposed, std::vector<std::int64_t> output_padding, std::int64_t groups, const LayerStatePtr& st) {
+          require_float32(x, "conv input");
+          require_float32(w, "conv weight");
+          py::gil_scoped_release nogil;
+          return pair(nn::quant_conv_forward(x, w, b ? *b : torch::Tensor(), std::move(stride), std::move(padding),
+                                             std::move(dilation), transposed, std::move(output_padding), groups, st));
+        },
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
+        py::arg("transposed"), py::arg("output_padding"), py::arg("groups"), py::arg("layer"));
+  m.def("quant_matmul_forward",
+        [pair](const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st) {
+          require_float32(a, "matmul a");
+          require_float32(b, "matmul b");
+          py::gil_scoped_release nogil;
+          return pair(nn::quant_matmul_forward(a, b, st));
+        },
+        py::arg("a"), py::arg("b"), py::arg("layer"));
+  m.def("quant_backward",
+        [](const torch::Tensor& g, const torch::Tensor& handle, const std::vector<bool>& needs) {
+          py::gil_scoped_release nogil;
+          return nn::quant_backward(g, handle, needs);
+        },
+        py::arg("grad"), py::arg("handle"), py::arg("needs"),
+        "The gradients of a split forward's tensor inputs (None where needs says no)");
+}
+
 void bind_ops(py::module_& m) {
   m.def("quant_linear",
         [](const torch::Tensor& x, const torch::Tensor& w, const std::optional<torch::Tensor>& b, const LayerStatePtr& st) {
@@ -301,6 +355,7 @@ void bind_ops(py::module_& m) {
           return nn::quant_matmul(a, b, st);
         },
         py::arg("a"), py::arg("b"), py::arg("layer"));
+  bind_split_ops(m);
 }
 
 void bind_loss_scale(py::module_& m) {

@@ -3,6 +3,10 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
 #include "fp8lab/nn/tensor_quant.hpp"
 
 namespace fp8lab::nn {
@@ -12,7 +16,23 @@ using torch::autograd::variable_list;
 
 namespace {
 
-LayerStatePtr state_of(AutogradContext* ctx) {
+// What a product keeps from its forward to its backward when it runs outside autograd's own
+// graph (split_forward, the custom ops of torch.compile): the part of AutogradContext the
+// ops use, so that both run the same forward and backward code.
+class PlainContext {
+ public:
+  decltype(AutogradContext::saved_data) saved_data;
+  void save_for_backward(variable_list v) { saved_ = std::move(v); }
+  variable_list get_saved_variables() const { return saved_; }
+  bool needs_input_grad(std::size_t i) const { return i < needs.size() && needs[i]; }
+  std::vector<bool> needs;  // set by split_backward from its caller's autograd
+
+ private:
+  variable_list saved_;
+};
+
+template <class Ctx>
+LayerStatePtr state_of(Ctx* ctx) {
   return c10::static_intrusive_pointer_cast<LayerState>(ctx->saved_data["st"].toCapsule());
 }
 
@@ -78,7 +98,8 @@ std::string saved_key(int i) { return "scaled" + std::to_string(i); }
 // saved forms, the layer state, the call number). Returns the two quantized operands.
 // `for_products`: the op's products all go through the compute layer, which then may
 // receive bfloat16 operands (LayerState::quantize_and_save).
-std::pair<torch::Tensor, torch::Tensor> quantize_operands(AutogradContext* ctx,
+template <class Ctx>
+std::pair<torch::Tensor, torch::Tensor> quantize_operands(Ctx* ctx,
                                                           const LayerStatePtr& st, Operand a,
                                                           Operand b, bool for_products) {
   const std::uint32_t call = st->streams.begin_call();
@@ -107,7 +128,8 @@ struct Saved {
 };
 // `for_products`: the operands are read by the compute layer's products only, which take
 // them as bfloat16 where they may (LayerState::restore_for_product).
-Saved restore_operands(AutogradContext* ctx, TensorKind ka, TensorKind kb, bool for_products = false) {
+template <class Ctx>
+Saved restore_operands(Ctx* ctx, TensorKind ka, TensorKind kb, bool for_products = false) {
   Saved s{state_of(ctx), static_cast<std::uint32_t>(ctx->saved_data["call"].toInt()), {}, {}};
   const auto saved = ctx->get_saved_variables();
   const auto restore = [&](int i, TensorKind k) {
@@ -142,6 +164,11 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
                                const torch::Tensor& b, LayerStatePtr st) {
+    return run(ctx, x, w, b, std::move(st));
+  }
+  template <class Ctx>
+  static torch::Tensor run(Ctx* ctx, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                           LayerStatePtr st) {
     auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), true},
                                       {w, TensorKind::w, 0, last_dim(), second_last(2)}, st->ctx->layer_products());
     if (!st->ctx->layer_products()) return not_a_view(torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor()));
@@ -152,7 +179,8 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     return b.numel() > 0 ? y.add_(b) : y;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  template <class Ctx>
+  static variable_list backward(Ctx* ctx, variable_list grads) {
     const bool layer_products = state_of(ctx)->ctx->layer_products();
     const auto [st, call, xq_saved, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w, layer_products);
     torch::Tensor g = std::move(grads[0]);
@@ -235,6 +263,12 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
                                std::vector<std::int64_t> padding,
                                std::vector<std::int64_t> dilation, std::int64_t groups,
                                LayerStatePtr st) {
+    return run(ctx, x, w, b, std::move(stride), std::move(padding), std::move(dilation), groups, std::move(st));
+  }
+  template <class Ctx>
+  static torch::Tensor run(Ctx* ctx, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                           std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                           std::vector<std::int64_t> dilation, std::int64_t groups, LayerStatePtr st) {
     auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(4), batch_positions(4)},
                                       {w, TensorKind::w, 0, weight_rows(4), weight_groups(w, groups)},
                                       st->ctx->layer_products());
@@ -249,7 +283,8 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
     return b.numel() > 0 ? y.add_(b.reshape({1, -1, 1, 1})) : y;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  template <class Ctx>
+  static variable_list backward(Ctx* ctx, variable_list grads) {
     // With the compute layer, the saved operands are read by its products only.
     const bool layer_products = state_of(ctx)->ctx->layer_products();
     const auto [st, call, xq, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w, layer_products);
@@ -314,6 +349,14 @@ class ConvNdFn : public torch::autograd::Function<ConvNdFn> {
                                std::vector<std::int64_t> padding, std::vector<std::int64_t> dilation,
                                std::vector<std::int64_t> output_padding, bool transposed, std::int64_t groups,
                                LayerStatePtr st) {
+    return run(ctx, x, w, b, std::move(stride), std::move(padding), std::move(dilation), std::move(output_padding),
+               transposed, groups, std::move(st));
+  }
+  template <class Ctx>
+  static torch::Tensor run(Ctx* ctx, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                           std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                           std::vector<std::int64_t> dilation, std::vector<std::int64_t> output_padding,
+                           bool transposed, std::int64_t groups, LayerStatePtr st) {
     const ConvParams c{stride, padding, dilation, output_padding, transposed, groups};
     const auto [wf, wb] = weight_views(w, c);
     auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(x.dim()), batch_positions(x.dim())},
@@ -328,7 +371,8 @@ class ConvNdFn : public torch::autograd::Function<ConvNdFn> {
                            output_padding, groups);
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  template <class Ctx>
+  static variable_list backward(Ctx* ctx, variable_list grads) {
     const auto [st, call, xq, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w);
     const ConvParams c{ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
                        ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["output_padding"].toIntVector(),
@@ -363,13 +407,18 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
                                LayerStatePtr st) {
+    return run(ctx, a, b, std::move(st));
+  }
+  template <class Ctx>
+  static torch::Tensor run(Ctx* ctx, const torch::Tensor& a, const torch::Tensor& b, LayerStatePtr st) {
     auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim()), true},
                                       {b, TensorKind::a, 1, second_last(b.dim()), last_dim()},
                                       st->ctx->layer_products());
     return st->ctx->layer_products() ? st->products.matmul(aq, bq) : torch::matmul(aq, bq);
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  template <class Ctx>
+  static variable_list backward(Ctx* ctx, variable_list grads) {
     const bool layer_products = state_of(ctx)->ctx->layer_products();
     const auto [st, call, aq, bq] = restore_operands(ctx, TensorKind::a, TensorKind::a, layer_products);
     const std::int64_t g_dims = grads[0].dim();
@@ -469,8 +518,14 @@ void check_conv_geometry(const torch::Tensor& x, const torch::Tensor& w, const s
 
 }  // namespace
 
-torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                           const LayerStatePtr& st) {
+namespace {
+
+// ---- the checked arguments of each product: the same for both ways of running it --------
+
+// Autograd functions take no undefined tensors: an empty one stands for "no bias".
+torch::Tensor bias_or_empty(const torch::Tensor& b) { return b.defined() ? b : torch::empty({0}); }
+
+void check_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const LayerStatePtr& st) {
   check_layer(st, "quant_linear");
   check_cpu_float(x, "quant_linear", "input");
   check_cpu_float(w, "quant_linear", "weight");
@@ -479,14 +534,16 @@ torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, const
                 std::to_string(x.dim() ? x.size(-1) : 0) + " does not match weight " +
                 std::to_string(w.size(0)) + "x" + std::to_string(w.size(1)));
   check_bias(b, w.size(0), "quant_linear '" + st->name + "': ");
-  // Autograd functions take no undefined tensors: an empty one stands for "no bias".
-  return LinearFn::apply(x, w, b.defined() ? b : torch::empty({0}), st);
 }
 
-torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                           std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
-                           std::vector<std::int64_t> dilation, std::int64_t groups,
-                           const LayerStatePtr& st) {
+// A convolution's geometry as its op takes it: one value per spatial axis.
+struct ConvArgs {
+  std::vector<std::int64_t> stride, padding, dilation, output_padding;
+};
+
+ConvArgs check_conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                      std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                      std::vector<std::int64_t> dilation, std::int64_t groups, const LayerStatePtr& st) {
   check_layer(st, "quant_conv2d");
   check_cpu_float(x, "quant_conv2d", "input");
   check_cpu_float(w, "quant_conv2d", "weight");
@@ -498,16 +555,16 @@ torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const
                 std::to_string(w.size(0)) + " output channels");
   const std::string where = "quant_conv2d '" + st->name + "': ";
   check_bias(b, w.size(0), where);
-  stride = pair_of(stride, "stride", st->name), padding = pair_of(padding, "padding", st->name);
-  dilation = pair_of(dilation, "dilation", st->name);
-  check_conv_geometry(x, w, stride, padding, dilation, {0, 0}, false, where);
-  return Conv2dFn::apply(x, w, b.defined() ? b : torch::empty({0}), stride, padding, dilation, groups, st);
+  ConvArgs a{pair_of(stride, "stride", st->name), pair_of(padding, "padding", st->name),
+             pair_of(dilation, "dilation", st->name), {0, 0}};
+  check_conv_geometry(x, w, a.stride, a.padding, a.dilation, a.output_padding, false, where);
+  return a;
 }
 
-torch::Tensor quant_conv(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                         std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
-                         std::vector<std::int64_t> dilation, bool transposed,
-                         std::vector<std::int64_t> output_padding, std::int64_t groups, const LayerStatePtr& st) {
+ConvArgs check_conv(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                    std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                    std::vector<std::int64_t> dilation, bool transposed, std::vector<std::int64_t> output_padding,
+                    std::int64_t groups, const LayerStatePtr& st) {
   check_layer(st, "quant_conv");
   check_cpu_float(x, "quant_conv", "input");
   check_cpu_float(w, "quant_conv", "weight");
@@ -532,16 +589,14 @@ torch::Tensor quant_conv(const torch::Tensor& x, const torch::Tensor& w, const t
       throw Error(where + what + " takes one value or " + std::to_string(D) + ", got " + std::to_string(v.size()));
     return v;
   };
-  stride = per_axis(std::move(stride), "stride"), padding = per_axis(std::move(padding), "padding");
-  dilation = per_axis(std::move(dilation), "dilation");
-  output_padding = per_axis(std::move(output_padding), "output_padding");
+  ConvArgs a{per_axis(std::move(stride), "stride"), per_axis(std::move(padding), "padding"),
+             per_axis(std::move(dilation), "dilation"), per_axis(std::move(output_padding), "output_padding")};
   check_bias(b, transposed ? w.size(1) * groups : w.size(0), where);
-  check_conv_geometry(x, w, stride, padding, dilation, output_padding, transposed, where);
-  return ConvNdFn::apply(x, w, b.defined() ? b : torch::empty({0}), stride, padding, dilation, output_padding,
-                         transposed, groups, st);
+  check_conv_geometry(x, w, a.stride, a.padding, a.dilation, a.output_padding, transposed, where);
+  return a;
 }
 
-torch::Tensor quant_matmul(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st) {
+void check_matmul(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st) {
   check_layer(st, "quant_matmul");
   check_cpu_float(a, "quant_matmul", "first operand");
   check_cpu_float(b, "quant_matmul", "second operand");
@@ -551,7 +606,136 @@ torch::Tensor quant_matmul(const torch::Tensor& a, const torch::Tensor& b, const
   if (!fits)
     throw Error("quant_matmul '" + st->name + "': shapes " + c10::str(a.sizes()) + " and " + c10::str(b.sizes()) +
                 " do not multiply");
+}
+
+// ---- split products: forward and backward as two calls, joined by a handle --------------
+
+// What one split forward keeps for its backward. The handle tensor owns it: it is freed with
+// the handle (by whoever held it: torch.compile's saved tensors), and a backward finds it by
+// the id the handle holds.
+struct SplitState {
+  std::int64_t id = 0;
+  std::size_t inputs = 0;  // the forward's tensor inputs: the gradients backward returns
+  PlainContext ctx;
+  variable_list (*backward)(PlainContext*, variable_list) = nullptr;
+};
+
+class SplitRegistry {
+ public:
+  static SplitRegistry& get() {
+    static SplitRegistry* r = new SplitRegistry;  // never destroyed: handles may outlive static destruction
+    return *r;
+  }
+  std::int64_t add(SplitState* s) {
+    std::lock_guard<std::mutex> lock(m_);
+    s->id = ++next_;
+    live_[s->id] = s;
+    return s->id;
+  }
+  void remove(std::int64_t id) {
+    std::lock_guard<std::mutex> lock(m_);
+    live_.erase(id);
+  }
+  SplitState* find(std::int64_t id) {
+    std::lock_guard<std::mutex> lock(m_);
+    const auto it = live_.find(id);
+    return it == live_.end() ? nullptr : it->second;
+  }
+
+ private:
+  std::mutex m_;
+  std::int64_t next_ = 0;
+  std::unordered_map<std::int64_t, SplitState*> live_;
+};
+
+template <class Fn, class... Args>
+SplitForward split_forward(std::size_t inputs, Args&&... args) {
+  auto state = std::make_unique<SplitState>();
+  state->inputs = inputs;
+  state->backward = [](PlainContext* c, variable_list g) { return Fn::backward(c, std::move(g)); };
+  torch::Tensor y = Fn::run(&state->ctx, std::forward<Args>(args)...);
+  SplitState* s = state.release();
+  SplitRegistry::get().add(s);
+  torch::Tensor handle = torch::from_blob(
+      &s->id, {}, [s](void*) { SplitRegistry::get().remove(s->id); delete s; }, torch::kInt64);
+  return {std::move(y), std::move(handle)};
+}
+
+}  // namespace
+
+torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                           const LayerStatePtr& st) {
+  check_linear(x, w, b, st);
+  return LinearFn::apply(x, w, bias_or_empty(b), st);
+}
+
+torch::Tensor quant_conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                           std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                           std::vector<std::int64_t> dilation, std::int64_t groups,
+                           const LayerStatePtr& st) {
+  ConvArgs a = check_conv2d(x, w, b, std::move(stride), std::move(padding), std::move(dilation), groups, st);
+  return Conv2dFn::apply(x, w, bias_or_empty(b), a.stride, a.padding, a.dilation, groups, st);
+}
+
+torch::Tensor quant_conv(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                         std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                         std::vector<std::int64_t> dilation, bool transposed,
+                         std::vector<std::int64_t> output_padding, std::int64_t groups, const LayerStatePtr& st) {
+  ConvArgs a = check_conv(x, w, b, std::move(stride), std::move(padding), std::move(dilation), transposed,
+                          std::move(output_padding), groups, st);
+  return ConvNdFn::apply(x, w, bias_or_empty(b), a.stride, a.padding, a.dilation, a.output_padding, transposed,
+                         groups, st);
+}
+
+torch::Tensor quant_matmul(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st) {
+  check_matmul(a, b, st);
   return MatmulFn::apply(a, b, st);
+}
+
+SplitForward quant_linear_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                  const LayerStatePtr& st) {
+  check_linear(x, w, b, st);
+  return split_forward<LinearFn>(3, x, w, bias_or_empty(b), st);
+}
+
+SplitForward quant_conv2d_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                  std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                                  std::vector<std::int64_t> dilation, std::int64_t groups,
+                                  const LayerStatePtr& st) {
+  ConvArgs a = check_conv2d(x, w, b, std::move(stride), std::move(padding), std::move(dilation), groups, st);
+  return split_forward<Conv2dFn>(3, x, w, bias_or_empty(b), a.stride, a.padding, a.dilation, groups, st);
+}
+
+SplitForward quant_conv_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                                std::vector<std::int64_t> dilation, bool transposed,
+                                std::vector<std::int64_t> output_padding, std::int64_t groups,
+                                const LayerStatePtr& st) {
+  ConvArgs a = check_conv(x, w, b, std::move(stride), std::move(padding), std::move(dilation), transposed,
+                          std::move(output_padding), groups, st);
+  return split_forward<ConvNdFn>(3, x, w, bias_or_empty(b), a.stride, a.padding, a.dilation, a.output_padding,
+                                 transposed, groups, st);
+}
+
+SplitForward quant_matmul_forward(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st) {
+  check_matmul(a, b, st);
+  return split_forward<MatmulFn>(2, a, b, st);
+}
+
+std::vector<torch::Tensor> quant_backward(const torch::Tensor& g, const torch::Tensor& handle,
+                                          const std::vector<bool>& needs) {
+  if (!handle.defined() || handle.dim() != 0 || handle.scalar_type() != torch::kInt64 || !handle.device().is_cpu())
+    throw Error("quant_backward: the handle must be the 0-d int64 tensor a split forward returned");
+  SplitState* s = SplitRegistry::get().find(handle.item<std::int64_t>());
+  if (s == nullptr)
+    throw Error("quant_backward: no saved forward for this handle (it was freed, or not made by a split forward)");
+  if (needs.size() != s->inputs)
+    throw Error("quant_backward: " + std::to_string(needs.size()) + " gradient flags for a product of " +
+                std::to_string(s->inputs) + " tensor inputs");
+  s->ctx.needs = needs;
+  variable_list grads = s->backward(&s->ctx, {g});
+  grads.resize(s->inputs);
+  return grads;
 }
 
 }  // namespace fp8lab::nn

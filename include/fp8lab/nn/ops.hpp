@@ -35,4 +35,28 @@ torch::Tensor quant_conv(const torch::Tensor& x, const torch::Tensor& w, const t
 // torch::matmul(a, b) with both operands in the activation format (attention's Q K^T, A V).
 torch::Tensor quant_matmul(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st);
 
+// The same products split in two calls, outside autograd's graph (torch.compile's custom
+// ops, python/fp8lab/torch/_compiled.py): a forward returns the product and a handle, a 0-d
+// int64 tensor that owns what backward needs (it is freed with the handle); quant_backward
+// takes the output's gradient and the handle, and returns the gradients of the forward's
+// tensor inputs (x, w, b or a, b), undefined where `needs` says no. Same checks, quantizers,
+// streams, counts and bits as the functions above.
+struct SplitForward {
+  torch::Tensor y, handle;
+};
+SplitForward quant_linear_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                  const LayerStatePtr& st);
+SplitForward quant_conv2d_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                  std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                                  std::vector<std::int64_t> dilation, std::int64_t groups,
+                                  const LayerStatePtr& st);
+SplitForward quant_conv_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                                std::vector<std::int64_t> dilation, bool transposed,
+                                std::vector<std::int64_t> output_padding, std::int64_t groups,
+                                const LayerStatePtr& st);
+SplitForward quant_matmul_forward(const torch::Tensor& a, const torch::Tensor& b, const LayerStatePtr& st);
+std::vector<torch::Tensor> quant_backward(const torch::Tensor& g, const torch::Tensor& handle,
+                                          const std::vector<bool>& needs);
+
 }  // namespace fp8lab::nn
