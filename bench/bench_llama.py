@@ -5,6 +5,13 @@ ratio to float32 is what quantized simulation costs for a model people train.
 
     PYTHONPATH=build/python .venv/bin/python bench/bench_llama.py [--recipes transformer-mixed nvfp4]
     PYTHONPATH=build/python .venv/bin/python bench/bench_llama.py --compile   # every variant torch.compile'd
+    PYTHONPATH=build/python .venv/bin/python bench/bench_llama.py --path module --compile
+
+--path dispatch (the default) quantizes every product of the program (fp8lab.torch.quantized);
+--path module converts the model with quantize_model, which quantizes its Linear layers and
+leaves the attention products of F.scaled_dot_product_attention float32. Compiled, the module
+path's products are custom operators inside one graph; the dispatch path's run eagerly
+between compiled pieces (docs/python.md, "torch.compile").
 """
 import argparse
 import os
@@ -25,7 +32,11 @@ class Step:
         self.model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
             vocab_size=256, hidden_size=a.width, intermediate_size=4 * a.width, num_hidden_layers=a.layers,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=a.length))
-        self.context = None if recipe is None else ft.quantized(self.model, recipe)
+        self.context = None
+        if recipe is not None and a.path == "dispatch":
+            self.context = ft.quantized(self.model, recipe)
+        elif recipe is not None:
+            self.model = ft.quantize_model(self.model, recipe)
         self.forward = torch.compile(self.model) if a.compile else self.model
         self.x = torch.randint(0, 256, (a.batch, a.length))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
@@ -54,11 +65,14 @@ def main():
     p.add_argument("--steps", type=int, default=3, help="steps per variant and round")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="torch.compile each variant's model (inductor)")
+    p.add_argument("--path", choices=["dispatch", "module"], default="dispatch",
+                   help="fp8lab.torch.quantized (every product) or quantize_model (Linear layers)")
     a = p.parse_args()
     torch.set_num_threads(a.threads or len(os.sched_getaffinity(0)))
     variants = {"float32": Step(a, None), **{r: Step(a, r) for r in a.recipes}}
     times = interleaved(variants, a.rounds, a.steps)
-    print(f"transformers Llama{' (torch.compile)' if a.compile else ''}, width {a.width}, {a.layers} layers, "
+    print(f"transformers Llama{' (torch.compile)' if a.compile else ''}, {a.path} path, width {a.width}, "
+          f"{a.layers} layers, "
           f"batch {a.batch} x {a.length} tokens, "
           f"{torch.get_num_threads()} threads; median over {a.rounds} rounds of the best of {a.steps} steps")
     for k, v in times.items():

@@ -23,6 +23,7 @@ import torch
 import torch.fx
 
 from .. import _core
+from . import _compiled
 from . import _functional as fn
 from ._modules import LayerSlot, QuantConv2d, QuantLinear, QuantMatmul, QuantMultiheadAttention
 
@@ -59,28 +60,52 @@ class QuantState:
         self._watched: set = set()
 
     # -- step bookkeeping (forward hooks of the quantized model) -----------------------------
-    @torch.compiler.disable  # bookkeeping: runs eagerly under torch.compile
+    # Eagerly the hooks call _event; while torch.compile traces, they put the same call in
+    # the graph as an ordered effect (_compiled.state_event), so that it runs at each call of
+    # the compiled model, in its place among the products.
     def _before_forward(self, module, args):
-        if module.training:
+        self._hook("begin-train" if module.training else "begin-eval")
+
+    def _after_forward(self, module, args, out):
+        self._hook("end-train" if module.training else "end-eval")
+
+    def _mark_ran(self, module, args) -> None:
+        self._hook("ran", module.layer)
+
+    def _hook(self, event: str, layer=None) -> None:
+        if not torch.compiler.is_compiling() or not _compiled.AVAILABLE:
+            self._event(event, layer)
+        elif event != "ran":  # the check of idle layers is made in eager runs only
+            _compiled.state_event(self, "end-train-compiled" if event == "end-train" else event, layer)
+
+    @torch.compiler.disable  # called eagerly, or by fp8lab::state_event at run time: never traced
+    def _event(self, event: str, layer) -> None:
+        if event == "begin-train":
             if self.auto_step:
                 self.context.step = self._next
                 self._next += 1
-        else:
+        elif event == "begin-eval":
             self._saved = (self.context.step, self.context.recording)
             self.context.step = _EVAL_STEP
             self.context.recording = False
+        elif event == "end-eval":
+            if self._saved is not None:
+                self.context.step, self.context.recording = self._saved
+                self._saved = None
+        elif event == "end-train":
+            if self._watch:
+                self._warn_idle()
+        elif event == "end-train-compiled":
+            self._unwatch()
+        elif event == "ran":
+            self._ran.add(layer.name)
+        else:
+            raise ValueError(f"QuantState: no event {event!r}")
 
-    @torch.compiler.disable  # bookkeeping: runs eagerly under torch.compile
-    def _after_forward(self, module, args, out):
-        if not module.training and self._saved is not None:
-            self.context.step, self.context.recording = self._saved
-            self._saved = None
-        if module.training and self._watch:
-            self._warn_idle()
-
-    @torch.compiler.disable  # bookkeeping: runs eagerly under torch.compile
-    def _mark_ran(self, module, args) -> None:
-        self._ran.add(module.layer.name)
+    def _unwatch(self) -> None:
+        for h in self._watch:
+            h.remove()
+        self._watch = []
 
     def _watch_layers(self, modules) -> None:
         """Notes which of these converted layers the first training forward runs."""
@@ -91,9 +116,7 @@ class QuantState:
         """After the first training forward: the converted layers that did not run. A parent
         that reads a layer's weight itself (torchvision's Swin calls F.linear on its
         attention's qkv.weight) bypasses the layer, and its products run float32."""
-        for h in self._watch:
-            h.remove()
-        self._watch = []
+        self._unwatch()
         idle = [p for p in self.layers if p in self._watched and p not in self._ran]
         if idle:
             shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")

@@ -17,6 +17,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from .. import _core
+from . import _compiled
 
 LayerState = _core.LayerState
 QuantContext = _core.QuantContext
@@ -59,9 +60,25 @@ def _in_float32(op):
         with torch.autocast("cpu", enabled=False):
             y = op(*up, **kwargs)
         return y if out == torch.float32 else y.to(out)
-    # torch.compile runs each quantized product eagerly (a graph break), as fp8lab's C++
-    # autograd functions are opaque to it: compiled models give the eager bits.
-    return torch.compiler.disable(functools.update_wrapper(run, op), recursive=True)
+    # Eagerly, the C++ autograd functions; while torch.compile traces, the same products as
+    # custom operators (_compiled): no graph break, eager's bits.
+    # (`run` is not made a wrapper of `op`: torch.compiler.disable marks what it unwraps to.)
+    eager = torch.compiler.disable(run, recursive=True)
+
+    def product(*args, **kwargs):
+        return run(*args, **kwargs) if _tracing() else eager(*args, **kwargs)
+    return functools.update_wrapper(product, op)
+
+
+def _tracing() -> bool:
+    """Whether torch.compile is tracing, and the products have their custom operators."""
+    return _compiled.AVAILABLE and torch.compiler.is_compiling()
+
+
+def _products():
+    """The C++ products: autograd functions eagerly, custom operators while torch.compile
+    traces (python/fp8lab/torch/_compiled.py)."""
+    return _compiled if _tracing() else _core
 
 
 def context(*, seed: int = 0, compute: str = "fp32", accumulate: str = "fp32", stats_interval: int = 0,
@@ -85,7 +102,7 @@ def layer(name: str, ctx: Optional[QuantContext] = None, *, index: int = 0, a: s
 @_in_float32
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: LayerState) -> torch.Tensor:
     """torch.nn.functional.linear with quantized operands and gradients."""
-    return _core.quant_linear(x, weight, bias, layer)
+    return _products().quant_linear(x, weight, bias, layer)
 
 
 def _pair(v: Union[int, Sequence[int]], name: str, least: int) -> list:
@@ -109,7 +126,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"conv2d: groups={groups!r}: expected an integer >= 1")
     unbatched = x.dim() == 3
-    y = _core.quant_conv2d(x.unsqueeze(0) if unbatched else x, weight, bias, _pair(stride, "stride", 1),
+    y = _products().quant_conv2d(x.unsqueeze(0) if unbatched else x, weight, bias, _pair(stride, "stride", 1),
                            _pair(padding, "padding", 0), _pair(dilation, "dilation", 1), groups, layer)
     return y.squeeze(0) if unbatched else y
 
@@ -141,7 +158,7 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], la
     if not 1 <= n <= 3:
         raise ValueError(f"conv: a weight of {weight.dim()} dimensions; convolutions take 3 to 5")
     unbatched = x.dim() == n + 1
-    y = _core.quant_conv(x.unsqueeze(0) if unbatched else x, weight, bias, _axes(stride, "stride", 1, n),
+    y = _products().quant_conv(x.unsqueeze(0) if unbatched else x, weight, bias, _axes(stride, "stride", 1, n),
                          _axes(padding, "padding", 0, n), _axes(dilation, "dilation", 1, n), transposed,
                          _axes(output_padding, "output_padding", 0, n), groups, layer)
     return y.squeeze(0) if unbatched else y
@@ -151,4 +168,4 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], la
 def matmul(a: torch.Tensor, b: torch.Tensor, layer: LayerState) -> torch.Tensor:
     """torch.matmul of two activations (attention's Q K^T and A V): both operands take the
     activation quantizer, the gradients grad_x's."""
-    return _core.quant_matmul(a, b, layer)
+    return _products().quant_matmul(a, b, layer)
