@@ -61,12 +61,15 @@ def _in_float32(op):
             y = op(*up, **kwargs)
         return y if out == torch.float32 else y.to(out)
     # Eagerly, the C++ autograd functions; while torch.compile traces, the same products as
-    # custom operators (_compiled): no graph break, eager's bits.
+    # custom operators (_compiled): no graph break, eager's bits. Where torch lacks those
+    # operators, torch.compile runs the product eagerly (a graph break).
     # (`run` is not made a wrapper of `op`: torch.compiler.disable marks what it unwraps to.)
-    eager = torch.compiler.disable(run, recursive=True)
+    unseen = torch.compiler.disable(run, recursive=True)
 
     def product(*args, **kwargs):
-        return run(*args, **kwargs) if _tracing() else eager(*args, **kwargs)
+        if not torch.compiler.is_compiling() or _compiled.AVAILABLE:
+            return run(*args, **kwargs)
+        return unseen(*args, **kwargs)
     return functools.update_wrapper(product, op)
 
 
