@@ -2,6 +2,8 @@
 // composed from libtorch ops and the scalar codec (quantizers on).
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <torch/torch.h>
 
 #include "../common/torch_testutil.hpp"
@@ -263,6 +265,71 @@ TEST(Ops, GradientsAreQuantizedInPlaceOnlyWhenNothingElseHoldsThem) {
     const auto wq = scalar_q(w.detach(), lq[TensorKind::w], st->streams.seed_for(TensorKind::w, 0));
     const auto gq = scalar_q(r, lq[TensorKind::gx], st->streams.seed_for(TensorKind::gx, 0));
     EXPECT_TRUE(bit_equal(grads[0], gq.mm(wq)));
+  }
+}
+
+// The split products (forward and backward as two calls joined by a handle, what
+// torch.compile's custom ops run) give the autograd functions' outputs and gradients bit
+// for bit: fixed-bias with stochastic rounding, and block-scaled (NVFP4, with its
+// stochastic grad_x and a Hadamard transform on grad_w).
+TEST(Ops, SplitProductsEqualTheAutogradFunctions) {
+  for (const char* recipe : {"a=1.4.3:10/stochastic,w=1.4.3:14,gx=1.5.2:33/stochastic,gw=1.5.2:31",
+                             "a=nvfp4,w=nvfp4,gx=nvfp4/stochastic,gw=fp32"}) {
+    const LayerQuant lq = parse_recipe(recipe).base;
+    torch::manual_seed(12);
+    const auto x = torch::randn({4, 3, 32}), w = torch::randn({16, 32}), b = torch::randn({16});
+    const auto img = torch::randn({2, 4, 6, 6}), k = torch::randn({8, 2, 3, 3});
+    const auto seq = torch::randn({2, 4, 8}), k1 = torch::randn({6, 4, 3});
+    const auto p = torch::randn({2, 3, 5, 32}), q = torch::randn({2, 3, 32, 4});
+    // Each product as a function of its tensor inputs, both ways.
+    using Inputs = std::vector<torch::Tensor>;
+    struct Case {
+      const char* name;
+      Inputs in;
+      std::function<torch::Tensor(const Inputs&, const LayerStatePtr&)> autograd;
+      std::function<SplitForward(const Inputs&, const LayerStatePtr&)> split;
+    } cases[] = {
+        {"linear", {x, w, b}, [](const Inputs& i, const LayerStatePtr& st) { return quant_linear(i[0], i[1], i[2], st); },
+         [](const Inputs& i, const LayerStatePtr& st) { return quant_linear_forward(i[0], i[1], i[2], st); }},
+        {"conv2d", {img, k, torch::randn({8})},
+         [](const Inputs& i, const LayerStatePtr& st) { return quant_conv2d(i[0], i[1], i[2], {1}, {1}, {1}, 2, st); },
+         [](const Inputs& i, const LayerStatePtr& st) {
+           return quant_conv2d_forward(i[0], i[1], i[2], {1}, {1}, {1}, 2, st);
+         }},
+        {"conv1d", {seq, k1, torch::randn({6})},
+         [](const Inputs& i, const LayerStatePtr& st) {
+           return quant_conv(i[0], i[1], i[2], {2}, {1}, {1}, false, {0}, 1, st);
+         },
+         [](const Inputs& i, const LayerStatePtr& st) {
+           return quant_conv_forward(i[0], i[1], i[2], {2}, {1}, {1}, false, {0}, 1, st);
+         }},
+        {"matmul", {p, q}, [](const Inputs& i, const LayerStatePtr& st) { return quant_matmul(i[0], i[1], st); },
+         [](const Inputs& i, const LayerStatePtr& st) { return quant_matmul_forward(i[0], i[1], st); }},
+    };
+    for (const auto& c : cases) {
+      SCOPED_TRACE(std::string(recipe) + " " + c.name);
+      Inputs leaves;
+      for (const auto& t : c.in) leaves.push_back(t.clone().requires_grad_());
+      auto st_a = make_layer_state(c.name, lq, nullptr);
+      const torch::Tensor y = c.autograd(leaves, st_a);
+      const auto r = torch::randn(y.sizes());
+      const auto grads = torch::autograd::grad({(y * r).sum()}, leaves);
+      auto st_s = make_layer_state(c.name, lq, nullptr);
+      SplitForward f = c.split(c.in, st_s);
+      EXPECT_TRUE(bit_equal(f.y, y));
+      const auto split_grads = quant_backward(r, f.handle, std::vector<bool>(c.in.size(), true));
+      ASSERT_EQ(split_grads.size(), c.in.size());
+      for (std::size_t i = 0; i < c.in.size(); ++i) EXPECT_TRUE(bit_equal(split_grads[i], grads[i])) << "grad " << i;
+      EXPECT_EQ(st_s->stats.counts(), st_a->stats.counts());
+      // A gradient not asked for is not computed.
+      const auto only_x = quant_backward(r, f.handle, [&] {
+        std::vector<bool> n(c.in.size(), false);
+        n[0] = true;
+        return n;
+      }());
+      EXPECT_TRUE(bit_equal(only_x[0], grads[0]));
+      for (std::size_t i = 1; i < c.in.size(); ++i) EXPECT_FALSE(only_x[i].defined());
+    }
   }
 }
 
