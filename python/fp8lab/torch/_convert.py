@@ -56,7 +56,7 @@ class QuantState:
         self._next = 0
         self._saved = None
         self._watch: list = []  # quantize_model's: hooks noting which converted layers the first step runs
-        self._ran: set = set()
+        self._ran_layers: set = set()
         self._watched: set = set()
 
     # -- step bookkeeping (forward hooks of the quantized model) -----------------------------
@@ -80,27 +80,36 @@ class QuantState:
 
     @torch.compiler.disable  # called eagerly, or by fp8lab::state_event at run time: never traced
     def _event(self, event: str, layer) -> None:
-        if event == "begin-train":
-            if self.auto_step:
-                self.context.step = self._next
-                self._next += 1
-        elif event == "begin-eval":
-            self._saved = (self.context.step, self.context.recording)
-            self.context.step = _EVAL_STEP
-            self.context.recording = False
-        elif event == "end-eval":
-            if self._saved is not None:
-                self.context.step, self.context.recording = self._saved
-                self._saved = None
-        elif event == "end-train":
-            if self._watch:
-                self._warn_idle()
-        elif event == "end-train-compiled":
-            self._unwatch()
-        elif event == "ran":
-            self._ran.add(layer.name)
-        else:
-            raise ValueError(f"QuantState: no event {event!r}")
+        handler = _EVENTS.get(event)
+        if handler is None:
+            raise ValueError(f"QuantState: no event {event!r} (events: {', '.join(_EVENTS)})")
+        handler(self, layer)
+
+    def _begin_train(self, _layer) -> None:
+        if self.auto_step:
+            self.context.step = self._next
+            self._next += 1
+
+    def _begin_eval(self, _layer) -> None:
+        """Evaluation runs under its own step and records nothing; end-eval restores both."""
+        self._saved = (self.context.step, self.context.recording)
+        self.context.step = _EVAL_STEP
+        self.context.recording = False
+
+    def _end_eval(self, _layer) -> None:
+        if self._saved is not None:
+            self.context.step, self.context.recording = self._saved
+            self._saved = None
+
+    def _end_train(self, _layer) -> None:
+        if self._watch:
+            self._warn_idle()
+
+    def _end_train_compiled(self, _layer) -> None:
+        self._unwatch()
+
+    def _ran(self, layer) -> None:
+        self._ran_layers.add(layer.name)
 
     def _unwatch(self) -> None:
         for h in self._watch:
@@ -117,7 +126,7 @@ class QuantState:
         that reads a layer's weight itself (torchvision's Swin calls F.linear on its
         attention's qkv.weight) bypasses the layer, and its products run float32."""
         self._unwatch()
-        idle = [p for p in self.layers if p in self._watched and p not in self._ran]
+        idle = [p for p in self.layers if p in self._watched and p not in self._ran_layers]
         if idle:
             shown = ", ".join(idle[:6]) + (f" and {len(idle) - 6} more" if len(idle) > 6 else "")
             warnings.warn(f"fp8lab.torch.quantize_model: {len(idle)} converted layers did not run in the first "
@@ -185,6 +194,17 @@ class QuantState:
         for p, (n, why) in self.unquantized.items():
             lines.append(f"  {p}: float32 in {n} calls ({why})")
         return "\n".join(lines)
+
+
+# The step bookkeeping's events (QuantState._event; fp8lab::state_event names them).
+_EVENTS = {
+    "begin-train": QuantState._begin_train,
+    "begin-eval": QuantState._begin_eval,
+    "end-train": QuantState._end_train,
+    "end-train-compiled": QuantState._end_train_compiled,
+    "end-eval": QuantState._end_eval,
+    "ran": QuantState._ran,
+}
 
 
 def quant_state(model: torch.nn.Module) -> QuantState:
