@@ -69,6 +69,8 @@ def main():
                    help="fp8lab.torch.quantized (every product) or quantize_model (Linear layers)")
     a = p.parse_args()
     torch.set_num_threads(a.threads or len(os.sched_getaffinity(0)))
+    if a.compile:  # each variant's model compiles the same functions: room for all of them
+        torch._dynamo.config.recompile_limit = 64
     variants = {"float32": Step(a, None), **{r: Step(a, r) for r in a.recipes}}
     times = interleaved(variants, a.rounds, a.steps)
     print(f"transformers Llama{' (torch.compile)' if a.compile else ''}, {a.path} path, width {a.width}, "
