@@ -25,6 +25,13 @@ def cli():
     return run
 
 
+def same(a, b):
+    """Two tensors of float32 values equal bit for bit (shape and every value's bits)."""
+    import torch  # here, so that the suites without torch do not import it
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (a - b).abs().max()
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)

@@ -16,11 +16,7 @@ import torch._dynamo
 
 import fp8lab._core as core
 import fp8lab.torch as ft
-
-
-def same(a, b):
-    assert a.shape == b.shape, (a.shape, b.shape)
-    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (a - b).abs().max()
+from conftest import same
 
 
 def mlp():

@@ -18,6 +18,7 @@ import transformers
 
 import fp8lab
 import fp8lab.torch as ft
+from conftest import same
 
 A, W = "1.4.3:10", "1.4.3:14"
 MIXED = "resnet32-mixed"  # a=1.4.3:10, w=1.4.3:14, gx=1.5.2:33, gw=1.5.2:31
@@ -25,11 +26,6 @@ MIXED = "resnet32-mixed"  # a=1.4.3:10, w=1.4.3:14, gx=1.5.2:33, gw=1.5.2:31
 
 def q(t, fmt):
     return fp8lab.quantize(t.detach().contiguous(), fmt)
-
-
-def same(a, b):
-    assert a.shape == b.shape, (a.shape, b.shape)
-    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (a - b).abs().max()
 
 
 class Net(torch.nn.Module):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import fp8lab
 import fp8lab.torch as ft
-from conftest import BUILD, REPO
+from conftest import BUILD, REPO, same
 
 A, W, GX, GW = "1.4.3:10", "1.4.3:14", "1.5.2:24", "1.5.2:33"
 
@@ -28,11 +28,6 @@ def q(t, fmt, layer=None, kind=None, operand=0, call=0):
     name, _, rounding = fmt.partition("/")
     seed = layer.seed_for(kind, call, operand) if rounding == "stochastic" else 0
     return fp8lab.quantize(t.detach().contiguous(), name, rounding=rounding or "nearest-even", seed=seed)
-
-
-def same(a, b):
-    assert a.shape == b.shape, (a.shape, b.shape)
-    assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (a - b).abs().max()
 
 
 @pytest.mark.parametrize("sr", ["", "/stochastic"])
