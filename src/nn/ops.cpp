@@ -626,11 +626,10 @@ class SplitRegistry {
     static SplitRegistry* r = new SplitRegistry;  // never destroyed: handles may outlive static destruction
     return *r;
   }
-  std::int64_t add(SplitState* s) {
+  void add(SplitState* s) {  // gives s its id
     std::lock_guard<std::mutex> lock(m_);
     s->id = ++next_;
     live_[s->id] = s;
-    return s->id;
   }
   void remove(std::int64_t id) {
     std::lock_guard<std::mutex> lock(m_);

@@ -40,8 +40,9 @@ try:  # torch 2.13 is the release tested; an older 2.x without these compiles wi
 except ImportError:
     AVAILABLE = False
 
-_LAYER_OF: "weakref.WeakValueDictionary[int, _core.LayerState]" = weakref.WeakValueDictionary()
-_KEY_OF: "weakref.WeakKeyDictionary[_core.LayerState, int]" = weakref.WeakKeyDictionary()
+# The LayerStates and QuantStates that compiled code names, by key, held weakly both ways.
+_HELD: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+_KEY_OF: "weakref.WeakKeyDictionary[object, int]" = weakref.WeakKeyDictionary()
 _NEXT_KEY = itertools.count(1)
 
 
@@ -50,7 +51,7 @@ def _key(obj) -> int:
     if key is None:
         key = next(_NEXT_KEY)
         _KEY_OF[obj] = key
-        _LAYER_OF[key] = obj
+        _HELD[key] = obj
     return key
 
 
@@ -69,7 +70,7 @@ def state_key(state) -> int:
 
 
 def _held(key: int):
-    obj = _LAYER_OF.get(key)
+    obj = _HELD.get(key)
     if obj is None:
         raise RuntimeError(f"fp8lab: compiled code names key {key}, whose LayerState or QuantState is gone; "
                            "compile the model again after converting it again")

@@ -130,7 +130,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
         raise ValueError(f"conv2d: groups={groups!r}: expected an integer >= 1")
     unbatched = x.dim() == 3
     y = _products().quant_conv2d(x.unsqueeze(0) if unbatched else x, weight, bias, _pair(stride, "stride", 1),
-                           _pair(padding, "padding", 0), _pair(dilation, "dilation", 1), groups, layer)
+                                 _pair(padding, "padding", 0), _pair(dilation, "dilation", 1), groups, layer)
     return y.squeeze(0) if unbatched else y
 
 
@@ -162,8 +162,8 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], la
         raise ValueError(f"conv: a weight of {weight.dim()} dimensions; convolutions take 3 to 5")
     unbatched = x.dim() == n + 1
     y = _products().quant_conv(x.unsqueeze(0) if unbatched else x, weight, bias, _axes(stride, "stride", 1, n),
-                         _axes(padding, "padding", 0, n), _axes(dilation, "dilation", 1, n), transposed,
-                         _axes(output_padding, "output_padding", 0, n), groups, layer)
+                               _axes(padding, "padding", 0, n), _axes(dilation, "dilation", 1, n), transposed,
+                               _axes(output_padding, "output_padding", 0, n), groups, layer)
     return y.squeeze(0) if unbatched else y
 
 
