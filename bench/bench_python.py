@@ -12,6 +12,10 @@ and the ratios py_q / cpp_q (goal: below 1.05), py_disp / py_q (goal: below 1.10
 py_fp32 / cpp_fp32 and py_q / py_fp32.
 
     PYTHONPATH=build/python:build/bench .venv/bin/python bench/bench_python.py [--batch 32] [--compute auto]
+
+--profile: after the timing, torch.profiler over 10 steps of cpp_q and of py_q, the ops by
+their own time (where the Python model's extra time goes). --call-cost: what one call of
+fp8lab.torch.linear costs in Python beside the C++ binding it calls, on tiny tensors.
 """
 import argparse
 import os
@@ -56,6 +60,8 @@ def main():
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--steps", type=int, default=4, help="steps per variant and round")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--profile", action="store_true", help="then profile 10 steps of cpp_q and py_q")
+    p.add_argument("--call-cost", action="store_true", help="then time one fp8lab.torch.linear call")
     a = p.parse_args()
     torch.set_num_threads(a.threads or len(os.sched_getaffinity(0)))
     torch.manual_seed(0)
@@ -81,6 +87,33 @@ def main():
     fp = [x / y for x, y in zip(times["py_fp32"], times["cpp_fp32"])]
     print(f"  py_fp32 / cpp_fp32 {statistics.median(fp):.3f} (min {min(fp):.3f}, max {max(fp):.3f})")
     print(f"  py_q / py_fp32 {med['py_q'] / med['py_fp32']:.3f}")
+    if a.profile:
+        for k in ("cpp_q", "py_q"):
+            profile(k, variants[k])
+    if a.call_cost:
+        call_cost()
+
+
+def profile(name, variant, steps=10):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            variant.step()
+    print(f"{name}: {steps} steps, ops by their own time")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+def call_cost(calls=20000):
+    """Microseconds per call of fp8lab.torch.linear and of the binding it ends in."""
+    layer = ft.layer("call")
+    x, w = torch.randn(2, 4), torch.randn(3, 4)
+    for name, f in (("fp8lab.torch.linear", lambda: ft.linear(x, w, None, layer)),
+                    ("_core.quant_linear", lambda: fp8lab._core.quant_linear(x, w, None, layer))):
+        for _ in range(1000):
+            f()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            f()
+        print(f"  {name:20s} {(time.perf_counter() - t0) / calls * 1e6:.2f} us/call")
 
 
 if __name__ == "__main__":
