@@ -333,8 +333,12 @@ int main(int argc, char** argv) {
   // Run through build/fp8lab-env for the OpenBLAS kernels and OpenMP spinning the fp8lab
   // program starts libtorch with (apps/launcher/process_env.hpp); blas_core says which ran.
   benchmark::AddCustomContext("blas_core", fp8lab::nn::blas_core());
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  torch::set_num_threads(cores);  // libtorch defaults to one thread here
+  // FP8LAB_BENCH_THREADS=N: N threads (e.g. 1, pinned with taskset beside other work);
+  // default one per core (libtorch defaults to one thread here).
+  const char* threads = std::getenv("FP8LAB_BENCH_THREADS");
+  const int cores = threads ? std::max(1, std::atoi(threads))
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  torch::set_num_threads(cores);
   if (!std::getenv("FP8LAB_DEFAULT_MALLOC")) {
     // Keep freed activation buffers in the heap instead of returning them to the kernel:
     // otherwise every step pays page faults for its fresh tensors (both recipes alike).

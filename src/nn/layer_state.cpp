@@ -63,12 +63,30 @@ std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_s
                               .hadamard = o.grad_w && hadamard_applies()});
   saved_bytes(k) += codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
   amax.push(k, o.operand, f.amax);
-  return {from_matrix(f.values, t.sizes(), o.fwd), saved};
+  return {operand_tensor(k, f.values, t.sizes(), o.fwd, o.for_products, o.layout), saved};
 }
 
-torch::Tensor LayerState::restore(const SavedScaled& saved) const {
+torch::Tensor LayerState::restore(const SavedScaled& saved, bool for_products, OperandLayout layout) const {
   const torch::Tensor m = saved.q.codes.defined() ? scaled_decode_matrix(saved.q, *quant[saved.kind]) : saved.q.values;
-  return from_matrix(m, saved.shape, saved.view);
+  return operand_tensor(saved.kind, m, saved.shape, saved.view, for_products, layout);
+}
+
+bool LayerState::scaled_bf16(TensorKind k) const {
+  if (ctx->compute == Compute::fp32 || !scaled(k) || !bf16_products_available()) return false;
+  const ScaledSpec& s = *quant[k];
+  return s.element.format.man_bits <= 7 &&
+         (s.scale == ScaleFormat::e8m0 || (s.scale == ScaleFormat::ue4m3 && !s.tensor_scale));
+}
+
+torch::Tensor LayerState::operand_tensor(TensorKind k, const torch::Tensor& m, at::IntArrayRef shape,
+                                         const MatrixView& v, bool for_products, OperandLayout layout) const {
+  if (for_products && scaled_bf16(k))
+    if (const std::optional<torch::Tensor> b = exact_bf16(m)) {
+      const bool views = layout == OperandLayout::any && scaled_bf16(TensorKind::a) && scaled_bf16(TensorKind::w) &&
+                         scaled_bf16(TensorKind::gx);
+      return views ? matrix_as(*b, shape, v) : from_matrix(*b, shape, v);
+    }
+  return from_matrix(m, shape, v);
 }
 
 std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_grad(torch::Tensor g, const MatrixView& for_dx,
@@ -87,7 +105,8 @@ std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_grad(torch::Tensor 
   const ScaledTensor dw = quantize_scaled(TensorKind::gx, g, for_dw, call, 1, sc,
                                           {.count = false, .hadamard = use.hadamard && hadamard_applies()});
   amax.push(TensorKind::gx, 0, dx.amax);
-  return {from_matrix(dx.values, g.sizes(), for_dx), from_matrix(dw.values, g.sizes(), for_dw)};
+  return {operand_tensor(TensorKind::gx, dx.values, g.sizes(), for_dx, use.for_products, use.layout),
+          operand_tensor(TensorKind::gx, dw.values, g.sizes(), for_dw, use.for_products, use.layout)};
 }
 
 torch::Tensor LayerState::quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call) {

@@ -101,13 +101,14 @@ std::string saved_key(int i) { return "scaled" + std::to_string(i); }
 template <class Ctx>
 std::pair<torch::Tensor, torch::Tensor> quantize_operands(Ctx* ctx,
                                                           const LayerStatePtr& st, Operand a,
-                                                          Operand b, bool for_products) {
+                                                          Operand b, bool for_products,
+                                                          OperandLayout layout = OperandLayout::as_float32) {
   const std::uint32_t call = st->streams.begin_call();
   std::array<torch::Tensor, 2> q, saved;
   for (int i = 0; i < 2; ++i) {
     const Operand& o = i == 0 ? a : b;
     if (st->scaled(o.kind)) {
-      auto [y, keep] = st->quantize_scaled_operand(o.kind, o.t, call, {o.fwd, o.bwd, o.index, o.grad_w});
+      auto [y, keep] = st->quantize_scaled_operand(o.kind, o.t, call, {o.fwd, o.bwd, o.index, o.grad_w, for_products, layout});
       q[i] = std::move(y);
       ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(std::move(keep));
     } else {
@@ -129,7 +130,8 @@ struct Saved {
 // `for_products`: the operands are read by the compute layer's products only, which take
 // them as bfloat16 where they may (LayerState::restore_for_product).
 template <class Ctx>
-Saved restore_operands(Ctx* ctx, TensorKind ka, TensorKind kb, bool for_products = false) {
+Saved restore_operands(Ctx* ctx, TensorKind ka, TensorKind kb, bool for_products = false,
+                       OperandLayout layout = OperandLayout::as_float32) {
   Saved s{state_of(ctx), static_cast<std::uint32_t>(ctx->saved_data["call"].toInt()), {}, {}};
   const auto saved = ctx->get_saved_variables();
   const auto restore = [&](int i, TensorKind k) {
@@ -138,7 +140,7 @@ Saved restore_operands(Ctx* ctx, TensorKind ka, TensorKind kb, bool for_products
       const torch::Tensor& t = saved[static_cast<std::size_t>(i)];
       return for_products ? s.st->restore_for_product(k, t) : s.st->restore(k, t);
     }
-    return s.st->restore(*c10::static_intrusive_pointer_cast<SavedScaled>(it->second.toCapsule()));
+    return s.st->restore(*c10::static_intrusive_pointer_cast<SavedScaled>(it->second.toCapsule()), for_products, layout);
   };
   s.a = restore(0, ka);
   s.b = restore(1, kb);
@@ -271,7 +273,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
                            std::vector<std::int64_t> dilation, std::int64_t groups, LayerStatePtr st) {
     auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(4), batch_positions(4)},
                                       {w, TensorKind::w, 0, weight_rows(4), weight_groups(w, groups)},
-                                      st->ctx->layer_products());
+                                      st->ctx->layer_products(), OperandLayout::any);
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["dilation"] = dilation;
@@ -287,7 +289,7 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
   static variable_list backward(Ctx* ctx, variable_list grads) {
     // With the compute layer, the saved operands are read by its products only.
     const bool layer_products = state_of(ctx)->ctx->layer_products();
-    const auto [st, call, xq, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w, layer_products);
+    const auto [st, call, xq, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w, layer_products, OperandLayout::any);
     torch::Tensor g = std::move(grads[0]);
     const auto stride = ctx->saved_data["stride"].toIntVector();
     const auto padding = ctx->saved_data["padding"].toIntVector();
@@ -304,7 +306,8 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
                                                 false, {0, 0}, groups, {false, false, true}));
     }
     auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(4), batch_positions(4), call,
-                                                  backward_grad_refs(), {.for_products = layer_products});
+                                                  backward_grad_refs(),
+                                                  {.for_products = layer_products, .layout = OperandLayout::any});
     const auto backward = [&](const torch::Tensor& gq, bool want_dx, bool want_dw) {
       return torch_conv_backward(gq, xq, wq, stride, padding, dilation, groups, want_dx, want_dw);
     };

@@ -236,13 +236,17 @@ torch::Tensor to_matrix(const torch::Tensor& t, const MatrixView& v) {
   return x.reshape({rows, cols}).contiguous();
 }
 
-torch::Tensor from_matrix(const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v) {
+torch::Tensor matrix_as(const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v) {
   std::vector<std::int64_t> viewed = v.view.empty() ? shape.vec() : v.view;
   std::vector<std::int64_t> permuted = viewed;
   for (std::size_t i = 0; i < v.perm.size(); ++i) permuted[i] = viewed[static_cast<std::size_t>(v.perm[i])];
   torch::Tensor x = m.reshape(permuted);
   if (!v.perm.empty()) x = x.permute(inverse(v.perm));
-  return x.reshape(shape).contiguous();
+  return x.reshape(shape);
+}
+
+torch::Tensor from_matrix(const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v) {
+  return matrix_as(m, shape, v).contiguous();
 }
 
 ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec& s_in, std::uint64_t seed,

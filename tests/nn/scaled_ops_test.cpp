@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "fp8lab/core/scaled.hpp"
+#include "fp8lab/nn/compute.hpp"
 #include "fp8lab/nn/ops.hpp"
 
 using namespace fp8lab;
@@ -284,4 +285,55 @@ TEST(ScaledOps, HadamardGoesOnBothGradWOperandsOfALinearLayer) {
   const torch::Tensor exact = g.t().mm(x0);
   for (const auto& dw : {grads[1], plain_grads[1]})
     EXPECT_LT((dw - exact).norm().item<double>() / exact.norm().item<double>(), 0.35);
+}
+
+// On the bfloat16 path (docs/spec.md §7), scaled operands reach the compute layer's products
+// as the same values in the same layouts as the float32 path's: each product equals
+// nn::matmul_bf16 of the reference's contiguous float32 operands, laid out as the float32
+// path lays them out, bit for bit. The reduction of grad_w's product (4096 rows) is long
+// enough that oneDNN's sums depend on the operands' layout on AMX.
+TEST(ScaledOps, Bf16ProductsReadTheFloat32PathsOperandsInTheirLayouts) {
+  if (!bf16_products_available()) GTEST_SKIP() << "no bfloat16 products on this CPU";
+  torch::manual_seed(6);
+  const std::string spec = "e4m3fn@1x32:e8m0:floor";
+  const ScaledSpec s = parse_scaled(spec);
+  const auto row_major = [](std::int64_t cols) { return [cols](std::int64_t r, std::int64_t c) { return r * cols + c; }; };
+  const auto transposed = [](std::int64_t cols) { return [cols](std::int64_t r, std::int64_t c) { return c * cols + r; }; };
+  {  // linear: x [4096, 64], w [128, 64]
+    const std::int64_t N = 4096, in = 64, out = 128;
+    const torch::Tensor x0 = torch::randn({N, in}), w0 = torch::randn({out, in}) * 0.1, g = torch::randn({N, out}) * 1e-3;
+    auto ctx = std::make_shared<QuantContext>();
+    ctx->compute = Compute::bf16;
+    auto st = make_layer_state("lin", all(spec), ctx);
+    const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const torch::Tensor y = quant_linear(x, w, {}, st);
+    const auto grads = torch::autograd::grad({(y * g).sum()}, {x, w});
+    const torch::Tensor xf = ref_quantize(x0, N, in, row_major(in), s), wf = ref_quantize(w0, out, in, row_major(in), s);
+    EXPECT_TRUE(bit_equal(y, *matmul_bf16(xf, wf.t())));
+    const torch::Tensor gd = ref_quantize(g, N, out, row_major(out), s), wb = ref_quantize(w0, in, out, transposed(in), s);
+    EXPECT_TRUE(bit_equal(grads[0], *matmul_bf16(gd, wb)));
+    const torch::Tensor gb = ref_quantize(g, out, N, transposed(out), s), xb = ref_quantize(x0, in, N, transposed(in), s);
+    EXPECT_TRUE(bit_equal(grads[1], matmul_bf16(xb.t(), gb)->t().contiguous()));  // gw: float32
+    EXPECT_EQ(st->products.counts(), std::make_pair(std::int64_t{0}, std::int64_t{3}));
+  }
+  {  // batched matmul: a [2, 64, 2048], b [2, 2048, 64]
+    const std::int64_t B = 2, M = 64, K = 2048, Nd = 64;
+    const torch::Tensor a0 = torch::randn({B, M, K}), b0 = torch::randn({B, K, Nd}), g = torch::randn({B, M, Nd});
+    auto ctx = std::make_shared<QuantContext>();
+    ctx->compute = Compute::bf16;
+    auto st = make_layer_state("attn", all(spec), ctx);
+    const torch::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+    const torch::Tensor y = quant_matmul(a, b, st);
+    const auto grads = torch::autograd::grad({(y * g).sum()}, {a, b});
+    const auto swapped = [](std::int64_t R, std::int64_t C) {
+      return [R, C](std::int64_t r, std::int64_t c) { return (r / C) * R * C + c * C + r % C; };
+    };
+    const torch::Tensor af = ref_quantize(a0, B * M, K, row_major(K), s), bf = ref_quantize(b0, B * Nd, K, swapped(K, Nd), s);
+    EXPECT_TRUE(bit_equal(y, *bmm_bf16(af, bf)));
+    const torch::Tensor gd = ref_quantize(g, B * M, Nd, row_major(Nd), s), bb = ref_quantize(b0, B * K, Nd, row_major(Nd), s);
+    EXPECT_TRUE(bit_equal(grads[0], *bmm_bf16(gd, bb.transpose(-2, -1))));
+    const torch::Tensor ab = ref_quantize(a0, B * K, M, swapped(M, K), s), gb = ref_quantize(g, B * Nd, M, swapped(M, Nd), s);
+    EXPECT_TRUE(bit_equal(grads[1], *bmm_bf16(ab.transpose(-2, -1), gb)));
+    EXPECT_EQ(st->products.counts(), std::make_pair(std::int64_t{0}, std::int64_t{3}));
+  }
 }

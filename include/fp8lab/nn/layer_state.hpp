@@ -88,6 +88,13 @@ struct QuantContext {
   bool layer_products() const { return compute != Compute::fp32 || accumulate.chunked(); }
 };
 
+// How the compute layer's products take a scaled operand (LayerState::operand_tensor).
+enum class OperandLayout : std::uint8_t {
+  as_float32,  // contiguous, as the float32 path lays it out (a matrix product's sums may
+               // depend on its operands' layouts)
+  any,         // as its matrix lies (a convolution lays its operands out itself)
+};
+
 // How an op uses its incoming gradient (LayerState::quantize_grad).
 struct GradUse {
   // The op's grad_w is a product over the columns of both operands' matrices (linear,
@@ -96,6 +103,7 @@ struct GradUse {
   // Both go to the compute layer's products only; where bf16_codes(gx), they are the
   // bfloat16 tensor decoded from g's codes.
   bool for_products = false;
+  OperandLayout layout = OperandLayout::as_float32;  // scaled: how the products take them
 };
 
 // What one scaled quantization of a LayerState makes and records.
@@ -218,6 +226,10 @@ struct ScaledOperand {
   MatrixView fwd, bwd;        // the forward product's and the backward product's matrices
   std::uint32_t operand = 0;  // which operand of the op: its own random stream
   bool grad_w = false;        // the backward product is grad_w's (the Hadamard transform may apply)
+  // Read by the compute layer's products only: Q_k(t) is then bfloat16 where its values are
+  // (LayerState::operand_tensor), laid out as `layout` says.
+  bool for_products = false;
+  OperandLayout layout = OperandLayout::as_float32;
 };
 
 // A quantized op's layer: its quantizers (the recipe's spec for each kind, the random
@@ -277,10 +289,14 @@ struct LayerState : torch::CustomClassHolder {
                                                                                    const torch::Tensor& t,
                                                                                    std::uint32_t call,
                                                                                    const ScaledOperand& o);
-  torch::Tensor restore(const SavedScaled& saved) const;
+  // The saved operand as a tensor of its shape, contiguous; with `for_products` (read by the
+  // compute layer's products only) as operand_tensor gives it.
+  torch::Tensor restore(const SavedScaled& saved, bool for_products = false,
+                        OperandLayout layout = OperandLayout::as_float32) const;
   // The incoming gradient quantized for the grad_x product (blocks along `for_dx`) and for
   // the grad_w product (along `for_dw`). A fixed-bias or float32 gx quantizer gives the one
-  // tensor quantize_owned() gives, twice.
+  // tensor quantize_owned() gives, twice. Scaled, with use.for_products, both as
+  // operand_tensor gives them (laid out as use.layout).
   std::pair<torch::Tensor, torch::Tensor> quantize_grad(torch::Tensor g, const MatrixView& for_dx,
                                                         const MatrixView& for_dw, std::uint32_t call,
                                                         std::int64_t refs, GradUse use = {});
@@ -288,6 +304,22 @@ struct LayerState : torch::CustomClassHolder {
   torch::Tensor quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call);
 
  private:
+  // Whether k's scaled values may all be bfloat16 values, so that the compute layer's
+  // products may run on them: a bfloat16 compute path on this CPU, an element format of at
+  // most 7 mantissa bits, and block scales that add at most 3 significant bits (E8M0; UE4M3
+  // without a float32 tensor scale). The values' range decides the rest, at conversion.
+  bool scaled_bf16(TensorKind k) const;
+  // The contiguous tensor of shape `shape` whose matrix under v is m (from_matrix), as an
+  // operand of this layer's products: with `for_products`, bfloat16 where scaled_bf16(k) and
+  // every value of m is a bfloat16 value (converted in m's own layout, then laid out as
+  // shape: half the bytes of laying out float32, and the products' own conversion spared),
+  // float32 otherwise. The same values in the same layout either way, so the same products.
+  // OperandLayout::any, where every kind the products read is scaled_bf16: the bfloat16
+  // tensor as a view of its matrix, with no copy at all (a convolution then lays it out for
+  // oneDNN as it would the contiguous one; should a float32 product run instead, because some
+  // value lay outside bfloat16's range, it would read this layout).
+  torch::Tensor operand_tensor(TensorKind k, const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v,
+                               bool for_products, OperandLayout layout) const;
   // One scaled quantization of t under view v, from stream `stream`.
   ScaledTensor quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v, std::uint32_t call,
                                std::uint32_t stream, const ScaledCall& sc, ScaledOutputs out = {});

@@ -68,6 +68,8 @@ struct MatrixView {
 torch::Tensor to_matrix(const torch::Tensor& t, const MatrixView& v);
 // The inverse: a contiguous tensor of shape `shape` from its matrix m under v.
 torch::Tensor from_matrix(const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v);
+// The same as a view of m where one exists (a permuted v gives a permuted layout), else a copy.
+torch::Tensor matrix_as(const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v);
 
 // The random Hadamard transform of size 16 along the rows of the float32 matrix m, in
 // place: each run of 16 columns x becomes H (s * x) / 4, H the 16x16 Sylvester Hadamard
