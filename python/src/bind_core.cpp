@@ -238,7 +238,7 @@ void bind_scaled_functions(py::module_& m) {
         nn::ScaledTensor q;
         {
           py::gil_scoped_release nogil;
-          q = nn::scaled_quantize_matrix(mat, s, seed, call, values, codes, &c);
+          q = nn::scaled_quantize_matrix(mat, s, seed, call, {.values = values, .codes = codes}, &c);
         }
         py::dict r;
         r["values"] = values ? py::cast(q.values) : py::none();

@@ -220,7 +220,14 @@ class Worker {
     QuantCounts* c = count_ ? &qc : nullptr;
     QuantizeChunk(p_, s_.element, v_.data(), y, out_.codes ? out_.codes + b : nullptr, n, call_.index_offset + b, c);
     for (std::size_t k = 0; k < pieces.size(); ++k) scale_out(pieces[k], scalings[k], b, y);
+    emit_bf16(y, b, n);
     counts.elements += qc;
+  }
+
+  // The chunk's values just written at y (flat offset `begin`, still in cache) as bfloat16,
+  // where ScaledOut asks for them.
+  void emit_bf16(const float* y, std::size_t begin, std::size_t n) {
+    if (out_.bf16) dropped |= TopHalves(y, out_.bf16 + begin, n);
   }
 
   // `count` whole blocks of fused_block_ values from flat offset `begin` (block index
@@ -265,6 +272,7 @@ class Worker {
       fused_block_ = 0;
       return false;
     }
+    emit_bf16(y, begin, n);
     if (scale_codes) std::copy(codes_.begin(), codes_.end(), scale_codes + begin / B);
     counts.groups += count;
     counts.scale_overflow += overflows;
@@ -294,6 +302,7 @@ class Worker {
       if (ScaledBlocks(p_, x + begin, y, out_.codes ? out_.codes + begin : nullptr, whole, whole,
                                  before_.data(), after_.data(), !pow2, s_.element, call_.index_offset + begin,
                                  count_ ? &qc : nullptr, hot_.data(), &flushed)) {
+        emit_bf16(y, begin, whole);
         counts.elements += qc;
         counts.elements.underflow += flushed;
         if (count_ && hot_[0]) saturated_.push_back(group);
@@ -305,6 +314,7 @@ class Worker {
   }
 
   ScaledCounts counts;
+  std::uint32_t dropped = 0;  // the OR of the bottom halves emit_bf16 dropped
 
  private:
   // Whole blocks, none of them NaN (nor, for scales other than E8M0, all zero or of scale
@@ -335,6 +345,7 @@ class Worker {
       fused_block_ = 0;  // not on this target or format: the separate passes from now on
       return false;
     }
+    emit_bf16(y, b, n);
     counts.elements += qc;
     counts.elements.underflow += flushed;
     if (count_)
@@ -430,9 +441,11 @@ struct Shared {
   ScaledCounts counts;
   std::vector<std::size_t> saturated;  // groups, possibly listed more than once
   float amax = 0;
+  std::uint32_t dropped = 0;
   void add(Worker& w, float amax_part) {
     std::lock_guard<std::mutex> lk(m);
     counts += w.counts;
+    dropped |= w.dropped;
     saturated.insert(saturated.end(), w.saturated_.begin(), w.saturated_.end());
     amax = std::max(amax, amax_part);
   }
@@ -551,6 +564,7 @@ class ScaledPass {
     shared_.counts.saturated_groups =
         std::unique(shared_.saturated.begin(), shared_.saturated.end()) - shared_.saturated.begin();
     if (counts) *counts += shared_.counts;
+    if (out_.bf16_exact) *out_.bf16_exact = shared_.dropped == 0;
     return current_;
   }
 
@@ -736,7 +750,10 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   if (!s.scaled())
     throw Error("scaled_quantize: '" + to_string(s) + "' has no scale (a fixed-bias format); quantize it with "
                 "kernels::quantize");
-  if (rows * cols == 0) return scaled_quantize_reference(x, rows, cols, s, out, call, counts);
+  if (rows * cols == 0) {
+    if (out.bf16_exact) *out.bf16_exact = true;
+    return scaled_quantize_reference(x, rows, cols, s, out, call, counts);
+  }
   return HWY_DYNAMIC_DISPATCH(ScaledQuantize)(x, rows, cols, s, out, call, counts, run);
 }
 

@@ -42,16 +42,20 @@ ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, c
     if (m.is_same(t) || m.data_ptr() == t.data_ptr()) m = m.clone();
     hadamard16_(m, streams.hadamard_signs_for(call));
   }
-  ScaledTensor q = scaled_quantize_matrix(m, *quant[k], streams.seed_for(k, call, stream), sc, out.values, out.codes,
+  const std::uint64_t seed = streams.seed_for(k, call, stream);
+  ScaledTensor q = scaled_quantize_matrix(m, *quant[k], seed, sc,
+                                          {.values = out.values && !out.bf16, .codes = out.codes, .bf16 = out.bf16},
                                           out.count ? &c : nullptr);
   if (out.count) stats.record(k, {t, c.elements, &c, &q}, call);
+  if (out.bf16 && !q.bf16.defined() && out.values)  // some value outside bfloat16's range: the same, in float32
+    q.values = scaled_quantize_matrix(m, *quant[k], seed, sc, {.values = true}).values;
   return q;
 }
 
 std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_scaled_operand(
     TensorKind k, const torch::Tensor& t, std::uint32_t call, const ScaledOperand& o) {
   const ScaledCall sc = amax.scaled_call(k, o.operand);
-  const ScaledTensor f = quantize_scaled(k, t, o.fwd, call, o.operand, sc);
+  const ScaledTensor f = quantize_scaled(k, t, o.fwd, call, o.operand, sc, {.bf16 = o.for_products && scaled_bf16(k)});
   auto saved = c10::make_intrusive<SavedScaled>();
   saved->kind = k;
   saved->view = o.bwd;
@@ -63,7 +67,7 @@ std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_s
                               .hadamard = o.grad_w && hadamard_applies()});
   saved_bytes(k) += codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
   amax.push(k, o.operand, f.amax);
-  return {operand_tensor(k, f.values, t.sizes(), o.fwd, o.for_products, o.layout), saved};
+  return {operand_tensor(k, f.bf16.defined() ? f.bf16 : f.values, t.sizes(), o.fwd, o.for_products, o.layout), saved};
 }
 
 torch::Tensor LayerState::restore(const SavedScaled& saved, bool for_products, OperandLayout layout) const {
@@ -80,8 +84,8 @@ bool LayerState::scaled_bf16(TensorKind k) const {
 
 torch::Tensor LayerState::operand_tensor(TensorKind k, const torch::Tensor& m, at::IntArrayRef shape,
                                          const MatrixView& v, bool for_products, OperandLayout layout) const {
-  if (for_products && scaled_bf16(k))
-    if (const std::optional<torch::Tensor> b = exact_bf16(m)) {
+  if (m.scalar_type() == torch::kBFloat16 || (for_products && scaled_bf16(k)))
+    if (const std::optional<torch::Tensor> b = m.scalar_type() == torch::kBFloat16 ? m : exact_bf16(m)) {
       const bool views = layout == OperandLayout::any && scaled_bf16(TensorKind::a) && scaled_bf16(TensorKind::w) &&
                          scaled_bf16(TensorKind::gx);
       return views ? matrix_as(*b, shape, v) : from_matrix(*b, shape, v);
@@ -101,12 +105,14 @@ std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_grad(torch::Tensor 
     return {q, q};
   }
   const ScaledCall sc = amax.scaled_call(TensorKind::gx, 0);
-  const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc);
+  const bool bf16 = use.for_products && scaled_bf16(TensorKind::gx);
+  const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc, {.bf16 = bf16});
   const ScaledTensor dw = quantize_scaled(TensorKind::gx, g, for_dw, call, 1, sc,
-                                          {.count = false, .hadamard = use.hadamard && hadamard_applies()});
+                                          {.count = false, .hadamard = use.hadamard && hadamard_applies(), .bf16 = bf16});
   amax.push(TensorKind::gx, 0, dx.amax);
-  return {operand_tensor(TensorKind::gx, dx.values, g.sizes(), for_dx, use.for_products, use.layout),
-          operand_tensor(TensorKind::gx, dw.values, g.sizes(), for_dw, use.for_products, use.layout)};
+  const auto formed = [](const ScaledTensor& q) { return q.bf16.defined() ? q.bf16 : q.values; };
+  return {operand_tensor(TensorKind::gx, formed(dx), g.sizes(), for_dx, use.for_products, use.layout),
+          operand_tensor(TensorKind::gx, formed(dw), g.sizes(), for_dw, use.for_products, use.layout)};
 }
 
 torch::Tensor LayerState::quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call) {

@@ -250,7 +250,8 @@ torch::Tensor from_matrix(const torch::Tensor& m, at::IntArrayRef shape, const M
 }
 
 ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec& s_in, std::uint64_t seed,
-                                    const ScaledCall& call, bool values, bool codes, ScaledCounts* counts) {
+                                    const ScaledCall& call, ScaledForms forms, ScaledCounts* counts) {
+  const bool values = forms.values, codes = forms.codes;
   const torch::Tensor m = float_input(m_in, "scaled_quantize_matrix");
   if (m.dim() != 2) throw Error("scaled_quantize_matrix: expected a matrix");
   ScaledSpec s = s_in;
@@ -260,9 +261,14 @@ ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec&
   if (values) q.values = torch::empty({m.size(0), m.size(1)}, torch::kFloat32);
   if (codes) q.codes = torch::empty({m.size(0), m.size(1)}, torch::kUInt8);
   q.scales = torch::empty({static_cast<std::int64_t>(block_layout(s, rows, cols).groups())}, torch::kInt32);
+  bool exact = false;
+  if (forms.bf16) q.bf16 = torch::empty({m.size(0), m.size(1)}, torch::kBFloat16);
   ScaledOut out{values ? q.values.data_ptr<float>() : nullptr, codes ? q.codes.data_ptr<std::uint8_t>() : nullptr,
-                reinterpret_cast<std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), &q.tensor_scale};
+                reinterpret_cast<std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), &q.tensor_scale,
+                forms.bf16 ? reinterpret_cast<std::uint16_t*>(q.bf16.data_ptr()) : nullptr,
+                forms.bf16 ? &exact : nullptr};
   q.amax = kernels::scaled_quantize(m.data_ptr<float>(), rows, cols, s, out, call, counts, on_torch_threads());
+  if (forms.bf16 && !exact) q.bf16 = torch::Tensor();
   return q;
 }
 

@@ -128,7 +128,7 @@ void MicroBatches::take(std::int64_t row, std::size_t j, const torch::Tensor& gr
   if (!comm_) return;
   const std::uint64_t s = mix64(comm_seed_ ^ mix64(0xC033000000000000ULL + j));
   if (comm_->scaled()) {
-    const nn::ScaledTensor q = nn::scaled_quantize_matrix(dst.view({1, n}), *comm_, s, {}, false, true);
+    const nn::ScaledTensor q = nn::scaled_quantize_matrix(dst.view({1, n}), *comm_, s, {}, {.codes = true});
     codes_[row].slice(0, off, off + n).copy_(q.codes.view({n}));
     scales_[row].slice(0, scale_off_[j], scale_off_[j + 1]).copy_(q.scales);
     tensor_scales_[row][static_cast<std::int64_t>(j)] = q.tensor_scale;

@@ -255,6 +255,43 @@ TEST_P(ScaledKernels, DecodeGivesBackTheQuantizedValues) {
 
 // A spec without a scale is the plain element kernel's: refused by name, not run on the
 // scalar reference behind the caller's back.
+// The bfloat16 form (ScaledOut::bf16): the top half of every value the reference writes, and
+// bf16_exact true exactly where every bottom half is zero; asked for alone (the values kept
+// in cache only) or beside the float32 values and codes, on every path (whole blocks, pieces,
+// one scale for the tensor), with inputs in range (every MX value a bfloat16 value) and with
+// the generator's extremes.
+TEST_P(ScaledKernels, Bf16FormIsTheTopHalvesOfTheValues) {
+  const std::vector<std::pair<std::size_t, std::size_t>> shapes{{7, 200}, {400, 20}, {9, 320}, {300, 16}};
+  for (const auto& preset : scaled_presets())
+    for (const auto& [rows, cols] : shapes)
+      for (const bool tame : {true, false}) {
+        const ScaledSpec s = parse_scaled(preset.name);
+        std::vector<float> x = inputs(rows * cols, cols);
+        if (tame)
+          for (float& v : x) v = std::isfinite(v) ? std::ldexp(std::tanh(v), 3) : 1.0f;
+        const std::string what = to_string(s) + " " + std::to_string(rows) + "x" + std::to_string(cols);
+        const Out want = run(scaled_quantize_reference, s, x, rows, cols, {});
+        std::uint32_t dropped = 0;
+        for (const float v : want.y) dropped |= std::bit_cast<std::uint32_t>(v) & 0xFFFFu;
+        for (const bool alone : {true, false}) {
+          std::vector<std::uint16_t> b16(x.size(), 0xAAAA);
+          std::vector<float> y(alone ? 0 : x.size());
+          std::vector<std::uint8_t> codes(alone ? 0 : x.size());
+          std::vector<std::uint32_t> scales(block_layout(s, rows, cols).groups());
+          float ts = 0;
+          bool exact = !dropped;  // the opposite of what the kernel must write
+          exact = !exact;
+          kernels::scaled_quantize(x.data(), rows, cols, s,
+                                   ScaledOut{alone ? nullptr : y.data(), alone ? nullptr : codes.data(), scales.data(),
+                                             &ts, b16.data(), &exact});
+          ASSERT_EQ(exact, dropped == 0) << what;
+          for (std::size_t i = 0; i < x.size(); ++i)
+            ASSERT_EQ(b16[i], std::bit_cast<std::uint32_t>(want.y[i]) >> 16) << what << " at " << i;
+          if (tame && s.scale == ScaleFormat::e8m0 && s.element.format.man_bits <= 7) EXPECT_TRUE(exact) << what;
+        }
+      }
+}
+
 TEST(ScaledKernelsInput, AFixedBiasFormatIsRefused) {
   std::vector<float> x(64, 1.0f), y(64);
   const ScaledSpec fixed = parse_scaled("e4m3fn");

@@ -225,6 +225,11 @@ struct ScaledOut {
   std::uint8_t* codes = nullptr;        // rows*cols element codes (element width <= 8)
   std::uint32_t* scale_codes = nullptr; // layout.groups() scale codes, row-major grid
   float* tensor_scale = nullptr;        // the second-level scale (1 without one)
+  // The top half of each value's float32 bits (its bfloat16 value where it is one), written
+  // by the kernels (kernels::scaled_quantize) only; with it, *bf16_exact says whether every
+  // value was a bfloat16 value (all bottom halves zero).
+  std::uint16_t* bf16 = nullptr;
+  bool* bf16_exact = nullptr;
 };
 
 struct ScaledCall {

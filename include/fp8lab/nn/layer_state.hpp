@@ -113,6 +113,9 @@ struct ScaledOutputs {
   bool count = true;      // counts and statistics: false for a second quantization of a
                           // tensor already counted (its backward operand)
   bool hadamard = false;  // the random Hadamard transform first (hadamard_applies)
+  // Where the values are all bfloat16 values, they as bfloat16 instead of the float32 values
+  // (ScaledForms::bf16); where some is not, the float32 values.
+  bool bf16 = false;
 };
 
 // The numbering of a layer's calls within a step and the seeds of its random streams
@@ -314,6 +317,7 @@ struct LayerState : torch::CustomClassHolder {
   // every value of m is a bfloat16 value (converted in m's own layout, then laid out as
   // shape: half the bytes of laying out float32, and the products' own conversion spared),
   // float32 otherwise. The same values in the same layout either way, so the same products.
+  // An m already in bfloat16 (the quantizer's ScaledForms::bf16) is only laid out.
   // OperandLayout::any, where every kind the products read is scaled_bf16: the bfloat16
   // tensor as a view of its matrix, with no copy at all (a convolution then lays it out for
   // oneDNN as it would the contiguous one; should a float32 product run instead, because some

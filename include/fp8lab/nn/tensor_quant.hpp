@@ -86,14 +86,21 @@ struct ScaledTensor {
   torch::Tensor values;  // float32 [rows, cols], when asked for
   torch::Tensor codes;   // uint8 [rows, cols], when asked for
   torch::Tensor scales;  // int32 [groups] holding the uint32 scale codes (row-major grid)
+  torch::Tensor bf16;    // bfloat16 [rows, cols], when asked for and every value is one
   float tensor_scale = 1;
   float amax = 0;        // the tensor's largest finite |x| (delayed scaling's history takes it)
 };
+// Which forms of a scaled quantization to make (ScaledTensor).
+struct ScaledForms {
+  bool values = false;  // float32
+  bool codes = false;
+  bool bf16 = false;    // the values as bfloat16, where every one is a bfloat16 value
+};
 // Quantizes the 2-D float32 tensor m with s (its stochastic seed replaced by `seed`) on the
-// kernels' own threads (kernels::scaled_quantize).
+// kernels' own threads (kernels::scaled_quantize). The bfloat16 form, asked for alone, costs
+// no float32 output: each chunk's values are converted while in cache.
 ScaledTensor scaled_quantize_matrix(const torch::Tensor& m, const ScaledSpec& s, std::uint64_t seed,
-                                    const ScaledCall& call, bool values, bool codes,
-                                    ScaledCounts* counts = nullptr);
+                                    const ScaledCall& call, ScaledForms forms, ScaledCounts* counts = nullptr);
 // The float32 values [rows, cols] of q's codes and scales.
 torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s);
 
