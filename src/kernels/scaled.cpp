@@ -7,6 +7,7 @@
 // and rounded once where it decodes to a float32 subnormal), v = x / X and y = q(v) * X
 // otherwise, exactly the reference's float32 operations.
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -757,17 +758,14 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
   return HWY_DYNAMIC_DISPATCH(ScaledQuantize)(x, rows, cols, s, out, call, counts, run);
 }
 
-void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
-                   std::size_t rows, std::size_t cols, const ScaledSpec& s, float* y, const Runner& run) {
-  validate(s);
+namespace {
+
+// The rows of a scaled decode that lie in flat [b, end) (whole rows), each row decoded into
+// row_out(r) by the element kernel and multiplied by its groups' factors; then done(r, row).
+template <class RowOut, class Done>
+void decode_rows(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale, std::size_t rows,
+                 std::size_t cols, const ScaledSpec& s, const Runner& run, const RowOut& row_out, const Done& done) {
   const Format& e = s.element.format;
-  if (rows * cols == 0) return;
-  if (!s.scaled()) {
-    run.parallel_for(rows * cols, 1, [&](std::size_t b, std::size_t end) {
-      decode(codes + b, y + b, end - b, e, Runner::serial());
-    });
-    return;
-  }
   const BlockLayout l = block_layout(s, rows, cols);
   // The factor of every group, once: the scale (2^exponent for E8M0) or NaN.
   std::vector<float> factor(l.groups());
@@ -779,7 +777,7 @@ void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, 
   const Runner serial = Runner::serial();  // a part's rows, on its thread
   run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t end) {
     for (std::size_t r = b / cols; r < end / cols; ++r) {
-      float* yr = y + r * cols;
+      float* yr = row_out(r);
       decode(codes + r * cols, yr, cols, e, serial);
       const float* f = factor.data() + (r / l.block_rows) * l.grid_cols();
       for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {
@@ -789,8 +787,45 @@ void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, 
         else
           for (std::size_t c = c0; c < c1; ++c) yr[c] *= fg;
       }
+      done(r, yr);
     }
   });
+}
+
+}  // namespace
+
+bool scaled_decode_bf16(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
+                        std::size_t rows, std::size_t cols, const ScaledSpec& s, std::uint16_t* y, const Runner& run) {
+  validate(s);
+  if (!s.scaled()) throw Error("scaled_decode_bf16: '" + to_string(s) + "' has no scale (a fixed-bias format)");
+  if (rows * cols == 0) return true;
+  std::atomic<bool> exact{true};
+  // Each row through a buffer of one row per thread, converted while in cache.
+  static thread_local std::vector<float> buffer;
+  decode_rows(codes, scale_codes, tensor_scale, rows, cols, s, run,
+              [&](std::size_t) {
+                buffer.resize(cols);
+                return buffer.data();
+              },
+              [&](std::size_t r, const float* row) {
+                if (!to_bf16_exact(row, y + r * cols, cols, Runner::serial())) exact.store(false, std::memory_order_relaxed);
+              });
+  return exact.load();
+}
+
+void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
+                   std::size_t rows, std::size_t cols, const ScaledSpec& s, float* y, const Runner& run) {
+  validate(s);
+  const Format& e = s.element.format;
+  if (rows * cols == 0) return;
+  if (!s.scaled()) {
+    run.parallel_for(rows * cols, 1, [&](std::size_t b, std::size_t end) {
+      decode(codes + b, y + b, end - b, e, Runner::serial());
+    });
+    return;
+  }
+  decode_rows(codes, scale_codes, tensor_scale, rows, cols, s, run, [&](std::size_t r) { return y + r * cols; },
+              [](std::size_t, const float*) {});
 }
 
 }  // namespace fp8lab::kernels

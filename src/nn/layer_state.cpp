@@ -71,6 +71,9 @@ std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_s
 }
 
 torch::Tensor LayerState::restore(const SavedScaled& saved, bool for_products, OperandLayout layout) const {
+  if (saved.q.codes.defined() && for_products && scaled_bf16(saved.kind))  // no float32 values on the way
+    if (std::optional<torch::Tensor> b = scaled_decode_matrix_bf16(saved.q, *quant[saved.kind]))
+      return operand_tensor(saved.kind, *b, saved.shape, saved.view, for_products, layout);
   const torch::Tensor m = saved.q.codes.defined() ? scaled_decode_matrix(saved.q, *quant[saved.kind]) : saved.q.values;
   return operand_tensor(saved.kind, m, saved.shape, saved.view, for_products, layout);
 }

@@ -281,6 +281,17 @@ torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s) {
   return y;
 }
 
+std::optional<torch::Tensor> scaled_decode_matrix_bf16(const ScaledTensor& q, const ScaledSpec& s) {
+  torch::Tensor y = torch::empty(q.codes.sizes(), torch::kBFloat16);
+  if (!kernels::scaled_decode_bf16(q.codes.data_ptr<std::uint8_t>(),
+                                   reinterpret_cast<const std::uint32_t*>(q.scales.data_ptr<std::int32_t>()),
+                                   q.tensor_scale, static_cast<std::size_t>(q.codes.size(0)),
+                                   static_cast<std::size_t>(q.codes.size(1)), s,
+                                   reinterpret_cast<std::uint16_t*>(y.data_ptr()), on_torch_threads()))
+    return std::nullopt;
+  return y;
+}
+
 void hadamard16_(torch::Tensor& m, const std::array<float, 16>& signs) {
   check_float_cpu(m, "hadamard16_");
   if (m.dim() != 2 || !m.is_contiguous()) throw Error("hadamard16_: expected a contiguous matrix");

@@ -249,12 +249,18 @@ TEST_P(ScaledKernels, DecodeGivesBackTheQuantizedValues) {
         for (std::size_t i = 0; i < x.size(); ++i)
           ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
               << what << " threads " << t << " at " << i;
+        // The bfloat16 decode: the top halves, exact where every bottom half is zero.
+        std::vector<std::uint16_t> b16(x.size(), 0xAAAA);
+        std::uint32_t dropped = 0;
+        for (const float v : want) dropped |= std::bit_cast<std::uint32_t>(v) & 0xFFFFu;
+        EXPECT_EQ(kernels::scaled_decode_bf16(q.codes.data(), q.scales.data(), q.ts, rows, cols, s, b16.data()),
+                  dropped == 0) << what;
+        for (std::size_t i = 0; i < x.size(); ++i)
+          ASSERT_EQ(b16[i], std::bit_cast<std::uint32_t>(want[i]) >> 16) << what << " bf16, threads " << t << " at " << i;
       }
     }
 }
 
-// A spec without a scale is the plain element kernel's: refused by name, not run on the
-// scalar reference behind the caller's back.
 // The bfloat16 form (ScaledOut::bf16): the top half of every value the reference writes, and
 // bf16_exact true exactly where every bottom half is zero; asked for alone (the values kept
 // in cache only) or beside the float32 values and codes, on every path (whole blocks, pieces,
@@ -292,6 +298,8 @@ TEST_P(ScaledKernels, Bf16FormIsTheTopHalvesOfTheValues) {
       }
 }
 
+// A spec without a scale is the plain element kernel's: refused by name, not run on the
+// scalar reference behind the caller's back.
 TEST(ScaledKernelsInput, AFixedBiasFormatIsRefused) {
   std::vector<float> x(64, 1.0f), y(64);
   const ScaledSpec fixed = parse_scaled("e4m3fn");

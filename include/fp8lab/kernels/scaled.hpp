@@ -25,5 +25,10 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
 // row's codes, then each group's values are multiplied by its scale.
 void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
                    std::size_t rows, std::size_t cols, const ScaledSpec& s, float* y, const Runner& run = {});
+// The same values as bfloat16 (the top half of each float32 value, decoded a row at a time in
+// cache); returns whether every value was a bfloat16 value (y is then exact). A scaled s only.
+bool scaled_decode_bf16(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
+                        std::size_t rows, std::size_t cols, const ScaledSpec& s, std::uint16_t* y,
+                        const Runner& run = {});
 
 }  // namespace fp8lab::kernels

@@ -103,5 +103,7 @@ ScaledTensor scaled_quantize_matrix(const torch::Tensor& m, const ScaledSpec& s,
                                     const ScaledCall& call, ScaledForms forms, ScaledCounts* counts = nullptr);
 // The float32 values [rows, cols] of q's codes and scales.
 torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s);
+// The same as bfloat16, where every value is a bfloat16 value (else nullopt).
+std::optional<torch::Tensor> scaled_decode_matrix_bf16(const ScaledTensor& q, const ScaledSpec& s);
 
 }  // namespace fp8lab::nn
