@@ -760,11 +760,12 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
 
 namespace {
 
-// The rows of a scaled decode that lie in flat [b, end) (whole rows), each row decoded into
-// row_out(r) by the element kernel and multiplied by its groups' factors; then done(r, row).
-template <class RowOut, class Done>
+// Every row of a scaled decode, decoded by the element kernel and multiplied by its groups'
+// factors, then handed to done(r, row). Rows go to y + r * cols, or, where y is null, through
+// a buffer of one row owned by each part of the loop (converted by done while in cache).
+template <class Done>
 void decode_rows(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale, std::size_t rows,
-                 std::size_t cols, const ScaledSpec& s, const Runner& run, const RowOut& row_out, const Done& done) {
+                 std::size_t cols, const ScaledSpec& s, const Runner& run, float* y, const Done& done) {
   const Format& e = s.element.format;
   const BlockLayout l = block_layout(s, rows, cols);
   // The factor of every group, once: the scale (2^exponent for E8M0) or NaN.
@@ -776,8 +777,9 @@ void decode_rows(const std::uint8_t* codes, const std::uint32_t* scale_codes, fl
   }
   const Runner serial = Runner::serial();  // a part's rows, on its thread
   run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t end) {
+    std::vector<float> buffer(y == nullptr ? cols : 0);
     for (std::size_t r = b / cols; r < end / cols; ++r) {
-      float* yr = row_out(r);
+      float* yr = y == nullptr ? buffer.data() : y + r * cols;
       decode(codes + r * cols, yr, cols, e, serial);
       const float* f = factor.data() + (r / l.block_rows) * l.grid_cols();
       for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {
@@ -800,13 +802,7 @@ bool scaled_decode_bf16(const std::uint8_t* codes, const std::uint32_t* scale_co
   if (!s.scaled()) throw Error("scaled_decode_bf16: '" + to_string(s) + "' has no scale (a fixed-bias format)");
   if (rows * cols == 0) return true;
   std::atomic<bool> exact{true};
-  // Each row through a buffer of one row per thread, converted while in cache.
-  static thread_local std::vector<float> buffer;
-  decode_rows(codes, scale_codes, tensor_scale, rows, cols, s, run,
-              [&](std::size_t) {
-                buffer.resize(cols);
-                return buffer.data();
-              },
+  decode_rows(codes, scale_codes, tensor_scale, rows, cols, s, run, nullptr,
               [&](std::size_t r, const float* row) {
                 if (!to_bf16_exact(row, y + r * cols, cols, Runner::serial())) exact.store(false, std::memory_order_relaxed);
               });
@@ -824,8 +820,7 @@ void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, 
     });
     return;
   }
-  decode_rows(codes, scale_codes, tensor_scale, rows, cols, s, run, [&](std::size_t r) { return y + r * cols; },
-              [](std::size_t, const float*) {});
+  decode_rows(codes, scale_codes, tensor_scale, rows, cols, s, run, y, [](std::size_t, const float*) {});
 }
 
 }  // namespace fp8lab::kernels

@@ -293,7 +293,9 @@ TEST_P(ScaledKernels, Bf16FormIsTheTopHalvesOfTheValues) {
           ASSERT_EQ(exact, dropped == 0) << what;
           for (std::size_t i = 0; i < x.size(); ++i)
             ASSERT_EQ(b16[i], std::bit_cast<std::uint32_t>(want.y[i]) >> 16) << what << " at " << i;
-          if (tame && s.scale == ScaleFormat::e8m0 && s.element.format.man_bits <= 7) EXPECT_TRUE(exact) << what;
+          if (tame && s.scale == ScaleFormat::e8m0 && s.element.format.man_bits <= 7) {
+            EXPECT_TRUE(exact) << what;
+          }
         }
       }
 }
