@@ -191,6 +191,15 @@ Scaling scaling_of(const BlockScale& b, bool pow2) {
   return sc;
 }
 
+// The input values by flat offset into the matrix: element i at data[i - first]. A whole
+// row-major matrix is {x, 0}; a chunk copied out of a transposed one is {buffer, its offset}.
+struct Input {
+  Input(const float* d, std::size_t f = 0) : data(d), first(f) {}  // NOLINT: a plain pointer is {x, 0}
+  const float* at(std::size_t i) const { return data + (i - first); }
+  const float* data;
+  std::size_t first;
+};
+
 // One contiguous piece of a group inside a row.
 struct Piece {
   std::size_t begin, len;  // flat offsets
@@ -210,7 +219,7 @@ class Worker {
         fused_block_(fused_block) {}
 
   // Quantizes pieces (back to back in memory, in order; they may span rows) with their scalings.
-  void run(const float* x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
+  void run(Input x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
     if (run_fused(x, pieces, scalings)) return;
     const std::size_t b = pieces.front().begin, n = pieces.back().begin + pieces.back().len - b;
     v_.resize(n);
@@ -237,7 +246,7 @@ class Worker {
   // objects. False, with nothing counted, when some block needs the general path.
   // `tops`: the blocks' largest magnitude bits when already known (null: found here).
   template <class Fast>
-  bool run_fast_blocks(const float* x, std::size_t begin, std::size_t count, const Fast& fast,
+  bool run_fast_blocks(Input x, std::size_t begin, std::size_t count, const Fast& fast,
                        std::uint32_t* scale_codes, float& part_amax, const std::uint32_t* tops) {
     const std::size_t B = fused_block_;
     if (B == 0) return false;
@@ -249,7 +258,7 @@ class Worker {
     std::uint64_t overflows = 0;
     if (!tops) {
       tops_.resize(count);
-      BlockTops(x + begin, count, B, tops_.data(), false);
+      BlockTops(x.at(begin), count, B, tops_.data(), false);
       tops = tops_.data();
     }
     for (std::size_t k = 0; k < count; ++k) {
@@ -267,7 +276,7 @@ class Worker {
     float* y = out_.values ? out_.values + begin : q_.data();
     QuantCounts qc;
     std::uint64_t flushed = 0;
-    if (!ScaledBlocks(p_, x + begin, y, out_.codes ? out_.codes + begin : nullptr, n, B, before_.data(),
+    if (!ScaledBlocks(p_, x.at(begin), y, out_.codes ? out_.codes + begin : nullptr, n, B, before_.data(),
                                 after_.data(), Fast::kDivide, s_.element, call_.index_offset + begin,
                                 count_ ? &qc : nullptr, hot_.data(), &flushed)) {
       fused_block_ = 0;
@@ -288,7 +297,7 @@ class Worker {
 
   // `len` values from flat offset `begin`, all of group `group` with scaling `sc` (a tensor's
   // one group): whole vectors in one pass of the block kernel, the rest as a piece.
-  void run_uniform(const float* x, std::size_t begin, std::size_t len, const Scaling& sc, std::size_t group) {
+  void run_uniform(Input x, std::size_t begin, std::size_t len, const Scaling& sc, std::size_t group) {
     const bool pow2 = power_of_two(s_);
     const GroupScale& g = sc.g;
     const std::size_t whole = len / 16 * 16;  // whole vectors on every target
@@ -300,7 +309,7 @@ class Worker {
       float* y = out_.values ? out_.values + begin : q_.data();
       QuantCounts qc;
       std::uint64_t flushed = 0;
-      if (ScaledBlocks(p_, x + begin, y, out_.codes ? out_.codes + begin : nullptr, whole, whole,
+      if (ScaledBlocks(p_, x.at(begin), y, out_.codes ? out_.codes + begin : nullptr, whole, whole,
                                  before_.data(), after_.data(), !pow2, s_.element, call_.index_offset + begin,
                                  count_ ? &qc : nullptr, hot_.data(), &flushed)) {
         emit_bf16(y, begin, whole);
@@ -321,7 +330,7 @@ class Worker {
   // Whole blocks, none of them NaN (nor, for scales other than E8M0, all zero or of scale
   // zero): scaling, quantization and unscaling in one pass (ScaledBlocks).
   // False where that path does not apply.
-  bool run_fused(const float* x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
+  bool run_fused(Input x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
     if (fused_block_ == 0) return false;
     const bool pow2 = power_of_two(s_);
     for (std::size_t k = 0; k < pieces.size(); ++k) {
@@ -340,7 +349,7 @@ class Worker {
     float* y = out_.values ? out_.values + b : q_.data();
     QuantCounts qc;
     std::uint64_t flushed = 0;
-    if (!ScaledBlocks(p_, x + b, y, out_.codes ? out_.codes + b : nullptr, n, fused_block_, before_.data(),
+    if (!ScaledBlocks(p_, x.at(b), y, out_.codes ? out_.codes + b : nullptr, n, fused_block_, before_.data(),
                                 after_.data(), !pow2, s_.element, call_.index_offset + b, count_ ? &qc : nullptr,
                                 hot_.data(), &flushed)) {
       fused_block_ = 0;  // not on this target or format: the separate passes from now on
@@ -355,9 +364,9 @@ class Worker {
     return true;
   }
 
-  void scale_in(const float* x, const Piece& p, const Scaling& sc, std::size_t b) {
+  void scale_in(Input x, const Piece& p, const Scaling& sc, std::size_t b) {
     float* v = v_.data() + (p.begin - b);
-    const float* xs = x + p.begin;
+    const float* xs = x.at(p.begin);
     const GroupScale& g = sc.g;
     if (g.nan) {
       std::fill(v, v + p.len, 0.0f);
@@ -539,17 +548,24 @@ struct FastScales {
 // One call of scaled_quantize, in its steps (run): the amaxes a scale needs first, the
 // tensor scale, the scales of groups that span rows, one pass over the elements, the
 // counts. Every pass splits the work with the runner and gathers into `shared_`.
+// `transposed`: x holds the matrix's transpose, [cols, rows] row-major (only where
+// reads_transposed() holds).
 class ScaledPass {
  public:
   ScaledPass(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
-             const ScaledCall& call, bool count, const Runner& run)
+             const ScaledCall& call, bool count, const Runner& run, bool transposed = false)
       : run_(run),
         x_(x), rows_(rows), cols_(cols), n_(rows * cols), s_(s), out_(out), call_(call), count_(count),
+        transposed_(transposed),
         l_(block_layout(s, rows, cols)), per_block_(s.granularity == Granularity::block),
         fused_block_(!per_block_                     ? 0
                      : cols <= l_.block_cols         ? cols
                      : cols % l_.block_cols == 0     ? l_.block_cols
                                                      : 0) {}
+
+  // Whether the pass can read the matrix from its transpose: 1xK blocks whose rows are whole
+  // blocks (or shorter than one), the case of the element pass that works block by block.
+  bool reads_transposed() const { return per_block_ && fused_block_ != 0; }
 
   // The tensor's amax (scaled_quantize's result); adds the counts to `counts`.
   float run(ScaledCounts* counts) {
@@ -578,7 +594,7 @@ class ScaledPass {
       amaxes_ = group_amaxes(run_, x_, l_);
       for (const Amax& a : amaxes_) current_ = std::max(current_, a.value);
     } else if (s_.tensor_scale || s_.history > 0) {
-      if (fused_block_ != 0) {
+      if (fused_block_ != 0 && !transposed_) {
         tops_ = all_block_tops(run_, x_, n_, fused_block_);
         current_ = largest_finite(x_, fused_block_, tops_);
       } else {
@@ -600,6 +616,12 @@ class ScaledPass {
   // or chunks of pieces (the general case).
   void quantize_elements() {
     const FastScales fast(s_, ts_);
+    if (transposed_) {
+      if (fast.steps.enabled()) transposed_blocks(fast.steps);
+      else if (fast.f32.enabled()) transposed_blocks(fast.f32);
+      else transposed_blocks(fast.pow2);  // where it is not enabled either, every block takes the general path
+      return;
+    }
     if (fused_block_ != 0 && fast.pow2.enabled()) whole_blocks(fast.pow2);
     else if (fused_block_ != 0 && fast.steps.enabled()) whole_blocks(fast.steps);
     else if (fused_block_ != 0 && fast.f32.enabled()) whole_blocks(fast.f32);
@@ -607,32 +629,81 @@ class ScaledPass {
     else run_.parallel_for(n_, 1, [&](std::size_t b, std::size_t e) { chunks(b, e, fast); });
   }
 
+  // The pieces of a worker's chunks, run once about kChunk elements have gathered.
+  struct Gathered {
+    std::vector<Piece> pieces;
+    std::vector<Scaling> scalings;
+    std::size_t pending = 0;
+    float part_amax = 0;
+    void flush(Worker& w, Input x) {
+      if (!pieces.empty()) w.run(x, pieces, scalings);
+      pieces.clear();
+      scalings.clear();
+      pending = 0;
+    }
+  };
+
   // Rows of whole blocks with a fast scale path: chunks of whole blocks, group = flat / block.
   template <class Fast>
   void whole_blocks(const Fast& fast) {
     const std::size_t B = fused_block_, per_chunk = std::max<std::size_t>(1, kChunk / B);
     run_.parallel_for(n_, B, [&](std::size_t b, std::size_t e) {
       Worker w(s_, out_, call_, count_, fused_block_);
-      float part_amax = 0;
-      std::vector<Piece> pieces;
-      std::vector<Scaling> scalings;
+      Gathered g;
       for (std::size_t k0 = b / B; k0 < e / B; k0 += per_chunk) {
         const std::size_t count = std::min(per_chunk, e / B - k0);
-        if (w.run_fast_blocks(x_, k0 * B, count, fast, out_.scale_codes, part_amax, tops_.empty() ? nullptr : &tops_[k0]))
-          continue;
-        pieces.clear();
-        scalings.clear();
-        for (std::size_t k = k0; k < k0 + count; ++k) {
-          const Amax a = amax_of(x_ + k * B, B);
-          part_amax = std::max(part_amax, a.value);
-          const GroupScale gs = scale_group(s_, a, ts_, &w.counts);
-          if (out_.scale_codes) out_.scale_codes[k] = gs.code;
-          pieces.push_back({k * B, B, k});
-          scalings.push_back(scaling_of(s_, gs));
-        }
-        w.run(x_, pieces, scalings);
+        if (!w.run_fast_blocks(x_, k0 * B, count, fast, out_.scale_codes, g.part_amax,
+                               tops_.empty() ? nullptr : &tops_[k0]))
+          general_blocks(w, x_, k0 * B, count, g);
       }
-      shared_.add(w, part_amax);
+      shared_.add(w, g.part_amax);
+    });
+  }
+
+  // `count` whole blocks from flat offset `begin`, each scaled from its amax: the general
+  // path, where a fast one does not decide every block of a chunk.
+  void general_blocks(Worker& w, Input x, std::size_t begin, std::size_t count, Gathered& g) {
+    const std::size_t B = fused_block_;
+    for (std::size_t at = begin; at < begin + count * B; at += B) {
+      const Amax a = amax_of(x.at(at), B);
+      g.part_amax = std::max(g.part_amax, a.value);
+      const GroupScale gs = scale_group(s_, a, ts_, &w.counts);
+      if (out_.scale_codes) out_.scale_codes[at / B] = gs.code;
+      g.pieces.push_back({at, B, at / B});
+      g.scalings.push_back(scaling_of(s_, gs));
+    }
+    g.flush(w, x);
+  }
+
+  // The element pass reading the matrix from its transpose x_ ([cols_, rows_]): tiles of up
+  // to kTileRows rows and about kChunk elements are copied out of it transposed, into a buffer
+  // that stays in cache, and each row of a tile is quantized as whole_blocks quantizes a chunk
+  // (groups and stochastic-rounding indices by flat offset in the matrix, as there).
+  template <class Fast>
+  void transposed_blocks(const Fast& fast) {
+    constexpr std::size_t kTileRows = 64;
+    const std::size_t B = fused_block_, tr = std::min(rows_, kTileRows);
+    const std::size_t tc = cols_ <= B ? cols_ : std::max(B, kChunk / tr / B * B);
+    const std::size_t grid_r = (rows_ + tr - 1) / tr, grid_c = (cols_ + tc - 1) / tc;
+    run_.parallel_for(grid_r * grid_c * kChunk, kChunk, [&](std::size_t b, std::size_t e) {
+      Worker w(s_, out_, call_, count_, fused_block_);
+      Gathered g;
+      std::vector<float> tile(tr * tc);
+      for (std::size_t t = b / kChunk; t < e / kChunk; ++t) {
+        const std::size_t r0 = t / grid_c * tr, r1 = std::min(rows_, r0 + tr);
+        const std::size_t c0 = t % grid_c * tc, c1 = std::min(cols_, c0 + tc), w_c = c1 - c0;
+        for (std::size_t c = c0; c < c1; ++c) {  // a row of the transpose at a time: contiguous reads
+          const float* src = x_ + c * rows_ + r0;
+          float* dst = tile.data() + (c - c0);
+          for (std::size_t r = 0; r < r1 - r0; ++r) dst[r * w_c] = src[r];
+        }
+        for (std::size_t r = r0; r < r1; ++r) {
+          const Input row(tile.data() + (r - r0) * w_c, r * cols_ + c0);
+          if (!w.run_fast_blocks(row, r * cols_ + c0, w_c / B, fast, out_.scale_codes, g.part_amax, nullptr))
+            general_blocks(w, row, r * cols_ + c0, w_c / B, g);
+        }
+      }
+      shared_.add(w, g.part_amax);
     });
   }
 
@@ -666,20 +737,6 @@ class ScaledPass {
     g.flush(w, x_);
     shared_.add(w, g.part_amax);
   }
-
-  // The pieces of a worker's chunks, run once about kChunk elements have gathered.
-  struct Gathered {
-    std::vector<Piece> pieces;
-    std::vector<Scaling> scalings;
-    std::size_t pending = 0;
-    float part_amax = 0;
-    void flush(Worker& w, const float* x) {
-      if (!pieces.empty()) w.run(x, pieces, scalings);
-      pieces.clear();
-      scalings.clear();
-      pending = 0;
-    }
-  };
 
   // The piece of row `r` from column `c` to the end of its group or `c1`, with its scaling
   // (a block's decided from its bits where a fast path can, else from its amax); returns
@@ -717,6 +774,7 @@ class ScaledPass {
   const ScaledOut& out_;
   const ScaledCall& call_;
   bool count_;
+  bool transposed_;
   BlockLayout l_;
   bool per_block_;
   std::size_t fused_block_;  // rows of whole blocks (or rows shorter than a block): the block; else 0
@@ -736,6 +794,20 @@ float ScaledQuantize(const float* x, std::size_t rows, std::size_t cols, const S
   return ScaledPass(x, rows, cols, s, out, call, counts != nullptr, run).run(counts);
 }
 
+// scaled_quantize_transposed for this target: tiles of xt where the pass can read them,
+// else a transposed copy first.
+float ScaledQuantizeTransposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+                               const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
+  ScaledPass pass(xt, rows, cols, s, out, call, counts != nullptr, run, true);
+  if (pass.reads_transposed()) return pass.run(counts);
+  std::vector<float> x(rows * cols);
+  run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t e) {
+    for (std::size_t r = b / cols; r < e / cols; ++r)
+      for (std::size_t c = 0; c < cols; ++c) x[r * cols + c] = xt[c * rows + r];
+  });
+  return ScaledPass(x.data(), rows, cols, s, out, call, counts != nullptr, run).run(counts);
+}
+
 }  // namespace fp8lab::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -743,19 +815,36 @@ HWY_AFTER_NAMESPACE();
 namespace fp8lab::kernels {
 
 HWY_EXPORT(ScaledQuantize);
+HWY_EXPORT(ScaledQuantizeTransposed);
 using detail::power_of_two;
+
+namespace {
+// The checks of both entry points: false where there is nothing to quantize (the outputs
+// of an empty matrix are then written).
+bool check_scaled_call(const char* what, const ScaledSpec& s, std::size_t rows, std::size_t cols,
+                       const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts) {
+  validate(s);
+  if (!s.scaled())
+    throw Error(std::string(what) + ": '" + to_string(s) +
+                "' has no scale (a fixed-bias format); quantize it with kernels::quantize");
+  if (rows * cols != 0) return true;
+  if (out.bf16_exact) *out.bf16_exact = true;
+  (void)scaled_quantize_reference(nullptr, rows, cols, s, out, call, counts);
+  return false;
+}
+}  // namespace
 
 float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                       const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
-  validate(s);
-  if (!s.scaled())
-    throw Error("scaled_quantize: '" + to_string(s) + "' has no scale (a fixed-bias format); quantize it with "
-                "kernels::quantize");
-  if (rows * cols == 0) {
-    if (out.bf16_exact) *out.bf16_exact = true;
-    return scaled_quantize_reference(x, rows, cols, s, out, call, counts);
-  }
+  if (!check_scaled_call("scaled_quantize", s, rows, cols, out, call, counts)) return 0;
   return HWY_DYNAMIC_DISPATCH(ScaledQuantize)(x, rows, cols, s, out, call, counts, run);
+}
+
+float scaled_quantize_transposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+                                 const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts,
+                                 const Runner& run) {
+  if (!check_scaled_call("scaled_quantize_transposed", s, rows, cols, out, call, counts)) return 0;
+  return HWY_DYNAMIC_DISPATCH(ScaledQuantizeTransposed)(xt, rows, cols, s, out, call, counts, run);
 }
 
 namespace {

@@ -37,7 +37,7 @@ ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, c
                                          std::uint32_t call, std::uint32_t stream, const ScaledCall& sc,
                                          ScaledOutputs out) {
   ScaledCounts c;
-  torch::Tensor m = to_matrix(t, v);
+  torch::Tensor m = out.hadamard ? to_matrix(t, v) : matrix_of(t, v);
   if (out.hadamard) {
     if (m.is_same(t) || m.data_ptr() == t.data_ptr()) m = m.clone();
     hadamard16_(m, streams.hadamard_signs_for(call));

@@ -26,10 +26,6 @@ void check_float_cpu(const torch::Tensor& t, const char* what) {
     throw Error(std::string(what) + ": expected a float32 tensor, got " +
                 std::string(c10::toString(t.scalar_type())));
 }
-torch::Tensor float_input(const torch::Tensor& t, const char* what) {
-  check_float_cpu(t, what);
-  return t.contiguous();
-}
 // Whether an element-wise pass may run over t's memory in the order it lies (a dense
 // layout such as channels-last) instead of the row-major order: where no element's result
 // depends on its index, i.e. every rounding but stochastic's, whose random stream is
@@ -227,14 +223,17 @@ std::vector<std::int64_t> inverse(const std::vector<std::int64_t>& perm) {
 }
 }  // namespace
 
-torch::Tensor to_matrix(const torch::Tensor& t, const MatrixView& v) {
+torch::Tensor matrix_of(const torch::Tensor& t, const MatrixView& v) {
   torch::Tensor x = v.view.empty() ? t : t.reshape(v.view);
   if (!v.perm.empty()) x = x.permute(v.perm);
   std::int64_t cols = 1;
   for (int d = 0; d < v.cols_dims; ++d) cols *= x.size(x.dim() - 1 - d);
   const std::int64_t rows = cols == 0 ? 0 : x.numel() / cols;
-  return x.reshape({rows, cols}).contiguous();
+  x = x.reshape({rows, cols});
+  return is_transposed_matrix(x) ? x : x.contiguous();
 }
+
+torch::Tensor to_matrix(const torch::Tensor& t, const MatrixView& v) { return matrix_of(t, v).contiguous(); }
 
 torch::Tensor matrix_as(const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v) {
   std::vector<std::int64_t> viewed = v.view.empty() ? shape.vec() : v.view;
@@ -249,11 +248,17 @@ torch::Tensor from_matrix(const torch::Tensor& m, at::IntArrayRef shape, const M
   return matrix_as(m, shape, v).contiguous();
 }
 
+bool is_transposed_matrix(const torch::Tensor& m) {
+  return m.dim() == 2 && m.size(0) > 1 && m.size(1) > 1 && m.stride(0) == 1 && m.stride(1) == m.size(0);
+}
+
 ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec& s_in, std::uint64_t seed,
                                     const ScaledCall& call, ScaledForms forms, ScaledCounts* counts) {
   const bool values = forms.values, codes = forms.codes;
-  const torch::Tensor m = float_input(m_in, "scaled_quantize_matrix");
-  if (m.dim() != 2) throw Error("scaled_quantize_matrix: expected a matrix");
+  check_float_cpu(m_in, "scaled_quantize_matrix");
+  if (m_in.dim() != 2) throw Error("scaled_quantize_matrix: expected a matrix");
+  const bool transposed = is_transposed_matrix(m_in);  // read as it lies, no transposed copy
+  const torch::Tensor m = transposed ? m_in : m_in.contiguous();
   ScaledSpec s = s_in;
   s.element.seed = seed;
   const auto rows = static_cast<std::size_t>(m.size(0)), cols = static_cast<std::size_t>(m.size(1));
@@ -267,7 +272,10 @@ ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec&
                 reinterpret_cast<std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), &q.tensor_scale,
                 forms.bf16 ? reinterpret_cast<std::uint16_t*>(q.bf16.data_ptr()) : nullptr,
                 forms.bf16 ? &exact : nullptr};
-  q.amax = kernels::scaled_quantize(m.data_ptr<float>(), rows, cols, s, out, call, counts, on_torch_threads());
+  q.amax = transposed ? kernels::scaled_quantize_transposed(m.data_ptr<float>(), rows, cols, s, out, call, counts,
+                                                             on_torch_threads())
+                      : kernels::scaled_quantize(m.data_ptr<float>(), rows, cols, s, out, call, counts,
+                                                 on_torch_threads());
   if (forms.bf16 && !exact) q.bf16 = torch::Tensor();
   return q;
 }

@@ -300,6 +300,68 @@ TEST_P(ScaledKernels, Bf16FormIsTheTopHalvesOfTheValues) {
       }
 }
 
+// The matrix given by its transpose (kernels::scaled_quantize_transposed): the reference's
+// outputs on the matrix itself, bit for bit (values, codes, scales, bfloat16 form, counts),
+// for every preset and rule, on shapes whose rows are whole blocks or shorter than one (the
+// path that transposes tiles in cache: rows above and below its tile height, columns past a
+// tile's width) and shapes that take the transposed copy, with the generator's extremes and
+// with ordinary blocks beside zero, tiny and NaN ones, on 1 and 3 threads.
+TEST_P(ScaledKernels, TransposedInputGivesTheSameBits) {
+  struct Shape {
+    std::size_t rows, cols;
+  };
+  const std::vector<Shape> shapes{{16, 4096}, {70, 512}, {3, 64}, {300, 16}, {130, 256}, {7, 200}, {40, 96}};
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (const auto& preset : scaled_presets())
+    for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest})
+      for (const Shape& sh : shapes)
+        for (const bool tame : {true, false}) {
+          ScaledSpec s = parse_scaled(preset.name);
+          s.rule = rule;
+          s.element.rounding = (sh.rows % 2) ? Rounding::stochastic : Rounding::nearest_even;
+          s.element.seed = 7;
+          const std::size_t n = sh.rows * sh.cols;
+          std::vector<float> x = inputs(n, sh.rows + sh.cols);
+          if (tame) {
+            for (std::size_t i = 0; i < n; ++i) x[i] = std::ldexp(normal(rng), static_cast<int>((i / 16) % 41) - 20);
+            for (std::size_t i = 0; i < std::min<std::size_t>(n, 32); ++i) x[i] = 0.0f;
+            x[n / 2] = std::numeric_limits<float>::quiet_NaN();
+            x[n - 1] = 1e-41f;
+          }
+          std::vector<float> xt(n);
+          for (std::size_t r = 0; r < sh.rows; ++r)
+            for (std::size_t c = 0; c < sh.cols; ++c) xt[c * sh.rows + r] = x[r * sh.cols + c];
+          ScaledCall call;
+          call.index_offset = 3;
+          if (s.history > 0) call.delayed_amax = 2.5f;
+          const std::string what = to_string(s) + " " + std::to_string(sh.rows) + "x" + std::to_string(sh.cols) +
+                                   (tame ? " ordinary blocks" : " extremes");
+          const Out want = run(scaled_quantize_reference, s, x, sh.rows, sh.cols, call);
+          for (int threads : {1, 3}) {
+            kernels::set_num_threads(threads);
+            const auto transposed = [&](const float*, std::size_t r, std::size_t c, const ScaledSpec& sp,
+                                        const ScaledOut& o, const ScaledCall& cl, ScaledCounts* counts) {
+              return kernels::scaled_quantize_transposed(xt.data(), r, c, sp, o, cl, counts);
+            };
+            expect_same(run(transposed, s, x, sh.rows, sh.cols, call), want, what + " threads " + std::to_string(threads));
+          }
+          std::vector<std::uint16_t> b16(n, 0xAAAA);
+          std::vector<std::uint32_t> scales(block_layout(s, sh.rows, sh.cols).groups());
+          bool exact = false;
+          kernels::scaled_quantize_transposed(xt.data(), sh.rows, sh.cols, s,
+                                              ScaledOut{nullptr, nullptr, scales.data(), nullptr, b16.data(), &exact},
+                                              call);
+          std::uint32_t dropped = 0;
+          for (std::size_t i = 0; i < n; ++i) {
+            dropped |= std::bit_cast<std::uint32_t>(want.y[i]) & 0xFFFFu;
+            ASSERT_EQ(b16[i], std::bit_cast<std::uint32_t>(want.y[i]) >> 16) << what << " bf16 at " << i;
+          }
+          ASSERT_EQ(exact, dropped == 0) << what;
+          ASSERT_EQ(scales, want.scales) << what << " bf16 alone";
+        }
+}
+
 // A spec without a scale is the plain element kernel's: refused by name, not run on the
 // scalar reference behind the caller's back.
 TEST(ScaledKernelsInput, AFixedBiasFormatIsRefused) {

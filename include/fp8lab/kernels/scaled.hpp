@@ -19,6 +19,13 @@ namespace fp8lab::kernels {
 float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                       const ScaledOut& out, const ScaledCall& call = {}, ScaledCounts* counts = nullptr,
                       const Runner& run = {});
+// The same on the matrix [rows, cols] given by its transpose xt ([cols, rows] row-major): the
+// outputs of scaled_quantize on the transposed copy, bit for bit, with no such copy where the
+// blocks are 1xK and each row is whole blocks or shorter than one (MX, NVFP4, 1x128 tiles):
+// tiles of xt are transposed in cache and quantized there. Other specs take the copy.
+float scaled_quantize_transposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+                                 const ScaledOut& out, const ScaledCall& call = {},
+                                 ScaledCounts* counts = nullptr, const Runner& run = {});
 
 // As scaled_decode_reference: the values of element codes [rows, cols] and their scales
 // (layout.groups() codes, row-major grid), bit-exact with it; the element kernel decodes a

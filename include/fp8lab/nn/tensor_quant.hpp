@@ -66,6 +66,12 @@ struct MatrixView {
 };
 // The contiguous matrix of t under v.
 torch::Tensor to_matrix(const torch::Tensor& t, const MatrixView& v);
+// The matrix of t under v as scaled_quantize_matrix reads it without a copy: a view where it
+// is the transpose of a contiguous matrix (is_transposed_matrix), else contiguous.
+torch::Tensor matrix_of(const torch::Tensor& t, const MatrixView& v);
+// Whether m is the transpose of a contiguous matrix ([rows, cols] with strides [1, rows]),
+// more than one row and column.
+bool is_transposed_matrix(const torch::Tensor& m);
 // The inverse: a contiguous tensor of shape `shape` from its matrix m under v.
 torch::Tensor from_matrix(const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v);
 // The same as a view of m where one exists (a permuted v gives a permuted layout), else a copy.
@@ -97,7 +103,8 @@ struct ScaledForms {
   bool bf16 = false;    // the values as bfloat16, where every one is a bfloat16 value
 };
 // Quantizes the 2-D float32 tensor m with s (its stochastic seed replaced by `seed`) on the
-// kernels' own threads (kernels::scaled_quantize). The bfloat16 form, asked for alone, costs
+// kernels' own threads (kernels::scaled_quantize; kernels::scaled_quantize_transposed where m
+// is the transpose of a contiguous matrix, read as it lies). The outputs are contiguous. The bfloat16 form, asked for alone, costs
 // no float32 output: each chunk's values are converted while in cache.
 ScaledTensor scaled_quantize_matrix(const torch::Tensor& m, const ScaledSpec& s, std::uint64_t seed,
                                     const ScaledCall& call, ScaledForms forms, ScaledCounts* counts = nullptr);
