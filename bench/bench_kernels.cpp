@@ -172,6 +172,40 @@ void scaled(benchmark::State& state, const char* spec) {
   kernels::set_num_threads(before);
 }
 
+// Scaled quantization of the [rows, kN/rows] matrix given by its transpose (the backward
+// operand of a convolution: rows = channels, columns = batch x positions), bfloat16 out as
+// the training path asks, beside the same streaming loop.
+void scaled_transposed(benchmark::State& state, const char* spec, std::size_t rows) {
+  const int threads = static_cast<int>(state.range(0));
+  const int before = kernels::num_threads();
+  kernels::set_num_threads(threads);
+  Data& d = data();
+  const ScaledSpec s = parse_scaled(spec);
+  const std::size_t cols = kN / rows;
+  std::vector<std::uint16_t> b16(kN);
+  std::vector<std::uint32_t> scales(block_layout(s, rows, cols).groups());
+  bool exact = false;
+  auto kernel = [&] {
+    kernels::scaled_quantize_transposed(d.x.data(), rows, cols, s,
+                                        ScaledOut{nullptr, nullptr, scales.data(), nullptr, b16.data(), &exact});
+  };
+  auto reference = [&] { stream_f32(d.x.data(), d.y.data(), kN, 3.0f); };
+  kernel();
+  for (auto _ : state) {
+    kernel();
+    benchmark::ClobberMemory();
+  }
+  const double t_kernel = seconds_per_call(kernel);
+  const double t_ref = seconds_per_call(reference);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kN));
+  state.counters["Gelem_s"] = kN / t_kernel * 1e-9;
+  state.counters["stream_Gelem_s"] = kN / t_ref * 1e-9;
+  state.counters["vs_stream"] = t_ref / t_kernel;
+  state.SetLabel(to_string(s) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "] from its transpose, " +
+                 kernels::current_target());
+  kernels::set_num_threads(before);
+}
+
 // The same kernels on 4096 elements that stay in L1, one thread: their compute rate, the
 // bound they run at on tensors that are still in cache (as activations between the layers
 // of a training step are). Reference: the streaming loop y = a * x on the same buffers.
@@ -241,6 +275,9 @@ BENCHMARK_CAPTURE(scaled, scaled_mxfp4, "mxfp4")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_nvfp4, "nvfp4")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_deepseek_1x128, "deepseek_1x128")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_e4m3_tensor, "e4m3_tensor")->Apply(Threads);
+BENCHMARK_CAPTURE(scaled_transposed, scaled_transposed_mxfp8_16, "mxfp8_e4m3", 16)->Apply(Threads);
+BENCHMARK_CAPTURE(scaled_transposed, scaled_transposed_mxfp8_64, "mxfp8_e4m3", 64)->Apply(Threads);
+BENCHMARK_CAPTURE(scaled_transposed, scaled_transposed_nvfp4_64, "nvfp4", 64)->Apply(Threads);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize, Hot::quantize);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize_counts, Hot::quantize_counts);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize_encode, Hot::quantize_encode);

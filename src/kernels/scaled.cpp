@@ -191,6 +191,35 @@ Scaling scaling_of(const BlockScale& b, bool pow2) {
   return sc;
 }
 
+// dst[r * dst_stride + c] = src[c * src_stride + r] for r < rows, c < cols: a tile of a
+// matrix copied out of its transpose, 4x4 blocks at a time in 128-bit vectors.
+void TransposeTile(const float* src, std::size_t src_stride, float* dst, std::size_t dst_stride, std::size_t rows,
+                   std::size_t cols) {
+  std::size_t r4 = 0, c4 = 0;
+#if HWY_TARGET != HWY_SCALAR
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::Full128<float> df;
+  const hn::Repartition<std::uint64_t, decltype(df)> du;
+  r4 = rows / 4 * 4;
+  c4 = cols / 4 * 4;
+  for (std::size_t c = 0; c < c4; c += 4)
+    for (std::size_t r = 0; r < r4; r += 4) {
+      const float* s0 = src + c * src_stride + r;
+      const auto a = hn::LoadU(df, s0), b = hn::LoadU(df, s0 + src_stride);
+      const auto cc = hn::LoadU(df, s0 + 2 * src_stride), d = hn::LoadU(df, s0 + 3 * src_stride);
+      const auto ab_lo = hn::BitCast(du, hn::InterleaveLower(df, a, b)), cd_lo = hn::BitCast(du, hn::InterleaveLower(df, cc, d));
+      const auto ab_hi = hn::BitCast(du, hn::InterleaveUpper(df, a, b)), cd_hi = hn::BitCast(du, hn::InterleaveUpper(df, cc, d));
+      float* d0 = dst + r * dst_stride + c;
+      hn::StoreU(hn::BitCast(df, hn::InterleaveLower(du, ab_lo, cd_lo)), df, d0);
+      hn::StoreU(hn::BitCast(df, hn::InterleaveUpper(du, ab_lo, cd_lo)), df, d0 + dst_stride);
+      hn::StoreU(hn::BitCast(df, hn::InterleaveLower(du, ab_hi, cd_hi)), df, d0 + 2 * dst_stride);
+      hn::StoreU(hn::BitCast(df, hn::InterleaveUpper(du, ab_hi, cd_hi)), df, d0 + 3 * dst_stride);
+    }
+#endif
+  for (std::size_t c = 0; c < cols; ++c)  // the edges the blocks left
+    for (std::size_t r = c < c4 ? r4 : 0; r < rows; ++r) dst[r * dst_stride + c] = src[c * src_stride + r];
+}
+
 // The input values by flat offset into the matrix: element i at data[i - first]. A whole
 // row-major matrix is {x, 0}; a chunk copied out of a transposed one is {buffer, its offset}.
 struct Input {
@@ -237,7 +266,13 @@ class Worker {
   // The chunk's values just written at y (flat offset `begin`, still in cache) as bfloat16,
   // where ScaledOut asks for them.
   void emit_bf16(const float* y, std::size_t begin, std::size_t n) {
-    if (out_.bf16) dropped |= TopHalves(y, out_.bf16 + begin, n);
+    if (bf16_to_) dropped |= TopHalves(y, bf16_to_ + (begin - bf16_first_), n);
+    else if (out_.bf16) dropped |= TopHalves(y, out_.bf16 + begin, n);
+  }
+  // From now on, the bfloat16 form of flat offset i goes to to[i - first] (a tile's buffer).
+  void send_bf16_to(std::uint16_t* to, std::size_t first) {
+    bf16_to_ = to;
+    bf16_first_ = first;
   }
 
   // `count` whole blocks of fused_block_ values from flat offset `begin` (block index
@@ -441,6 +476,8 @@ class Worker {
   float max_e_;
   detail::Params p_;  // the element kernel's parameters
   std::size_t fused_block_ = 0;
+  std::uint16_t* bf16_to_ = nullptr;  // send_bf16_to's buffer, or null: out_.bf16
+  std::size_t bf16_first_ = 0;
   std::vector<float> v_, q_, before_, after_;
   std::vector<std::uint32_t> codes_, tops_;
   std::vector<std::uint8_t> hot_;
@@ -553,10 +590,11 @@ struct FastScales {
 class ScaledPass {
  public:
   ScaledPass(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
-             const ScaledCall& call, bool count, const Runner& run, bool transposed = false)
+             const ScaledCall& call, bool count, const Runner& run, bool transposed = false,
+             Bf16Layout bf16_layout = Bf16Layout::matrix)
       : run_(run),
         x_(x), rows_(rows), cols_(cols), n_(rows * cols), s_(s), out_(out), call_(call), count_(count),
-        transposed_(transposed),
+        transposed_(transposed), bf16_as_input_(out.bf16 && bf16_layout == Bf16Layout::input),
         l_(block_layout(s, rows, cols)), per_block_(s.granularity == Granularity::block),
         fused_block_(!per_block_                     ? 0
                      : cols <= l_.block_cols         ? cols
@@ -681,7 +719,7 @@ class ScaledPass {
   // (groups and stochastic-rounding indices by flat offset in the matrix, as there).
   template <class Fast>
   void transposed_blocks(const Fast& fast) {
-    constexpr std::size_t kTileRows = 64;
+    constexpr std::size_t kTileRows = 16;
     const std::size_t B = fused_block_, tr = std::min(rows_, kTileRows);
     const std::size_t tc = cols_ <= B ? cols_ : std::max(B, kChunk / tr / B * B);
     const std::size_t grid_r = (rows_ + tr - 1) / tr, grid_c = (cols_ + tc - 1) / tc;
@@ -689,19 +727,21 @@ class ScaledPass {
       Worker w(s_, out_, call_, count_, fused_block_);
       Gathered g;
       std::vector<float> tile(tr * tc);
+      std::vector<std::uint16_t> tile16(bf16_as_input_ ? tr * tc : 0);
       for (std::size_t t = b / kChunk; t < e / kChunk; ++t) {
-        const std::size_t r0 = t / grid_c * tr, r1 = std::min(rows_, r0 + tr);
-        const std::size_t c0 = t % grid_c * tc, c1 = std::min(cols_, c0 + tc), w_c = c1 - c0;
-        for (std::size_t c = c0; c < c1; ++c) {  // a row of the transpose at a time: contiguous reads
-          const float* src = x_ + c * rows_ + r0;
-          float* dst = tile.data() + (c - c0);
-          for (std::size_t r = 0; r < r1 - r0; ++r) dst[r * w_c] = src[r];
-        }
+        // Tiles down the rows first: consecutive tiles read on along the same lines of x_.
+        const std::size_t r0 = t % grid_r * tr, r1 = std::min(rows_, r0 + tr);
+        const std::size_t c0 = t / grid_r * tc, c1 = std::min(cols_, c0 + tc), w_c = c1 - c0;
+        TransposeTile(x_ + c0 * rows_ + r0, rows_, tile.data(), w_c, r1 - r0, w_c);
         for (std::size_t r = r0; r < r1; ++r) {
           const Input row(tile.data() + (r - r0) * w_c, r * cols_ + c0);
+          if (bf16_as_input_) w.send_bf16_to(tile16.data() + (r - r0) * w_c, r * cols_ + c0);
           if (!w.run_fast_blocks(row, r * cols_ + c0, w_c / B, fast, out_.scale_codes, g.part_amax, nullptr))
             general_blocks(w, row, r * cols_ + c0, w_c / B, g);
         }
+        if (bf16_as_input_)  // back to x_'s layout: out_.bf16[c * rows_ + r]
+          for (std::size_t c = c0; c < c1; ++c)
+            for (std::size_t r = r0; r < r1; ++r) out_.bf16[c * rows_ + r] = tile16[(r - r0) * w_c + (c - c0)];
       }
       shared_.add(w, g.part_amax);
     });
@@ -775,6 +815,7 @@ class ScaledPass {
   const ScaledCall& call_;
   bool count_;
   bool transposed_;
+  bool bf16_as_input_;  // the bfloat16 form in x_'s layout: each tile's transposed back
   BlockLayout l_;
   bool per_block_;
   std::size_t fused_block_;  // rows of whole blocks (or rows shorter than a block): the block; else 0
@@ -797,15 +838,24 @@ float ScaledQuantize(const float* x, std::size_t rows, std::size_t cols, const S
 // scaled_quantize_transposed for this target: tiles of xt where the pass can read them,
 // else a transposed copy first.
 float ScaledQuantizeTransposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
-                               const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
-  ScaledPass pass(xt, rows, cols, s, out, call, counts != nullptr, run, true);
+                               const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run,
+                               Bf16Layout bf16_layout) {
+  ScaledPass pass(xt, rows, cols, s, out, call, counts != nullptr, run, true, bf16_layout);
   if (pass.reads_transposed()) return pass.run(counts);
   std::vector<float> x(rows * cols);
   run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t e) {
     for (std::size_t r = b / cols; r < e / cols; ++r)
       for (std::size_t c = 0; c < cols; ++c) x[r * cols + c] = xt[c * rows + r];
   });
-  return ScaledPass(x.data(), rows, cols, s, out, call, counts != nullptr, run).run(counts);
+  if (!out.bf16 || bf16_layout == Bf16Layout::matrix)
+    return ScaledPass(x.data(), rows, cols, s, out, call, counts != nullptr, run).run(counts);
+  std::vector<std::uint16_t> b16(rows * cols);  // the matrix's form, then transposed into out.bf16
+  ScaledOut to_matrix = out;
+  to_matrix.bf16 = b16.data();
+  const float amax = ScaledPass(x.data(), rows, cols, s, to_matrix, call, counts != nullptr, run).run(counts);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) out.bf16[c * rows + r] = b16[r * cols + c];
+  return amax;
 }
 
 }  // namespace fp8lab::kernels::HWY_NAMESPACE
@@ -842,12 +892,24 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
 
 float scaled_quantize_transposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                                  const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts,
-                                 const Runner& run) {
+                                 const Runner& run, Bf16Layout bf16_layout) {
   if (!check_scaled_call("scaled_quantize_transposed", s, rows, cols, out, call, counts)) return 0;
-  return HWY_DYNAMIC_DISPATCH(ScaledQuantizeTransposed)(xt, rows, cols, s, out, call, counts, run);
+  return HWY_DYNAMIC_DISPATCH(ScaledQuantizeTransposed)(xt, rows, cols, s, out, call, counts, run, bf16_layout);
 }
 
 namespace {
+
+// The factor of every group, once: the scale (2^exponent for E8M0) or NaN.
+std::vector<float> group_factors(const ScaledSpec& s, const std::uint32_t* scale_codes, float tensor_scale,
+                                 const BlockLayout& l) {
+  std::vector<float> factor(l.groups());
+  for (std::size_t g = 0; g < factor.size(); ++g) {
+    const GroupScale gs = scale_from_code(s, scale_codes[g], tensor_scale);
+    factor[g] = gs.nan ? std::numeric_limits<float>::quiet_NaN()
+                       : power_of_two(s) ? std::ldexp(1.0f, gs.exponent) : gs.value;
+  }
+  return factor;
+}
 
 // Every row of a scaled decode, decoded by the element kernel and multiplied by its groups'
 // factors, then handed to done(r, row). Rows go to y + r * cols, or, where y is null, through
@@ -857,13 +919,7 @@ void decode_rows(const std::uint8_t* codes, const std::uint32_t* scale_codes, fl
                  std::size_t cols, const ScaledSpec& s, const Runner& run, float* y, const Done& done) {
   const Format& e = s.element.format;
   const BlockLayout l = block_layout(s, rows, cols);
-  // The factor of every group, once: the scale (2^exponent for E8M0) or NaN.
-  std::vector<float> factor(l.groups());
-  for (std::size_t g = 0; g < factor.size(); ++g) {
-    const GroupScale gs = scale_from_code(s, scale_codes[g], tensor_scale);
-    factor[g] = gs.nan ? std::numeric_limits<float>::quiet_NaN()
-                       : power_of_two(s) ? std::ldexp(1.0f, gs.exponent) : gs.value;
-  }
+  const std::vector<float> factor = group_factors(s, scale_codes, tensor_scale, l);
   const Runner serial = Runner::serial();  // a part's rows, on its thread
   run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t end) {
     std::vector<float> buffer(y == nullptr ? cols : 0);
@@ -896,6 +952,47 @@ bool scaled_decode_bf16(const std::uint8_t* codes, const std::uint32_t* scale_co
                 if (!to_bf16_exact(row, y + r * cols, cols, Runner::serial())) exact.store(false, std::memory_order_relaxed);
               });
   return exact.load();
+}
+
+bool scaled_decode_bf16_transposed(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
+                                   std::size_t rows, std::size_t cols, const ScaledSpec& s, std::uint16_t* yt,
+                                   const Runner& run) {
+  validate(s);
+  if (!s.scaled())
+    throw Error("scaled_decode_bf16_transposed: '" + to_string(s) + "' has no scale (a fixed-bias format)");
+  if (rows * cols == 0) return true;
+  const Format& e = s.element.format;
+  const BlockLayout l = block_layout(s, rows, cols);
+  const std::vector<float> factor = group_factors(s, scale_codes, tensor_scale, l);
+  // Tiles of kTileRows rows and kTileCols columns: decoded and scaled in cache, then stored
+  // transposed (a run of up to kTileRows values per column).
+  constexpr std::size_t kTileRows = 16, kTileCols = 256;
+  const std::size_t grid_r = (rows + kTileRows - 1) / kTileRows, grid_c = (cols + kTileCols - 1) / kTileCols;
+  std::atomic<std::uint32_t> dropped{0};
+  const Runner serial = Runner::serial();
+  run.parallel_for(grid_r * grid_c * 4096, 4096, [&](std::size_t b, std::size_t end) {
+    std::vector<float> tile(kTileRows * kTileCols);
+    std::uint32_t bits = 0;
+    for (std::size_t t = b / 4096; t < end / 4096; ++t) {
+      const std::size_t r0 = t % grid_r * kTileRows, r1 = std::min(rows, r0 + kTileRows);
+      const std::size_t c0 = t / grid_r * kTileCols, c1 = std::min(cols, c0 + kTileCols), w = c1 - c0;
+      for (std::size_t r = r0; r < r1; ++r) {
+        float* yr = tile.data() + (r - r0) * w;
+        decode(codes + r * cols + c0, yr, w, e, serial);
+        const float* f = factor.data() + (r / l.block_rows) * l.grid_cols();
+        for (std::size_t c = c0; c < c1; ++c) yr[c - c0] = std::isnan(f[c / l.block_cols]) ? f[c / l.block_cols]
+                                                                                         : yr[c - c0] * f[c / l.block_cols];
+      }
+      for (std::size_t c = c0; c < c1; ++c)
+        for (std::size_t r = r0; r < r1; ++r) {
+          const std::uint32_t v = std::bit_cast<std::uint32_t>(tile[(r - r0) * w + (c - c0)]);
+          bits |= v & 0xFFFFu;
+          yt[c * rows + r] = static_cast<std::uint16_t>(v >> 16);
+        }
+    }
+    dropped.fetch_or(bits, std::memory_order_relaxed);
+  });
+  return dropped.load() == 0;
 }
 
 void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,

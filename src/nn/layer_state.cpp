@@ -44,7 +44,8 @@ ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, c
   }
   const std::uint64_t seed = streams.seed_for(k, call, stream);
   ScaledTensor q = scaled_quantize_matrix(m, *quant[k], seed, sc,
-                                          {.values = out.values && !out.bf16, .codes = out.codes, .bf16 = out.bf16},
+                                          {.values = out.values && !out.bf16, .codes = out.codes, .bf16 = out.bf16,
+                                           .bf16_as_given = true},
                                           out.count ? &c : nullptr);
   if (out.count) stats.record(k, {t, c.elements, &c, &q}, call);
   if (out.bf16 && !q.bf16.defined() && out.values)  // some value outside bfloat16's range: the same, in float32

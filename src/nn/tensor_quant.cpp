@@ -267,13 +267,18 @@ ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec&
   if (codes) q.codes = torch::empty({m.size(0), m.size(1)}, torch::kUInt8);
   q.scales = torch::empty({static_cast<std::int64_t>(block_layout(s, rows, cols).groups())}, torch::kInt32);
   bool exact = false;
-  if (forms.bf16) q.bf16 = torch::empty({m.size(0), m.size(1)}, torch::kBFloat16);
+  q.transposed = transposed;
+  const bool bf16_transposed = forms.bf16 && forms.bf16_as_given && transposed;
+  if (forms.bf16)
+    q.bf16 = bf16_transposed ? torch::empty({m.size(1), m.size(0)}, torch::kBFloat16).t()
+                             : torch::empty({m.size(0), m.size(1)}, torch::kBFloat16);
   ScaledOut out{values ? q.values.data_ptr<float>() : nullptr, codes ? q.codes.data_ptr<std::uint8_t>() : nullptr,
                 reinterpret_cast<std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), &q.tensor_scale,
                 forms.bf16 ? reinterpret_cast<std::uint16_t*>(q.bf16.data_ptr()) : nullptr,
                 forms.bf16 ? &exact : nullptr};
-  q.amax = transposed ? kernels::scaled_quantize_transposed(m.data_ptr<float>(), rows, cols, s, out, call, counts,
-                                                             on_torch_threads())
+  q.amax = transposed ? kernels::scaled_quantize_transposed(
+                           m.data_ptr<float>(), rows, cols, s, out, call, counts, on_torch_threads(),
+                           bf16_transposed ? kernels::Bf16Layout::input : kernels::Bf16Layout::matrix)
                       : kernels::scaled_quantize(m.data_ptr<float>(), rows, cols, s, out, call, counts,
                                                  on_torch_threads());
   if (forms.bf16 && !exact) q.bf16 = torch::Tensor();
@@ -290,11 +295,18 @@ torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s) {
 }
 
 std::optional<torch::Tensor> scaled_decode_matrix_bf16(const ScaledTensor& q, const ScaledSpec& s) {
+  const auto rows = static_cast<std::size_t>(q.codes.size(0)), cols = static_cast<std::size_t>(q.codes.size(1));
+  const auto* scales = reinterpret_cast<const std::uint32_t*>(q.scales.data_ptr<std::int32_t>());
+  const std::uint8_t* codes = q.codes.data_ptr<std::uint8_t>();
+  if (q.transposed) {  // written [cols, rows], returned as its transpose
+    torch::Tensor yt = torch::empty({q.codes.size(1), q.codes.size(0)}, torch::kBFloat16);
+    if (!kernels::scaled_decode_bf16_transposed(codes, scales, q.tensor_scale, rows, cols, s,
+                                                reinterpret_cast<std::uint16_t*>(yt.data_ptr()), on_torch_threads()))
+      return std::nullopt;
+    return yt.t();
+  }
   torch::Tensor y = torch::empty(q.codes.sizes(), torch::kBFloat16);
-  if (!kernels::scaled_decode_bf16(q.codes.data_ptr<std::uint8_t>(),
-                                   reinterpret_cast<const std::uint32_t*>(q.scales.data_ptr<std::int32_t>()),
-                                   q.tensor_scale, static_cast<std::size_t>(q.codes.size(0)),
-                                   static_cast<std::size_t>(q.codes.size(1)), s,
+  if (!kernels::scaled_decode_bf16(codes, scales, q.tensor_scale, rows, cols, s,
                                    reinterpret_cast<std::uint16_t*>(y.data_ptr()), on_torch_threads()))
     return std::nullopt;
   return y;

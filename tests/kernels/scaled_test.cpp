@@ -257,6 +257,15 @@ TEST_P(ScaledKernels, DecodeGivesBackTheQuantizedValues) {
                   dropped == 0) << what;
         for (std::size_t i = 0; i < x.size(); ++i)
           ASSERT_EQ(b16[i], std::bit_cast<std::uint32_t>(want[i]) >> 16) << what << " bf16, threads " << t << " at " << i;
+        // Transposed: element (r, c) at [c * rows + r].
+        std::vector<std::uint16_t> b16t(x.size(), 0xAAAA);
+        EXPECT_EQ(kernels::scaled_decode_bf16_transposed(q.codes.data(), q.scales.data(), q.ts, rows, cols, s,
+                                                         b16t.data()),
+                  dropped == 0) << what;
+        for (std::size_t r = 0; r < rows; ++r)
+          for (std::size_t c = 0; c < cols; ++c)
+            ASSERT_EQ(b16t[c * rows + r], std::bit_cast<std::uint32_t>(want[r * cols + c]) >> 16)
+                << what << " bf16 transposed, threads " << t << " at " << r << ", " << c;
       }
     }
 }
@@ -359,6 +368,17 @@ TEST_P(ScaledKernels, TransposedInputGivesTheSameBits) {
           }
           ASSERT_EQ(exact, dropped == 0) << what;
           ASSERT_EQ(scales, want.scales) << what << " bf16 alone";
+          // The bfloat16 form in the input's layout: element (r, c) at [c * rows + r].
+          std::vector<std::uint16_t> b16t(n, 0xAAAA);
+          exact = dropped != 0;
+          kernels::scaled_quantize_transposed(xt.data(), sh.rows, sh.cols, s,
+                                              ScaledOut{nullptr, nullptr, scales.data(), nullptr, b16t.data(), &exact},
+                                              call, nullptr, {}, kernels::Bf16Layout::input);
+          ASSERT_EQ(exact, dropped == 0) << what << " bf16 in the input's layout";
+          for (std::size_t r = 0; r < sh.rows; ++r)
+            for (std::size_t c = 0; c < sh.cols; ++c)
+              ASSERT_EQ(b16t[c * sh.rows + r], std::bit_cast<std::uint32_t>(want.y[r * sh.cols + c]) >> 16)
+                  << what << " bf16 in the input's layout at " << r << ", " << c;
         }
 }
 

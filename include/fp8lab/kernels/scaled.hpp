@@ -23,9 +23,14 @@ float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const 
 // outputs of scaled_quantize on the transposed copy, bit for bit, with no such copy where the
 // blocks are 1xK and each row is whole blocks or shorter than one (MX, NVFP4, 1x128 tiles):
 // tiles of xt are transposed in cache and quantized there. Other specs take the copy.
+// `bf16_layout`: where the bfloat16 form (ScaledOut::bf16) goes: row-major [rows, cols] like
+// the other outputs, or in xt's layout ([cols, rows] row-major, as a product that reads the
+// input as it lies wants it).
+enum class Bf16Layout : std::uint8_t { matrix, input };
 float scaled_quantize_transposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                                  const ScaledOut& out, const ScaledCall& call = {},
-                                 ScaledCounts* counts = nullptr, const Runner& run = {});
+                                 ScaledCounts* counts = nullptr, const Runner& run = {},
+                                 Bf16Layout bf16_layout = Bf16Layout::matrix);
 
 // As scaled_decode_reference: the values of element codes [rows, cols] and their scales
 // (layout.groups() codes, row-major grid), bit-exact with it; the element kernel decodes a
@@ -37,5 +42,10 @@ void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, 
 bool scaled_decode_bf16(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
                         std::size_t rows, std::size_t cols, const ScaledSpec& s, std::uint16_t* y,
                         const Runner& run = {});
+// The same, written transposed: yt is [cols, rows] row-major (yt[c * rows + r] is element
+// (r, c)), the layout of the input a transposed quantization read.
+bool scaled_decode_bf16_transposed(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
+                                   std::size_t rows, std::size_t cols, const ScaledSpec& s, std::uint16_t* yt,
+                                   const Runner& run = {});
 
 }  // namespace fp8lab::kernels

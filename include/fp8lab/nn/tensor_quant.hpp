@@ -95,12 +95,17 @@ struct ScaledTensor {
   torch::Tensor bf16;    // bfloat16 [rows, cols], when asked for and every value is one
   float tensor_scale = 1;
   float amax = 0;        // the tensor's largest finite |x| (delayed scaling's history takes it)
+  bool transposed = false;  // read from the matrix's transpose (is_transposed_matrix)
 };
 // Which forms of a scaled quantization to make (ScaledTensor).
 struct ScaledForms {
   bool values = false;  // float32
   bool codes = false;
   bool bf16 = false;    // the values as bfloat16, where every one is a bfloat16 value
+  // The bfloat16 form laid out as the matrix lies: where it is the transpose of a contiguous
+  // matrix, the form is too (strides [1, rows]), so that a product reading the tensor in its
+  // own layout (channels-last, say) gets it without a transposed copy.
+  bool bf16_as_given = false;
 };
 // Quantizes the 2-D float32 tensor m with s (its stochastic seed replaced by `seed`) on the
 // kernels' own threads (kernels::scaled_quantize; kernels::scaled_quantize_transposed where m
@@ -110,7 +115,8 @@ ScaledTensor scaled_quantize_matrix(const torch::Tensor& m, const ScaledSpec& s,
                                     const ScaledCall& call, ScaledForms forms, ScaledCounts* counts = nullptr);
 // The float32 values [rows, cols] of q's codes and scales.
 torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s);
-// The same as bfloat16, where every value is a bfloat16 value (else nullopt).
+// The same as bfloat16, where every value is a bfloat16 value (else nullopt); laid out as the
+// quantized matrix lay (strides [1, rows] where q.transposed).
 std::optional<torch::Tensor> scaled_decode_matrix_bf16(const ScaledTensor& q, const ScaledSpec& s);
 
 }  // namespace fp8lab::nn
