@@ -835,6 +835,18 @@ float ScaledQuantize(const float* x, std::size_t rows, std::size_t cols, const S
   return ScaledPass(x, rows, cols, s, out, call, counts != nullptr, run).run(counts);
 }
 
+// The bfloat16 top halves of the float32 tile [rows, cols] (row-major) stored transposed:
+// element (r, c) at yt[c * yt_stride + r]; `scratch` holds rows * cols floats. Returns the
+// OR of the dropped bottom halves.
+std::uint32_t StoreTransposedBf16(const float* tile, std::size_t rows, std::size_t cols, std::uint16_t* yt,
+                                  std::size_t yt_stride, float* scratch) {
+  TransposeTile(tile, cols, scratch, rows, cols, rows);
+  if (yt_stride == rows) return TopHalves(scratch, yt, rows * cols);
+  std::uint32_t dropped = 0;
+  for (std::size_t c = 0; c < cols; ++c) dropped |= TopHalves(scratch + c * rows, yt + c * yt_stride, rows);
+  return dropped;
+}
+
 // scaled_quantize_transposed for this target: tiles of xt where the pass can read them,
 // else a transposed copy first.
 float ScaledQuantizeTransposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
@@ -866,6 +878,7 @@ namespace fp8lab::kernels {
 
 HWY_EXPORT(ScaledQuantize);
 HWY_EXPORT(ScaledQuantizeTransposed);
+HWY_EXPORT(StoreTransposedBf16);
 using detail::power_of_two;
 
 namespace {
@@ -971,7 +984,7 @@ bool scaled_decode_bf16_transposed(const std::uint8_t* codes, const std::uint32_
   std::atomic<std::uint32_t> dropped{0};
   const Runner serial = Runner::serial();
   run.parallel_for(grid_r * grid_c * 4096, 4096, [&](std::size_t b, std::size_t end) {
-    std::vector<float> tile(kTileRows * kTileCols);
+    std::vector<float> tile(kTileRows * kTileCols), scratch(kTileRows * kTileCols);
     std::uint32_t bits = 0;
     for (std::size_t t = b / 4096; t < end / 4096; ++t) {
       const std::size_t r0 = t % grid_r * kTileRows, r1 = std::min(rows, r0 + kTileRows);
@@ -980,15 +993,18 @@ bool scaled_decode_bf16_transposed(const std::uint8_t* codes, const std::uint32_
         float* yr = tile.data() + (r - r0) * w;
         decode(codes + r * cols + c0, yr, w, e, serial);
         const float* f = factor.data() + (r / l.block_rows) * l.grid_cols();
-        for (std::size_t c = c0; c < c1; ++c) yr[c - c0] = std::isnan(f[c / l.block_cols]) ? f[c / l.block_cols]
-                                                                                         : yr[c - c0] * f[c / l.block_cols];
-      }
-      for (std::size_t c = c0; c < c1; ++c)
-        for (std::size_t r = r0; r < r1; ++r) {
-          const std::uint32_t v = std::bit_cast<std::uint32_t>(tile[(r - r0) * w + (c - c0)]);
-          bits |= v & 0xFFFFu;
-          yt[c * rows + r] = static_cast<std::uint16_t>(v >> 16);
+        for (std::size_t c = c0; c < c1;) {  // a group's run of columns at a time
+          const std::size_t g = c / l.block_cols, g_end = std::min(c1, (g + 1) * l.block_cols);
+          const float fg = f[g];
+          float* y = yr + (c - c0);
+          if (std::isnan(fg)) std::fill(y, y + (g_end - c), fg);
+          else
+            for (std::size_t i = 0; i < g_end - c; ++i) y[i] *= fg;
+          c = g_end;
         }
+      }
+      bits |= HWY_DYNAMIC_DISPATCH(StoreTransposedBf16)(tile.data(), r1 - r0, w, yt + c0 * rows + r0, rows,
+                                                        scratch.data());
     }
     dropped.fetch_or(bits, std::memory_order_relaxed);
   });
