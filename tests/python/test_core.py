@@ -308,7 +308,7 @@ def test_kernels_release_the_gil():
         for _ in range(4):
             t0 = time.perf_counter()
             fp8lab.quantize(x, "1.4.3", rounding="stochastic")
-            calls.append(time.perf_counter() - t0)
+            calls.append((t0, time.perf_counter()))
     stamps = []
     worker = threading.Thread(target=work)
     worker.start()
@@ -316,9 +316,11 @@ def test_kernels_release_the_gil():
         stamps.append(time.perf_counter())
         time.sleep(0.001)
     worker.join()
-    gaps = np.diff(stamps)
-    # With the GIL held, this thread would stall for at least a whole call at a time.
-    assert len(stamps) > 10 and gaps.max() < 0.8 * min(calls), (gaps.max(), calls)
+    # With the GIL held through a call, this thread could stamp at most once inside it (in the
+    # interpreter's switch before the call starts). Counted, not timed: a machine busy with
+    # other work delays this thread without stopping it for a whole call.
+    inside = [sum(t0 < t < t1 for t in stamps) for t0, t1 in calls]
+    assert sum(n >= 2 for n in inside) >= 3, (inside, [t1 - t0 for t0, t1 in calls])
 
 
 def test_a_recipe_from_fields_is_the_recipe_of_its_line():
