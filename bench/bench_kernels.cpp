@@ -145,6 +145,25 @@ void run(benchmark::State& state, Kind kind, const char* fmt) {
   kernels::set_num_threads(before);
 }
 
+// Runs `kernel` (over the kN elements of data()) as the benchmark's loop, then times it and
+// the float -> float streaming loop on the same data: items, G elem/s and the ratio.
+template <class Kernel>
+void time_against_stream(benchmark::State& state, const Kernel& kernel) {
+  Data& d = data();
+  auto reference = [&] { stream_f32(d.x.data(), d.y.data(), kN, 3.0f); };
+  kernel();  // warm up
+  for (auto _ : state) {
+    kernel();
+    benchmark::ClobberMemory();
+  }
+  const double t_kernel = seconds_per_call(kernel);
+  const double t_ref = seconds_per_call(reference);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kN));
+  state.counters["Gelem_s"] = kN / t_kernel * 1e-9;
+  state.counters["stream_Gelem_s"] = kN / t_ref * 1e-9;
+  state.counters["vs_stream"] = t_ref / t_kernel;
+}
+
 // Scaled quantization (fake-quantized float32 out) of the same 64 MiB as a [kN/1024, 1024]
 // matrix, groups along the rows, beside the float -> float streaming loop.
 void scaled(benchmark::State& state, const char* spec) {
@@ -154,20 +173,8 @@ void scaled(benchmark::State& state, const char* spec) {
   Data& d = data();
   const ScaledSpec s = parse_scaled(spec);
   constexpr std::size_t cols = 1024, rows = kN / cols;
-  auto kernel = [&] { kernels::scaled_quantize(d.x.data(), rows, cols, s, ScaledOut{d.y.data()}); };
-  auto reference = [&] { stream_f32(d.x.data(), d.y.data(), kN, 3.0f); };
-  kernel();
-  for (auto _ : state) {
-    kernel();
-    benchmark::ClobberMemory();
-  }
-  const double t_kernel = seconds_per_call(kernel);
-  const double t_ref = seconds_per_call(reference);
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kN));
+  time_against_stream(state, [&] { kernels::scaled_quantize(d.x.data(), rows, cols, s, ScaledOut{d.y.data()}); });
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kN * 8));
-  state.counters["Gelem_s"] = kN / t_kernel * 1e-9;
-  state.counters["stream_Gelem_s"] = kN / t_ref * 1e-9;
-  state.counters["vs_stream"] = t_ref / t_kernel;
   state.SetLabel(to_string(s) + " " + kernels::current_target());
   kernels::set_num_threads(before);
 }
@@ -189,18 +196,7 @@ void scaled_transposed(benchmark::State& state, const char* spec, std::size_t ro
     kernels::scaled_quantize_transposed(d.x.data(), rows, cols, s,
                                         ScaledOut{nullptr, nullptr, scales.data(), nullptr, b16.data(), &exact});
   };
-  auto reference = [&] { stream_f32(d.x.data(), d.y.data(), kN, 3.0f); };
-  kernel();
-  for (auto _ : state) {
-    kernel();
-    benchmark::ClobberMemory();
-  }
-  const double t_kernel = seconds_per_call(kernel);
-  const double t_ref = seconds_per_call(reference);
-  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kN));
-  state.counters["Gelem_s"] = kN / t_kernel * 1e-9;
-  state.counters["stream_Gelem_s"] = kN / t_ref * 1e-9;
-  state.counters["vs_stream"] = t_ref / t_kernel;
+  time_against_stream(state, kernel);
   state.SetLabel(to_string(s) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "] from its transpose, " +
                  kernels::current_target());
   kernels::set_num_threads(before);

@@ -856,8 +856,7 @@ float ScaledQuantizeTransposed(const float* xt, std::size_t rows, std::size_t co
   if (pass.reads_transposed()) return pass.run(counts);
   std::vector<float> x(rows * cols);
   run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t e) {
-    for (std::size_t r = b / cols; r < e / cols; ++r)
-      for (std::size_t c = 0; c < cols; ++c) x[r * cols + c] = xt[c * rows + r];
+    TransposeTile(xt + b / cols, rows, x.data() + b, cols, (e - b) / cols, cols);
   });
   if (!out.bf16 || bf16_layout == Bf16Layout::matrix)
     return ScaledPass(x.data(), rows, cols, s, out, call, counts != nullptr, run).run(counts);
