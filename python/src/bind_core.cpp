@@ -130,6 +130,9 @@ void bind_scaled(py::module_& m) {
       .def_property_readonly("scale_format", [](const ScaledSpec& s) { return std::string(to_string(s.scale)); })
       .def_property_readonly("rule", [](const ScaledSpec& s) { return std::string(to_string(s.rule)); })
       .def_property_readonly("tensor_scale", [](const ScaledSpec& s) { return s.tensor_scale; })
+      .def_property_readonly("tensor_scale_on_output", &ScaledSpec::tensor_scale_on_output,
+                             "Whether products apply the tensor scale to their output (docs/spec.md §6.7); "
+                             "False without one or where it is folded into the values (tensor-scale-folded)")
       .def_property_readonly("history", [](const ScaledSpec& s) { return s.history; },
                              "Delayed scaling's amax history length (0: current scaling)")
       .def_property_readonly("name", [](const ScaledSpec& s) { return to_string(s); })

@@ -58,6 +58,8 @@ void validate(const ScaledSpec& s) {
   if (sized && (s.block < 1 || s.block > kMaxBlock))
     throw Error(what + "the block size must be in 1.." + std::to_string(kMaxBlock));
   if (!sized && s.block != 0) throw Error(what + "only blocks and tiles have a size");
+  if (s.fold_tensor_scale && !s.tensor_scale)
+    throw Error(what + "the tensor scale is folded into the values, but there is no tensor scale");
   if (s.tensor_scale && s.scale != ScaleFormat::e8m0 && s.scale != ScaleFormat::ue4m3)
     throw Error(what + "a tensor scale needs e8m0 or ue4m3 group scales");
   if (s.history < 0 || s.history > kMaxHistory)
@@ -102,7 +104,11 @@ enum class OptionKind { scale, rule, tensor_scale, history };
 OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& where) {
   if (const auto f = enum_find(kScaleFormats, o)) return s.scale = *f, OptionKind::scale;
   if (const auto r = enum_find(kScaleRules, o)) return s.rule = *r, OptionKind::rule;
-  if (o == "tensor-scale") return s.tensor_scale = true, OptionKind::tensor_scale;
+  if (o == "tensor-scale" || o == "tensor-scale-folded") {
+    s.tensor_scale = true;
+    s.fold_tensor_scale = o == "tensor-scale-folded";
+    return OptionKind::tensor_scale;
+  }
   if (o == "current") return s.history = 0, OptionKind::history;
   if (o.substr(0, 8) == "delayed-") {
     int n = 0;
@@ -112,7 +118,8 @@ OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& wh
     return OptionKind::history;
   }
   throw Error(where + "unknown option '" + std::string(o) +
-              "': expected e8m0, ue4m3, fp32, floor, ceil, nearest, tensor-scale, current or delayed-N");
+              "': expected e8m0, ue4m3, fp32, floor, ceil, nearest, tensor-scale, tensor-scale-folded, current or "
+              "delayed-N");
 }
 
 void apply_options(const std::vector<std::string_view>& options, ScaledSpec& s, const std::string& where) {
@@ -175,7 +182,7 @@ std::string to_string(const ScaledSpec& s) {
     case Granularity::tile: g = std::to_string(s.block) + "x" + std::to_string(s.block); break;
   }
   std::string out = element + "@" + g + ":" + std::string(to_string(s.scale)) + ":" + std::string(to_string(s.rule));
-  if (s.tensor_scale) out += ":tensor-scale";
+  if (s.tensor_scale) out += s.fold_tensor_scale ? ":tensor-scale-folded" : ":tensor-scale";
   if (s.history > 0) out += ":delayed-" + std::to_string(s.history);
   return out;
 }
@@ -644,6 +651,10 @@ bool quantize_group(const GroupJob& j, const ScaledSpec& s, const GroupScale& g,
   const Format& e = s.element.format;
   QuantSpec shifted = s.element;
   const bool pow2 = power_of_two_path(s);
+  // What an element's value is multiplied by: X, or the group's scale alone where the
+  // tensor scale is left out (docs/spec.md §6.7).
+  const bool unit = out.without_tensor_scale && s.tensor_scale && !g.nan;
+  const float X = unit ? scale_from_code(s, g.code, 1.0f).value : g.value;
   if (pow2) shifted.format.bias = static_cast<std::int16_t>(e.bias - g.exponent);
   const std::uint64_t overflow_before = qc.overflow;
   for_each_in(j, [&](std::size_t i) {
@@ -674,7 +685,7 @@ bool quantize_group(const GroupJob& j, const ScaledSpec& s, const GroupScale& g,
       --one.total;
       if (v == 0 && x != 0) ++one.underflow;
       qc += one;
-      y = std::isnan(x) ? quantize(x, s.element) * g.value : decode(code, e) * g.value;
+      y = std::isnan(x) ? quantize(x, s.element) * X : decode(code, e) * X;
     }
     if (out.codes) out.codes[i] = static_cast<std::uint8_t>(code);
     if (out.values) out.values[i] = y;

@@ -245,7 +245,12 @@ class Worker {
         count_(count),
         max_e_(static_cast<float>(s.element.format.max_finite())),
         p_(detail::make_params(s.element)),
-        fused_block_(fused_block) {}
+        fused_block_(fused_block) {
+    if (out.without_tensor_scale && s.tensor_scale) {  // E8M0 or UE4M3 scales: codes below 256
+      unit_.resize(256);
+      for (std::uint32_t c = 0; c < 256; ++c) unit_[c] = scale_from_code(s, c, 1.0f).value;
+    }
+  }
 
   // Quantizes pieces (back to back in memory, in order; they may span rows) with their scalings.
   void run(Input x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
@@ -302,7 +307,7 @@ class Worker {
       if (!d) return false;
       codes_[k] = d->code;
       before_[k] = d->before;
-      after_[k] = d->after;
+      after_[k] = factor_of(d->code, d->after);
       overflows += d->overflow;
       chunk_top = std::max(chunk_top, top);
     }
@@ -338,7 +343,7 @@ class Worker {
     const std::size_t whole = len / 16 * 16;  // whole vectors on every target
     if (whole > 0 && !g.nan && (pow2 || (!g.zero && g.value > 0))) {
       before_.assign(1, pow2 ? sc.before : g.value);
-      after_.assign(1, pow2 ? sc.after : g.value);
+      after_.assign(1, pow2 ? sc.after : factor_of(g.code, g.value));
       hot_.assign(1, 0);
       q_.resize(out_.values ? 0 : whole);
       float* y = out_.values ? out_.values + begin : q_.data();
@@ -362,6 +367,10 @@ class Worker {
   std::uint32_t dropped = 0;  // the OR of the bottom halves emit_bf16 dropped
 
  private:
+  // What a group's quantized elements are multiplied by: X, its GroupScale::value, or with
+  // ScaledOut::without_tensor_scale the value of its scale code alone (docs/spec.md §6.7).
+  float factor_of(std::uint32_t code, float X) const { return unit_.empty() ? X : unit_[code & 0xFFu]; }
+
   // Whole blocks, none of them NaN (nor, for scales other than E8M0, all zero or of scale
   // zero): scaling, quantization and unscaling in one pass (ScaledBlocks).
   // False where that path does not apply.
@@ -378,7 +387,7 @@ class Worker {
     hot_.assign(pieces.size(), 0);
     for (std::size_t k = 0; k < pieces.size(); ++k) {
       before_[k] = pow2 ? scalings[k].before : scalings[k].g.value;
-      after_[k] = pow2 ? scalings[k].after : scalings[k].g.value;
+      after_[k] = pow2 ? scalings[k].after : factor_of(scalings[k].g.code, scalings[k].g.value);
     }
     q_.resize(out_.values ? 0 : n);
     float* y = out_.values ? out_.values + b : q_.data();
@@ -442,7 +451,7 @@ class Worker {
       counts.elements.nan += p.len;
       return;
     }
-    const float f = power_of_two(s_) ? sc.after : (g.zero ? 0.0f : g.value);
+    const float f = power_of_two(s_) ? sc.after : (g.zero ? 0.0f : factor_of(g.code, g.value));
     for (std::size_t i = 0; i < p.len; ++i) y[i] *= f;
     if (count_) saturation(p, b);
   }
@@ -479,6 +488,7 @@ class Worker {
   std::uint16_t* bf16_to_ = nullptr;  // send_bf16_to's buffer, or null: out_.bf16
   std::size_t bf16_first_ = 0;
   std::vector<float> v_, q_, before_, after_;
+  std::vector<float> unit_;  // by scale code: its value without the tensor scale (without_tensor_scale)
   std::vector<std::uint32_t> codes_, tops_;
   std::vector<std::uint8_t> hot_;
 };

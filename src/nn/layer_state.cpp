@@ -43,20 +43,22 @@ ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, c
     hadamard16_(m, streams.hadamard_signs_for(call));
   }
   const std::uint64_t seed = streams.seed_for(k, call, stream);
+  const bool apart = out.operand && quant[k]->tensor_scale_on_output();
   ScaledTensor q = scaled_quantize_matrix(m, *quant[k], seed, sc,
                                           {.values = out.values && !out.bf16, .codes = out.codes, .bf16 = out.bf16,
-                                           .bf16_as_given = true},
+                                           .bf16_as_given = true, .without_tensor_scale = apart},
                                           out.count ? &c : nullptr);
   if (out.count) stats.record(k, {t, c.elements, &c, &q}, call);
   if (out.bf16 && !q.bf16.defined() && out.values)  // some value outside bfloat16's range: the same, in float32
-    q.values = scaled_quantize_matrix(m, *quant[k], seed, sc, {.values = true}).values;
+    q.values = scaled_quantize_matrix(m, *quant[k], seed, sc, {.values = true, .without_tensor_scale = apart}).values;
   return q;
 }
 
-std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_scaled_operand(
+std::pair<ProductOperand, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_scaled_operand(
     TensorKind k, const torch::Tensor& t, std::uint32_t call, const ScaledOperand& o) {
   const ScaledCall sc = amax.scaled_call(k, o.operand);
-  const ScaledTensor f = quantize_scaled(k, t, o.fwd, call, o.operand, sc, {.bf16 = o.for_products && scaled_bf16(k)});
+  const ScaledTensor f =
+      quantize_scaled(k, t, o.fwd, call, o.operand, sc, {.bf16 = o.for_products && scaled_bf16(k), .operand = true});
   auto saved = c10::make_intrusive<SavedScaled>();
   saved->kind = k;
   saved->view = o.bwd;
@@ -65,25 +67,28 @@ std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_s
   // The backward product's operand: its own blocks, from the float32 tensor, its own stream.
   saved->q = quantize_scaled(k, t, o.bwd, call, o.operand + 2, sc,
                              {.values = !codes, .codes = codes, .count = false,
-                              .hadamard = o.grad_w && hadamard_applies()});
+                              .hadamard = o.grad_w && hadamard_applies(), .operand = true});
   saved_bytes(k) += codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
   amax.push(k, o.operand, f.amax);
-  return {operand_tensor(k, f.bf16.defined() ? f.bf16 : f.values, t.sizes(), o.fwd, o.for_products, o.layout), saved};
+  return {{operand_tensor(k, f.bf16.defined() ? f.bf16 : f.values, t.sizes(), o.fwd, o.for_products, o.layout),
+           f.output_factor()},
+          saved};
 }
 
-torch::Tensor LayerState::restore(const SavedScaled& saved, bool for_products, OperandLayout layout) const {
+ProductOperand LayerState::restore(const SavedScaled& saved, bool for_products, OperandLayout layout) const {
+  const float factor = saved.q.output_factor();
   if (saved.q.codes.defined() && for_products && scaled_bf16(saved.kind))  // no float32 values on the way
     if (std::optional<torch::Tensor> b = scaled_decode_matrix_bf16(saved.q, *quant[saved.kind]))
-      return operand_tensor(saved.kind, *b, saved.shape, saved.view, for_products, layout);
+      return {operand_tensor(saved.kind, *b, saved.shape, saved.view, for_products, layout), factor};
   const torch::Tensor m = saved.q.codes.defined() ? scaled_decode_matrix(saved.q, *quant[saved.kind]) : saved.q.values;
-  return operand_tensor(saved.kind, m, saved.shape, saved.view, for_products, layout);
+  return {operand_tensor(saved.kind, m, saved.shape, saved.view, for_products, layout), factor};
 }
 
 bool LayerState::scaled_bf16(TensorKind k) const {
   if (ctx->compute == Compute::fp32 || !scaled(k) || !bf16_products_available()) return false;
   const ScaledSpec& s = *quant[k];
-  return s.element.format.man_bits <= 7 &&
-         (s.scale == ScaleFormat::e8m0 || (s.scale == ScaleFormat::ue4m3 && !s.tensor_scale));
+  return s.element.format.man_bits <= 7 && (s.scale == ScaleFormat::e8m0 || s.scale == ScaleFormat::ue4m3) &&
+         !(s.tensor_scale && s.fold_tensor_scale);
 }
 
 torch::Tensor LayerState::operand_tensor(TensorKind k, const torch::Tensor& m, at::IntArrayRef shape,
@@ -97,26 +102,30 @@ torch::Tensor LayerState::operand_tensor(TensorKind k, const torch::Tensor& m, a
   return from_matrix(m, shape, v);
 }
 
-std::pair<torch::Tensor, torch::Tensor> LayerState::quantize_grad(torch::Tensor g, const MatrixView& for_dx,
-                                                                  const MatrixView& for_dw, std::uint32_t call,
-                                                                  std::int64_t refs, GradUse use) {
+std::pair<ProductOperand, ProductOperand> LayerState::quantize_grad(torch::Tensor g, const MatrixView& for_dx,
+                                                                    const MatrixView& for_dw, std::uint32_t call,
+                                                                    std::int64_t refs, GradUse use) {
   if (!scaled(TensorKind::gx)) {
     if (use.for_products && bf16_codes(TensorKind::gx)) {  // no float32 copy: codes, then bfloat16
       torch::Tensor q = encode_for_products(TensorKind::gx, g, call, 0, false).first;
-      return {q, q};
+      return {{q}, {q}};
     }
     torch::Tensor q = quantize_owned(TensorKind::gx, std::move(g), call, refs);
-    return {q, q};
+    return {{q}, {q}};
   }
   const ScaledCall sc = amax.scaled_call(TensorKind::gx, 0);
   const bool bf16 = use.for_products && scaled_bf16(TensorKind::gx);
-  const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc, {.bf16 = bf16});
-  const ScaledTensor dw = quantize_scaled(TensorKind::gx, g, for_dw, call, 1, sc,
-                                          {.count = false, .hadamard = use.hadamard && hadamard_applies(), .bf16 = bf16});
+  const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc, {.bf16 = bf16, .operand = true});
+  const ScaledTensor dw = quantize_scaled(
+      TensorKind::gx, g, for_dw, call, 1, sc,
+      {.count = false, .hadamard = use.hadamard && hadamard_applies(), .bf16 = bf16, .operand = true});
   amax.push(TensorKind::gx, 0, dx.amax);
-  const auto formed = [](const ScaledTensor& q) { return q.bf16.defined() ? q.bf16 : q.values; };
-  return {operand_tensor(TensorKind::gx, formed(dx), g.sizes(), for_dx, use.for_products, use.layout),
-          operand_tensor(TensorKind::gx, formed(dw), g.sizes(), for_dw, use.for_products, use.layout)};
+  const auto formed = [&](const ScaledTensor& q, const MatrixView& v) {
+    return ProductOperand{
+        operand_tensor(TensorKind::gx, q.bf16.defined() ? q.bf16 : q.values, g.sizes(), v, use.for_products, use.layout),
+        q.output_factor()};
+  };
+  return {formed(dx, for_dx), formed(dw, for_dw)};
 }
 
 torch::Tensor LayerState::quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call) {

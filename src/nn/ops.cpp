@@ -94,17 +94,25 @@ struct Operand {
 
 std::string saved_key(int i) { return "scaled" + std::to_string(i); }
 
+// A product's output times its operands' factors, the tensor scales their values leave out
+// (docs/spec.md §6.7): y * fl32(fa * fb) in float32, in place (y itself where that is 1).
+torch::Tensor times_factors(torch::Tensor y, float fa, float fb) {
+  const float f = fa * fb;
+  return f == 1.0f ? y : y.mul_(f);
+}
+
 // Forward prologue shared by the ops: Q(first), Q(second), and what backward needs (the
 // saved forms, the layer state, the call number). Returns the two quantized operands.
 // `for_products`: the op's products all go through the compute layer, which then may
 // receive bfloat16 operands (LayerState::quantize_and_save).
 template <class Ctx>
-std::pair<torch::Tensor, torch::Tensor> quantize_operands(Ctx* ctx,
+std::pair<ProductOperand, ProductOperand> quantize_operands(Ctx* ctx,
                                                           const LayerStatePtr& st, Operand a,
                                                           Operand b, bool for_products,
                                                           OperandLayout layout = OperandLayout::as_float32) {
   const std::uint32_t call = st->streams.begin_call();
-  std::array<torch::Tensor, 2> q, saved;
+  std::array<ProductOperand, 2> q;
+  std::array<torch::Tensor, 2> saved;
   for (int i = 0; i < 2; ++i) {
     const Operand& o = i == 0 ? a : b;
     if (st->scaled(o.kind)) {
@@ -112,7 +120,7 @@ std::pair<torch::Tensor, torch::Tensor> quantize_operands(Ctx* ctx,
       q[i] = std::move(y);
       ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(std::move(keep));
     } else {
-      std::tie(q[i], saved[i]) = st->quantize_and_save(o.kind, o.t, call, {o.index, for_products});
+      std::tie(q[i].t, saved[i]) = st->quantize_and_save(o.kind, o.t, call, {o.index, for_products});
     }
   }
   ctx->save_for_backward({saved[0], saved[1]});
@@ -125,7 +133,7 @@ std::pair<torch::Tensor, torch::Tensor> quantize_operands(Ctx* ctx,
 struct Saved {
   LayerStatePtr st;
   std::uint32_t call;
-  torch::Tensor a, b;
+  ProductOperand a, b;
 };
 // `for_products`: the operands are read by the compute layer's products only, which take
 // them as bfloat16 where they may (LayerState::restore_for_product).
@@ -138,7 +146,7 @@ Saved restore_operands(Ctx* ctx, TensorKind ka, TensorKind kb, bool for_products
     const auto it = ctx->saved_data.find(saved_key(i));
     if (it == ctx->saved_data.end()) {
       const torch::Tensor& t = saved[static_cast<std::size_t>(i)];
-      return for_products ? s.st->restore_for_product(k, t) : s.st->restore(k, t);
+      return ProductOperand{for_products ? s.st->restore_for_product(k, t) : s.st->restore(k, t)};
     }
     return s.st->restore(*c10::static_intrusive_pointer_cast<SavedScaled>(it->second.toCapsule()), for_products, layout);
   };
@@ -171,13 +179,16 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
   template <class Ctx>
   static torch::Tensor run(Ctx* ctx, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                            LayerStatePtr st) {
-    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), true},
-                                      {w, TensorKind::w, 0, last_dim(), second_last(2)}, st->ctx->layer_products());
-    if (!st->ctx->layer_products()) return not_a_view(torch::linear(xq, wq, b.numel() > 0 ? b : torch::Tensor()));
-    // Other paths: the product through the compute layer, then the bias.
-    std::vector<std::int64_t> shape(xq.sizes().begin(), xq.sizes().end());
-    shape.back() = wq.size(0);
-    torch::Tensor y = not_a_view(st->products.matmul(as_rows(xq), wq.t()).reshape(shape));
+    const auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), true},
+                                            {w, TensorKind::w, 0, last_dim(), second_last(2)}, st->ctx->layer_products());
+    const bool fp32 = !st->ctx->layer_products();
+    if (fp32 && xq.factor * wq.factor == 1.0f)
+      return not_a_view(torch::linear(xq.t, wq.t, b.numel() > 0 ? b : torch::Tensor()));
+    // Other paths: the product (through the compute layer), its factors, then the bias.
+    std::vector<std::int64_t> shape(xq.t.sizes().begin(), xq.t.sizes().end());
+    shape.back() = wq.t.size(0);
+    torch::Tensor p = fp32 ? torch::linear(xq.t, wq.t) : st->products.matmul(as_rows(xq.t), wq.t.t()).reshape(shape);
+    torch::Tensor y = not_a_view(times_factors(std::move(p), xq.factor, wq.factor));
     return b.numel() > 0 ? y.add_(b) : y;
   }
 
@@ -186,29 +197,32 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     const bool layer_products = state_of(ctx)->ctx->layer_products();
     const auto [st, call, xq_saved, wq] = restore_operands(ctx, TensorKind::a, TensorKind::w, layer_products);
     torch::Tensor g = std::move(grads[0]);
-    const std::int64_t in_f = wq.size(1);
+    const std::int64_t in_f = wq.t.size(1);
     torch::Tensor dx, dw, db;
     // The bias gradient is of the float32 gradient: before g may be quantized in place. (The
     // stand-in for "no bias" never needs one; a bias of no elements, Linear(n, 0), does.)
     if (ctx->needs_input_grad(2)) db = as_rows(g).sum(0);
     const std::vector<std::int64_t> g_shape(g.sizes().begin(), g.sizes().end());
     const std::int64_t g_dims = g.dim();
-    auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call,
-                                                  backward_grad_refs(), {.hadamard = true, .for_products = layer_products});
+    const auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call,
+                                                        backward_grad_refs(),
+                                                        {.hadamard = true, .for_products = layer_products});
     // The same products libtorch's addmm/mm backward forms, so that with float32
     // quantizers the gradients are bit-identical to torch::linear's.
     const bool fp32 = !st->ctx->layer_products();
     if (ctx->needs_input_grad(0)) {
-      dx = fp32 ? as_rows(g_for_dx).mm(wq) : st->products.matmul(as_rows(g_for_dx), wq);
+      const torch::Tensor gq = as_rows(g_for_dx.t);
+      dx = times_factors(fp32 ? gq.mm(wq.t) : st->products.matmul(gq, wq.t), g_for_dx.factor, wq.factor);
       std::vector<std::int64_t> shape = g_shape;
       shape.back() = in_f;
       dx = dx.reshape(shape);
     }
     if (ctx->needs_input_grad(1)) {
-      const torch::Tensor xq = as_rows(xq_saved);
-      const torch::Tensor gq = as_rows(g_for_dw);
-      dw = st->quantize_along(TensorKind::gw, (fp32 ? xq.t().mm(gq) : st->products.matmul(xq.t(), gq)).t().contiguous(),
-                              last_dim(), call);
+      const torch::Tensor xq = as_rows(xq_saved.t);
+      const torch::Tensor gq = as_rows(g_for_dw.t);
+      torch::Tensor p = times_factors(fp32 ? xq.t().mm(gq) : st->products.matmul(xq.t(), gq), xq_saved.factor,
+                                      g_for_dw.factor);
+      dw = st->quantize_along(TensorKind::gw, p.t().contiguous(), last_dim(), call);
     }
     return {dx, dw, db, torch::Tensor()};
   }
@@ -271,17 +285,20 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
   static torch::Tensor run(Ctx* ctx, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                            std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
                            std::vector<std::int64_t> dilation, std::int64_t groups, LayerStatePtr st) {
-    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(4), batch_positions(4)},
-                                      {w, TensorKind::w, 0, weight_rows(4), weight_groups(w, groups)},
-                                      st->ctx->layer_products(), OperandLayout::any);
+    const auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(4), batch_positions(4)},
+                                            {w, TensorKind::w, 0, weight_rows(4), weight_groups(w, groups)},
+                                            st->ctx->layer_products(), OperandLayout::any);
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["dilation"] = dilation;
     ctx->saved_data["groups"] = groups;
-    if (!st->ctx->layer_products())
-      return torch::conv2d(xq, wq, b.numel() > 0 ? b : torch::Tensor(), stride, padding, dilation, groups);
-    // Other paths: the product through the compute layer, then the bias.
-    torch::Tensor y = st->products.conv(xq, wq, geometry(stride, padding, dilation, groups));
+    const bool fp32 = !st->ctx->layer_products();
+    if (fp32 && xq.factor * wq.factor == 1.0f)
+      return torch::conv2d(xq.t, wq.t, b.numel() > 0 ? b : torch::Tensor(), stride, padding, dilation, groups);
+    // Other paths: the product (through the compute layer), its factors, then the bias.
+    torch::Tensor p = fp32 ? torch::conv2d(xq.t, wq.t, {}, stride, padding, dilation, groups)
+                           : st->products.conv(xq.t, wq.t, geometry(stride, padding, dilation, groups));
+    torch::Tensor y = times_factors(std::move(p), xq.factor, wq.factor);
     return b.numel() > 0 ? y.add_(b.reshape({1, -1, 1, 1})) : y;
   }
 
@@ -301,28 +318,31 @@ class Conv2dFn : public torch::autograd::Function<Conv2dFn> {
     } else if (ctx->needs_input_grad(2)) {
       // libtorch's own bias reduction of the float32 g (so that float32 quantizers match
       // exactly), before g may be quantized in place.
-      const std::vector<std::int64_t> bias_sizes{wq.size(0)};
-      db = std::get<2>(at::convolution_backward(g, xq, wq, bias_sizes, stride, padding, dilation,
+      const std::vector<std::int64_t> bias_sizes{wq.t.size(0)};
+      db = std::get<2>(at::convolution_backward(g, xq.t, wq.t, bias_sizes, stride, padding, dilation,
                                                 false, {0, 0}, groups, {false, false, true}));
     }
-    auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(4), batch_positions(4), call,
-                                                  backward_grad_refs(),
-                                                  {.for_products = layer_products, .layout = OperandLayout::any});
+    const auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(4), batch_positions(4), call,
+                                                        backward_grad_refs(),
+                                                        {.for_products = layer_products, .layout = OperandLayout::any});
     const auto backward = [&](const torch::Tensor& gq, bool want_dx, bool want_dw) {
-      return torch_conv_backward(gq, xq, wq, stride, padding, dilation, groups, want_dx, want_dw);
+      return torch_conv_backward(gq, xq.t, wq.t, stride, padding, dilation, groups, want_dx, want_dw);
     };
     torch::Tensor dx, dw;
     if (layer_products) {  // the compute layer's products
-      ConvGrads r = st->products.conv_backward(g_for_dx, g_for_dw, xq, wq, geometry(stride, padding, dilation, groups),
-                                      ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+      ConvGrads r = st->products.conv_backward(g_for_dx.t, g_for_dw.t, xq.t, wq.t,
+                                               geometry(stride, padding, dilation, groups), ctx->needs_input_grad(0),
+                                               ctx->needs_input_grad(1));
       dx = std::move(r.dx);
       dw = std::move(r.dw);
-    } else if (g_for_dx.is_same(g_for_dw)) {  // one quantized gradient: one call, as libtorch's own backward
-      std::tie(dx, dw) = backward(g_for_dx, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
+    } else if (g_for_dx.t.is_same(g_for_dw.t)) {  // one quantized gradient: one call, as libtorch's own backward
+      std::tie(dx, dw) = backward(g_for_dx.t, ctx->needs_input_grad(0), ctx->needs_input_grad(1));
     } else {
-      if (ctx->needs_input_grad(0)) dx = backward(g_for_dx, true, false).first;
-      if (ctx->needs_input_grad(1)) dw = backward(g_for_dw, false, true).second;
+      if (ctx->needs_input_grad(0)) dx = backward(g_for_dx.t, true, false).first;
+      if (ctx->needs_input_grad(1)) dw = backward(g_for_dw.t, false, true).second;
     }
+    if (dx.defined()) dx = times_factors(std::move(dx), g_for_dx.factor, wq.factor);
+    if (dw.defined()) dw = times_factors(std::move(dw), g_for_dw.factor, xq.factor);
     if (dw.defined()) dw = st->quantize_along(TensorKind::gw, std::move(dw), weight_rows(4), call);
     return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor()};
@@ -362,16 +382,25 @@ class ConvNdFn : public torch::autograd::Function<ConvNdFn> {
                            bool transposed, std::int64_t groups, LayerStatePtr st) {
     const ConvParams c{stride, padding, dilation, output_padding, transposed, groups};
     const auto [wf, wb] = weight_views(w, c);
-    auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(x.dim()), batch_positions(x.dim())},
-                                      {w, TensorKind::w, 0, wf, wb}, false);
+    const auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, channels(x.dim()), batch_positions(x.dim())},
+                                            {w, TensorKind::w, 0, wf, wb}, false);
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["dilation"] = dilation;
     ctx->saved_data["output_padding"] = output_padding;
     ctx->saved_data["transposed"] = transposed;
     ctx->saved_data["groups"] = groups;
-    return at::convolution(xq, wq, b.numel() > 0 ? b : torch::Tensor(), stride, padding, dilation, transposed,
-                           output_padding, groups);
+    if (xq.factor * wq.factor == 1.0f)
+      return at::convolution(xq.t, wq.t, b.numel() > 0 ? b : torch::Tensor(), stride, padding, dilation, transposed,
+                             output_padding, groups);
+    // The product, its factors, then the bias.
+    torch::Tensor y = times_factors(at::convolution(xq.t, wq.t, torch::Tensor(), stride, padding, dilation,
+                                                    transposed, output_padding, groups),
+                                    xq.factor, wq.factor);
+    if (b.numel() == 0) return y;
+    std::vector<std::int64_t> bias_shape(static_cast<std::size_t>(y.dim()), 1);
+    bias_shape[1] = -1;
+    return y.add_(b.reshape(bias_shape));
   }
 
   template <class Ctx>
@@ -383,24 +412,26 @@ class ConvNdFn : public torch::autograd::Function<ConvNdFn> {
     torch::Tensor g = std::move(grads[0]);
     const auto conv_backward = [&](const torch::Tensor& gq, std::array<bool, 3> want) {
       const std::vector<std::int64_t> bias_sizes{gq.size(1)};
-      return at::convolution_backward(gq, xq, wq, want[2] ? at::OptionalIntArrayRef(bias_sizes) : std::nullopt,
+      return at::convolution_backward(gq, xq.t, wq.t, want[2] ? at::OptionalIntArrayRef(bias_sizes) : std::nullopt,
                                       c.stride, c.padding, c.dilation, c.transposed, c.output_padding, c.groups,
                                       want);
     };
     torch::Tensor db;  // libtorch's reduction of the float32 g, before g may be quantized in place
     if (ctx->needs_input_grad(2)) db = std::get<2>(conv_backward(g, {false, false, true}));
-    auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(xq.dim()), batch_positions(xq.dim()),
-                                                  call, backward_grad_refs(), {});
+    const auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), channels(xq.t.dim()),
+                                                        batch_positions(xq.t.dim()), call, backward_grad_refs(), {});
     torch::Tensor dx, dw;
-    if (g_for_dx.is_same(g_for_dw)) {
-      auto r = conv_backward(g_for_dx, {ctx->needs_input_grad(0), ctx->needs_input_grad(1), false});
+    if (g_for_dx.t.is_same(g_for_dw.t)) {
+      auto r = conv_backward(g_for_dx.t, {ctx->needs_input_grad(0), ctx->needs_input_grad(1), false});
       dx = std::get<0>(r);
       dw = std::get<1>(r);
     } else {
-      if (ctx->needs_input_grad(0)) dx = std::get<0>(conv_backward(g_for_dx, {true, false, false}));
-      if (ctx->needs_input_grad(1)) dw = std::get<1>(conv_backward(g_for_dw, {false, true, false}));
+      if (ctx->needs_input_grad(0)) dx = std::get<0>(conv_backward(g_for_dx.t, {true, false, false}));
+      if (ctx->needs_input_grad(1)) dw = std::get<1>(conv_backward(g_for_dw.t, {false, true, false}));
     }
-    if (dw.defined()) dw = st->quantize_along(TensorKind::gw, std::move(dw), weight_views(wq, c).first, call);
+    if (dx.defined()) dx = times_factors(std::move(dx), g_for_dx.factor, wq.factor);
+    if (dw.defined()) dw = times_factors(std::move(dw), g_for_dw.factor, xq.factor);
+    if (dw.defined()) dw = st->quantize_along(TensorKind::gw, std::move(dw), weight_views(wq.t, c).first, call);
     return {dx, dw, db, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor(), torch::Tensor()};
   }
@@ -414,10 +445,11 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
   }
   template <class Ctx>
   static torch::Tensor run(Ctx* ctx, const torch::Tensor& a, const torch::Tensor& b, LayerStatePtr st) {
-    auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim()), true},
-                                      {b, TensorKind::a, 1, second_last(b.dim()), last_dim()},
-                                      st->ctx->layer_products());
-    return st->ctx->layer_products() ? st->products.matmul(aq, bq) : torch::matmul(aq, bq);
+    const auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim()), true},
+                                            {b, TensorKind::a, 1, second_last(b.dim()), last_dim()},
+                                            st->ctx->layer_products());
+    return times_factors(st->ctx->layer_products() ? st->products.matmul(aq.t, bq.t) : torch::matmul(aq.t, bq.t),
+                         aq.factor, bq.factor);
   }
 
   template <class Ctx>
@@ -425,14 +457,20 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
     const bool layer_products = state_of(ctx)->ctx->layer_products();
     const auto [st, call, aq, bq] = restore_operands(ctx, TensorKind::a, TensorKind::a, layer_products);
     const std::int64_t g_dims = grads[0].dim();
-    auto [g_for_da, g_for_db] = st->quantize_grad(std::move(grads[0]), last_dim(), second_last(g_dims), call,
-                                                  backward_grad_refs(), {.hadamard = true, .for_products = layer_products});
+    const auto [g_for_da, g_for_db] = st->quantize_grad(std::move(grads[0]), last_dim(), second_last(g_dims), call,
+                                                        backward_grad_refs(),
+                                                        {.hadamard = true, .for_products = layer_products});
     torch::Tensor da, db;
-    const auto mm = [&](const torch::Tensor& x, const torch::Tensor& y) {
-      return st->ctx->layer_products() ? st->products.matmul(x, y) : x.matmul(y);
+    // A product of two operands with their factors (before any broadcast batch is summed).
+    const auto mm = [&](const ProductOperand& x, const torch::Tensor& xt, const ProductOperand& y,
+                        const torch::Tensor& yt) {
+      return times_factors(st->ctx->layer_products() ? st->products.matmul(xt, yt) : xt.matmul(yt), x.factor,
+                           y.factor);
     };
-    if (ctx->needs_input_grad(0)) da = at::sum_to(mm(g_for_da, bq.transpose(-2, -1)), aq.sizes());
-    if (ctx->needs_input_grad(1)) db = at::sum_to(mm(aq.transpose(-2, -1), g_for_db), bq.sizes());
+    if (ctx->needs_input_grad(0))
+      da = at::sum_to(mm(g_for_da, g_for_da.t, bq, bq.t.transpose(-2, -1)), aq.t.sizes());
+    if (ctx->needs_input_grad(1))
+      db = at::sum_to(mm(aq, aq.t.transpose(-2, -1), g_for_db, g_for_db.t), bq.t.sizes());
     return {da, db, torch::Tensor()};
   }
 };

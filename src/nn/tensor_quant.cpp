@@ -275,7 +275,8 @@ ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec&
   ScaledOut out{values ? q.values.data_ptr<float>() : nullptr, codes ? q.codes.data_ptr<std::uint8_t>() : nullptr,
                 reinterpret_cast<std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), &q.tensor_scale,
                 forms.bf16 ? reinterpret_cast<std::uint16_t*>(q.bf16.data_ptr()) : nullptr,
-                forms.bf16 ? &exact : nullptr};
+                forms.bf16 ? &exact : nullptr, forms.without_tensor_scale};
+  q.without_tensor_scale = forms.without_tensor_scale && s.tensor_scale;
   q.amax = transposed ? kernels::scaled_quantize_transposed(
                            m.data_ptr<float>(), rows, cols, s, out, call, counts, on_torch_threads(),
                            bf16_transposed ? kernels::Bf16Layout::input : kernels::Bf16Layout::matrix)
@@ -288,7 +289,7 @@ ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec&
 torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s) {
   torch::Tensor y = torch::empty(q.codes.sizes(), torch::kFloat32);
   kernels::scaled_decode(q.codes.data_ptr<std::uint8_t>(),
-                         reinterpret_cast<const std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), q.tensor_scale,
+                         reinterpret_cast<const std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), q.value_tensor_scale(),
                          static_cast<std::size_t>(q.codes.size(0)), static_cast<std::size_t>(q.codes.size(1)), s,
                          y.data_ptr<float>(), on_torch_threads());
   return y;
@@ -300,13 +301,13 @@ std::optional<torch::Tensor> scaled_decode_matrix_bf16(const ScaledTensor& q, co
   const std::uint8_t* codes = q.codes.data_ptr<std::uint8_t>();
   if (q.transposed) {  // written [cols, rows], returned as its transpose
     torch::Tensor yt = torch::empty({q.codes.size(1), q.codes.size(0)}, torch::kBFloat16);
-    if (!kernels::scaled_decode_bf16_transposed(codes, scales, q.tensor_scale, rows, cols, s,
+    if (!kernels::scaled_decode_bf16_transposed(codes, scales, q.value_tensor_scale(), rows, cols, s,
                                                 reinterpret_cast<std::uint16_t*>(yt.data_ptr()), on_torch_threads()))
       return std::nullopt;
     return yt.t();
   }
   torch::Tensor y = torch::empty(q.codes.sizes(), torch::kBFloat16);
-  if (!kernels::scaled_decode_bf16(codes, scales, q.tensor_scale, rows, cols, s,
+  if (!kernels::scaled_decode_bf16(codes, scales, q.value_tensor_scale(), rows, cols, s,
                                    reinterpret_cast<std::uint16_t*>(y.data_ptr()), on_torch_threads()))
     return std::nullopt;
   return y;

@@ -77,6 +77,15 @@ TEST(ScaledNotation, OptionsAndDefaults) {
   EXPECT_EQ(to_string(parse_scaled("1.4.3:10@line:fp32:nearest")), "1.4.3:10@line:fp32:nearest");
   EXPECT_EQ(to_string(parse_scaled("e4m3_delayed:delayed-4")), "e4m3fn@tensor:fp32:nearest:delayed-4");
   EXPECT_EQ(to_string(parse_scaled("e4m3_delayed:current")), "e4m3fn@tensor:fp32:nearest");
+  // Where products apply the tensor scale (docs/spec.md §6.7): on the output unless folded.
+  const ScaledSpec nv = parse_scaled("nvfp4"), folded = parse_scaled("nvfp4:tensor-scale-folded");
+  EXPECT_TRUE(nv.tensor_scale_on_output());
+  EXPECT_FALSE(folded.tensor_scale_on_output());
+  EXPECT_TRUE(folded.tensor_scale && folded.fold_tensor_scale);
+  EXPECT_EQ(to_string(folded), "e2m1fn@1x16:ue4m3:nearest:tensor-scale-folded");
+  EXPECT_EQ(parse_scaled(to_string(folded)), folded);
+  EXPECT_EQ(parse_scaled("e2m1fn@1x32:e8m0:tensor-scale-folded"), parse_scaled("e2m1fn@1x32:tensor-scale-folded:e8m0"));
+  EXPECT_FALSE(parse_scaled("mxfp4").tensor_scale_on_output());
   EXPECT_EQ(parse_scaled("e2m1fn@1x1").block, 1);
   const ScaledSpec plain = parse_scaled("1.5.2:33");
   EXPECT_FALSE(plain.scaled());
@@ -103,6 +112,8 @@ TEST(ScaledNotation, RefusesWithTheReason) {
            {"mxfp4:floor:floor", "the rounding rule is given twice"},
            {"e4m3fn@1x32:e8m0:fp32", "'fp32' after 'e8m0': the scale format is given twice"},
            {"nvfp4:tensor-scale:tensor-scale", "the tensor scale is given twice"},
+           {"nvfp4:tensor-scale-folded:tensor-scale", "the tensor scale is given twice"},
+           {"e4m3fn@1x32:fp32:tensor-scale-folded", "a tensor scale needs e8m0 or ue4m3"},
            {"e4m3fn@tensor:fp32:delayed-4:current", "'current' after 'delayed-4'"},
        }) {
     const std::string e = error_of([&] { (void)parse_scaled(bad); });
@@ -111,6 +122,9 @@ TEST(ScaledNotation, RefusesWithTheReason) {
   // After a preset, one option of a kind replaces the preset's choice.
   EXPECT_EQ(parse_scaled("mxfp4:ceil").rule, parse_scaled("e2m1fn@1x32:e8m0:ceil").rule);
   EXPECT_EQ(parse_scaled("e4m3_delayed:current").history, 0);
+  ScaledSpec unfolded = parse_scaled("mxfp8_e4m3");  // a folded tensor scale needs one
+  unfolded.fold_tensor_scale = true;
+  EXPECT_NE(error_of([&] { validate(unfolded); }).find("there is no tensor scale"), std::string::npos);
   ScaledSpec s = parse_scaled("mxfp8_e4m3");
   s.element.overflow = Overflow::nan;
   EXPECT_NE(error_of([&] { validate(s); }).find("saturate"), std::string::npos);

@@ -382,6 +382,93 @@ TEST_P(ScaledKernels, TransposedInputGivesTheSameBits) {
         }
 }
 
+// Values without the tensor scale (ScaledOut::without_tensor_scale, docs/spec.md §6.7), the
+// operand of a product that applies the tensor scale to its output: the reference's values
+// are its codes decoded under a tensor scale of 1 (an independent path, the decode), its
+// codes, scales, tensor scale and counts are those of the ordinary quantization, and the
+// kernels write the same bits on every path (whole blocks, pieces, the transposed read, the
+// bfloat16 forms), on 1 and 3 threads. E2M1 elements times UE4M3 scales are bfloat16 values.
+TEST_P(ScaledKernels, ValuesWithoutTheTensorScale) {
+  struct Shape {
+    std::size_t rows, cols;
+  };
+  const std::vector<Shape> shapes{{16, 4096}, {7, 200}, {300, 16}, {130, 256}, {40, 96}};
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  for (const char* name : {"nvfp4", "nvfp4:ceil", "nvfp4:floor", "nvfp4:delayed-4", "e4m3fn@1x16:ue4m3:nearest:tensor-scale",
+                           "e2m1fn@1x32:e8m0:floor:tensor-scale", "e3m2fn@8x8:ue4m3:nearest:tensor-scale"})
+    for (const Shape& sh : shapes)
+      for (const bool tame : {true, false}) {
+        ScaledSpec s = parse_scaled(name);
+        s.element.rounding = (sh.rows % 2) ? Rounding::stochastic : Rounding::nearest_even;
+        s.element.seed = 4;
+        const std::size_t n = sh.rows * sh.cols;
+        std::vector<float> x = inputs(n, sh.rows * 3 + sh.cols);
+        if (tame) {
+          // Blocks within UE4M3's range of scales (the fast paths), a zero block and a NaN.
+          for (std::size_t i = 0; i < n; ++i) x[i] = std::ldexp(normal(rng), static_cast<int>((i / 16) % 9) - 4);
+          for (std::size_t i = 0; i < std::min<std::size_t>(n, 32); ++i) x[i] = 0.0f;
+          x[n / 3] = std::numeric_limits<float>::quiet_NaN();
+        }
+        ScaledCall call;
+        call.index_offset = 11;
+        if (s.history > 0) call.delayed_amax = 40.0f;
+        const std::string what = std::string(name) + " " + std::to_string(sh.rows) + "x" + std::to_string(sh.cols) +
+                                 (tame ? " ordinary blocks" : " extremes");
+        const Out folded = run(scaled_quantize_reference, s, x, sh.rows, sh.cols, call);
+        const auto unit = [](auto fn) {
+          return [fn](const float* xs, std::size_t r, std::size_t c, const ScaledSpec& sp, const ScaledOut& o,
+                      const ScaledCall& cl, ScaledCounts* counts) {
+            ScaledOut u = o;
+            u.without_tensor_scale = true;
+            return fn(xs, r, c, sp, u, cl, counts);
+          };
+        };
+        const Out want = run(unit(scaled_quantize_reference), s, x, sh.rows, sh.cols, call);
+        ASSERT_EQ(want.codes, folded.codes) << what;
+        ASSERT_EQ(want.scales, folded.scales) << what;
+        ASSERT_EQ(want.ts, folded.ts) << what;
+        ASSERT_EQ(want.counts, folded.counts) << what;
+        ASSERT_NE(want.ts, 1.0f) << what << ": the test needs a tensor scale other than 1";
+        std::vector<float> decoded(n);
+        scaled_decode_reference(want.codes.data(), want.scales.data(), 1.0f, sh.rows, sh.cols, s, decoded.data());
+        for (std::size_t i = 0; i < n; ++i)
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(want.y[i]), std::bit_cast<std::uint32_t>(decoded[i]))
+              << what << ": the reference against its decode at " << i;
+        std::vector<float> xt(n);
+        for (std::size_t r = 0; r < sh.rows; ++r)
+          for (std::size_t c = 0; c < sh.cols; ++c) xt[c * sh.rows + r] = x[r * sh.cols + c];
+        const auto transposed = [&](const float*, std::size_t r, std::size_t c, const ScaledSpec& sp,
+                                    const ScaledOut& o, const ScaledCall& cl, ScaledCounts* counts) {
+          return kernels::scaled_quantize_transposed(xt.data(), r, c, sp, o, cl, counts);
+        };
+        for (int threads : {1, 3}) {
+          kernels::set_num_threads(threads);
+          const std::string t = " threads " + std::to_string(threads);
+          expect_same(run(unit(kernel_quantize), s, x, sh.rows, sh.cols, call), want, what + t);
+          expect_same(run(unit(transposed), s, x, sh.rows, sh.cols, call), want, what + " transposed" + t);
+        }
+        std::uint32_t dropped = 0;
+        for (const float v : want.y) dropped |= std::bit_cast<std::uint32_t>(v) & 0xFFFFu;
+        if (tame && s.scale == ScaleFormat::ue4m3 && s.element.format.man_bits <= 3) {
+          EXPECT_EQ(dropped, 0u) << what << ": element times UE4M3 scale is a bfloat16 value";
+        }
+        for (const bool from_transpose : {false, true}) {
+          std::vector<std::uint16_t> b16(n, 0xAAAA);
+          std::vector<std::uint32_t> scales(want.scales.size());
+          bool exact = dropped != 0;
+          ScaledOut o{nullptr, nullptr, scales.data(), nullptr, b16.data(), &exact};
+          o.without_tensor_scale = true;
+          if (from_transpose) kernels::scaled_quantize_transposed(xt.data(), sh.rows, sh.cols, s, o, call);
+          else kernels::scaled_quantize(x.data(), sh.rows, sh.cols, s, o, call);
+          ASSERT_EQ(exact, dropped == 0) << what;
+          for (std::size_t i = 0; i < n; ++i)
+            ASSERT_EQ(b16[i], std::bit_cast<std::uint32_t>(want.y[i]) >> 16)
+                << what << (from_transpose ? " transposed" : "") << " bf16 at " << i;
+        }
+      }
+}
+
 // A spec without a scale is the plain element kernel's: refused by name, not run on the
 // scalar reference behind the caller's back.
 TEST(ScaledKernelsInput, AFixedBiasFormatIsRefused) {

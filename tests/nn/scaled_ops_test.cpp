@@ -25,15 +25,19 @@ using fp8lab::test::bit_equal;
 // A matrix [rows, cols] whose element (r, c) is t's element at flat index at(r, c); quantized
 // by the scalar reference; scattered back to t's shape through the same index map.
 using IndexMap = std::function<std::int64_t(std::int64_t r, std::int64_t c)>;
+// With `unit` (the operand of a product that applies the tensor scale to its output,
+// docs/spec.md §6.7): the values without the tensor scale, which goes to *ts.
 torch::Tensor ref_quantize(const torch::Tensor& t, std::int64_t rows, std::int64_t cols, const IndexMap& at,
-                           const ScaledSpec& s, ScaledCall call = {}) {
+                           const ScaledSpec& s, ScaledCall call = {}, float* ts = nullptr) {
   const torch::Tensor x = t.contiguous();
   const float* p = x.data_ptr<float>();
   std::vector<float> m(static_cast<std::size_t>(rows * cols)), y(m.size());
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) m[static_cast<std::size_t>(r * cols + c)] = p[at(r, c)];
-  scaled_quantize_reference(m.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(cols), s,
-                            ScaledOut{y.data()}, call);
+  ScaledOut to{y.data()};
+  to.tensor_scale = ts;
+  to.without_tensor_scale = ts != nullptr;
+  scaled_quantize_reference(m.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(cols), s, to, call);
   torch::Tensor out = torch::empty_like(x);
   float* q = out.data_ptr<float>();
   for (std::int64_t r = 0; r < rows; ++r)
@@ -335,5 +339,78 @@ TEST(ScaledOps, Bf16ProductsReadTheFloat32PathsOperandsInTheirLayouts) {
     const torch::Tensor ab = ref_quantize(a0, B * K, M, swapped(M, K), s), gb = ref_quantize(g, B * Nd, M, swapped(M, Nd), s);
     EXPECT_TRUE(bit_equal(grads[1], *bmm_bf16(ab.transpose(-2, -1), gb)));
     EXPECT_EQ(st->products.counts(), std::make_pair(std::int64_t{0}, std::int64_t{3}));
+  }
+}
+
+// NVFP4's tensor scale on the product's output (docs/spec.md §6.7): each operand reaches its
+// product as element times block scale, and the product's float32 output is multiplied by
+// fl32(ts_a * ts_b), then the bias added; in the linear layer's three products (forward,
+// grad_x, grad_w), on the float32 path and on bfloat16 products (now exact, so taken), and in
+// a convolution and a batched matmul. With `tensor-scale-folded` the products read the
+// fake-quantized values, as before. Expected values: the reference's quantizations composed
+// with libtorch's ops (float32) or nn::matmul_bf16 (bfloat16).
+TEST(ScaledOps, TensorScalesGoOnTheProductsOutput) {
+  torch::manual_seed(8);
+  const std::int64_t N = 64, in = 48, out = 32;  // in: three blocks of 16
+  const torch::Tensor x0 = torch::randn({N, in}) * 3, w0 = torch::randn({out, in}) * 0.1;
+  const torch::Tensor b = torch::randn({out}), g = torch::randn({N, out}) * 1e-3;
+  const ScaledSpec s = parse_scaled("nvfp4");
+  const auto row_major = [](std::int64_t cols) { return [cols](std::int64_t r, std::int64_t c) { return r * cols + c; }; };
+  const auto transposed = [](std::int64_t cols) { return [cols](std::int64_t r, std::int64_t c) { return c * cols + r; }; };
+  float tx = 0, tw = 0, tg = 0, twb = 0, txb = 0, tgb = 0;
+  const torch::Tensor xu = ref_quantize(x0, N, in, row_major(in), s, {}, &tx);
+  const torch::Tensor wu = ref_quantize(w0, out, in, row_major(in), s, {}, &tw);
+  const torch::Tensor gd = ref_quantize(g, N, out, row_major(out), s, {}, &tg);
+  const torch::Tensor wb = ref_quantize(w0, in, out, transposed(in), s, {}, &twb);
+  const torch::Tensor gb = ref_quantize(g, out, N, transposed(out), s, {}, &tgb);
+  const torch::Tensor xb = ref_quantize(x0, in, N, transposed(in), s, {}, &txb);
+  ASSERT_TRUE(tx != 1 && tw != 1 && tg != 1) << "the test needs tensor scales other than 1";
+  const auto check = [&](Compute compute) {
+    auto ctx = std::make_shared<QuantContext>();
+    ctx->compute = compute;
+    auto st = make_layer_state("lin", all("nvfp4"), ctx);
+    const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const torch::Tensor y = quant_linear(x, w, b, st);
+    const auto grads = torch::autograd::grad({(y * g).sum()}, {x, w});
+    const bool bf16 = compute == Compute::bf16;
+    const auto mm = [&](const torch::Tensor& p, const torch::Tensor& q) { return bf16 ? *matmul_bf16(p, q) : p.mm(q); };
+    const std::string what = bf16 ? "bf16" : "fp32";
+    EXPECT_TRUE(bit_equal(y, mm(xu, wu.t()).mul_(tx * tw).add_(b))) << what;
+    EXPECT_TRUE(bit_equal(grads[0], mm(gd, wb).mul_(tg * twb))) << what;
+    EXPECT_TRUE(bit_equal(grads[1], mm(xb.t(), gb).mul_(txb * tgb).t().contiguous())) << what;  // gw: float32
+    if (bf16) EXPECT_EQ(st->products.counts(), std::make_pair(std::int64_t{0}, std::int64_t{3}));
+  };
+  check(Compute::fp32);
+  if (bf16_products_available()) check(Compute::bf16);
+  {  // folded: the fake-quantized values, as the float32 product reads them
+    auto st = make_layer_state("lin", all("nvfp4:tensor-scale-folded"), nullptr);
+    const ScaledSpec folded = parse_scaled("nvfp4:tensor-scale-folded");
+    const torch::Tensor y = quant_linear(x0, w0, b, st);
+    const torch::Tensor xf = ref_quantize(x0, N, in, row_major(in), folded), wf = ref_quantize(w0, out, in, row_major(in), folded);
+    EXPECT_TRUE(bit_equal(y, torch::linear(xf, wf, b)));
+    EXPECT_FALSE(bit_equal(y, xu.mm(wu.t()).mul_(tx * tw).add_(b))) << "the two orders round differently";
+  }
+  {  // a convolution, float32 products: [N*H*W, C] activations, [O, 3*3*C] weights
+    const std::int64_t Nc = 2, C = 16, H = 4, W = 4, O = 8, K = 3;
+    const torch::Tensor xc = torch::randn({Nc, C, H, W}), wc = torch::randn({O, C, K, K}) * 0.2, bc = torch::randn({O});
+    auto st = make_layer_state("conv", all("nvfp4"), nullptr);
+    const torch::Tensor y = quant_conv2d(xc, wc, bc, {1, 1}, {1, 1}, {1, 1}, 1, st);
+    const auto by_channels = [&](std::int64_t r, std::int64_t c) { return ((r / (H * W) * C + c) * H + r / W % H) * W + r % W; };
+    const auto w_forward = [&](std::int64_t o, std::int64_t k) {
+      return ((o * C + k % C) * K + k / (K * C)) * K + k / C % K;
+    };
+    float ta = 0, tb = 0;
+    const torch::Tensor xcu = ref_quantize(xc, Nc * H * W, C, by_channels, s, {}, &ta);
+    const torch::Tensor wcu = ref_quantize(wc, O, K * K * C, w_forward, s, {}, &tb);
+    EXPECT_TRUE(bit_equal(y, torch::conv2d(xcu, wcu, {}, {1, 1}, {1, 1}).mul_(ta * tb).add_(bc.reshape({1, -1, 1, 1}))));
+  }
+  {  // a batched matmul a [2, 5, 32] b [2, 32, 6], float32 products
+    const torch::Tensor a0 = torch::randn({2, 5, 32}), b0 = torch::randn({2, 32, 6});
+    auto st = make_layer_state("attn", all("nvfp4"), nullptr);
+    const torch::Tensor y = quant_matmul(a0, b0, st);
+    const auto swapped = [](std::int64_t r, std::int64_t c) { return (r / 6) * 32 * 6 + c * 6 + r % 6; };
+    float ta = 0, tb = 0;
+    const torch::Tensor au = ref_quantize(a0, 10, 32, row_major(32), s, {}, &ta), bu = ref_quantize(b0, 12, 32, swapped, s, {}, &tb);
+    EXPECT_TRUE(bit_equal(y, au.matmul(bu).mul_(ta * tb)));
   }
 }

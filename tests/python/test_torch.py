@@ -50,6 +50,33 @@ def test_linear_is_the_composition_of_torch_and_quantize(sr):
     assert c["a"]["total"] == x.numel() and c["gw"]["total"] == w.numel()
 
 
+def _unit_values(t, fmt):
+    """NVFP4's operand for a product that applies the tensor scale to its output
+    (docs/spec.md §6.7): the codes of fp8lab's portable torch quantizer (an implementation
+    independent of the C++ kernels) decoded under a tensor scale of 1, and the tensor scale."""
+    c = fp8lab.encode(t.detach().contiguous(), fmt, backend="torch")
+    ts = c.tensor_scale
+    c.tensor_scale = 1.0
+    return fp8lab.decode(c, backend="torch"), np.float32(ts)
+
+
+def test_nvfp4_tensor_scales_multiply_the_products_output():
+    torch.manual_seed(1)
+    assert fp8lab.ScaledFormat("nvfp4").tensor_scale_on_output
+    assert not fp8lab.ScaledFormat("nvfp4:tensor-scale-folded").tensor_scale_on_output
+    x = torch.randn(5, 48) * 3
+    w = torch.randn(24, 48) * 0.1
+    b = torch.randn(24)
+    xu, tx = _unit_values(x, "nvfp4")
+    wu, tw = _unit_values(w, "nvfp4")
+    y = ft.linear(x, w, b, ft.layer("fc", a="nvfp4", w="nvfp4"))
+    same(y, F.linear(xu, wu).mul_(float(tx * tw)).add_(b))
+    # Folded into the values: the fake-quantized operands' product.
+    folded = "nvfp4:tensor-scale-folded"
+    y = ft.linear(x, w, b, ft.layer("fc", a=folded, w=folded))
+    same(y, F.linear(fp8lab.quantize(x, folded), fp8lab.quantize(w, folded), b))
+
+
 @pytest.mark.parametrize("geometry", [dict(stride=1, padding=1, dilation=1, groups=1),
                                       dict(stride=2, padding=0, dilation=2, groups=2),
                                       dict(stride=1, padding=1, dilation=1, groups=8)])

@@ -56,10 +56,18 @@ struct ScaledSpec {
   ScaleRule rule = ScaleRule::floor;
   // A second, float32 scale per tensor that the block scales are relative to (NVFP4).
   bool tensor_scale = false;
+  // Where a product of quantized operands applies the tensor scale (docs/spec.md §6.7):
+  // false, to the product's float32 output, as the hardware of these formats does (the
+  // operand's values are each element times its block scale); true (`tensor-scale-folded`),
+  // folded into each value the product reads (the fake-quantized value, element times X).
+  // Quantization itself (codes, scales, the values fp8lab quantize writes) is the same.
+  bool fold_tensor_scale = false;
   // Delayed scaling: the tensor-level amax comes from the last `history` steps (0: current).
   int history = 0;
 
   bool scaled() const { return scale != ScaleFormat::none; }
+  // Whether products apply the tensor scale to their output (docs/spec.md §6.7).
+  bool tensor_scale_on_output() const { return tensor_scale && !fold_tensor_scale; }
   friend bool operator==(const ScaledSpec&, const ScaledSpec&) = default;
 };
 
@@ -70,7 +78,8 @@ void validate(const ScaledSpec& s);
 // "ELEMENT@GRANULARITY[:OPTION...]" or "PRESET[:OPTION...]" (docs/spec.md §6.4), e.g.
 // "e4m3fn@1x32:e8m0:floor", "mxfp4:ceil", "e2m1fn@1x16:ue4m3:nearest:tensor-scale",
 // "e4m3fn@tensor:fp32:nearest:delayed-16". GRANULARITY is tensor, line, 1xK or KxK;
-// OPTION is a scale format, a rule, tensor-scale or delayed-N. A plain format ("1.4.3:10",
+// OPTION is a scale format, a rule, tensor-scale (or tensor-scale-folded), current or
+// delayed-N. A plain format ("1.4.3:10",
 // "e5m2") is the fixed-bias quantizer. Throws Error.
 ScaledSpec parse_scaled(std::string_view text);
 // Canonical text; parse_scaled(to_string(s)) == s (the element's rounding is not part of it).
@@ -230,6 +239,10 @@ struct ScaledOut {
   // value was a bfloat16 value (all bottom halves zero).
   std::uint16_t* bf16 = nullptr;
   bool* bf16_exact = nullptr;
+  // values and bf16 hold each element times its group's scale-format value, the tensor scale
+  // left out (a product's operand that applies the tensor scale to its output, docs/spec.md
+  // §6.7). No effect without a tensor scale.
+  bool without_tensor_scale = false;
 };
 
 struct ScaledCall {

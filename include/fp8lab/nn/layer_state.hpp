@@ -106,6 +106,14 @@ struct GradUse {
   OperandLayout layout = OperandLayout::as_float32;  // scaled: how the products take them
 };
 
+// A quantized operand as a product takes it (docs/spec.md §6.7): its values, and the factor
+// the product's output is multiplied by, the tensor scale its values leave out (1 where they
+// leave none out).
+struct ProductOperand {
+  torch::Tensor t;
+  float factor = 1;
+};
+
 // What one scaled quantization of a LayerState makes and records.
 struct ScaledOutputs {
   bool values = true;     // the fake-quantized float32 matrix
@@ -116,6 +124,9 @@ struct ScaledOutputs {
   // Where the values are all bfloat16 values, they as bfloat16 instead of the float32 values
   // (ScaledForms::bf16); where some is not, the float32 values.
   bool bf16 = false;
+  // A product's operand: where the quantizer puts its tensor scale on the product's output
+  // (ScaledSpec::tensor_scale_on_output), values without it (ScaledTensor::output_factor).
+  bool operand = false;
 };
 
 // The numbering of a layer's calls within a step and the seeds of its random streams
@@ -287,30 +298,32 @@ struct LayerState : torch::CustomClassHolder {
   // float32 with its blocks along that product's reduction dimension, the columns of a
   // MatrixView.
   // Q_k(t) for the forward product, and the operand's quantization for the backward
-  // product as backward keeps it.
-  std::pair<torch::Tensor, c10::intrusive_ptr<SavedScaled>> quantize_scaled_operand(TensorKind k,
-                                                                                   const torch::Tensor& t,
-                                                                                   std::uint32_t call,
-                                                                                   const ScaledOperand& o);
-  // The saved operand as a tensor of its shape, contiguous; with `for_products` (read by the
-  // compute layer's products only) as operand_tensor gives it.
-  torch::Tensor restore(const SavedScaled& saved, bool for_products = false,
-                        OperandLayout layout = OperandLayout::as_float32) const;
+  // product as backward keeps it. Where the quantizer puts its tensor scale on the product's
+  // output (docs/spec.md §6.7), the operand's values leave it out and its factor holds it.
+  std::pair<ProductOperand, c10::intrusive_ptr<SavedScaled>> quantize_scaled_operand(TensorKind k,
+                                                                                    const torch::Tensor& t,
+                                                                                    std::uint32_t call,
+                                                                                    const ScaledOperand& o);
+  // The saved operand as a tensor of its shape, contiguous, with its factor; with
+  // `for_products` (read by the compute layer's products only) as operand_tensor gives it.
+  ProductOperand restore(const SavedScaled& saved, bool for_products = false,
+                         OperandLayout layout = OperandLayout::as_float32) const;
   // The incoming gradient quantized for the grad_x product (blocks along `for_dx`) and for
-  // the grad_w product (along `for_dw`). A fixed-bias or float32 gx quantizer gives the one
-  // tensor quantize_owned() gives, twice. Scaled, with use.for_products, both as
-  // operand_tensor gives them (laid out as use.layout).
-  std::pair<torch::Tensor, torch::Tensor> quantize_grad(torch::Tensor g, const MatrixView& for_dx,
-                                                        const MatrixView& for_dw, std::uint32_t call,
-                                                        std::int64_t refs, GradUse use = {});
+  // the grad_w product (along `for_dw`), each with its factor. A fixed-bias or float32 gx
+  // quantizer gives the one tensor quantize_owned() gives, twice. Scaled, with
+  // use.for_products, both as operand_tensor gives them (laid out as use.layout).
+  std::pair<ProductOperand, ProductOperand> quantize_grad(torch::Tensor g, const MatrixView& for_dx,
+                                                          const MatrixView& for_dw, std::uint32_t call,
+                                                          std::int64_t refs, GradUse use = {});
   // Q_k(t) of a tensor that is no product's operand (the weight gradient), blocks along `v`.
   torch::Tensor quantize_along(TensorKind k, torch::Tensor t, const MatrixView& v, std::uint32_t call);
 
  private:
-  // Whether k's scaled values may all be bfloat16 values, so that the compute layer's
-  // products may run on them: a bfloat16 compute path on this CPU, an element format of at
-  // most 7 mantissa bits, and block scales that add at most 3 significant bits (E8M0; UE4M3
-  // without a float32 tensor scale). The values' range decides the rest, at conversion.
+  // Whether the values of k's scaled operands may all be bfloat16 values, so that the compute
+  // layer's products may run on them: a bfloat16 compute path on this CPU, an element format
+  // of at most 7 mantissa bits, and block scales that add few significant bits (E8M0: none;
+  // UE4M3: at most 4, exact beside E2M1, E2M3, E3M2 and E4M3 elements) with no float32
+  // tensor scale folded into the values. The values themselves decide the rest, at conversion.
   bool scaled_bf16(TensorKind k) const;
   // The contiguous tensor of shape `shape` whose matrix under v is m (from_matrix), as an
   // operand of this layer's products: with `for_products`, bfloat16 where scaled_bf16(k) and

@@ -96,6 +96,14 @@ struct ScaledTensor {
   float tensor_scale = 1;
   float amax = 0;        // the tensor's largest finite |x| (delayed scaling's history takes it)
   bool transposed = false;  // read from the matrix's transpose (is_transposed_matrix)
+  // values, bf16 and the decodes leave the tensor scale out (ScaledForms::without_tensor_scale
+  // with a tensor scale): a product applies output_factor() to its output instead.
+  bool without_tensor_scale = false;
+  // What a product of this operand multiplies its output by (docs/spec.md §6.7): the tensor
+  // scale where the values leave it out, else 1.
+  float output_factor() const { return without_tensor_scale ? tensor_scale : 1.0f; }
+  // The tensor scale the values and decodes carry.
+  float value_tensor_scale() const { return without_tensor_scale ? 1.0f : tensor_scale; }
 };
 // Which forms of a scaled quantization to make (ScaledTensor).
 struct ScaledForms {
@@ -106,6 +114,9 @@ struct ScaledForms {
   // matrix, the form is too (strides [1, rows]), so that a product reading the tensor in its
   // own layout (channels-last, say) gets it without a transposed copy.
   bool bf16_as_given = false;
+  // For a product that applies the tensor scale to its output (ScaledSpec::
+  // tensor_scale_on_output): values and bf16 are each element times its block scale alone.
+  bool without_tensor_scale = false;
 };
 // Quantizes the 2-D float32 tensor m with s (its stochastic seed replaced by `seed`) on the
 // kernels' own threads (kernels::scaled_quantize; kernels::scaled_quantize_transposed where m
