@@ -88,7 +88,12 @@ struct BlockScale {
   std::uint32_t code = 0;
   float before = 1, after = 1;  // v = x * before (E8M0) or x / before; y = q * after
   bool overflow = false;        // a scale overflow to count
+  bool zero = false;            // every value ±0 (a zero group, counted as one)
 };
+
+// A block of zeros (largest magnitude bits 0): scale code 0, as choose_scale gives it, and
+// its elements ±0 scaled by 1 and unscaled by 0, which keeps their signs (docs/spec.md §6.2).
+constexpr BlockScale kZeroBlock{0, 1.0f, 0.0f, false, true};
 
 // E8M0 block scales under the floor or ceil rule straight from a block's largest magnitude
 // bits, for a normal float32 amax whose scale exponent lies in E8M0's range: what
@@ -106,6 +111,7 @@ class FastPow2 {
   // floor: floor(log2 amax) - emax; ceil: the smallest e with 2^e max_e >= amax, i.e. one
   // more when amax's significand exceeds max_e's.
   std::optional<BlockScale> decide(std::uint32_t top) const {
+    if (enabled_ && top == 0) return kZeroBlock;
     if (!enabled_ || top < 0x00800000u || top >= 0x7F800000u) return std::nullopt;
     int e = static_cast<int>(top >> 23) - 127 - emax_;
     if (ceil_ && (top & 0x7FFFFFu) > max_mantissa_) ++e;
@@ -129,7 +135,8 @@ class FastSteps {
     if (s.granularity == Granularity::block) steps_ = ScaleSteps::make(s, ts);
   }
   std::optional<BlockScale> decide(std::uint32_t top) const {
-    if (!steps_ || top == 0 || top >= 0x7F800000u) return std::nullopt;
+    if (steps_ && top == 0) return kZeroBlock;
+    if (!steps_ || top >= 0x7F800000u) return std::nullopt;
     const std::uint32_t c = steps_->code(top);
     const float X = steps_->value(c);
     if (c == 0 || !(X > 0)) return std::nullopt;  // scale underflow: the general path counts it
@@ -155,6 +162,7 @@ class FastF32 {
     emax_ = element_emax(s.element.format);
   }
   std::optional<BlockScale> decide(std::uint32_t top) const {
+    if (enabled_ && top == 0) return kZeroBlock;
     if (!enabled_ || top < 0x00800000u || top >= 0x7F800000u) return std::nullopt;
     const float amax = std::bit_cast<float>(top);
     float sc;
@@ -295,7 +303,7 @@ class Worker {
     after_.resize(count);
     hot_.assign(count, 0);
     std::uint32_t chunk_top = 0;
-    std::uint64_t overflows = 0;
+    std::uint64_t overflows = 0, zeros = 0;
     if (!tops) {
       tops_.resize(count);
       BlockTops(x.at(begin), count, B, tops_.data(), false);
@@ -309,6 +317,7 @@ class Worker {
       before_[k] = d->before;
       after_[k] = factor_of(d->code, d->after);
       overflows += d->overflow;
+      zeros += d->zero;
       chunk_top = std::max(chunk_top, top);
     }
     const std::size_t n = count * B;
@@ -325,6 +334,7 @@ class Worker {
     emit_bf16(y, begin, n);
     if (scale_codes) std::copy(codes_.begin(), codes_.end(), scale_codes + begin / B);
     counts.groups += count;
+    counts.zero_groups += zeros;
     counts.scale_overflow += overflows;
     counts.elements += qc;
     counts.elements.underflow += flushed;
@@ -801,7 +811,8 @@ class ScaledPass {
     }
     const float* xb = x_ + r * cols_ + c;
     const std::uint32_t top = MagnitudeTop(xb, cend - c);  // largest magnitude's bits
-    if (const auto d = fast.decide(top)) {                  // the common case, decided from the bits
+    const auto d = fast.decide(top);
+    if (d && !d->zero) {  // the common case, decided from the bits (a zero block: its GroupScale below)
       ++w.counts.groups;
       w.counts.scale_overflow += d->overflow;
       g.part_amax = std::max(g.part_amax, std::bit_cast<float>(top));
