@@ -269,6 +269,7 @@ struct ScaleCodes {
   Format f{};
   std::uint32_t max = 0;
   std::vector<double> values;  // of every code (8-bit scale formats)
+  std::vector<std::uint8_t> nans;  // whether each 8-bit code is a NaN (or no code of the format)
   explicit ScaleCodes(ScaleFormat k) : kind(k) {
     if (k == ScaleFormat::fp32) {
       max = std::bit_cast<std::uint32_t>(std::numeric_limits<float>::max());
@@ -276,7 +277,13 @@ struct ScaleCodes {
       f = scale_format(k);
       max = f.max_code();
       for (std::uint32_t c = 0; c <= max; ++c) values.push_back(f.magnitude(c));
+      for (std::uint32_t c = 0; c < 256; ++c) nans.push_back(c > max || f.classify(c) == Format::Class::nan);
     }
+  }
+  // Whether code c reads as NaN: a NaN code, or none of the format's (corrupt input).
+  bool reads_nan(std::uint32_t c) const {
+    if (kind == ScaleFormat::fp32) return std::isnan(std::bit_cast<float>(c));
+    return c >= nans.size() || nans[c] != 0;
   }
   double value(std::uint32_t c) const {
     return kind == ScaleFormat::fp32 ? static_cast<double>(std::bit_cast<float>(c)) : values[c];
@@ -475,10 +482,7 @@ GroupScale scale_from_code(const ScaledSpec& s, std::uint32_t code, float ts) {
   const ScaleCodes& sc = scale_codes(s.scale);
   GroupScale g;
   g.code = code;
-  // A code outside the scale format (corrupt input) reads as NaN.
-  const bool nan = s.scale == ScaleFormat::fp32 ? std::isnan(std::bit_cast<float>(code))
-                                                : code > sc.max || sc.f.classify(code) == Format::Class::nan;
-  if (nan) {
+  if (sc.reads_nan(code)) {  // a code outside the scale format (corrupt input) reads as NaN
     g.nan = true;
     g.value = std::numeric_limits<float>::quiet_NaN();
     return g;
