@@ -651,6 +651,8 @@ class ScaledPass {
     if (!per_block_) {
       amaxes_ = group_amaxes(run_, x_, l_);
       for (const Amax& a : amaxes_) current_ = std::max(current_, a.value);
+    } else if ((s_.tensor_scale || s_.history > 0) && call_.known_amax) {
+      current_ = *call_.known_amax;
     } else if (s_.tensor_scale || s_.history > 0) {
       if (fused_block_ != 0 && !transposed_) {
         tops_ = all_block_tops(run_, x_, n_, fused_block_);

@@ -15,6 +15,12 @@ std::uint64_t layer_seed_of(std::uint64_t run_seed, const std::string& name) {
   for (char c : name) h = mix64(h ^ static_cast<unsigned char>(c));
   return h;
 }
+// The call for a second quantization of the values `first` quantized (along another axis):
+// their amax is known, unless the Hadamard transform changes the values first.
+ScaledCall same_values(ScaledCall sc, const ScaledTensor& first, bool hadamard) {
+  if (!hadamard) sc.known_amax = first.amax;
+  return sc;
+}
 }  // namespace
 
 LayerState::LayerState(std::string name_, const LayerQuant& q, std::shared_ptr<QuantContext> ctx_, int index_)
@@ -64,10 +70,12 @@ std::pair<ProductOperand, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_
   saved->view = o.bwd;
   saved->shape = t.sizes().vec();
   const bool codes = saves_codes(k);
-  // The backward product's operand: its own blocks, from the float32 tensor, its own stream.
-  saved->q = quantize_scaled(k, t, o.bwd, call, o.operand + 2, sc,
-                             {.values = !codes, .codes = codes, .count = false,
-                              .hadamard = o.grad_w && hadamard_applies(), .operand = true});
+  // The backward product's operand: its own blocks, from the float32 tensor, its own stream
+  // (the same values, so the same tensor amax, unless the Hadamard transform changes them).
+  const bool hadamard = o.grad_w && hadamard_applies();
+  saved->q = quantize_scaled(k, t, o.bwd, call, o.operand + 2, same_values(sc, f, hadamard),
+                             {.values = !codes, .codes = codes, .count = false, .hadamard = hadamard,
+                              .operand = true});
   saved_bytes(k) += codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
   amax.push(k, o.operand, f.amax);
   return {{operand_tensor(k, f.bf16.defined() ? f.bf16 : f.values, t.sizes(), o.fwd, o.for_products, o.layout),
@@ -116,9 +124,9 @@ std::pair<ProductOperand, ProductOperand> LayerState::quantize_grad(torch::Tenso
   const ScaledCall sc = amax.scaled_call(TensorKind::gx, 0);
   const bool bf16 = use.for_products && scaled_bf16(TensorKind::gx);
   const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc, {.bf16 = bf16, .operand = true});
-  const ScaledTensor dw = quantize_scaled(
-      TensorKind::gx, g, for_dw, call, 1, sc,
-      {.count = false, .hadamard = use.hadamard && hadamard_applies(), .bf16 = bf16, .operand = true});
+  const bool hadamard = use.hadamard && hadamard_applies();
+  const ScaledTensor dw = quantize_scaled(TensorKind::gx, g, for_dw, call, 1, same_values(sc, dx, hadamard),
+                                          {.count = false, .hadamard = hadamard, .bf16 = bf16, .operand = true});
   amax.push(TensorKind::gx, 0, dx.amax);
   const auto formed = [&](const ScaledTensor& q, const MatrixView& v) {
     return ProductOperand{

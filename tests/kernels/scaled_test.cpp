@@ -447,6 +447,10 @@ TEST_P(ScaledKernels, ValuesWithoutTheTensorScale) {
           const std::string t = " threads " + std::to_string(threads);
           expect_same(run(unit(kernel_quantize), s, x, sh.rows, sh.cols, call), want, what + t);
           expect_same(run(unit(transposed), s, x, sh.rows, sh.cols, call), want, what + " transposed" + t);
+          ScaledCall known = call;  // the tensor's amax given, its pass skipped: the same bits
+          known.known_amax = want.amax;
+          expect_same(run(unit(kernel_quantize), s, x, sh.rows, sh.cols, known), want, what + " amax given" + t);
+          expect_same(run(unit(transposed), s, x, sh.rows, sh.cols, known), want, what + " transposed, amax given" + t);
         }
         std::uint32_t dropped = 0;
         for (const float v : want.y) dropped |= std::bit_cast<std::uint32_t>(v) & 0xFFFFu;

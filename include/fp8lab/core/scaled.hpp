@@ -248,6 +248,11 @@ struct ScaledOut {
 struct ScaledCall {
   std::optional<float> delayed_amax;  // the tensor-level amax to use (delayed scaling)
   std::uint64_t index_offset = 0;     // stochastic rounding index of element 0
+  // The tensor's current amax (its largest finite |x|), where the caller already has it from
+  // quantizing the same values along another axis: the kernels then skip the pass that
+  // finds it for a tensor scale or a history. It must be that amax (the reference, which
+  // always finds its own, is what the kernels are tested against with and without it).
+  std::optional<float> known_amax;
 };
 
 // The scalar reference (docs/spec.md §6). x is row-major [rows, cols]. Returns the tensor's
