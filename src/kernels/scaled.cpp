@@ -7,6 +7,7 @@
 // and rounded once where it decodes to a float32 subnormal), v = x / X and y = q(v) * X
 // otherwise, exactly the reference's float32 operations.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -31,6 +32,19 @@
 namespace fp8lab::kernels::detail {
 // Whether a spec's scales are powers of two applied as factors (E8M0 without a tensor scale).
 inline bool power_of_two(const ScaledSpec& s) { return s.scale == ScaleFormat::e8m0 && !s.tensor_scale; }
+// The value of each 8-bit code of an E8M0 or UE4M3 scale (NaN for a NaN code), without a
+// tensor scale: scale_from_code's, tabulated once per process.
+inline const float* scale_code_values(ScaleFormat f) {
+  const auto table = [](ScaleFormat sf) {
+    ScaledSpec s;
+    s.scale = sf;
+    std::array<float, 256> t{};
+    for (std::uint32_t c = 0; c < 256; ++c) t[c] = scale_from_code(s, c, 1.0f).value;
+    return t;
+  };
+  static const std::array<float, 256> e8m0 = table(ScaleFormat::e8m0), ue4m3 = table(ScaleFormat::ue4m3);
+  return f == ScaleFormat::e8m0 ? e8m0.data() : ue4m3.data();
+}
 }  // namespace fp8lab::kernels::detail
 #endif
 
@@ -253,12 +267,9 @@ class Worker {
         count_(count),
         max_e_(static_cast<float>(s.element.format.max_finite())),
         p_(detail::make_params(s.element)),
-        fused_block_(fused_block) {
-    if (out.without_tensor_scale && s.tensor_scale) {  // E8M0 or UE4M3 scales: codes below 256
-      unit_.resize(256);
-      for (std::uint32_t c = 0; c < 256; ++c) unit_[c] = scale_from_code(s, c, 1.0f).value;
-    }
-  }
+        fused_block_(fused_block),
+        // A tensor scale goes with E8M0 or UE4M3 scales only (validate): codes below 256.
+        unit_(out.without_tensor_scale && s.tensor_scale ? detail::scale_code_values(s.scale) : nullptr) {}
 
   // Quantizes pieces (back to back in memory, in order; they may span rows) with their scalings.
   void run(Input x, const std::vector<Piece>& pieces, const std::vector<Scaling>& scalings) {
@@ -379,7 +390,7 @@ class Worker {
  private:
   // What a group's quantized elements are multiplied by: X, its GroupScale::value, or with
   // ScaledOut::without_tensor_scale the value of its scale code alone (docs/spec.md §6.7).
-  float factor_of(std::uint32_t code, float X) const { return unit_.empty() ? X : unit_[code & 0xFFu]; }
+  float factor_of(std::uint32_t code, float X) const { return unit_ ? unit_[code & 0xFFu] : X; }
 
   // Whole blocks, none of them NaN (nor, for scales other than E8M0, all zero or of scale
   // zero): scaling, quantization and unscaling in one pass (ScaledBlocks).
@@ -495,10 +506,10 @@ class Worker {
   float max_e_;
   detail::Params p_;  // the element kernel's parameters
   std::size_t fused_block_ = 0;
+  const float* unit_ = nullptr;  // by scale code: its value without the tensor scale (without_tensor_scale)
   std::uint16_t* bf16_to_ = nullptr;  // send_bf16_to's buffer, or null: out_.bf16
   std::size_t bf16_first_ = 0;
   std::vector<float> v_, q_, before_, after_;
-  std::vector<float> unit_;  // by scale code: its value without the tensor scale (without_tensor_scale)
   std::vector<std::uint32_t> codes_, tops_;
   std::vector<std::uint8_t> hot_;
 };
@@ -651,10 +662,10 @@ class ScaledPass {
     if (!per_block_) {
       amaxes_ = group_amaxes(run_, x_, l_);
       for (const Amax& a : amaxes_) current_ = std::max(current_, a.value);
-    } else if ((s_.tensor_scale || s_.history > 0) && call_.known_amax) {
-      current_ = *call_.known_amax;
     } else if (s_.tensor_scale || s_.history > 0) {
-      if (fused_block_ != 0 && !transposed_) {
+      if (call_.known_amax) {
+        current_ = *call_.known_amax;
+      } else if (fused_block_ != 0 && !transposed_) {
         tops_ = all_block_tops(run_, x_, n_, fused_block_);
         current_ = largest_finite(x_, fused_block_, tops_);
       } else {
