@@ -202,6 +202,62 @@ void scaled_transposed(benchmark::State& state, const char* spec, std::size_t ro
   kernels::set_num_threads(before);
 }
 
+// Scaled quantization of a row-major [kN/cols, cols] matrix as a training step asks for a
+// forward operand: bfloat16 values and the scale codes (a convolution's channels-last
+// activation: cols = channels, 16 in ResNet-20's first stage, shorter than an MX block),
+// beside the same streaming loop.
+void scaled_rows(benchmark::State& state, const char* spec, std::size_t cols) {
+  const int threads = static_cast<int>(state.range(0));
+  const int before = kernels::num_threads();
+  kernels::set_num_threads(threads);
+  Data& d = data();
+  const ScaledSpec s = parse_scaled(spec);
+  const std::size_t rows = kN / cols;
+  std::vector<std::uint16_t> b16(kN);
+  std::vector<std::uint32_t> scales(block_layout(s, rows, cols).groups());
+  bool exact = false;
+  auto kernel = [&] {
+    kernels::scaled_quantize(d.x.data(), rows, cols, s,
+                             ScaledOut{nullptr, nullptr, scales.data(), nullptr, b16.data(), &exact});
+  };
+  time_against_stream(state, kernel);
+  state.SetLabel(to_string(s) + " [" + std::to_string(rows) + ", " + std::to_string(cols) + "] bfloat16 out, " +
+                 kernels::current_target());
+  kernels::set_num_threads(before);
+}
+
+// Both forms of an activation as a training step makes them in forward: the row form's
+// bfloat16 values for the product, the column form's codes for backward's weight gradient
+// (kernels::scaled_quantize_both, one read), beside the same two forms made by two calls
+// (scaled_quantize, then scaled_quantize_transposed) and the streaming loop, in the same run.
+// Counter vs_two_calls: the two calls' time over the joint one's.
+void scaled_both(benchmark::State& state, const char* spec, std::size_t cols) {
+  const int threads = static_cast<int>(state.range(0));
+  const int before = kernels::num_threads();
+  kernels::set_num_threads(threads);
+  Data& d = data();
+  const ScaledSpec s = parse_scaled(spec);
+  const std::size_t rows = kN / cols;
+  std::vector<std::uint16_t> b16(kN);
+  std::vector<std::uint8_t> codes(kN);
+  std::vector<std::uint32_t> scales(block_layout(s, rows, cols).groups()), t_scales(block_layout(s, cols, rows).groups());
+  float ts = 1, t_ts = 1;
+  bool exact = false;
+  const ScaledOut out{nullptr, nullptr, scales.data(), &ts, b16.data(), &exact};
+  const ScaledOut t_out{nullptr, codes.data(), t_scales.data(), &t_ts};
+  auto joint = [&] { kernels::scaled_quantize_both(d.x.data(), rows, cols, s, out, {}, nullptr, s, t_out, {}, nullptr); };
+  auto two_calls = [&] {
+    kernels::scaled_quantize(d.x.data(), rows, cols, s, out);
+    kernels::scaled_quantize_transposed(d.x.data(), cols, rows, s, t_out);
+  };
+  time_against_stream(state, joint);
+  two_calls();
+  state.counters["vs_two_calls"] = seconds_per_call(two_calls) / seconds_per_call(joint);
+  state.SetLabel(to_string(s) + " [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                 "]: bfloat16 rows, codes of columns, " + kernels::current_target());
+  kernels::set_num_threads(before);
+}
+
 // The same kernels on 4096 elements that stay in L1, one thread: their compute rate, the
 // bound they run at on tensors that are still in cache (as activations between the layers
 // of a training step are). Reference: the streaming loop y = a * x on the same buffers.
@@ -274,6 +330,11 @@ BENCHMARK_CAPTURE(scaled, scaled_e4m3_tensor, "e4m3_tensor")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled_transposed, scaled_transposed_mxfp8_16, "mxfp8_e4m3", 16)->Apply(Threads);
 BENCHMARK_CAPTURE(scaled_transposed, scaled_transposed_mxfp8_64, "mxfp8_e4m3", 64)->Apply(Threads);
 BENCHMARK_CAPTURE(scaled_transposed, scaled_transposed_nvfp4_64, "nvfp4", 64)->Apply(Threads);
+BENCHMARK_CAPTURE(scaled_rows, scaled_rows_mxfp8_16, "mxfp8_e4m3", 16)->Apply(Threads);
+BENCHMARK_CAPTURE(scaled_rows, scaled_rows_mxfp8_64, "mxfp8_e4m3", 64)->Apply(Threads);
+BENCHMARK_CAPTURE(scaled_both, scaled_both_mxfp8_16, "mxfp8_e4m3", 16)->Apply(Threads);
+BENCHMARK_CAPTURE(scaled_both, scaled_both_mxfp8_64, "mxfp8_e4m3", 64)->Apply(Threads);
+BENCHMARK_CAPTURE(scaled_both, scaled_both_nvfp4_64, "nvfp4", 64)->Apply(Threads);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize, Hot::quantize);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize_counts, Hot::quantize_counts);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize_encode, Hot::quantize_encode);

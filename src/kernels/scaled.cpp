@@ -638,13 +638,55 @@ class ScaledPass {
 
   // The tensor's amax (scaled_quantize's result); adds the counts to `counts`.
   float run(ScaledCounts* counts) {
-    find_amaxes();
+    prepare();
+    quantize_elements();
+    return finish(counts);
+  }
+
+  // Both forms of one matrix in one read (scaled_quantize_both): this pass quantizes x_
+  // [rows_, cols_] along its rows, `t` the same memory read as the transpose of its matrix
+  // ([cols_, rows_]). Where both work block by block on the same fast scale path, each strip
+  // of rows of x_ is quantized by this pass, then transposed in cache for `t`; else the two
+  // passes run one after the other. Returns both amaxes; adds each pass's counts to its own.
+  std::pair<float, float> run_both(ScaledPass& t, ScaledCounts* counts, ScaledCounts* t_counts) {
+    prepare();
+    t.prepare(amax_before_elements());
+    const FastScales fast(s_, ts_), t_fast(t.s_, t.ts_);
+    const bool joint = fused_block_ != 0 && !transposed_ && t.transposed_ && t.reads_transposed() &&
+                       t.x_ == x_ && t.rows_ == cols_ && t.cols_ == rows_;
+    if (joint && fast.pow2.enabled() && t_fast.pow2.enabled()) joint_blocks(t, fast.pow2, t_fast.pow2);
+    else if (joint && fast.steps.enabled() && t_fast.steps.enabled()) joint_blocks(t, fast.steps, t_fast.steps);
+    else if (joint && fast.f32.enabled() && t_fast.f32.enabled()) joint_blocks(t, fast.f32, t_fast.f32);
+    else {
+      quantize_elements();
+      t.quantize_elements();
+    }
+    const float amax = finish(counts);
+    return {amax, t.finish(t_counts)};
+  }
+
+  // The tensor's amax, where the pass finds it before the elements (a tensor scale or an
+  // amax history): a pass over the same values along the other axis needs no pass of its own.
+  std::optional<float> amax_before_elements() const {
+    if (per_block_ && (s_.tensor_scale || s_.history > 0)) return current_;
+    return std::nullopt;
+  }
+
+ private:
+  // What the element pass needs first: the amaxes, the tensor scale, the scales of groups
+  // that span rows.
+  // `known`: the tensor's amax where the caller has it (else call_.known_amax).
+  void prepare(std::optional<float> known = std::nullopt) {
+    find_amaxes(known ? known : call_.known_amax);
     const bool delayed = s_.history > 0 && call_.delayed_amax && *call_.delayed_amax > 0;
     const float tensor_amax = delayed ? *call_.delayed_amax : current_;
     ts_ = tensor_scale_of(s_, tensor_amax);
     if (out_.tensor_scale) *out_.tensor_scale = ts_;
     if (!per_block_) scale_spanning_groups(delayed && s_.granularity == Granularity::tensor, tensor_amax);
-    quantize_elements();
+  }
+
+  // After the element pass: the amax, the counts, whether the bfloat16 form is exact.
+  float finish(ScaledCounts* counts) {
     if (per_block_ && !s_.tensor_scale && s_.history == 0) current_ = shared_.amax;
     std::sort(shared_.saturated.begin(), shared_.saturated.end());
     shared_.counts.saturated_groups =
@@ -654,17 +696,16 @@ class ScaledPass {
     return current_;
   }
 
- private:
   // Pass 1 where a scale needs it: the amaxes of groups that span rows or whole rows, or the
   // tensor's amax (from the blocks' largest magnitudes where rows are whole blocks) when
   // blocks take a tensor scale or keep an amax history.
-  void find_amaxes() {
+  void find_amaxes(std::optional<float> known_amax) {
     if (!per_block_) {
       amaxes_ = group_amaxes(run_, x_, l_);
       for (const Amax& a : amaxes_) current_ = std::max(current_, a.value);
     } else if (s_.tensor_scale || s_.history > 0) {
-      if (call_.known_amax) {
-        current_ = *call_.known_amax;
+      if (known_amax) {
+        current_ = *known_amax;
       } else if (fused_block_ != 0 && !transposed_) {
         tops_ = all_block_tops(run_, x_, n_, fused_block_);
         current_ = largest_finite(x_, fused_block_, tops_);
@@ -763,20 +804,61 @@ class ScaledPass {
       std::vector<std::uint16_t> tile16(bf16_as_input_ ? tr * tc : 0);
       for (std::size_t t = b / kChunk; t < e / kChunk; ++t) {
         // Tiles down the rows first: consecutive tiles read on along the same lines of x_.
-        const std::size_t r0 = t % grid_r * tr, r1 = std::min(rows_, r0 + tr);
-        const std::size_t c0 = t / grid_r * tc, c1 = std::min(cols_, c0 + tc), w_c = c1 - c0;
-        TransposeTile(x_ + c0 * rows_ + r0, rows_, tile.data(), w_c, r1 - r0, w_c);
-        for (std::size_t r = r0; r < r1; ++r) {
-          const Input row(tile.data() + (r - r0) * w_c, r * cols_ + c0);
-          if (bf16_as_input_) w.send_bf16_to(tile16.data() + (r - r0) * w_c, r * cols_ + c0);
-          if (!w.run_fast_blocks(row, r * cols_ + c0, w_c / B, fast, out_.scale_codes, g.part_amax, nullptr))
-            general_blocks(w, row, r * cols_ + c0, w_c / B, g);
-        }
-        if (bf16_as_input_)  // back to x_'s layout: out_.bf16[c * rows_ + r]
-          for (std::size_t c = c0; c < c1; ++c)
-            for (std::size_t r = r0; r < r1; ++r) out_.bf16[c * rows_ + r] = tile16[(r - r0) * w_c + (c - c0)];
+        const std::size_t r0 = t % grid_r * tr, c0 = t / grid_r * tc;
+        transposed_tile(w, g, fast, r0, std::min(rows_, r0 + tr), c0, std::min(cols_, c0 + tc), tile, tile16);
       }
       shared_.add(w, g.part_amax);
+    });
+  }
+
+  // Rows [r0, r1) and columns [c0, c1) of the matrix (c1 - c0 whole blocks, or the rows' only
+  // block), copied out of x_ transposed into `tile` and quantized row by row there.
+  template <class Fast>
+  void transposed_tile(Worker& w, Gathered& g, const Fast& fast, std::size_t r0, std::size_t r1, std::size_t c0,
+                       std::size_t c1, std::vector<float>& tile, std::vector<std::uint16_t>& tile16) {
+    const std::size_t B = fused_block_, w_c = c1 - c0;
+    TransposeTile(x_ + c0 * rows_ + r0, rows_, tile.data(), w_c, r1 - r0, w_c);
+    for (std::size_t r = r0; r < r1; ++r) {
+      const Input row(tile.data() + (r - r0) * w_c, r * cols_ + c0);
+      if (bf16_as_input_) w.send_bf16_to(tile16.data() + (r - r0) * w_c, r * cols_ + c0);
+      if (!w.run_fast_blocks(row, r * cols_ + c0, w_c / B, fast, out_.scale_codes, g.part_amax, nullptr))
+        general_blocks(w, row, r * cols_ + c0, w_c / B, g);
+    }
+    if (bf16_as_input_)  // back to x_'s layout: out_.bf16[c * rows_ + r]
+      for (std::size_t c = c0; c < c1; ++c)
+        for (std::size_t r = r0; r < r1; ++r) out_.bf16[c * rows_ + r] = tile16[(r - r0) * w_c + (c - c0)];
+  }
+
+  // run_both's joint element pass: strips of rows of x_ (t's tiles' columns: whole blocks of
+  // t), each quantized here chunk by chunk as whole_blocks does, then, while in cache, t's
+  // tiles over the same rows, as t.transposed_blocks does. Groups, indices and counts are
+  // each pass's own, so the outputs are the two passes' run one after the other, bit for bit.
+  template <class Fast>
+  void joint_blocks(ScaledPass& t, const Fast& fast, const Fast& t_fast) {
+    constexpr std::size_t kTileRows = 16;
+    const std::size_t B = fused_block_, per_chunk = std::max<std::size_t>(1, kChunk / B);
+    const std::size_t tB = t.fused_block_, tr = std::min(t.rows_, kTileRows);
+    const std::size_t strip = t.cols_ <= tB ? t.cols_ : std::max(tB, kChunk / tr / tB * tB);  // rows of x_
+    const std::size_t strips = (rows_ + strip - 1) / strip;
+    run_.parallel_for(strips * kChunk, kChunk, [&](std::size_t b, std::size_t e) {
+      Worker w(s_, out_, call_, count_, fused_block_), tw(t.s_, t.out_, t.call_, t.count_, t.fused_block_);
+      Gathered g, tg;
+      std::vector<float> tile(tr * strip);
+      std::vector<std::uint16_t> tile16(t.bf16_as_input_ ? tr * strip : 0);
+      for (std::size_t k = b / kChunk; k < e / kChunk; ++k) {
+        const std::size_t p0 = k * strip, p1 = std::min(rows_, p0 + strip);
+        const std::size_t first = p0 * cols_ / B, last = p1 * cols_ / B;  // this pass's blocks
+        for (std::size_t k0 = first; k0 < last; k0 += per_chunk) {
+          const std::size_t count = std::min(per_chunk, last - k0);
+          if (!w.run_fast_blocks(x_, k0 * B, count, fast, out_.scale_codes, g.part_amax,
+                                 tops_.empty() ? nullptr : &tops_[k0]))
+            general_blocks(w, x_, k0 * B, count, g);
+        }
+        for (std::size_t r0 = 0; r0 < t.rows_; r0 += tr)
+          t.transposed_tile(tw, tg, t_fast, r0, std::min(t.rows_, r0 + tr), p0, p1, tile, tile16);
+      }
+      shared_.add(w, g.part_amax);
+      t.shared_.add(tw, tg.part_amax);
     });
   }
 
@@ -903,6 +985,22 @@ float ScaledQuantizeTransposed(const float* xt, std::size_t rows, std::size_t co
   return amax;
 }
 
+// scaled_quantize_both for this target.
+std::pair<float, float> ScaledQuantizeBoth(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+                                           const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts,
+                                           const ScaledSpec& t_s, const ScaledOut& t_out, const ScaledCall& t_call,
+                                           ScaledCounts* t_counts, const Runner& run, Bf16Layout t_bf16_layout) {
+  ScaledPass pass(x, rows, cols, s, out, call, counts != nullptr, run);
+  ScaledPass probe(x, cols, rows, t_s, t_out, t_call, t_counts != nullptr, run, true, t_bf16_layout);
+  if (!probe.reads_transposed()) {  // the transposed form takes a copy: the two calls
+    const float amax = pass.run(counts);
+    ScaledCall same = t_call;
+    same.known_amax = amax;
+    return {amax, ScaledQuantizeTransposed(x, cols, rows, t_s, t_out, same, t_counts, run, t_bf16_layout)};
+  }
+  return pass.run_both(probe, counts, t_counts);
+}
+
 }  // namespace fp8lab::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -911,6 +1009,7 @@ namespace fp8lab::kernels {
 
 HWY_EXPORT(ScaledQuantize);
 HWY_EXPORT(ScaledQuantizeTransposed);
+HWY_EXPORT(ScaledQuantizeBoth);
 HWY_EXPORT(StoreTransposedBf16);
 using detail::power_of_two;
 
@@ -941,6 +1040,21 @@ float scaled_quantize_transposed(const float* xt, std::size_t rows, std::size_t 
                                  const Runner& run, Bf16Layout bf16_layout) {
   if (!check_scaled_call("scaled_quantize_transposed", s, rows, cols, out, call, counts)) return 0;
   return HWY_DYNAMIC_DISPATCH(ScaledQuantizeTransposed)(xt, rows, cols, s, out, call, counts, run, bf16_layout);
+}
+
+std::pair<float, float> scaled_quantize_both(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+                                             const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts,
+                                             const ScaledSpec& t_s, const ScaledOut& t_out, const ScaledCall& t_call,
+                                             ScaledCounts* t_counts, const Runner& run, Bf16Layout t_bf16_layout) {
+  ScaledSpec same_seed = t_s;
+  same_seed.element.seed = s.element.seed;
+  if (!(same_seed == s))
+    throw Error("scaled_quantize_both: the two forms' specs differ beyond their seeds ('" + to_string(s) + "', '" +
+                to_string(t_s) + "')");
+  const bool some = check_scaled_call("scaled_quantize_both", s, rows, cols, out, call, counts);
+  if (!check_scaled_call("scaled_quantize_both", t_s, cols, rows, t_out, t_call, t_counts) || !some) return {0.0f, 0.0f};
+  return HWY_DYNAMIC_DISPATCH(ScaledQuantizeBoth)(x, rows, cols, s, out, call, counts, t_s, t_out, t_call, t_counts,
+                                                  run, t_bf16_layout);
 }
 
 namespace {

@@ -39,32 +39,79 @@ LayerStatePtr make_layer_state(std::string name, const LayerQuant& q, std::share
   return st;
 }
 
+namespace {
+// The forms a quantization of ScaledOutputs `out` makes (`apart`: without the tensor scale).
+ScaledForms forms_of(const ScaledOutputs& out, bool apart) {
+  return {.values = out.values && !out.bf16, .codes = out.codes, .bf16 = out.bf16, .bf16_as_given = true,
+          .without_tensor_scale = apart};
+}
+}  // namespace
+
 ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v,
                                          std::uint32_t call, std::uint32_t stream, const ScaledCall& sc,
                                          ScaledOutputs out) {
-  ScaledCounts c;
   torch::Tensor m = out.hadamard ? to_matrix(t, v) : matrix_of(t, v);
   if (out.hadamard) {
     if (m.is_same(t) || m.data_ptr() == t.data_ptr()) m = m.clone();
     hadamard16_(m, streams.hadamard_signs_for(call));
   }
+  return quantize_scaled_matrix(k, t, m, call, stream, sc, out);
+}
+
+ScaledTensor LayerState::quantize_scaled_matrix(TensorKind k, const torch::Tensor& t, const torch::Tensor& m,
+                                                std::uint32_t call, std::uint32_t stream, const ScaledCall& sc,
+                                                const ScaledOutputs& out) {
+  ScaledCounts c;
   const std::uint64_t seed = streams.seed_for(k, call, stream);
   const bool apart = out.operand && quant[k]->tensor_scale_on_output();
-  ScaledTensor q = scaled_quantize_matrix(m, *quant[k], seed, sc,
-                                          {.values = out.values && !out.bf16, .codes = out.codes, .bf16 = out.bf16,
-                                           .bf16_as_given = true, .without_tensor_scale = apart},
-                                          out.count ? &c : nullptr);
+  ScaledTensor q = scaled_quantize_matrix(m, *quant[k], seed, sc, forms_of(out, apart), out.count ? &c : nullptr);
   if (out.count) stats.record(k, {t, c.elements, &c, &q}, call);
-  if (out.bf16 && !q.bf16.defined() && out.values)  // some value outside bfloat16's range: the same, in float32
-    q.values = scaled_quantize_matrix(m, *quant[k], seed, sc, {.values = true, .without_tensor_scale = apart}).values;
+  values_where_not_bf16(k, q, m, seed, sc, out);
   return q;
+}
+
+void LayerState::values_where_not_bf16(TensorKind k, ScaledTensor& q, const torch::Tensor& m, std::uint64_t seed,
+                                       const ScaledCall& sc, const ScaledOutputs& out) const {
+  if (!out.bf16 || q.bf16.defined() || !out.values) return;
+  const bool apart = out.operand && quant[k]->tensor_scale_on_output();
+  q.values = scaled_quantize_matrix(m, *quant[k], seed, sc, {.values = true, .without_tensor_scale = apart}).values;
+}
+
+std::pair<ScaledTensor, ScaledTensor> LayerState::quantize_scaled_twice(TensorKind k, const torch::Tensor& t,
+                                                                        std::uint32_t call, const ScaledCall& sc,
+                                                                        const ScaledQuantization& first,
+                                                                        const ScaledQuantization& second) {
+  if (first.out.hadamard) {  // never asked for today: the two quantizations, each its own way
+    ScaledTensor q = quantize_scaled(k, t, first.view, call, first.stream, sc, first.out);
+    return {q, quantize_scaled(k, t, second.view, call, second.stream, same_values(sc, q, true), second.out)};
+  }
+  const torch::Tensor m = matrix_of(t, first.view);
+  const torch::Tensor mt = second.out.hadamard ? torch::Tensor() : matrix_of(t, second.view);
+  if (!mt.defined() || !is_transpose_of(mt, m)) {
+    ScaledTensor q = quantize_scaled_matrix(k, t, m, call, first.stream, sc, first.out);
+    const ScaledCall sc2 = same_values(sc, q, second.out.hadamard);
+    ScaledTensor q2 = mt.defined() ? quantize_scaled_matrix(k, t, mt, call, second.stream, sc2, second.out)
+                                   : quantize_scaled(k, t, second.view, call, second.stream, sc2, second.out);
+    return {std::move(q), std::move(q2)};
+  }
+  const bool apart_first = first.out.operand && quant[k]->tensor_scale_on_output();
+  const bool apart_second = second.out.operand && quant[k]->tensor_scale_on_output();
+  ScaledCounts c, c2;
+  const ScaledForm f{streams.seed_for(k, call, first.stream), sc, forms_of(first.out, apart_first),
+                     first.out.count ? &c : nullptr};
+  const ScaledForm f2{streams.seed_for(k, call, second.stream), sc, forms_of(second.out, apart_second),
+                      second.out.count ? &c2 : nullptr};
+  auto [q, q2] = scaled_quantize_matrix_both(m, *quant[k], f, f2);
+  if (first.out.count) stats.record(k, {t, c.elements, &c, &q}, call);
+  if (second.out.count) stats.record(k, {t, c2.elements, &c2, &q2}, call);
+  values_where_not_bf16(k, q, m, f.seed, sc, first.out);
+  values_where_not_bf16(k, q2, mt, f2.seed, same_values(sc, q, false), second.out);
+  return {std::move(q), std::move(q2)};
 }
 
 std::pair<ProductOperand, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_scaled_operand(
     TensorKind k, const torch::Tensor& t, std::uint32_t call, const ScaledOperand& o) {
   const ScaledCall sc = amax.scaled_call(k, o.operand);
-  const ScaledTensor f =
-      quantize_scaled(k, t, o.fwd, call, o.operand, sc, {.bf16 = o.for_products && scaled_bf16(k), .operand = true});
   auto saved = c10::make_intrusive<SavedScaled>();
   saved->kind = k;
   saved->view = o.bwd;
@@ -73,9 +120,11 @@ std::pair<ProductOperand, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_
   // The backward product's operand: its own blocks, from the float32 tensor, its own stream
   // (the same values, so the same tensor amax, unless the Hadamard transform changes them).
   const bool hadamard = o.grad_w && hadamard_applies();
-  saved->q = quantize_scaled(k, t, o.bwd, call, o.operand + 2, same_values(sc, f, hadamard),
-                             {.values = !codes, .codes = codes, .count = false, .hadamard = hadamard,
-                              .operand = true});
+  ScaledTensor f;
+  std::tie(f, saved->q) = quantize_scaled_twice(
+      k, t, call, sc, {o.fwd, o.operand, {.bf16 = o.for_products && scaled_bf16(k), .operand = true}},
+      {o.bwd, o.operand + 2,
+       {.values = !codes, .codes = codes, .count = false, .hadamard = hadamard, .operand = true}});
   saved_bytes(k) += codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
   amax.push(k, o.operand, f.amax);
   return {{operand_tensor(k, f.bf16.defined() ? f.bf16 : f.values, t.sizes(), o.fwd, o.for_products, o.layout),
@@ -123,10 +172,10 @@ std::pair<ProductOperand, ProductOperand> LayerState::quantize_grad(torch::Tenso
   }
   const ScaledCall sc = amax.scaled_call(TensorKind::gx, 0);
   const bool bf16 = use.for_products && scaled_bf16(TensorKind::gx);
-  const ScaledTensor dx = quantize_scaled(TensorKind::gx, g, for_dx, call, 0, sc, {.bf16 = bf16, .operand = true});
   const bool hadamard = use.hadamard && hadamard_applies();
-  const ScaledTensor dw = quantize_scaled(TensorKind::gx, g, for_dw, call, 1, same_values(sc, dx, hadamard),
-                                          {.count = false, .hadamard = hadamard, .bf16 = bf16, .operand = true});
+  const auto [dx, dw] = quantize_scaled_twice(
+      TensorKind::gx, g, call, sc, {for_dx, 0, {.bf16 = bf16, .operand = true}},
+      {for_dw, 1, {.count = false, .hadamard = hadamard, .bf16 = bf16, .operand = true}});
   amax.push(TensorKind::gx, 0, dx.amax);
   const auto formed = [&](const ScaledTensor& q, const MatrixView& v) {
     return ProductOperand{

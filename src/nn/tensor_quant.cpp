@@ -252,38 +252,89 @@ bool is_transposed_matrix(const torch::Tensor& m) {
   return m.dim() == 2 && m.size(0) > 1 && m.size(1) > 1 && m.stride(0) == 1 && m.stride(1) == m.size(0);
 }
 
+namespace {
+// The outputs of one scaled quantization of a matrix [rows, cols] (ScaledTensor) and the
+// ScaledOut that points at them; finish() hands them over. Pinned in place: out points into it.
+class MatrixOutputs {
+ public:
+  MatrixOutputs(std::int64_t rows, std::int64_t cols, const ScaledSpec& s, ScaledForms forms, bool transposed)
+      : forms_(forms), bf16_as_input_(forms.bf16 && forms.bf16_as_given && transposed) {
+    if (forms.values) q_.values = torch::empty({rows, cols}, torch::kFloat32);
+    if (forms.codes) q_.codes = torch::empty({rows, cols}, torch::kUInt8);
+    q_.scales = torch::empty(
+        {static_cast<std::int64_t>(block_layout(s, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols)).groups())},
+        torch::kInt32);
+    q_.transposed = transposed;
+    if (forms.bf16)
+      q_.bf16 = bf16_as_input_ ? torch::empty({cols, rows}, torch::kBFloat16).t() : torch::empty({rows, cols}, torch::kBFloat16);
+    q_.without_tensor_scale = forms.without_tensor_scale && s.tensor_scale;
+    out_ = ScaledOut{forms.values ? q_.values.data_ptr<float>() : nullptr,
+                     forms.codes ? q_.codes.data_ptr<std::uint8_t>() : nullptr,
+                     reinterpret_cast<std::uint32_t*>(q_.scales.data_ptr<std::int32_t>()), &q_.tensor_scale,
+                     forms.bf16 ? reinterpret_cast<std::uint16_t*>(q_.bf16.data_ptr()) : nullptr,
+                     forms.bf16 ? &exact_ : nullptr, forms.without_tensor_scale};
+  }
+  MatrixOutputs(const MatrixOutputs&) = delete;
+  MatrixOutputs& operator=(const MatrixOutputs&) = delete;
+
+  const ScaledOut& out() const { return out_; }
+  // Where the bfloat16 form goes for a matrix read from its transpose.
+  kernels::Bf16Layout bf16_layout() const { return bf16_as_input_ ? kernels::Bf16Layout::input : kernels::Bf16Layout::matrix; }
+  // The outputs, with the tensor's amax; a bfloat16 form with some inexact value is dropped.
+  ScaledTensor finish(float amax) {
+    q_.amax = amax;
+    if (forms_.bf16 && !exact_) q_.bf16 = torch::Tensor();
+    return std::move(q_);
+  }
+
+ private:
+  ScaledForms forms_;
+  bool bf16_as_input_;
+  bool exact_ = false;
+  ScaledTensor q_;
+  ScaledOut out_;
+};
+
+ScaledSpec with_seed(ScaledSpec s, std::uint64_t seed) {
+  s.element.seed = seed;
+  return s;
+}
+}  // namespace
+
 ScaledTensor scaled_quantize_matrix(const torch::Tensor& m_in, const ScaledSpec& s_in, std::uint64_t seed,
                                     const ScaledCall& call, ScaledForms forms, ScaledCounts* counts) {
-  const bool values = forms.values, codes = forms.codes;
   check_float_cpu(m_in, "scaled_quantize_matrix");
   if (m_in.dim() != 2) throw Error("scaled_quantize_matrix: expected a matrix");
   const bool transposed = is_transposed_matrix(m_in);  // read as it lies, no transposed copy
   const torch::Tensor m = transposed ? m_in : m_in.contiguous();
-  ScaledSpec s = s_in;
-  s.element.seed = seed;
+  const ScaledSpec s = with_seed(s_in, seed);
   const auto rows = static_cast<std::size_t>(m.size(0)), cols = static_cast<std::size_t>(m.size(1));
-  ScaledTensor q;
-  if (values) q.values = torch::empty({m.size(0), m.size(1)}, torch::kFloat32);
-  if (codes) q.codes = torch::empty({m.size(0), m.size(1)}, torch::kUInt8);
-  q.scales = torch::empty({static_cast<std::int64_t>(block_layout(s, rows, cols).groups())}, torch::kInt32);
-  bool exact = false;
-  q.transposed = transposed;
-  const bool bf16_transposed = forms.bf16 && forms.bf16_as_given && transposed;
-  if (forms.bf16)
-    q.bf16 = bf16_transposed ? torch::empty({m.size(1), m.size(0)}, torch::kBFloat16).t()
-                             : torch::empty({m.size(0), m.size(1)}, torch::kBFloat16);
-  ScaledOut out{values ? q.values.data_ptr<float>() : nullptr, codes ? q.codes.data_ptr<std::uint8_t>() : nullptr,
-                reinterpret_cast<std::uint32_t*>(q.scales.data_ptr<std::int32_t>()), &q.tensor_scale,
-                forms.bf16 ? reinterpret_cast<std::uint16_t*>(q.bf16.data_ptr()) : nullptr,
-                forms.bf16 ? &exact : nullptr, forms.without_tensor_scale};
-  q.without_tensor_scale = forms.without_tensor_scale && s.tensor_scale;
-  q.amax = transposed ? kernels::scaled_quantize_transposed(
-                           m.data_ptr<float>(), rows, cols, s, out, call, counts, on_torch_threads(),
-                           bf16_transposed ? kernels::Bf16Layout::input : kernels::Bf16Layout::matrix)
-                      : kernels::scaled_quantize(m.data_ptr<float>(), rows, cols, s, out, call, counts,
-                                                 on_torch_threads());
-  if (forms.bf16 && !exact) q.bf16 = torch::Tensor();
-  return q;
+  MatrixOutputs o(m.size(0), m.size(1), s, forms, transposed);
+  const float amax = transposed ? kernels::scaled_quantize_transposed(m.data_ptr<float>(), rows, cols, s, o.out(), call,
+                                                                      counts, on_torch_threads(), o.bf16_layout())
+                                : kernels::scaled_quantize(m.data_ptr<float>(), rows, cols, s, o.out(), call, counts,
+                                                           on_torch_threads());
+  return o.finish(amax);
+}
+
+bool is_transpose_of(const torch::Tensor& t, const torch::Tensor& m) {
+  return m.dim() == 2 && m.is_contiguous() && is_transposed_matrix(t) && t.data_ptr() == m.data_ptr() &&
+         t.size(0) == m.size(1) && t.size(1) == m.size(0);
+}
+
+std::pair<ScaledTensor, ScaledTensor> scaled_quantize_matrix_both(const torch::Tensor& m, const ScaledSpec& s_in,
+                                                                  const ScaledForm& rows_form,
+                                                                  const ScaledForm& cols_form) {
+  check_float_cpu(m, "scaled_quantize_matrix_both");
+  if (!is_transpose_of(m.t(), m)) throw Error("scaled_quantize_matrix_both: expected a contiguous matrix");
+  const ScaledSpec s = with_seed(s_in, rows_form.seed), t_s = with_seed(s_in, cols_form.seed);
+  const auto rows = static_cast<std::size_t>(m.size(0)), cols = static_cast<std::size_t>(m.size(1));
+  MatrixOutputs o(m.size(0), m.size(1), s, rows_form.forms, false);
+  MatrixOutputs t(m.size(1), m.size(0), t_s, cols_form.forms, true);
+  const auto [amax, t_amax] = kernels::scaled_quantize_both(m.data_ptr<float>(), rows, cols, s, o.out(), rows_form.call,
+                                                            rows_form.counts, t_s, t.out(), cols_form.call,
+                                                            cols_form.counts, on_torch_threads(), t.bf16_layout());
+  return {o.finish(amax), t.finish(t_amax)};
 }
 
 torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s) {

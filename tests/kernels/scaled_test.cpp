@@ -10,6 +10,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../common/reference.hpp"
@@ -471,6 +472,107 @@ TEST_P(ScaledKernels, ValuesWithoutTheTensorScale) {
                 << what << (from_transpose ? " transposed" : "") << " bf16 at " << i;
         }
       }
+}
+
+// Both forms of a matrix in one read (kernels::scaled_quantize_both): the row form is the
+// reference's quantization of x [rows, cols], the column form the reference's of the matrix
+// x is the transpose of ([cols, rows], materialized here), each with its own seed, index
+// offset and counts, bit for bit (values, codes, scales, tensor scale, amax, counts, and the
+// bfloat16 forms: the row form's in its layout, the column form's in x's), for every preset
+// and rule, with ordinary blocks and the generator's extremes, on 1 and 3 threads. The shapes
+// take the joint pass (rows and columns whole blocks or shorter than one, strips past a
+// chunk) and the two calls it falls back to.
+TEST_P(ScaledKernels, BothFormsInOneRead) {
+  struct Shape {
+    std::size_t rows, cols;
+  };
+  const std::vector<Shape> shapes{{4096, 16}, {512, 64}, {96, 32}, {256, 128}, {20, 16}, {200, 7}, {64, 40}, {16, 300}};
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  for (const auto& preset : scaled_presets())
+    for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest})
+      for (const Shape& sh : shapes)
+        for (const bool tame : {true, false}) {
+          ScaledSpec s = parse_scaled(preset.name);
+          s.rule = rule;
+          s.element.rounding = (sh.cols % 2) ? Rounding::stochastic : Rounding::nearest_even;
+          s.element.seed = 7;
+          ScaledSpec t_s = s;
+          t_s.element.seed = 8;
+          const std::size_t R = sh.rows, C = sh.cols, n = R * C;
+          std::vector<float> x = inputs(n, R + 3 * C);
+          if (tame) {
+            for (std::size_t i = 0; i < n; ++i) x[i] = std::ldexp(normal(rng), static_cast<int>((i / 16) % 41) - 20);
+            for (std::size_t i = 0; i < std::min<std::size_t>(n, 48); ++i) x[i] = 0.0f;
+            x[n / 2] = std::numeric_limits<float>::quiet_NaN();
+            x[n - 1] = 1e-41f;
+          }
+          std::vector<float> xt(n);  // the column form's matrix [C, R]
+          for (std::size_t r = 0; r < R; ++r)
+            for (std::size_t c = 0; c < C; ++c) xt[c * R + r] = x[r * C + c];
+          ScaledCall call, t_call;
+          call.index_offset = 3;
+          t_call.index_offset = 5;
+          if (s.history > 0) {
+            call.delayed_amax = 2.5f;
+            t_call.delayed_amax = 4.0f;
+          }
+          const std::string what = to_string(s) + " " + std::to_string(R) + "x" + std::to_string(C) +
+                                   (tame ? " ordinary blocks" : " extremes");
+          const Out want = run(scaled_quantize_reference, s, x, R, C, call);
+          const Out t_want = run(scaled_quantize_reference, t_s, xt, C, R, t_call);
+          for (int threads : {1, 3}) {
+            kernels::set_num_threads(threads);
+            const std::string th = what + " threads " + std::to_string(threads);
+            Out got, t_got;
+            for (Out* o : {&got, &t_got}) {
+              o->y.resize(n);
+              o->codes.resize(n);
+            }
+            got.scales.resize(want.scales.size());
+            t_got.scales.resize(t_want.scales.size());
+            std::tie(got.amax, t_got.amax) = kernels::scaled_quantize_both(
+                x.data(), R, C, s, ScaledOut{got.y.data(), got.codes.data(), got.scales.data(), &got.ts}, call,
+                &got.counts, t_s, ScaledOut{t_got.y.data(), t_got.codes.data(), t_got.scales.data(), &t_got.ts},
+                t_call, &t_got.counts);
+            expect_same(got, want, th + " row form");
+            expect_same(t_got, t_want, th + " column form");
+            // The bfloat16 forms alone: the row form's [R, C], the column form's in x's layout.
+            std::vector<std::uint16_t> b16(n, 0xAAAA), t_b16(n, 0xAAAA);
+            std::vector<std::uint32_t> scales(want.scales.size()), t_scales(t_want.scales.size());
+            bool exact = false, t_exact = false;
+            kernels::scaled_quantize_both(x.data(), R, C, s, ScaledOut{nullptr, nullptr, scales.data(), nullptr, b16.data(), &exact},
+                                          call, nullptr, t_s,
+                                          ScaledOut{nullptr, nullptr, t_scales.data(), nullptr, t_b16.data(), &t_exact},
+                                          t_call, nullptr, {}, kernels::Bf16Layout::input);
+            std::uint32_t dropped = 0, t_dropped = 0;
+            for (std::size_t r = 0; r < R; ++r)
+              for (std::size_t c = 0; c < C; ++c) {
+                const std::uint32_t v = std::bit_cast<std::uint32_t>(want.y[r * C + c]);
+                const std::uint32_t tv = std::bit_cast<std::uint32_t>(t_want.y[c * R + r]);
+                dropped |= v & 0xFFFFu;
+                t_dropped |= tv & 0xFFFFu;
+                ASSERT_EQ(b16[r * C + c], v >> 16) << th << " row form bf16 at " << r << ", " << c;
+                ASSERT_EQ(t_b16[r * C + c], tv >> 16) << th << " column form bf16 at " << r << ", " << c;
+              }
+            ASSERT_EQ(exact, dropped == 0) << th;
+            ASSERT_EQ(t_exact, t_dropped == 0) << th;
+            ASSERT_EQ(scales, want.scales) << th;
+            ASSERT_EQ(t_scales, t_want.scales) << th;
+          }
+        }
+}
+
+// The two forms must be one quantizer's: specs that differ beyond their seeds are refused.
+TEST(ScaledKernelsInput, BothFormsNeedOneSpec) {
+  std::vector<float> x(64, 1.0f), y(64), ty(64);
+  try {
+    kernels::scaled_quantize_both(x.data(), 2, 32, parse_scaled("mxfp8_e4m3"), ScaledOut{y.data()}, {}, nullptr,
+                                  parse_scaled("mxfp4"), ScaledOut{ty.data()}, {}, nullptr);
+    FAIL() << "two quantizers were taken as one";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("differ beyond their seeds"), std::string::npos) << e.what();
+  }
 }
 
 // A spec without a scale is the plain element kernel's: refused by name, not run on the

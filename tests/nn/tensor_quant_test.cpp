@@ -182,3 +182,61 @@ TEST(TorchSettings, TorchErrorsAreQuotedWithoutTheirBacktrace) {
   }
   EXPECT_EQ(nn::torch_error_text(std::runtime_error(std::string(400, 'x')), 10), "xxxxxxxxxx...");
 }
+
+// Both forms of a matrix in one read (scaled_quantize_matrix_both): each ScaledTensor equals
+// scaled_quantize_matrix's of the matrix and of its transpose (read as it lies), form by
+// form (values, codes, scales, tensor scale, amax, counts, the bfloat16 form in the layout
+// asked for, with and without the tensor scale), for an MX and a two-level spec under
+// stochastic rounding, each form with its own seed and call; a matrix
+// that is not contiguous is refused by name.
+TEST(TensorQuant, BothFormsOfAMatrixEqualTwoQuantizations) {
+  const auto equal = [](const torch::Tensor& a, const torch::Tensor& b) {
+    if (a.defined() != b.defined()) return false;
+    if (!a.defined()) return true;
+    return a.sizes() == b.sizes() && a.strides() == b.strides() &&
+           torch::equal(a.contiguous().view(torch::kUInt8), b.contiguous().view(torch::kUInt8));
+  };
+  const auto expect_equal = [&](const nn::ScaledTensor& a, const nn::ScaledTensor& b, const std::string& what) {
+    EXPECT_TRUE(equal(a.values, b.values)) << what << " values";
+    EXPECT_TRUE(equal(a.codes, b.codes)) << what << " codes";
+    EXPECT_TRUE(equal(a.scales, b.scales)) << what << " scales";
+    EXPECT_TRUE(equal(a.bf16, b.bf16)) << what << " bf16";
+    EXPECT_EQ(a.transposed, b.transposed) << what;
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(a.tensor_scale), std::bit_cast<std::uint32_t>(b.tensor_scale)) << what;
+    EXPECT_EQ(a.amax, b.amax) << what;
+    EXPECT_EQ(a.without_tensor_scale, b.without_tensor_scale) << what;
+  };
+  torch::manual_seed(5);
+  const torch::Tensor m = torch::randn({256, 64}) * torch::exp2(torch::randint(-6, 6, {256, 1}).to(torch::kFloat32));
+  for (const char* name : {"mxfp8_e4m3", "nvfp4"})
+    for (const bool apart : {false, true}) {
+      ScaledSpec s = parse_scaled(name);
+      s.element.rounding = Rounding::stochastic;  // each form's seed counts
+      const std::string what = std::string(name) + (apart ? " without the tensor scale" : "");
+      const nn::ScaledForms rows{.bf16 = true, .bf16_as_given = true, .without_tensor_scale = apart};
+      const nn::ScaledForms cols{.values = true, .codes = true, .bf16 = true, .bf16_as_given = true,
+                                 .without_tensor_scale = apart};
+      ScaledCall call;
+      call.index_offset = 9;
+      ScaledCounts c, c2, want_c;
+      const auto [q, q2] = nn::scaled_quantize_matrix_both(m, s, {11, call, rows, &c}, {12, {}, cols, &c2});
+      const nn::ScaledTensor want = nn::scaled_quantize_matrix(m, s, 11, call, rows, &want_c);
+      ScaledCall known;
+      known.known_amax = want.amax;
+      ScaledCounts want_c2;
+      const nn::ScaledTensor want2 = nn::scaled_quantize_matrix(m.t(), s, 12, known, cols, &want_c2);
+      ASSERT_TRUE(want2.transposed) << what << ": the transpose is read as it lies";
+      expect_equal(q, want, what + " row form");
+      expect_equal(q2, want2, what + " column form");
+      EXPECT_EQ(c, want_c) << what;
+      EXPECT_EQ(c2, want_c2) << what;
+      if (!s.tensor_scale || apart)  // a float32 tensor scale folded in leaves values inexact in bfloat16
+        EXPECT_TRUE(q.bf16.defined() && q2.bf16.defined()) << what << ": the test needs bfloat16 forms";
+    }
+  try {
+    (void)nn::scaled_quantize_matrix_both(m.t(), parse_scaled("mxfp8_e4m3"), {}, {});
+    FAIL() << "a transposed matrix was taken as contiguous";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected a contiguous matrix"), std::string::npos) << e.what();
+  }
+}

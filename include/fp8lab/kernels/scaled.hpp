@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "fp8lab/core/scaled.hpp"
 #include "fp8lab/kernels/threads.hpp"
@@ -31,6 +32,21 @@ float scaled_quantize_transposed(const float* xt, std::size_t rows, std::size_t 
                                  const ScaledOut& out, const ScaledCall& call = {},
                                  ScaledCounts* counts = nullptr, const Runner& run = {},
                                  Bf16Layout bf16_layout = Bf16Layout::matrix);
+
+// Both forms of the row-major matrix x [rows, cols] in one read: `out` as scaled_quantize
+// (x, rows, cols, s, out, call, counts) writes it, and `t_out` as scaled_quantize_transposed
+// (x, cols, rows, t_s, t_out, t_call, t_counts, run, t_bf16_layout) writes it (the matrix
+// [cols, rows] that x is the transpose of: blocks along x's columns), bit for bit, counts
+// included. Where both forms are 1xK blocks on the same fast scale path, each strip of x's
+// rows is quantized along its rows and then transposed in cache for the other form (the
+// "dim0/dim1 casts" of a tensor that two products read along different axes); else the two
+// calls run one after the other. The specs may differ in their stochastic seeds only (an
+// Error otherwise). Returns both amaxes.
+std::pair<float, float> scaled_quantize_both(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+                                             const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts,
+                                             const ScaledSpec& t_s, const ScaledOut& t_out, const ScaledCall& t_call,
+                                             ScaledCounts* t_counts, const Runner& run = {},
+                                             Bf16Layout t_bf16_layout = Bf16Layout::matrix);
 
 // As scaled_decode_reference: the values of element codes [rows, cols] and their scales
 // (layout.groups() codes, row-major grid), bit-exact with it; the element kernel decodes a

@@ -340,6 +340,25 @@ struct LayerState : torch::CustomClassHolder {
   // One scaled quantization of t under view v, from stream `stream`.
   ScaledTensor quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v, std::uint32_t call,
                                std::uint32_t stream, const ScaledCall& sc, ScaledOutputs out = {});
+  // The same on t's matrix m (the Hadamard transform, if any, already applied).
+  ScaledTensor quantize_scaled_matrix(TensorKind k, const torch::Tensor& t, const torch::Tensor& m, std::uint32_t call,
+                                      std::uint32_t stream, const ScaledCall& sc, const ScaledOutputs& out);
+  // Where out asked for the bfloat16 form with float32 values to fall back on and some value
+  // was no bfloat16 value: q's float32 values, quantized again from its matrix m.
+  void values_where_not_bf16(TensorKind k, ScaledTensor& q, const torch::Tensor& m, std::uint64_t seed,
+                             const ScaledCall& sc, const ScaledOutputs& out) const;
+  // Two quantizations of t along different axes (a product's operand and its backward form):
+  // quantize_scaled under `first`, then under `second` with the first's amax known. In one
+  // read (scaled_quantize_matrix_both) where the second's matrix is the transpose of the
+  // first's and neither takes the Hadamard transform; the same bits either way.
+  struct ScaledQuantization {
+    const MatrixView& view;
+    std::uint32_t stream;
+    ScaledOutputs out;
+  };
+  std::pair<ScaledTensor, ScaledTensor> quantize_scaled_twice(TensorKind k, const torch::Tensor& t, std::uint32_t call,
+                                                              const ScaledCall& sc, const ScaledQuantization& first,
+                                                              const ScaledQuantization& second);
   // Q_k(t) as bfloat16 and, with `codes`, its 8-bit codes (bf16_codes(k) holds).
   std::pair<torch::Tensor, torch::Tensor> encode_for_products(TensorKind k, const torch::Tensor& t,
                                                               std::uint32_t call, std::uint32_t operand, bool codes);

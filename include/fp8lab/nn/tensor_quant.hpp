@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "fp8lab/core/codec.hpp"
@@ -124,6 +125,21 @@ struct ScaledForms {
 // no float32 output: each chunk's values are converted while in cache.
 ScaledTensor scaled_quantize_matrix(const torch::Tensor& m, const ScaledSpec& s, std::uint64_t seed,
                                     const ScaledCall& call, ScaledForms forms, ScaledCounts* counts = nullptr);
+// Whether t is the transpose of the contiguous matrix m (the same memory read as [cols, rows]).
+bool is_transpose_of(const torch::Tensor& t, const torch::Tensor& m);
+// One form of scaled_quantize_matrix_both: the seed, call, forms and counts of its quantization.
+struct ScaledForm {
+  std::uint64_t seed = 0;
+  ScaledCall call;
+  ScaledForms forms;
+  ScaledCounts* counts = nullptr;
+};
+// Both forms of the contiguous float32 matrix m in one read (kernels::scaled_quantize_both):
+// scaled_quantize_matrix(m, s, ...) under rows_form and scaled_quantize_matrix(m.t(), s, ...)
+// under cols_form, bit for bit, the second with the first's amax as its known amax.
+std::pair<ScaledTensor, ScaledTensor> scaled_quantize_matrix_both(const torch::Tensor& m, const ScaledSpec& s,
+                                                                  const ScaledForm& rows_form,
+                                                                  const ScaledForm& cols_form);
 // The float32 values [rows, cols] of q's codes and scales.
 torch::Tensor scaled_decode_matrix(const ScaledTensor& q, const ScaledSpec& s);
 // The same as bfloat16, where every value is a bfloat16 value (else nullopt); laid out as the
