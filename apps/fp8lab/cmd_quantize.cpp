@@ -145,7 +145,7 @@ void run_scaled_decode(const QuantizeArgs& a, const ScaledSpec& s) {
   if (in.fortran_order) throw Error(a.input + ": Fortran-ordered arrays are not supported for scaled formats");
   const AxisView v = axis_view(in.shape, a.axis, a.input);
   const BlockLayout l = block_layout(s, v.rows(), v.len);
-  const CodeSet set = read_code_set(a.input, to_string(s), axis_index(a.axis, in.shape), s.tensor_scale);
+  const CodeSet set = read_code_set(a.input, codes_name(s), axis_index(a.axis, in.shape), s.tensor_scale);
   const std::string scales_path = code_set_files(a.input).scales;
   const NpyArray& sc = set.scales;
   const NpyArray want = expected_scales(s, in.shape, a.axis, l);
@@ -220,7 +220,7 @@ void run_scaled_quantize(const QuantizeArgs& a, const ScaledSpec& s) {
       set.tensor_scale = NpyArray{DType::f32, {1}, false, std::vector<std::uint8_t>(4)};
       std::memcpy(set.tensor_scale->data.data(), &ts, 4);
     }
-    write_code_set(a.output, to_string(s), axis_index(a.axis, in.shape), set);
+    write_code_set(a.output, codes_name(s), axis_index(a.axis, in.shape), set);
   } else if (v.inner == 1) {
     std::memcpy(out.data.data(), y.data(), n * 4);
   } else {

@@ -187,6 +187,12 @@ std::string to_string(const ScaledSpec& s) {
   return out;
 }
 
+std::string codes_name(const ScaledSpec& s) {
+  ScaledSpec stored = s;
+  stored.fold_tensor_scale = false;
+  return to_string(stored);
+}
+
 const std::vector<ScaledPreset>& scaled_presets() {
   static const std::vector<ScaledPreset> p{
       {"mxfp8_e4m3", "e4m3fn@1x32:e8m0:floor", "OCP MXFP8: 32 E4M3 elements share an E8M0 scale"},

@@ -123,6 +123,12 @@ check "mx decode == quantize" cmp -s <(tail -c 32 "$T/my.npy") <(tail -c 32 "$T/
 "$FP8LAB" quantize "$T/m.npy" "$T/nvy.npy" -f nvfp4 -q
 "$FP8LAB" quantize "$T/nv.npy" "$T/nvd.npy" -f nvfp4 --decode -q
 check "nvfp4 decode == quantize" cmp -s <(tail -c 32 "$T/nvy.npy") <(tail -c 32 "$T/nvd.npy")
+# Where products apply the tensor scale changes no code: either order decodes the other's set.
+"$FP8LAB" quantize "$T/nv.npy" "$T/nvdf.npy" -f nvfp4:tensor-scale-folded --decode -q; rc=$?
+check "nvfp4 codes decode under tensor-scale-folded (got $rc)" [ $rc -eq 0 ]
+check "either order decodes the same values" cmp -s "$T/nvd.npy" "$T/nvdf.npy"
+"$FP8LAB" quantize "$T/m.npy" "$T/nvf.npy" -f nvfp4:tensor-scale-folded --codes -q
+check "a folded set's manifest names the codes' format" grep -q '^format e2m1fn@1x16:ue4m3:nearest:tensor-scale$' "$T/nvf.codeset"
 "$FP8LAB" quantize "$T/m.npy" "$T/mac.npy" -f e2m1fn@line --axis 0 --codes -q
 "$FP8LAB" quantize "$T/mac.npy" "$T/mad.npy" -f e2m1fn@line --axis 0 --decode -q
 check "per-column decode == quantize" cmp -s <(tail -c 32 "$T/ma.npy") <(tail -c 32 "$T/mad.npy")

@@ -85,6 +85,11 @@ ScaledSpec parse_scaled(std::string_view text);
 // Canonical text; parse_scaled(to_string(s)) == s (the element's rounding is not part of it).
 std::string to_string(const ScaledSpec& s);
 
+// The name a quantizer's codes are stored under (a code set's format): to_string without
+// tensor-scale-folded, which says where products apply the tensor scale and changes no code,
+// scale or tensor scale; so codes written under either order decode under the other.
+std::string codes_name(const ScaledSpec& s);
+
 struct ScaledPreset {
   std::string_view name, spec, note;
 };
