@@ -76,9 +76,7 @@ nn::Recipe recipe_from_python(const py::object& text, const py::kwargs& fields) 
   return nn::recipe_from_fields(values, overrides);
 }
 
-}  // namespace
-
-void bind_recipe(py::module_& m) {
+void bind_layer_quant(py::module_& m) {
   py::class_<nn::LayerQuant>(m, "LayerQuant", "The quantizers of one layer: a, w, gx, gw (None: float32)")
       .def("__getitem__", [](const nn::LayerQuant& q, const std::string& kind) {
         return nn::to_string(q[nn::parse_kind(kind)]);
@@ -114,7 +112,12 @@ void bind_recipe(py::module_& m) {
         return q;
       },
       py::arg("kinds"), "A LayerQuant from {'a': '1.4.3', 'gx': '1.5.2/stochastic', ...}");
+}
 
+}  // namespace
+
+void bind_recipe(py::module_& m) {
+  bind_layer_quant(m);
   py::class_<nn::Recipe>(m, "Recipe", "Quantizers for the four tensor kinds of every layer, with per-layer overrides")
       .def(py::init(&recipe_from_python), py::arg("text") = py::none(),
            "Recipe(text): a preset name (fp32, resnet32-152, mxfp8, ...), a line 'a=1.4.3,w=1.4.3,gx=1.5.2' or a "

@@ -170,9 +170,43 @@ BleuStats bleu_stats(std::string_view hyp, const std::vector<std::string_view>& 
   return s;
 }
 
+namespace {
+template <class E>
+struct Named {
+  E value;
+  std::string_view name;
+};
+constexpr std::array<Named<BleuTokenizer>, 2> kTokenizers{{{BleuTokenizer::t13a, "13a"}, {BleuTokenizer::none, "none"}}};
+constexpr std::array<Named<BleuSmoothing>, 4> kSmoothings{{{BleuSmoothing::exp, "exp"},
+                                                           {BleuSmoothing::floor, "floor"},
+                                                           {BleuSmoothing::add_k, "add-k"},
+                                                           {BleuSmoothing::none, "none"}}};
+
+template <class E, std::size_t N>
+std::string_view name_in(const std::array<Named<E>, N>& table, E value) {
+  for (const auto& n : table)
+    if (n.value == value) return n.name;
+  throw Error("BLEU: an option value outside its table");
+}
+
+template <class E, std::size_t N>
+E parse_in(const std::array<Named<E>, N>& table, std::string_view name, std::string_view what) {
+  std::string names;
+  for (const auto& n : table) {
+    if (n.name == name) return n.value;
+    names += names.empty() ? "" : ", ";
+    names += n.name;
+  }
+  throw Error("BLEU " + std::string(what) + " '" + std::string(name) + "' is not one of " + names);
+}
+}  // namespace
+
+std::string_view name_of(BleuTokenizer t) { return name_in(kTokenizers, t); }
+std::string_view name_of(BleuSmoothing s) { return name_in(kSmoothings, s); }
+BleuTokenizer parse_bleu_tokenizer(std::string_view name) { return parse_in(kTokenizers, name, "tokenizer"); }
+BleuSmoothing parse_bleu_smoothing(std::string_view name) { return parse_in(kSmoothings, name, "smoothing"); }
+
 BleuScore bleu_from_stats(const BleuStats& s, const BleuOptions& o, std::size_t nrefs) {
-  if (o.smooth != "exp" && o.smooth != "floor" && o.smooth != "add-k" && o.smooth != "none")
-    throw Error("BLEU smoothing '" + o.smooth + "' is not one of exp, floor, add-k, none");
   BleuScore r;
   r.sys_len = s.sys_len;
   r.ref_len = s.ref_len;
@@ -182,14 +216,14 @@ BleuScore bleu_from_stats(const BleuStats& s, const BleuOptions& o, std::size_t 
   for (int n = 1; n <= 4; ++n) {
     std::uint64_t correct = s.correct[n - 1], total = s.total[n - 1];
     double c = static_cast<double>(correct), t = static_cast<double>(total);
-    if (o.smooth == "add-k" && n > 1) c += k, t += k;
+    if (o.smooth == BleuSmoothing::add_k && n > 1) c += k, t += k;
     if (t == 0) break;
     if (o.effective_order) eff_order = n;
     if (c == 0) {
-      if (o.smooth == "exp") {
+      if (o.smooth == BleuSmoothing::exp) {
         smooth_mteval *= 2;
         r.precisions[n - 1] = 100.0 / (smooth_mteval * t);
-      } else if (o.smooth == "floor") {
+      } else if (o.smooth == BleuSmoothing::floor) {
         r.precisions[n - 1] = 100.0 * floor_v / t;
       }
     } else {
@@ -203,7 +237,7 @@ BleuScore bleu_from_stats(const BleuStats& s, const BleuOptions& o, std::size_t 
   for (int n = 0; n < eff_order; ++n) logsum += r.precisions[n] > 0 ? std::log(r.precisions[n]) : -9999999999.0;
   r.score = r.bp * std::exp(logsum / eff_order);
   r.signature = "nrefs:" + std::to_string(nrefs) + "|case:" + (o.lowercase ? "lc" : "mixed") +
-                "|eff:" + (o.effective_order ? "yes" : "no") + "|tok:" + o.tokenize + "|smooth:" + o.smooth +
+                "|eff:" + (o.effective_order ? "yes" : "no") + "|tok:" + std::string(name_of(o.tokenize)) + "|smooth:" + std::string(name_of(o.smooth)) +
                 "|version:fp8lab";
   return r;
 }
@@ -223,10 +257,9 @@ BleuScore corpus_bleu(const std::vector<std::string>& hyps, const std::vector<st
     if (refs[k].size() != hyps.size())
       throw Error("BLEU: reference stream " + std::to_string(k + 1) + " has " + std::to_string(refs[k].size()) +
                   " sentences but there are " + std::to_string(hyps.size()) + " hypotheses");
-  if (o.tokenize != "13a" && o.tokenize != "none") throw Error("BLEU tokenizer '" + o.tokenize + "' is not 13a or none");
   auto prep = [&](const std::string& s) {
     std::string t = o.lowercase ? lowercase(s) : s;
-    return o.tokenize == "13a" ? tokenize_13a(t) : t;
+    return o.tokenize == BleuTokenizer::t13a ? tokenize_13a(t) : t;
   };
   BleuStats total;
   for (std::size_t i = 0; i < hyps.size(); ++i) {

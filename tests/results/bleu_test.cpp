@@ -46,13 +46,13 @@ TEST(Bleu, HandWorkedScores) {
   EXPECT_NEAR(bleu1("this is a fest", "this is a test"), std::pow(12.5e6, 0.25), 1e-9);
   // sacreBLEU's raw_corpus_bleu case: floor smoothing 0.01 gives 0.01 / 1 for the 4-gram.
   results::BleuOptions floor;
-  floor.smooth = "floor";
+  floor.smooth = results::BleuSmoothing::floor;
   floor.smooth_value = 0.01;
-  floor.tokenize = "none";
+  floor.tokenize = results::BleuTokenizer::none;
   EXPECT_NEAR(bleu1("this is a fest", "this is a test", floor), 22.360679774997898, 1e-9);
   // No smoothing: a missing 4-gram match makes the score 0.
   results::BleuOptions none;
-  none.smooth = "none";
+  none.smooth = results::BleuSmoothing::none;
   EXPECT_EQ(bleu1("this is a fest", "this is a test", none), 0.0);
   // Clipping: "the" counts at most as often as in the reference.
   const auto c = results::corpus_bleu({"the the the the"}, {{"the cat"}});
@@ -104,7 +104,23 @@ TEST(Bleu, SeveralReferences) {
 TEST(Bleu, BadInput) {
   EXPECT_NE(test::error_of([] { results::corpus_bleu({"a", "b"}, {{"a"}}); }).find("reference stream 1 has 1"),
             std::string::npos);
+  const std::string e = test::error_of([] { results::parse_bleu_smoothing("magic"); });
+  EXPECT_NE(e.find("'magic' is not one of exp, floor, add-k, none"), std::string::npos) << e;
+  const std::string t = test::error_of([] { results::parse_bleu_tokenizer("intl"); });
+  EXPECT_NE(t.find("tokenizer 'intl' is not one of 13a, none"), std::string::npos) << t;
+}
+
+// Every option's name is sacreBLEU's and parses back to it; the signature prints them.
+TEST(Bleu, OptionNamesRoundTrip) {
+  for (const auto s : {results::BleuSmoothing::exp, results::BleuSmoothing::floor, results::BleuSmoothing::add_k,
+                       results::BleuSmoothing::none})
+    EXPECT_EQ(results::parse_bleu_smoothing(results::name_of(s)), s);
+  for (const auto t : {results::BleuTokenizer::t13a, results::BleuTokenizer::none})
+    EXPECT_EQ(results::parse_bleu_tokenizer(results::name_of(t)), t);
+  EXPECT_EQ(results::name_of(results::BleuSmoothing::add_k), "add-k");
   results::BleuOptions o;
-  o.smooth = "magic";
-  EXPECT_NE(test::error_of([&] { results::corpus_bleu({"a"}, {{"a"}}, o); }).find("magic"), std::string::npos);
+  o.smooth = results::BleuSmoothing::add_k;
+  o.tokenize = results::BleuTokenizer::none;
+  EXPECT_EQ(results::corpus_bleu({"a b"}, {{"a b"}}, o).signature,
+            "nrefs:1|case:mixed|eff:no|tok:none|smooth:add-k|version:fp8lab");
 }

@@ -35,10 +35,22 @@ struct BleuScore {
   std::string text() const;          // "BLEU = 27.31 58.4/33.0/20.6/13.1 (BP = 1.000 ratio = 1.012 hyp_len = ... ref_len = ...)"
 };
 
+// sacreBLEU's tokenizers that fp8lab has: `13a`, and `none` (the text as it is).
+enum class BleuTokenizer { t13a, none };
+// sacreBLEU's smoothing methods: `exp` (corpus BLEU's default), `floor`, `add-k`, `none`.
+enum class BleuSmoothing { exp, floor, add_k, none };
+
+// Their names as sacreBLEU writes them (and its signatures print them); the parsers take
+// those names and refuse any other, naming the ones there are.
+std::string_view name_of(BleuTokenizer t);
+std::string_view name_of(BleuSmoothing s);
+BleuTokenizer parse_bleu_tokenizer(std::string_view name);
+BleuSmoothing parse_bleu_smoothing(std::string_view name);
+
 struct BleuOptions {
   bool lowercase = false;
-  std::string tokenize = "13a";  // "13a" or "none"
-  std::string smooth = "exp";    // exp, floor, add-k, none
+  BleuTokenizer tokenize = BleuTokenizer::t13a;
+  BleuSmoothing smooth = BleuSmoothing::exp;
   double smooth_value = 0;       // floor: 0.1 by default; add-k: 1 by default (0: the default)
   bool effective_order = false;  // sacreBLEU uses it for sentence BLEU
 };
