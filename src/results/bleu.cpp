@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 
+#include "fp8lab/core/enum_names.hpp"
 #include "fp8lab/core/error.hpp"
 
 namespace fp8lab::results {
@@ -171,40 +172,15 @@ BleuStats bleu_stats(std::string_view hyp, const std::vector<std::string_view>& 
 }
 
 namespace {
-template <class E>
-struct Named {
-  E value;
-  std::string_view name;
-};
-constexpr std::array<Named<BleuTokenizer>, 2> kTokenizers{{{BleuTokenizer::t13a, "13a"}, {BleuTokenizer::none, "none"}}};
-constexpr std::array<Named<BleuSmoothing>, 4> kSmoothings{{{BleuSmoothing::exp, "exp"},
-                                                           {BleuSmoothing::floor, "floor"},
-                                                           {BleuSmoothing::add_k, "add-k"},
-                                                           {BleuSmoothing::none, "none"}}};
-
-template <class E, std::size_t N>
-std::string_view name_in(const std::array<Named<E>, N>& table, E value) {
-  for (const auto& n : table)
-    if (n.value == value) return n.name;
-  throw Error("BLEU: an option value outside its table");
-}
-
-template <class E, std::size_t N>
-E parse_in(const std::array<Named<E>, N>& table, std::string_view name, std::string_view what) {
-  std::string names;
-  for (const auto& n : table) {
-    if (n.name == name) return n.value;
-    names += names.empty() ? "" : ", ";
-    names += n.name;
-  }
-  throw Error("BLEU " + std::string(what) + " '" + std::string(name) + "' is not one of " + names);
-}
+constexpr EnumName<BleuTokenizer> kTokenizers[] = {{BleuTokenizer::t13a, "13a"}, {BleuTokenizer::none, "none"}};
+constexpr EnumName<BleuSmoothing> kSmoothings[] = {
+    {BleuSmoothing::exp, "exp"}, {BleuSmoothing::floor, "floor"}, {BleuSmoothing::add_k, "add-k"}, {BleuSmoothing::none, "none"}};
 }  // namespace
 
-std::string_view name_of(BleuTokenizer t) { return name_in(kTokenizers, t); }
-std::string_view name_of(BleuSmoothing s) { return name_in(kSmoothings, s); }
-BleuTokenizer parse_bleu_tokenizer(std::string_view name) { return parse_in(kTokenizers, name, "tokenizer"); }
-BleuSmoothing parse_bleu_smoothing(std::string_view name) { return parse_in(kSmoothings, name, "smoothing"); }
+std::string_view to_string(BleuTokenizer t) { return enum_name(kTokenizers, t); }
+std::string_view to_string(BleuSmoothing s) { return enum_name(kSmoothings, s); }
+BleuTokenizer parse_bleu_tokenizer(std::string_view name) { return enum_parse(kTokenizers, name, "BLEU tokenizer"); }
+BleuSmoothing parse_bleu_smoothing(std::string_view name) { return enum_parse(kSmoothings, name, "BLEU smoothing"); }
 
 BleuScore bleu_from_stats(const BleuStats& s, const BleuOptions& o, std::size_t nrefs) {
   BleuScore r;
@@ -237,8 +213,8 @@ BleuScore bleu_from_stats(const BleuStats& s, const BleuOptions& o, std::size_t 
   for (int n = 0; n < eff_order; ++n) logsum += r.precisions[n] > 0 ? std::log(r.precisions[n]) : -9999999999.0;
   r.score = r.bp * std::exp(logsum / eff_order);
   r.signature = "nrefs:" + std::to_string(nrefs) + "|case:" + (o.lowercase ? "lc" : "mixed") +
-                "|eff:" + (o.effective_order ? "yes" : "no") + "|tok:" + std::string(name_of(o.tokenize)) + "|smooth:" + std::string(name_of(o.smooth)) +
-                "|version:fp8lab";
+                "|eff:" + (o.effective_order ? "yes" : "no") + "|tok:" + std::string(to_string(o.tokenize)) +
+                "|smooth:" + std::string(to_string(o.smooth)) + "|version:fp8lab";
   return r;
 }
 

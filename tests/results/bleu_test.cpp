@@ -105,19 +105,19 @@ TEST(Bleu, BadInput) {
   EXPECT_NE(test::error_of([] { results::corpus_bleu({"a", "b"}, {{"a"}}); }).find("reference stream 1 has 1"),
             std::string::npos);
   const std::string e = test::error_of([] { results::parse_bleu_smoothing("magic"); });
-  EXPECT_NE(e.find("'magic' is not one of exp, floor, add-k, none"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown BLEU smoothing 'magic' (known: exp, floor, add-k, none)"), std::string::npos) << e;
   const std::string t = test::error_of([] { results::parse_bleu_tokenizer("intl"); });
-  EXPECT_NE(t.find("tokenizer 'intl' is not one of 13a, none"), std::string::npos) << t;
+  EXPECT_NE(t.find("unknown BLEU tokenizer 'intl' (known: 13a, none)"), std::string::npos) << t;
 }
 
 // Every option's name is sacreBLEU's and parses back to it; the signature prints them.
 TEST(Bleu, OptionNamesRoundTrip) {
   for (const auto s : {results::BleuSmoothing::exp, results::BleuSmoothing::floor, results::BleuSmoothing::add_k,
                        results::BleuSmoothing::none})
-    EXPECT_EQ(results::parse_bleu_smoothing(results::name_of(s)), s);
+    EXPECT_EQ(results::parse_bleu_smoothing(results::to_string(s)), s);
   for (const auto t : {results::BleuTokenizer::t13a, results::BleuTokenizer::none})
-    EXPECT_EQ(results::parse_bleu_tokenizer(results::name_of(t)), t);
-  EXPECT_EQ(results::name_of(results::BleuSmoothing::add_k), "add-k");
+    EXPECT_EQ(results::parse_bleu_tokenizer(results::to_string(t)), t);
+  EXPECT_EQ(results::to_string(results::BleuSmoothing::add_k), "add-k");
   results::BleuOptions o;
   o.smooth = results::BleuSmoothing::add_k;
   o.tokenize = results::BleuTokenizer::none;

@@ -42,8 +42,8 @@ enum class BleuSmoothing { exp, floor, add_k, none };
 
 // Their names as sacreBLEU writes them (and its signatures print them); the parsers take
 // those names and refuse any other, naming the ones there are.
-std::string_view name_of(BleuTokenizer t);
-std::string_view name_of(BleuSmoothing s);
+std::string_view to_string(BleuTokenizer t);
+std::string_view to_string(BleuSmoothing s);
 BleuTokenizer parse_bleu_tokenizer(std::string_view name);
 BleuSmoothing parse_bleu_smoothing(std::string_view name);
 
