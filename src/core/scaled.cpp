@@ -60,6 +60,8 @@ void validate(const ScaledSpec& s) {
   if (!sized && s.block != 0) throw Error(what + "only blocks and tiles have a size");
   if (s.fold_tensor_scale && !s.tensor_scale)
     throw Error(what + "the tensor scale is folded into the values, but there is no tensor scale");
+  if (s.fold_scales && s.scale != ScaleFormat::fp32)
+    throw Error(what + "scales-folded needs float32 group scales (e8m0 and ue4m3 scales are exact in the values)");
   if (s.tensor_scale && s.scale != ScaleFormat::e8m0 && s.scale != ScaleFormat::ue4m3)
     throw Error(what + "a tensor scale needs e8m0 or ue4m3 group scales");
   if (s.history < 0 || s.history > kMaxHistory)
@@ -99,7 +101,7 @@ void parse_granularity(std::string_view g, ScaledSpec& s, const std::string& whe
 
 // What an option sets: each may be given once in a format's text (after a preset it
 // replaces the preset's choice); a second one contradicts or repeats the first.
-enum class OptionKind { scale, rule, tensor_scale, history };
+enum class OptionKind { scale, rule, tensor_scale, history, scale_order };
 
 OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& where) {
   if (const auto f = enum_find(kScaleFormats, o)) return s.scale = *f, OptionKind::scale;
@@ -108,6 +110,10 @@ OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& wh
     s.tensor_scale = true;
     s.fold_tensor_scale = o == "tensor-scale-folded";
     return OptionKind::tensor_scale;
+  }
+  if (o == "scales-on-output" || o == "scales-folded") {
+    s.fold_scales = o == "scales-folded";
+    return OptionKind::scale_order;
   }
   if (o == "current") return s.history = 0, OptionKind::history;
   if (o.substr(0, 8) == "delayed-") {
@@ -118,13 +124,14 @@ OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& wh
     return OptionKind::history;
   }
   throw Error(where + "unknown option '" + std::string(o) +
-              "': expected e8m0, ue4m3, fp32, floor, ceil, nearest, tensor-scale, tensor-scale-folded, current or "
-              "delayed-N");
+              "': expected e8m0, ue4m3, fp32, floor, ceil, nearest, tensor-scale, tensor-scale-folded, "
+              "scales-on-output, scales-folded, current or delayed-N");
 }
 
 void apply_options(const std::vector<std::string_view>& options, ScaledSpec& s, const std::string& where) {
-  static constexpr const char* kWhat[] = {"scale format", "rounding rule", "tensor scale", "scaling (current or delayed)"};
-  std::string_view given[4];
+  static constexpr const char* kWhat[] = {"scale format", "rounding rule", "tensor scale",
+                                          "scaling (current or delayed)", "order of the scales in products"};
+  std::string_view given[5];
   for (std::string_view o : options) {
     const auto k = static_cast<std::size_t>(apply_option(o, s, where));
     if (!given[k].empty())
@@ -132,6 +139,10 @@ void apply_options(const std::vector<std::string_view>& options, ScaledSpec& s, 
                   " is given twice");
     given[k] = o;
   }
+  const auto order = given[static_cast<std::size_t>(OptionKind::scale_order)];
+  if (!order.empty() && s.scale != ScaleFormat::fp32)
+    throw Error(where + "'" + std::string(order) +
+                "' needs float32 group scales (e8m0 and ue4m3 scales are exact in the values)");
 }
 
 const ScaledPreset* find_preset(std::string_view name) {
@@ -183,6 +194,7 @@ std::string to_string(const ScaledSpec& s) {
   }
   std::string out = element + "@" + g + ":" + std::string(to_string(s.scale)) + ":" + std::string(to_string(s.rule));
   if (s.tensor_scale) out += s.fold_tensor_scale ? ":tensor-scale-folded" : ":tensor-scale";
+  if (s.fold_scales) out += ":scales-folded";
   if (s.history > 0) out += ":delayed-" + std::to_string(s.history);
   return out;
 }
@@ -190,6 +202,7 @@ std::string to_string(const ScaledSpec& s) {
 std::string codes_name(const ScaledSpec& s) {
   ScaledSpec stored = s;
   stored.fold_tensor_scale = false;
+  stored.fold_scales = false;
   return to_string(stored);
 }
 

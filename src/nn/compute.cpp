@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 #include <vector>
 
+#include <ATen/ExpandUtils.h>
+#include <c10/util/accumulate.h>
+
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/kernels/scaled.hpp"
 #include "fp8lab/nn/tensor_quant.hpp"
 #include "compute_detail.hpp"
 
@@ -82,6 +87,31 @@ namespace {
 // kPartialBudget values, so that small chunks of long reductions stay within memory.
 constexpr std::int64_t kPartialBudget = std::int64_t{1} << 23;
 
+// The operands cut into chunks of `chunk` reduction positions, as a batch dimension: a
+// [..., M, K] as [..., chunks, M, chunk], b [..., K, N] as [..., chunks, chunk, N], zeros
+// filling the last chunk (zero terms change no sum).
+struct Chunked {
+  torch::Tensor a, b;
+  std::int64_t chunks = 0;
+};
+Chunked chunked_operands(const torch::Tensor& a, const torch::Tensor& b, std::int64_t chunk) {
+  const std::int64_t k = a.size(-1);
+  const std::int64_t chunks = (k + chunk - 1) / chunk, padded = chunks * chunk;
+  const torch::Tensor ap = padded == k ? a : torch::constant_pad_nd(a, {0, padded - k});
+  const torch::Tensor bp = padded == k ? b : torch::constant_pad_nd(b, {0, 0, 0, padded - k});
+  std::vector<std::int64_t> a_shape(ap.sizes().begin(), ap.sizes().end() - 1);
+  a_shape.insert(a_shape.end(), {chunks, chunk});
+  std::vector<std::int64_t> b_shape(bp.sizes().begin(), bp.sizes().end() - 2);
+  b_shape.insert(b_shape.end(), {chunks, chunk, bp.size(-1)});
+  return {ap.view(a_shape).movedim(-2, -3), bp.view(b_shape), chunks};
+}
+
+// How many chunks go into one batched product: their partial sums within kPartialBudget.
+std::int64_t chunks_per_group(const Chunked& c, std::int64_t n) {
+  const std::int64_t per_chunk = std::max<std::int64_t>(1, c.a.numel() / c.a.size(-1) / c.chunks * n);
+  return std::clamp<std::int64_t>(kPartialBudget / per_chunk, 1, c.chunks);
+}
+
 torch::Tensor chunked_matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken,
                              const Accumulation& acc) {
   QuantSpec round;
@@ -90,17 +120,11 @@ torch::Tensor chunked_matmul(const torch::Tensor& a, const torch::Tensor& b, Com
   round.overflow = Overflow::saturate;
   const std::int64_t k = a.size(-1);
   if (k == 0) return matmul(a, b, c, taken);  // an empty sum: zeros
-  const std::int64_t chunks = (k + acc.chunk - 1) / acc.chunk, padded = chunks * acc.chunk;
-  const torch::Tensor ap = padded == k ? a : torch::constant_pad_nd(a, {0, padded - k});
-  const torch::Tensor bp = padded == k ? b : torch::constant_pad_nd(b, {0, 0, 0, padded - k});
-  std::vector<std::int64_t> a_shape(ap.sizes().begin(), ap.sizes().end() - 1);
-  a_shape.insert(a_shape.end(), {chunks, acc.chunk});
-  std::vector<std::int64_t> b_shape(bp.sizes().begin(), bp.sizes().end() - 2);
-  b_shape.insert(b_shape.end(), {chunks, acc.chunk, bp.size(-1)});
-  const torch::Tensor ac = ap.view(a_shape).movedim(-2, -3);  // [..., chunks, M, chunk]
-  const torch::Tensor bc = bp.view(b_shape);                  // [..., chunks, chunk, N]
-  const std::int64_t per_chunk = std::max<std::int64_t>(1, ac.numel() / ac.size(-1) / chunks * bp.size(-1));
-  const std::int64_t group = std::clamp<std::int64_t>(kPartialBudget / per_chunk, 1, chunks);
+  const Chunked parts = chunked_operands(a, b, acc.chunk);
+  const torch::Tensor& ac = parts.a;  // [..., chunks, M, chunk]
+  const torch::Tensor& bc = parts.b;  // [..., chunks, chunk, N]
+  const std::int64_t chunks = parts.chunks;
+  const std::int64_t group = chunks_per_group(parts, b.size(-1));
   torch::Tensor sum;  // starts as the first chunk's rounded sum
   Compute path = Compute::bf16;  // bf16 only where every group took it
   for (std::int64_t at = 0; at < chunks; at += group) {
@@ -116,7 +140,60 @@ torch::Tensor chunked_matmul(const torch::Tensor& a, const torch::Tensor& b, Com
   return sum;
 }
 
+// One operand's scale of each chunk, [batch, chunks, rows] contiguous: chunk j starts at
+// position j * chunk, in group j * chunk / group.
+torch::Tensor chunk_scales(const ReductionScales& s, at::IntArrayRef batch, std::int64_t rows, std::int64_t chunks,
+                           std::int64_t chunk) {
+  std::vector<std::int64_t> shape(batch.begin(), batch.end());
+  shape.insert(shape.end(), {rows, chunks});
+  if (!s.defined()) return torch::ones({c10::multiply_integers(batch), chunks, rows});
+  std::vector<std::int64_t> groups(static_cast<std::size_t>(chunks));
+  for (std::int64_t j = 0; j < chunks; ++j) groups[static_cast<std::size_t>(j)] = j * chunk / s.group;
+  const torch::Tensor index = torch::tensor(groups, torch::kLong);
+  return s.s.index_select(-1, index).expand(shape).reshape({-1, rows, chunks}).transpose(1, 2).contiguous();
+}
+
 }  // namespace
+
+torch::Tensor matmul_scaled(const torch::Tensor& a_in, const ReductionScales& sa, const torch::Tensor& b_in,
+                            const ReductionScales& sb, Compute c, Compute* taken, const Accumulation& acc) {
+  TORCH_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2 && a_in.size(-1) == b_in.size(-2),
+              "scaled product: [..., M, K] times [..., K, N] expected");
+  const std::int64_t m = a_in.size(-2), k = a_in.size(-1), n = b_in.size(-1);
+  std::vector<std::int64_t> batch = at::infer_size(a_in.sizes().slice(0, a_in.dim() - 2),
+                                                   b_in.sizes().slice(0, b_in.dim() - 2));
+  const auto with = [&](std::int64_t r, std::int64_t cc) {
+    std::vector<std::int64_t> v = batch;
+    v.insert(v.end(), {r, cc});
+    return v;
+  };
+  const torch::Tensor a = a_in.expand(with(m, k)), b = b_in.expand(with(k, n));
+  if (k == 0 || m == 0 || n == 0) return matmul(a, b, c, taken, acc);  // an empty sum: zeros
+  const auto span = [k](const ReductionScales& s) { return s.defined() ? std::min(s.group, k) : k; };
+  TORCH_CHECK((!sa.defined() || sa.group > 0) && (!sb.defined() || sb.group > 0), "scaled product: group of 0");
+  const std::int64_t chunk = std::gcd(span(sa), span(sb));
+  const Chunked parts = chunked_operands(a, b, chunk);
+  const torch::Tensor ra = chunk_scales(sa, batch, m, parts.chunks, chunk);
+  const torch::Tensor rb = chunk_scales(sb, batch, n, parts.chunks, chunk);
+  const std::int64_t batches = c10::multiply_integers(batch);
+  torch::Tensor out = torch::empty(with(m, n), a.options().dtype(torch::kFloat));
+  const std::int64_t group = chunks_per_group(parts, n);
+  Compute path = Compute::bf16;  // bf16 only where every group took it
+  for (std::int64_t at = 0; at < parts.chunks; at += group) {
+    const std::int64_t len = std::min(group, parts.chunks - at);
+    Compute group_path = Compute::fp32;
+    const torch::Tensor p =
+        matmul(parts.a.narrow(-3, at, len), parts.b.narrow(-3, at, len), c, &group_path, acc).contiguous();
+    if (group_path == Compute::fp32) path = Compute::fp32;
+    const torch::Tensor ga = ra.narrow(1, at, len).contiguous(), gb = rb.narrow(1, at, len).contiguous();
+    kernels::scaled_chunk_sum(p.data_ptr<float>(), ga.data_ptr<float>(), gb.data_ptr<float>(), out.data_ptr<float>(),
+                              {static_cast<std::size_t>(batches), static_cast<std::size_t>(len),
+                               static_cast<std::size_t>(m), static_cast<std::size_t>(n)},
+                              at == 0);
+  }
+  if (taken) *taken = path;
+  return out;
+}
 
 torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken,
                      const Accumulation& acc) {

@@ -151,6 +151,14 @@ torch::Tensor LayerProducts::matmul(const torch::Tensor& a, const torch::Tensor&
   return y;
 }
 
+torch::Tensor LayerProducts::matmul_scaled(const torch::Tensor& a, const ReductionScales& sa, const torch::Tensor& b,
+                                           const ReductionScales& sb) {
+  Compute taken = Compute::fp32;
+  torch::Tensor y = nn::matmul_scaled(a, sa, b, sb, ctx_.compute, &taken, ctx_.accumulate);
+  count(taken);
+  return y;
+}
+
 torch::Tensor LayerProducts::conv(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g) {
   Compute taken = Compute::fp32;
   torch::Tensor y = conv2d(x, w, g, ctx_.compute, &taken, ctx_.accumulate);

@@ -6,6 +6,8 @@
 #include "fp8lab/core/random.hpp"
 #include "fp8lab/nn/layer_state.hpp"
 
+#include <bit>
+
 namespace fp8lab::nn {
 
 namespace {
@@ -109,6 +111,16 @@ std::pair<ScaledTensor, ScaledTensor> LayerState::quantize_scaled_twice(TensorKi
   return {std::move(q), std::move(q2)};
 }
 
+namespace {
+// What a scaled operand's quantization makes: with its float32 group scales apart, codes
+// (its elements and scales; LayerState::apart_operand); else `others`.
+ScaledOutputs operand_outputs(bool apart, ScaledOutputs others) {
+  return apart ? ScaledOutputs{.values = false, .codes = true, .count = others.count, .hadamard = others.hadamard,
+                               .operand = true}
+               : others;
+}
+}  // namespace
+
 std::pair<ProductOperand, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_scaled_operand(
     TensorKind k, const torch::Tensor& t, std::uint32_t call, const ScaledOperand& o) {
   const ScaledCall sc = amax.scaled_call(k, o.operand);
@@ -116,29 +128,61 @@ std::pair<ProductOperand, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_
   saved->kind = k;
   saved->view = o.bwd;
   saved->shape = t.sizes().vec();
-  const bool codes = saves_codes(k);
+  saved->scales_apart = scales_apart(k, o.scales_apart);
+  const bool apart = saved->scales_apart;
+  const bool codes = saves_codes(k) || apart;
   // The backward product's operand: its own blocks, from the float32 tensor, its own stream
   // (the same values, so the same tensor amax, unless the Hadamard transform changes them).
   const bool hadamard = o.grad_w && hadamard_applies();
   ScaledTensor f;
   std::tie(f, saved->q) = quantize_scaled_twice(
-      k, t, call, sc, {o.fwd, o.operand, {.bf16 = o.for_products && scaled_bf16(k), .operand = true}},
+      k, t, call, sc,
+      {o.fwd, o.operand, operand_outputs(apart, {.bf16 = o.for_products && scaled_bf16(k), .operand = true})},
       {o.bwd, o.operand + 2,
-       {.values = !codes, .codes = codes, .count = false, .hadamard = hadamard, .operand = true}});
+       operand_outputs(apart, {.values = !codes, .codes = codes, .count = false, .hadamard = hadamard, .operand = true})});
   saved_bytes(k) += codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
   amax.push(k, o.operand, f.amax);
+  if (apart) return {apart_operand(k, f, t.sizes(), o.fwd, o.for_products), saved};
   return {{operand_tensor(k, f.bf16.defined() ? f.bf16 : f.values, t.sizes(), o.fwd, o.for_products, o.layout),
            f.output_factor()},
           saved};
 }
 
 ProductOperand LayerState::restore(const SavedScaled& saved, bool for_products, OperandLayout layout) const {
+  if (saved.scales_apart) return apart_operand(saved.kind, saved.q, saved.shape, saved.view, for_products);
   const float factor = saved.q.output_factor();
   if (saved.q.codes.defined() && for_products && scaled_bf16(saved.kind))  // no float32 values on the way
     if (std::optional<torch::Tensor> b = scaled_decode_matrix_bf16(saved.q, *quant[saved.kind]))
       return {operand_tensor(saved.kind, *b, saved.shape, saved.view, for_products, layout), factor};
   const torch::Tensor m = saved.q.codes.defined() ? scaled_decode_matrix(saved.q, *quant[saved.kind]) : saved.q.values;
   return {operand_tensor(saved.kind, m, saved.shape, saved.view, for_products, layout), factor};
+}
+
+ProductOperand LayerState::apart_operand(TensorKind k, const ScaledTensor& q, at::IntArrayRef shape,
+                                         const MatrixView& v, bool for_products) const {
+  const ScaledSpec& s = *quant[k];
+  // The elements: the codes decoded under scales of 1.
+  ScaledTensor unit = q;
+  unit.scales = torch::full_like(q.scales, static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(1.0f)));
+  unit.tensor_scale = 1;
+  unit.without_tensor_scale = false;
+  torch::Tensor m;
+  if (for_products && ctx->compute != Compute::fp32 && bf16_products_available())
+    if (std::optional<torch::Tensor> b = scaled_decode_matrix_bf16(unit, s)) m = std::move(*b);
+  if (!m.defined()) m = scaled_decode_matrix(unit, s);
+  ProductOperand out{operand_tensor(k, m, shape, v, for_products, OperandLayout::as_float32)};
+  const auto rows = static_cast<std::size_t>(q.codes.size(0)), cols = static_cast<std::size_t>(q.codes.size(1));
+  const torch::Tensor grid = q.scales.view(torch::kFloat32);  // float32 scale codes are the floats' bits
+  if (s.granularity == Granularity::tensor) {
+    if (grid.numel() > 0) out.factor = grid[0].item<float>();
+    return out;
+  }
+  const BlockLayout l = block_layout(s, rows, cols);
+  torch::Tensor r = grid.reshape({static_cast<std::int64_t>(l.grid_rows()), static_cast<std::int64_t>(l.grid_cols())});
+  if (l.block_rows > 1)
+    r = r.repeat_interleave(static_cast<std::int64_t>(l.block_rows), 0).narrow(0, 0, static_cast<std::int64_t>(rows));
+  out.scales = {r.contiguous(), std::max<std::int64_t>(1, static_cast<std::int64_t>(l.block_cols))};
+  return out;
 }
 
 bool LayerState::scaled_bf16(TensorKind k) const {
@@ -173,11 +217,13 @@ std::pair<ProductOperand, ProductOperand> LayerState::quantize_grad(torch::Tenso
   const ScaledCall sc = amax.scaled_call(TensorKind::gx, 0);
   const bool bf16 = use.for_products && scaled_bf16(TensorKind::gx);
   const bool hadamard = use.hadamard && hadamard_applies();
+  const bool apart = scales_apart(TensorKind::gx, use.scales_apart);
   const auto [dx, dw] = quantize_scaled_twice(
-      TensorKind::gx, g, call, sc, {for_dx, 0, {.bf16 = bf16, .operand = true}},
-      {for_dw, 1, {.count = false, .hadamard = hadamard, .bf16 = bf16, .operand = true}});
+      TensorKind::gx, g, call, sc, {for_dx, 0, operand_outputs(apart, {.bf16 = bf16, .operand = true})},
+      {for_dw, 1, operand_outputs(apart, {.count = false, .hadamard = hadamard, .bf16 = bf16, .operand = true})});
   amax.push(TensorKind::gx, 0, dx.amax);
   const auto formed = [&](const ScaledTensor& q, const MatrixView& v) {
+    if (apart) return apart_operand(TensorKind::gx, q, g.sizes(), v, use.for_products);
     return ProductOperand{
         operand_tensor(TensorKind::gx, q.bf16.defined() ? q.bf16 : q.values, g.sizes(), v, use.for_products, use.layout),
         q.output_factor()};

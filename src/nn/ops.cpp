@@ -90,6 +90,7 @@ struct Operand {
   std::uint32_t index;  // which operand of the op: selects its own random stream
   MatrixView fwd, bwd;  // its matrices in the forward and the backward product
   bool grad_w = false;  // the backward product is grad_w's (a linear or matmul: the Hadamard transform may apply)
+  bool scales_apart = false;  // the op's products take float32 group scales on their output (linear, matmul)
 };
 
 std::string saved_key(int i) { return "scaled" + std::to_string(i); }
@@ -99,6 +100,33 @@ std::string saved_key(int i) { return "scaled" + std::to_string(i); }
 torch::Tensor times_factors(torch::Tensor y, float fa, float fb) {
   const float f = fa * fb;
   return f == 1.0f ? y : y.mul_(f);
+}
+
+// An operand's group scales for a product that reads its tensor t (its leading dimensions
+// the batch's) with `rows` rows in the scales' sense: a first operand's t.size(-2), a
+// second's t.size(-1) (the scales are per row of the operand's matrix, docs/spec.md §6.8).
+ReductionScales batched(const ReductionScales& s, const torch::Tensor& t, std::int64_t rows) {
+  if (!s.defined()) return s;
+  std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end() - 2);
+  shape.insert(shape.end(), {rows, -1});
+  return {s.s.reshape(shape), s.group};
+}
+
+// a b for the operands x (a: its tensor as the product reads it, [..., M, K]) and y (b,
+// [..., K, N]): with either's float32 group scales apart, nn::matmul_scaled (through the
+// layer's compute path where `layer_products`, else in float32); otherwise the plain
+// product. Then the factors.
+torch::Tensor operand_product(LayerState& st, const ProductOperand& x, const torch::Tensor& a, const ProductOperand& y,
+                              const torch::Tensor& b) {
+  const bool layer_products = st.ctx->layer_products();
+  torch::Tensor p;
+  if (x.scales.defined() || y.scales.defined()) {
+    const ReductionScales sa = batched(x.scales, a, a.size(-2)), sb = batched(y.scales, b, b.size(-1));
+    p = layer_products ? st.products.matmul_scaled(a, sa, b, sb) : matmul_scaled(a, sa, b, sb, Compute::fp32);
+  } else {
+    p = layer_products ? st.products.matmul(a, b) : a.matmul(b);
+  }
+  return times_factors(std::move(p), x.factor, y.factor);
 }
 
 // Forward prologue shared by the ops: Q(first), Q(second), and what backward needs (the
@@ -116,7 +144,8 @@ std::pair<ProductOperand, ProductOperand> quantize_operands(Ctx* ctx,
   for (int i = 0; i < 2; ++i) {
     const Operand& o = i == 0 ? a : b;
     if (st->scaled(o.kind)) {
-      auto [y, keep] = st->quantize_scaled_operand(o.kind, o.t, call, {o.fwd, o.bwd, o.index, o.grad_w, for_products, layout});
+      auto [y, keep] = st->quantize_scaled_operand(
+          o.kind, o.t, call, {o.fwd, o.bwd, o.index, o.grad_w, for_products, layout, o.scales_apart});
       q[i] = std::move(y);
       ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(std::move(keep));
     } else {
@@ -179,16 +208,22 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
   template <class Ctx>
   static torch::Tensor run(Ctx* ctx, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                            LayerStatePtr st) {
-    const auto [xq, wq] = quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), true},
-                                            {w, TensorKind::w, 0, last_dim(), second_last(2)}, st->ctx->layer_products());
+    const auto [xq, wq] =
+        quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), true, true},
+                          {w, TensorKind::w, 0, last_dim(), second_last(2), false, true}, st->ctx->layer_products());
     const bool fp32 = !st->ctx->layer_products();
-    if (fp32 && xq.factor * wq.factor == 1.0f)
+    const bool scales = xq.scales.defined() || wq.scales.defined();
+    if (fp32 && !scales && xq.factor * wq.factor == 1.0f)
       return not_a_view(torch::linear(xq.t, wq.t, b.numel() > 0 ? b : torch::Tensor()));
     // Other paths: the product (through the compute layer), its factors, then the bias.
     std::vector<std::int64_t> shape(xq.t.sizes().begin(), xq.t.sizes().end());
     shape.back() = wq.t.size(0);
-    torch::Tensor p = fp32 ? torch::linear(xq.t, wq.t) : st->products.matmul(as_rows(xq.t), wq.t.t()).reshape(shape);
-    torch::Tensor y = not_a_view(times_factors(std::move(p), xq.factor, wq.factor));
+    torch::Tensor y;
+    if (fp32 && !scales)
+      y = times_factors(torch::linear(xq.t, wq.t), xq.factor, wq.factor);
+    else
+      y = operand_product(*st, xq, as_rows(xq.t), wq, wq.t.t()).reshape(shape);
+    y = not_a_view(std::move(y));
     return b.numel() > 0 ? y.add_(b) : y;
   }
 
@@ -206,22 +241,18 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
     const std::int64_t g_dims = g.dim();
     const auto [g_for_dx, g_for_dw] = st->quantize_grad(std::move(g), last_dim(), all_but_last(g_dims), call,
                                                         backward_grad_refs(),
-                                                        {.hadamard = true, .for_products = layer_products});
+                                                        {.hadamard = true, .for_products = layer_products,
+                                                         .scales_apart = true});
     // The same products libtorch's addmm/mm backward forms, so that with float32
     // quantizers the gradients are bit-identical to torch::linear's.
-    const bool fp32 = !st->ctx->layer_products();
     if (ctx->needs_input_grad(0)) {
-      const torch::Tensor gq = as_rows(g_for_dx.t);
-      dx = times_factors(fp32 ? gq.mm(wq.t) : st->products.matmul(gq, wq.t), g_for_dx.factor, wq.factor);
+      dx = operand_product(*st, g_for_dx, as_rows(g_for_dx.t), wq, wq.t);
       std::vector<std::int64_t> shape = g_shape;
       shape.back() = in_f;
       dx = dx.reshape(shape);
     }
     if (ctx->needs_input_grad(1)) {
-      const torch::Tensor xq = as_rows(xq_saved.t);
-      const torch::Tensor gq = as_rows(g_for_dw.t);
-      torch::Tensor p = times_factors(fp32 ? xq.t().mm(gq) : st->products.matmul(xq.t(), gq), xq_saved.factor,
-                                      g_for_dw.factor);
+      const torch::Tensor p = operand_product(*st, xq_saved, as_rows(xq_saved.t).t(), g_for_dw, as_rows(g_for_dw.t));
       dw = st->quantize_along(TensorKind::gw, p.t().contiguous(), last_dim(), call);
     }
     return {dx, dw, db, torch::Tensor()};
@@ -445,11 +476,10 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
   }
   template <class Ctx>
   static torch::Tensor run(Ctx* ctx, const torch::Tensor& a, const torch::Tensor& b, LayerStatePtr st) {
-    const auto [aq, bq] = quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim()), true},
-                                            {b, TensorKind::a, 1, second_last(b.dim()), last_dim()},
-                                            st->ctx->layer_products());
-    return times_factors(st->ctx->layer_products() ? st->products.matmul(aq.t, bq.t) : torch::matmul(aq.t, bq.t),
-                         aq.factor, bq.factor);
+    const auto [aq, bq] =
+        quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim()), true, true},
+                          {b, TensorKind::a, 1, second_last(b.dim()), last_dim(), false, true}, st->ctx->layer_products());
+    return operand_product(*st, aq, aq.t, bq, bq.t);
   }
 
   template <class Ctx>
@@ -459,14 +489,12 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
     const std::int64_t g_dims = grads[0].dim();
     const auto [g_for_da, g_for_db] = st->quantize_grad(std::move(grads[0]), last_dim(), second_last(g_dims), call,
                                                         backward_grad_refs(),
-                                                        {.hadamard = true, .for_products = layer_products});
+                                                        {.hadamard = true, .for_products = layer_products,
+                                                         .scales_apart = true});
     torch::Tensor da, db;
     // A product of two operands with their factors (before any broadcast batch is summed).
     const auto mm = [&](const ProductOperand& x, const torch::Tensor& xt, const ProductOperand& y,
-                        const torch::Tensor& yt) {
-      return times_factors(st->ctx->layer_products() ? st->products.matmul(xt, yt) : xt.matmul(yt), x.factor,
-                           y.factor);
-    };
+                        const torch::Tensor& yt) { return operand_product(*st, x, xt, y, yt); };
     if (ctx->needs_input_grad(0))
       da = at::sum_to(mm(g_for_da, g_for_da.t, bq, bq.t.transpose(-2, -1)), aq.t.sizes());
     if (ctx->needs_input_grad(1))

@@ -593,4 +593,43 @@ INSTANTIATE_TEST_SUITE_P(Targets, ScaledKernels, ::testing::ValuesIn(kernels::av
                          [](const auto& info) { return info.param; });
 
 }  // namespace
+
+// docs/spec.md §6.8: the chunks' sum is one rounding per chunk, the first a product and the
+// rest fused multiply-adds, the same bits on any thread count, row lengths off the SIMD width
+// included. The reference is the definition with std::fma.
+TEST(ScaledChunkSum, OneFusedMultiplyAddPerChunk) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const auto& shape : {kernels::ChunkSumShape{1, 1, 1, 1}, kernels::ChunkSumShape{2, 3, 5, 37},
+                            kernels::ChunkSumShape{1, 4, 64, 160}, kernels::ChunkSumShape{3, 2, 7, 16}}) {
+    const std::size_t rows = shape.batch * shape.rows;
+    std::vector<float> p(rows * shape.chunks * shape.cols), sa(shape.batch * shape.chunks * shape.rows),
+        sb(shape.batch * shape.chunks * shape.cols), start(rows * shape.cols);
+    for (auto* v : {&p, &sa, &sb, &start})
+      for (float& x : *v) x = std::ldexp(u(rng), static_cast<int>(rng() % 20) - 10);
+    for (const bool first : {true, false}) {
+      std::vector<float> want = start;
+      for (std::size_t b = 0; b < shape.batch; ++b)
+        for (std::size_t m = 0; m < shape.rows; ++m)
+          for (std::size_t j = 0; j < shape.chunks; ++j)
+            for (std::size_t n = 0; n < shape.cols; ++n) {
+              const std::size_t bj = b * shape.chunks + j;
+              const float s = sa[bj * shape.rows + m] * sb[bj * shape.cols + n];
+              const float part = p[(bj * shape.rows + m) * shape.cols + n];
+              float& c = want[(b * shape.rows + m) * shape.cols + n];
+              c = first && j == 0 ? s * part : std::fma(s, part, c);
+            }
+      for (const int threads : {1, 2, 3}) {
+        kernels::set_num_threads(threads);
+        std::vector<float> got = start;
+        kernels::scaled_chunk_sum(p.data(), sa.data(), sb.data(), got.data(), shape, first);
+        for (std::size_t i = 0; i < got.size(); ++i)
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
+              << "element " << i << " of " << shape.batch << "x" << shape.chunks << "x" << shape.rows << "x"
+              << shape.cols << " first " << first << " threads " << threads;
+      }
+      kernels::set_num_threads(0);
+    }
+  }
+}
 }  // namespace fp8lab

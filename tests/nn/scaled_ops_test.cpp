@@ -8,8 +8,11 @@
 
 #include "../common/torch_testutil.hpp"
 
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <functional>
+#include <numeric>
 
 #include "fp8lab/core/scaled.hpp"
 #include "fp8lab/nn/compute.hpp"
@@ -412,5 +415,129 @@ TEST(ScaledOps, TensorScalesGoOnTheProductsOutput) {
     float ta = 0, tb = 0;
     const torch::Tensor au = ref_quantize(a0, 10, 32, row_major(32), s, {}, &ta), bu = ref_quantize(b0, 12, 32, swapped, s, {}, &tb);
     EXPECT_TRUE(bit_equal(y, au.matmul(bu).mul_(ta * tb)));
+  }
+}
+
+namespace {
+
+// An operand split as a product with float32 scales on its output reads it (docs/spec.md
+// §6.8): its elements alone and one scale per matrix row and group along the reduction,
+// from the scalar reference's codes and scale codes laid out by explicit index loops.
+struct Split {
+  std::vector<float> e;      // [rows, cols] elements
+  std::vector<float> scale;  // [rows, groups]: a tile's scale repeated over its rows
+  std::int64_t rows = 0, cols = 0, group = 0, groups = 0;
+  float at(std::int64_t r, std::int64_t c) const { return e[static_cast<std::size_t>(r * cols + c)]; }
+  float scale_at(std::int64_t r, std::int64_t c) const {
+    return scale[static_cast<std::size_t>(r * groups + c / group)];
+  }
+};
+Split ref_split(const torch::Tensor& t, std::int64_t rows, std::int64_t cols, const IndexMap& at, const ScaledSpec& s) {
+  const torch::Tensor x = t.contiguous();
+  std::vector<float> m(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) m[static_cast<std::size_t>(r * cols + c)] = x.data_ptr<float>()[at(r, c)];
+  const BlockLayout l = block_layout(s, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
+  std::vector<std::uint8_t> codes(m.size());
+  std::vector<std::uint32_t> scales(l.groups()), unit(l.groups(), std::bit_cast<std::uint32_t>(1.0f));
+  ScaledOut out;
+  out.codes = codes.data();
+  out.scale_codes = scales.data();
+  scaled_quantize_reference(m.data(), static_cast<std::size_t>(rows), static_cast<std::size_t>(cols), s, out);
+  Split sp{std::vector<float>(m.size()), {}, rows, cols, static_cast<std::int64_t>(l.block_cols),
+           static_cast<std::int64_t>(l.grid_cols())};
+  scaled_decode_reference(codes.data(), unit.data(), 1.0f, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
+                          s, sp.e.data());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t g = 0; g < sp.groups; ++g)
+      sp.scale.push_back(std::bit_cast<float>(
+          scales[static_cast<std::size_t>(r / static_cast<std::int64_t>(l.block_rows)) * l.grid_cols() +
+                 static_cast<std::size_t>(g)]));
+  return sp;
+}
+
+// §6.8's definition, output by output: the reduction cut into chunks of gcd(group a, group b)
+// positions; a chunk's partial sum P (exact here: the test's elements make every partial sum
+// a float32 value, checked); c = fl32(s * P) for the first chunk, then fma(s, P, c), with
+// s = fl32(scale_a * scale_b).
+torch::Tensor ref_scaled_product(const Split& a, const Split& b) {
+  const std::int64_t k = a.cols, chunk = std::gcd(std::min(a.group, k), std::min(b.group, k));
+  torch::Tensor c = torch::empty({a.rows, b.rows});
+  for (std::int64_t m = 0; m < a.rows; ++m)
+    for (std::int64_t n = 0; n < b.rows; ++n) {
+      float acc = 0;
+      for (std::int64_t k0 = 0; k0 < k; k0 += chunk) {
+        double p = 0;
+        for (std::int64_t i = k0; i < std::min(k, k0 + chunk); ++i) p += double(a.at(m, i)) * double(b.at(n, i));
+        EXPECT_EQ(p, double(float(p))) << "the test's partial sums must be float32 values";
+        const float s = a.scale_at(m, k0) * b.scale_at(n, k0);
+        acc = k0 == 0 ? s * float(p) : std::fma(s, float(p), acc);
+      }
+      c.index_put_({m, n}, acc);
+    }
+  return c;
+}
+
+}  // namespace
+
+TEST(ScaledOps, Float32ScalesGoOnTheChunksOfTheProductsOutput) {
+  // Magnitudes within a factor of 2 of each group's largest: E4M3 elements from 224 to 448,
+  // multiples of 16, so every partial sum of 16 products is exact in float32 on any path and
+  // in any order; the group scales (amax / 448) are not powers of two.
+  torch::manual_seed(12);
+  const auto values = [](std::vector<std::int64_t> shape, double f) {
+    const torch::Tensor u = torch::rand(shape) * 0.5 + 0.5;
+    return (u * torch::where(torch::rand(shape) < 0.5, -1.0, 1.0) * f).to(torch::kFloat32);
+  };
+  const std::int64_t N = 6, in = 40, out = 24;  // in: 16 + 16 + 8
+  const torch::Tensor x0 = values({N, in}, 3.7), w0 = values({out, in}, 0.113), g = values({N, out}, 1.3e-3);
+  const torch::Tensor b = torch::randn({out});
+  const std::string rows = "e4m3fn@1x16:fp32:nearest", tiles = "e4m3fn@16x16:fp32:nearest";
+  const ScaledSpec sr = parse_scaled(rows), st16 = parse_scaled(tiles);
+  ASSERT_TRUE(sr.scales_on_output() && st16.scales_on_output()) << "on the output by default";
+  const auto row_major = [](std::int64_t cols) { return [cols](std::int64_t r, std::int64_t c) { return r * cols + c; }; };
+  const auto transposed = [](std::int64_t cols) { return [cols](std::int64_t r, std::int64_t c) { return c * cols + r; }; };
+  const Split xf = ref_split(x0, N, in, row_major(in), sr), wf = ref_split(w0, out, in, row_major(in), st16);
+  const Split gd = ref_split(g, N, out, row_major(out), sr), wb = ref_split(w0, in, out, transposed(in), st16);
+  const Split xb = ref_split(x0, in, N, transposed(in), sr), gb = ref_split(g, out, N, transposed(out), sr);
+  const torch::Tensor y_ref = ref_scaled_product(xf, wf).add_(b);
+  const torch::Tensor dx_ref = ref_scaled_product(gd, wb);
+  const torch::Tensor dw_ref = ref_scaled_product(xb, gb).t().contiguous();
+  for (const Compute compute : {Compute::fp32, Compute::bf16}) {
+    if (compute == Compute::bf16 && !bf16_products_available()) continue;
+    auto ctx = std::make_shared<QuantContext>();
+    ctx->compute = compute;
+    auto st = make_layer_state("lin", parse_recipe("a=" + rows + ",w=" + tiles + ",gx=" + rows + ",gw=fp32").base, ctx);
+    const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const torch::Tensor y = quant_linear(x, w, b, st);
+    const auto grads = torch::autograd::grad({(y * g).sum()}, {x, w});
+    const std::string what = compute == Compute::bf16 ? "bf16" : "fp32";
+    EXPECT_TRUE(bit_equal(y, y_ref)) << what;
+    EXPECT_TRUE(bit_equal(grads[0], dx_ref)) << what;
+    EXPECT_TRUE(bit_equal(grads[1], dw_ref)) << what;
+    if (compute == Compute::bf16) EXPECT_EQ(st->products.counts(), std::make_pair(std::int64_t{0}, std::int64_t{3}));
+  }
+  {  // scales-folded: the fake-quantized values, as the float32 product reads them
+    const std::string folded = rows + ":scales-folded";
+    auto st = make_layer_state("lin", parse_recipe("a=" + folded + ",w=" + tiles + ":scales-folded").base, nullptr);
+    const torch::Tensor y = quant_linear(x0, w0, b, st);
+    const torch::Tensor xq = ref_quantize(x0, N, in, row_major(in), sr), wq = ref_quantize(w0, out, in, row_major(in), st16);
+    EXPECT_TRUE(bit_equal(y, torch::linear(xq, wq, b)));
+    EXPECT_FALSE(bit_equal(y, y_ref)) << "the two orders round differently";
+  }
+  {  // a batched matmul a [2, 5, 40] b [2, 40, 6]: a along K, b along K (its columns)
+    const torch::Tensor a0 = values({2, 5, in}, 2.1), b0 = values({2, in, 6}, 0.7);
+    auto st = make_layer_state("attn", parse_recipe("a=" + rows).base, nullptr);
+    const torch::Tensor y = quant_matmul(a0, b0, st);
+    for (std::int64_t i = 0; i < 2; ++i) {
+      const Split as = ref_split(a0[i], 5, in, row_major(in), sr), bs = ref_split(b0[i], 6, in, transposed(6), sr);
+      EXPECT_TRUE(bit_equal(y[i], ref_scaled_product(as, bs))) << "batch " << i;
+    }
+  }
+  {  // a per-tensor float32 scale goes on the output whole: fl32(P * fl32(X_a * X_w))
+    const std::string t = "e4m3fn@tensor:fp32:nearest";
+    auto st = make_layer_state("lin", parse_recipe("a=" + t + ",w=" + t).base, nullptr);
+    const Split xt = ref_split(x0, N, in, row_major(in), parse_scaled(t)), wt = ref_split(w0, out, in, row_major(in), parse_scaled(t));
+    EXPECT_TRUE(bit_equal(quant_linear(x0, w0, {}, st), ref_scaled_product(xt, wt)));
   }
 }

@@ -62,12 +62,21 @@ struct ScaledSpec {
   // folded into each value the product reads (the fake-quantized value, element times X).
   // Quantization itself (codes, scales, the values fp8lab quantize writes) is the same.
   bool fold_tensor_scale = false;
+  // Where a product applies float32 group scales (docs/spec.md §6.8): false, the default
+  // (`scales-on-output`), to float32 partial sums of the elements alone, each chunk of the
+  // reduction that shares one scale per operand row scaled and added, as FP8 matrix units
+  // with float32 scales do (DeepSeek-V3's tiles; torch._scaled_mm per tensor); true
+  // (`scales-folded`), folded into each value the product reads. Only float32 scales have
+  // the choice: E8M0 and UE4M3 scales are exact in the values.
+  bool fold_scales = false;
   // Delayed scaling: the tensor-level amax comes from the last `history` steps (0: current).
   int history = 0;
 
   bool scaled() const { return scale != ScaleFormat::none; }
   // Whether products apply the tensor scale to their output (docs/spec.md §6.7).
   bool tensor_scale_on_output() const { return tensor_scale && !fold_tensor_scale; }
+  // Whether products apply the group scales to their partial sums (docs/spec.md §6.8).
+  bool scales_on_output() const { return scale == ScaleFormat::fp32 && !fold_scales; }
   friend bool operator==(const ScaledSpec&, const ScaledSpec&) = default;
 };
 
@@ -78,16 +87,17 @@ void validate(const ScaledSpec& s);
 // "ELEMENT@GRANULARITY[:OPTION...]" or "PRESET[:OPTION...]" (docs/spec.md §6.4), e.g.
 // "e4m3fn@1x32:e8m0:floor", "mxfp4:ceil", "e2m1fn@1x16:ue4m3:nearest:tensor-scale",
 // "e4m3fn@tensor:fp32:nearest:delayed-16". GRANULARITY is tensor, line, 1xK or KxK;
-// OPTION is a scale format, a rule, tensor-scale (or tensor-scale-folded), current or
-// delayed-N. A plain format ("1.4.3:10",
+// OPTION is a scale format, a rule, tensor-scale (or tensor-scale-folded), scales-on-output
+// or scales-folded (float32 scales), current or delayed-N. A plain format ("1.4.3:10",
 // "e5m2") is the fixed-bias quantizer. Throws Error.
 ScaledSpec parse_scaled(std::string_view text);
 // Canonical text; parse_scaled(to_string(s)) == s (the element's rounding is not part of it).
 std::string to_string(const ScaledSpec& s);
 
 // The name a quantizer's codes are stored under (a code set's format): to_string without
-// tensor-scale-folded, which says where products apply the tensor scale and changes no code,
-// scale or tensor scale; so codes written under either order decode under the other.
+// tensor-scale-folded and scales-folded, which say where products apply the scales and
+// change no code, scale or tensor scale; so codes written under either order decode under
+// the other.
 std::string codes_name(const ScaledSpec& s);
 
 struct ScaledPreset {

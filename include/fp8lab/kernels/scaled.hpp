@@ -64,4 +64,18 @@ bool scaled_decode_bf16_transposed(const std::uint8_t* codes, const std::uint32_
                                    std::size_t rows, std::size_t cols, const ScaledSpec& s, std::uint16_t* yt,
                                    const Runner& run = {});
 
+// The sum of a product's chunks with float32 scales on the output (docs/spec.md §6.8): for
+// each of `batch` matrices and each output (m, n),
+//   c = fl32(s_0 * p_0), then c = fma(s_j, p_j, c) for j = 1 .. chunks-1 (one rounding each),
+//   s_j = fl32(row_scales[j][m] * col_scales[j][n]),
+// with parts [batch, chunks, rows, cols] (p_j: chunk j's float32 partial sums), row_scales
+// [batch, chunks, rows], col_scales [batch, chunks, cols] and out [batch, rows, cols], all
+// row-major. With `first` false, c starts as out holds it and every chunk is added (a later
+// group of chunks). The same bits on every SIMD target and for any runner.
+struct ChunkSumShape {
+  std::size_t batch = 1, chunks = 1, rows = 0, cols = 0;
+};
+void scaled_chunk_sum(const float* parts, const float* row_scales, const float* col_scales, float* out,
+                      const ChunkSumShape& shape, bool first, const Runner& run = {});
+
 }  // namespace fp8lab::kernels

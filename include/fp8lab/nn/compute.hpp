@@ -46,6 +46,25 @@ std::optional<torch::Tensor> bmm_bf16(const torch::Tensor& a, const torch::Tenso
 torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken = nullptr,
                      const Accumulation& acc = {});
 
+// An operand's float32 group scales along a product's reduction (docs/spec.md §6.8): `s`
+// [..., rows, groups] holds one scale per row of the operand's matrix (a's M rows, b's N
+// columns) and group of `group` consecutive reduction positions (the last group may be
+// shorter). Undefined `s`: every scale is 1.
+struct ReductionScales {
+  torch::Tensor s;
+  std::int64_t group = 0;
+  bool defined() const { return s.defined(); }
+};
+// a [..., M, K] times b [..., K, N] with the scales on the output (§6.8): the reduction is cut
+// into chunks of gcd(a's group, b's group) positions (a group of an undefined side: all of
+// K), inside each of which every row of a and every column of b has one scale; each chunk's
+// float32 partial sums are formed on the path `c` asks for (summed as `acc` says), then
+// scaled and added in chunk order by kernels::scaled_chunk_sum. Leading dimensions
+// broadcast; `taken` as matmul's (bf16 only where every chunk took it).
+torch::Tensor matmul_scaled(const torch::Tensor& a, const ReductionScales& sa, const torch::Tensor& b,
+                            const ReductionScales& sb, Compute c, Compute* taken = nullptr,
+                            const Accumulation& acc = {});
+
 // A 2-D convolution's geometry, as torch::conv2d takes it.
 struct ConvGeometry {
   std::array<std::int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};

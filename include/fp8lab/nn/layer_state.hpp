@@ -42,6 +42,7 @@ struct TensorStats {
 // and how to turn them back into a tensor of the operand's shape.
 struct SavedScaled : torch::CustomClassHolder {
   TensorKind kind = TensorKind::a;
+  bool scales_apart = false;  // restored as elements and scales (ProductOperand::scales)
   ScaledTensor q;
   MatrixView view;
   std::vector<std::int64_t> shape;
@@ -104,6 +105,8 @@ struct GradUse {
   // bfloat16 tensor decoded from g's codes.
   bool for_products = false;
   OperandLayout layout = OperandLayout::as_float32;  // scaled: how the products take them
+  // The op's products take float32 group scales on their output (LayerState::scales_apart).
+  bool scales_apart = false;
 };
 
 // A quantized operand as a product takes it (docs/spec.md §6.7): its values, and the factor
@@ -112,6 +115,10 @@ struct GradUse {
 struct ProductOperand {
   torch::Tensor t;
   float factor = 1;
+  // Float32 group scales the values leave out, which the product applies to its chunks'
+  // partial sums (docs/spec.md §6.8), per row of the operand's matrix: undefined where the
+  // values carry their scales.
+  ReductionScales scales;
 };
 
 // What one scaled quantization of a LayerState makes and records.
@@ -216,6 +223,9 @@ class LayerProducts {
   explicit LayerProducts(const QuantContext& ctx) : ctx_(ctx) {}
   // A matmul, and a convolution's forward, backward-data and backward-weights products.
   torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b);
+  // A product with float32 scales on its output (nn::matmul_scaled).
+  torch::Tensor matmul_scaled(const torch::Tensor& a, const ReductionScales& sa, const torch::Tensor& b,
+                              const ReductionScales& sb);
   torch::Tensor conv(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g);
   ConvGrads conv_backward(const torch::Tensor& gy_dx, const torch::Tensor& gy_dw, const torch::Tensor& x,
                           const torch::Tensor& w, const ConvGeometry& g, bool want_dx, bool want_dw);
@@ -244,6 +254,9 @@ struct ScaledOperand {
   // (LayerState::operand_tensor), laid out as `layout` says.
   bool for_products = false;
   OperandLayout layout = OperandLayout::as_float32;
+  // The op's products apply float32 group scales to their output (matmul_scaled: linear
+  // layers and matmuls), so the operand may leave them out (LayerState::scales_apart).
+  bool scales_apart = false;
 };
 
 // A quantized op's layer: its quantizers (the recipe's spec for each kind, the random
@@ -271,6 +284,9 @@ struct LayerState : torch::CustomClassHolder {
   // Whether the random Hadamard transform applies to this layer's grad_w operands: asked
   // for, and both the activation and the gradient quantizers scaled.
   bool hadamard_applies() const { return quant.hadamard > 0 && scaled(TensorKind::a) && scaled(TensorKind::gx); }
+  // Whether k's operands leave their float32 group scales to the product (docs/spec.md §6.8):
+  // the quantizer puts them on the output and the op's products can (`op_can`).
+  bool scales_apart(TensorKind k, bool op_can) const { return op_can && scaled(k) && quant[k]->scales_on_output(); }
 
   // Q_k(t): fake-quantized float32 (t itself when the kind is float32); counts and, on
   // statistics steps, a record.
@@ -325,6 +341,11 @@ struct LayerState : torch::CustomClassHolder {
   // UE4M3: at most 4, exact beside E2M1, E2M3, E3M2 and E4M3 elements) with no float32
   // tensor scale folded into the values. The values themselves decide the rest, at conversion.
   bool scaled_bf16(TensorKind k) const;
+  // The operand of a quantization whose float32 group scales stay apart: its elements alone
+  // (bfloat16 where for_products and the compute path may take it) laid out as shape under
+  // v, and its scales (a per-tensor scale as the factor).
+  ProductOperand apart_operand(TensorKind k, const ScaledTensor& q, at::IntArrayRef shape, const MatrixView& v,
+                               bool for_products) const;
   // The contiguous tensor of shape `shape` whose matrix under v is m (from_matrix), as an
   // operand of this layer's products: with `for_products`, bfloat16 where scaled_bf16(k) and
   // every value of m is a bfloat16 value (converted in m's own layout, then laid out as
