@@ -129,6 +129,10 @@ check "nvfp4 codes decode under tensor-scale-folded (got $rc)" [ $rc -eq 0 ]
 check "either order decodes the same values" cmp -s "$T/nvd.npy" "$T/nvdf.npy"
 "$FP8LAB" quantize "$T/m.npy" "$T/nvf.npy" -f nvfp4:tensor-scale-folded --codes -q
 check "a folded set's manifest names the codes' format" grep -q '^format e2m1fn@1x16:ue4m3:nearest:tensor-scale$' "$T/nvf.codeset"
+"$FP8LAB" quantize "$T/m.npy" "$T/dsf.npy" -f deepseek_1x128:scales-folded --codes -q
+check "a scales-folded set's manifest names the codes' format" grep -q '^format e4m3fn@1x128:fp32:nearest$' "$T/dsf.codeset"
+"$FP8LAB" quantize "$T/dsf.npy" "$T/dsd.npy" -f deepseek_1x128 --decode -q; rc=$?
+check "deepseek codes written scales-folded decode under the default order (got $rc)" [ $rc -eq 0 ]
 "$FP8LAB" quantize "$T/m.npy" "$T/mac.npy" -f e2m1fn@line --axis 0 --codes -q
 "$FP8LAB" quantize "$T/mac.npy" "$T/mad.npy" -f e2m1fn@line --axis 0 --decode -q
 check "per-column decode == quantize" cmp -s <(tail -c 32 "$T/ma.npy") <(tail -c 32 "$T/mad.npy")

@@ -86,6 +86,18 @@ TEST(ScaledNotation, OptionsAndDefaults) {
   EXPECT_EQ(parse_scaled(to_string(folded)), folded);
   EXPECT_EQ(parse_scaled("e2m1fn@1x32:e8m0:tensor-scale-folded"), parse_scaled("e2m1fn@1x32:tensor-scale-folded:e8m0"));
   EXPECT_FALSE(parse_scaled("mxfp4").tensor_scale_on_output());
+  // Where products apply float32 group scales (§6.8): on the output unless folded; E8M0 and
+  // UE4M3 scales are always in the values.
+  const ScaledSpec ds = parse_scaled("deepseek_1x128"), ds_folded = parse_scaled("deepseek_1x128:scales-folded");
+  EXPECT_TRUE(ds.scales_on_output());
+  EXPECT_FALSE(ds_folded.scales_on_output());
+  EXPECT_EQ(to_string(ds_folded), "e4m3fn@1x128:fp32:nearest:scales-folded");
+  EXPECT_EQ(parse_scaled(to_string(ds_folded)), ds_folded);
+  EXPECT_EQ(parse_scaled("deepseek_1x128:scales-on-output"), ds);
+  EXPECT_EQ(to_string(parse_scaled("e4m3_tensor:scales-on-output")), "e4m3fn@tensor:fp32:nearest");
+  EXPECT_EQ(codes_name(ds_folded), to_string(ds));
+  EXPECT_FALSE(parse_scaled("mxfp8_e4m3").scales_on_output());
+  EXPECT_FALSE(parse_scaled("nvfp4").scales_on_output());
   EXPECT_EQ(parse_scaled("e2m1fn@1x1").block, 1);
   const ScaledSpec plain = parse_scaled("1.5.2:33");
   EXPECT_FALSE(plain.scaled());
@@ -115,6 +127,10 @@ TEST(ScaledNotation, RefusesWithTheReason) {
            {"nvfp4:tensor-scale-folded:tensor-scale", "the tensor scale is given twice"},
            {"e4m3fn@1x32:fp32:tensor-scale-folded", "a tensor scale needs e8m0 or ue4m3"},
            {"e4m3fn@tensor:fp32:delayed-4:current", "'current' after 'delayed-4'"},
+           {"mxfp8_e4m3:scales-folded", "'scales-folded' needs float32 group scales"},
+           {"nvfp4:scales-on-output", "'scales-on-output' needs float32 group scales"},
+           {"deepseek_1x128:scales-folded:e8m0", "'scales-folded' needs float32 group scales"},
+           {"deepseek_1x128:scales-folded:scales-on-output", "the order of the scales in products is given twice"},
        }) {
     const std::string e = error_of([&] { (void)parse_scaled(bad); });
     EXPECT_NE(e.find(what), std::string::npos) << bad << " -> " << e;
