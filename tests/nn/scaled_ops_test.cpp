@@ -460,7 +460,9 @@ Split ref_split(const torch::Tensor& t, std::int64_t rows, std::int64_t cols, co
 // positions; a chunk's partial sum P (exact here: the test's elements make every partial sum
 // a float32 value, checked); c = fl32(s * P) for the first chunk, then fma(s, P, c), with
 // s = fl32(scale_a * scale_b).
-torch::Tensor ref_scaled_product(const Split& a, const Split& b) {
+// With `partial`, each P is first rounded to that format (a chunked accumulation, §7.3, whose
+// chunk is the scales' chunk).
+torch::Tensor ref_scaled_product(const Split& a, const Split& b, const QuantSpec* partial = nullptr) {
   const std::int64_t k = a.cols, chunk = std::gcd(std::min(a.group, k), std::min(b.group, k));
   torch::Tensor c = torch::empty({a.rows, b.rows});
   for (std::int64_t m = 0; m < a.rows; ++m)
@@ -471,7 +473,8 @@ torch::Tensor ref_scaled_product(const Split& a, const Split& b) {
         for (std::int64_t i = k0; i < std::min(k, k0 + chunk); ++i) p += double(a.at(m, i)) * double(b.at(n, i));
         EXPECT_EQ(p, double(float(p))) << "the test's partial sums must be float32 values";
         const float s = a.scale_at(m, k0) * b.scale_at(n, k0);
-        acc = k0 == 0 ? s * float(p) : std::fma(s, float(p), acc);
+        const float part = partial ? quantize(float(p), *partial) : float(p);
+        acc = k0 == 0 ? s * part : std::fma(s, part, acc);
       }
       c.index_put_({m, n}, acc);
     }
@@ -517,6 +520,18 @@ TEST(ScaledOps, Float32ScalesGoOnTheChunksOfTheProductsOutput) {
     EXPECT_TRUE(bit_equal(grads[1], dw_ref)) << what;
     if (compute == Compute::bf16) EXPECT_EQ(st->products.counts(), std::make_pair(std::int64_t{0}, std::int64_t{3}));
   }
+  {  // a chunked accumulation inside the scales' chunks: each partial sum rounded, then scaled
+    auto ctx = std::make_shared<QuantContext>();
+    ctx->accumulate = parse_accumulation("1.8.5@16");
+    auto st = make_layer_state("lin", parse_recipe("a=" + rows + ",w=" + tiles).base, ctx);
+    QuantSpec partial;
+    partial.format = parse_format("1.8.5");
+    partial.rounding = Rounding::nearest_even;
+    partial.overflow = Overflow::saturate;
+    const torch::Tensor y = quant_linear(x0, w0, {}, st);
+    EXPECT_TRUE(bit_equal(y, ref_scaled_product(xf, wf, &partial)));
+    EXPECT_FALSE(bit_equal(y, ref_scaled_product(xf, wf))) << "the partial sums must round";
+  }
   {  // scales-folded: the fake-quantized values, as the float32 product reads them
     const std::string folded = rows + ":scales-folded";
     auto st = make_layer_state("lin", parse_recipe("a=" + folded + ",w=" + tiles + ":scales-folded").base, nullptr);
@@ -527,11 +542,21 @@ TEST(ScaledOps, Float32ScalesGoOnTheChunksOfTheProductsOutput) {
   }
   {  // a batched matmul a [2, 5, 40] b [2, 40, 6]: a along K, b along K (its columns)
     const torch::Tensor a0 = values({2, 5, in}, 2.1), b0 = values({2, in, 6}, 0.7);
-    auto st = make_layer_state("attn", parse_recipe("a=" + rows).base, nullptr);
+    auto st = make_layer_state("attn", parse_recipe("a=" + rows + ",gx=" + rows).base, nullptr);
     const torch::Tensor y = quant_matmul(a0, b0, st);
     for (std::int64_t i = 0; i < 2; ++i) {
       const Split as = ref_split(a0[i], 5, in, row_major(in), sr), bs = ref_split(b0[i], 6, in, transposed(6), sr);
       EXPECT_TRUE(bit_equal(y[i], ref_scaled_product(as, bs))) << "batch " << i;
+    }
+    // Backward: grad_a = g b^T along N (6: one short group), grad_b = a^T g along M (5).
+    const torch::Tensor a = a0.clone().requires_grad_(), bb = b0.clone().requires_grad_();
+    const torch::Tensor gm = values({2, 5, 6}, 0.03);
+    const auto grads = torch::autograd::grad({(quant_matmul(a, bb, st) * gm).sum()}, {a, bb});
+    for (std::int64_t i = 0; i < 2; ++i) {
+      const Split ga = ref_split(gm[i], 5, 6, row_major(6), sr), bt = ref_split(b0[i], in, 6, row_major(6), sr);
+      EXPECT_TRUE(bit_equal(grads[0][i], ref_scaled_product(ga, bt))) << "grad_a, batch " << i;
+      const Split at = ref_split(a0[i], in, 5, transposed(in), sr), gb = ref_split(gm[i], 6, 5, transposed(6), sr);
+      EXPECT_TRUE(bit_equal(grads[1][i], ref_scaled_product(at, gb))) << "grad_b, batch " << i;
     }
   }
   {  // a per-tensor float32 scale goes on the output whole: fl32(P * fl32(X_a * X_w))
