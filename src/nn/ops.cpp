@@ -492,13 +492,11 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
                                                         {.hadamard = true, .for_products = layer_products,
                                                          .scales_apart = true});
     torch::Tensor da, db;
-    // A product of two operands with their factors (before any broadcast batch is summed).
-    const auto mm = [&](const ProductOperand& x, const torch::Tensor& xt, const ProductOperand& y,
-                        const torch::Tensor& yt) { return operand_product(*st, x, xt, y, yt); };
+    // Each product with its factors before any broadcast batch is summed.
     if (ctx->needs_input_grad(0))
-      da = at::sum_to(mm(g_for_da, g_for_da.t, bq, bq.t.transpose(-2, -1)), aq.t.sizes());
+      da = at::sum_to(operand_product(*st, g_for_da, g_for_da.t, bq, bq.t.transpose(-2, -1)), aq.t.sizes());
     if (ctx->needs_input_grad(1))
-      db = at::sum_to(mm(aq, aq.t.transpose(-2, -1), g_for_db, g_for_db.t), bq.t.sizes());
+      db = at::sum_to(operand_product(*st, aq, aq.t.transpose(-2, -1), g_for_db, g_for_db.t), bq.t.sizes());
     return {da, db, torch::Tensor()};
   }
 };
