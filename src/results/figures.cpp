@@ -42,12 +42,6 @@ plt::Series sorted_by_x(const plt::Series& se) {
   return sorted;
 }
 
-// A statistics row's exponent histogram: (lo, counts, zero); nullopt where it does not parse.
-struct ExponentCounts {
-  int lo = 0;
-  std::vector<double> counts;
-  double zero = 0;
-};
 // A histogram's lowest exponent and counts as stored: nullopt where the JSON does not hold
 // them (a store edited by hand or damaged: such a row is left out, as one that does not
 // parse, never an internal error).
@@ -71,13 +65,6 @@ double number_in(const nlohmann::json& j, const char* key, double fallback) {
   return it != j.end() && it->is_number() ? it->get<double>() : fallback;
 }
 
-std::optional<ExponentCounts> exponent_counts(const std::string& histogram_json) {
-  const auto h = nlohmann::json::parse(histogram_json, nullptr, false);
-  if (h.is_discarded() || !h.is_object()) return std::nullopt;
-  auto bins = exponent_bins(h);
-  if (!bins) return std::nullopt;
-  return ExponentCounts{bins->first, std::move(bins->second), number_in(h, "zero", 0.0)};
-}
 
 // The panel of one tensor kind at one step: each layer group's exponent histogram, summed
 // over its layers, as percent of its values; nullopt where the step recorded none of `kind`.
@@ -158,6 +145,33 @@ std::optional<plt::Series> block_scale_series(const LabelledStats& run, const st
 }
 
 }  // namespace
+
+std::optional<ExponentCounts> exponent_counts(const std::string& histogram_json) {
+  const auto h = nlohmann::json::parse(histogram_json, nullptr, false);
+  if (h.is_discarded() || !h.is_object()) return std::nullopt;
+  auto bins = exponent_bins(h);
+  if (!bins) return std::nullopt;
+  return ExponentCounts{bins->first, std::move(bins->second), number_in(h, "zero", 0.0)};
+}
+
+std::optional<double> share_rounding_to_zero(const std::vector<Store::StatRow>& rows, const Format& f) {
+  // A value with floor(log2|x|) = e lies in [2^e, 2^(e+1)): wholly below t = m/2 when
+  // 2^(e+1) <= t, i.e. e <= floor(log2 t) - 1 (t = 2^(t_exp - 1) * frac, frac in [0.5, 1)).
+  int t_exp = 0;
+  std::frexp(f.min_positive() / 2, &t_exp);
+  const int last_zeroed = t_exp - 2;
+  double zeroed = 0, nonzero = 0;
+  for (const auto& r : rows) {
+    const auto h = exponent_counts(r.histogram);
+    if (!h) continue;
+    for (std::size_t i = 0; i < h->counts.size(); ++i) {
+      nonzero += h->counts[i];
+      if (h->lo + static_cast<int>(i) <= last_zeroed) zeroed += h->counts[i];
+    }
+  }
+  if (nonzero == 0) return std::nullopt;
+  return zeroed / nonzero;
+}
 
 std::optional<plt::Figure> metric_figure(const MetricFigure& in) {
   plt::Panel p;

@@ -5,7 +5,10 @@
 #include <string_view>
 
 #include "fp8lab/core/error.hpp"
+#include "fp8lab/core/format.hpp"
 #include "fp8lab/core/text.hpp"
+#include "fp8lab/results/figures.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 namespace fp8lab::study {
 
@@ -176,6 +179,60 @@ std::string machines(const PageInputs& in, std::string_view, const Place&) {
   return m;
 }
 
+// The statistics rows of `stats` of tensor kind `kind` at `step` in the layers `layers`
+// names (a glob; "!GLOB": the layers it does not match).
+std::vector<results::Store::StatRow> rows_of(const std::vector<results::Store::StatRow>& stats, std::string_view kind,
+                                             std::int64_t step, std::string_view layers) {
+  const bool negated = !layers.empty() && layers.front() == '!';
+  const std::string_view glob = negated ? layers.substr(1) : layers;
+  std::vector<results::Store::StatRow> out;
+  for (const auto& r : stats)
+    if (r.step == step && r.kind == kind && nn::glob_match(glob, r.layer) != negated) out.push_back(r);
+  return out;
+}
+
+// The steps `stats` records, for a message: "0, 140, 280".
+std::string recorded_steps(const std::vector<results::Store::StatRow>& stats) {
+  std::vector<std::int64_t> steps;
+  for (const auto& r : stats) steps.push_back(r.step);
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  std::string o;
+  for (const auto s : steps) o += (o.empty() ? "" : ", ") + std::to_string(s);
+  return o;
+}
+
+// {{zeroed:KIND;STEP;LAYERS;FORMAT;POINT}} (page.hpp).
+std::string zeroed(const PageInputs& in, std::string_view arg, const Place& at) {
+  const auto parts = split(arg, ';');
+  if (parts.size() != 5) throw Error(at("expected zeroed:KIND;STEP;LAYERS;FORMAT;POINT"));
+  const std::string kind(trim(parts[0]));
+  try {
+    if (nn::to_string(nn::parse_kind(kind)) != kind) throw Error("not a short kind name");
+  } catch (const Error&) {
+    throw Error(at("KIND must be a, w, gx or gw, got '" + kind + "'"));
+  }
+  const auto step = parse_integer(trim(parts[1]));
+  if (!step || *step < 0) throw Error(at("STEP must be a step number, got '" + std::string(parts[1]) + "'"));
+  const std::string_view layers = trim(parts[2]);
+  Format f;
+  try {
+    f = parse_format(trim(parts[3]));
+  } catch (const Error& e) {
+    throw Error(at(e.what()));
+  }
+  const PointResult& p = point_of(in.sweep, in.report, trim(parts[4]), at);
+  const auto stats = in.point_stats ? in.point_stats(p.point) : std::vector<results::Store::StatRow>{};
+  if (stats.empty()) throw Error(at("the point's first run has no tensor statistics (set train.stats_interval)"));
+  const auto rows = rows_of(stats, kind, *step, layers);
+  if (rows.empty())
+    throw Error(at("no " + kind + " statistics at step " + std::to_string(*step) + " in layers '" + std::string(layers) +
+                   "' (steps recorded: " + recorded_steps(stats) + ")"));
+  const auto share = results::share_rounding_to_zero(rows, f);
+  if (!share) throw Error(at("the statistics count no finite nonzero value"));
+  return fixed(100 * *share, 0);
+}
+
 // The placeholders: name, whether it takes ":ARG" (optional for table), what it becomes.
 enum class Arg { none, optional, required };
 struct Placeholder {
@@ -188,6 +245,7 @@ constexpr Placeholder kPlaceholders[] = {
     {"figure", Arg::required, figure}, {"value", Arg::required, value},    {"p", Arg::required, p_value},
     {"scale", Arg::required, log2_scale},  {"skipped", Arg::required, skipped},
     {"window", Arg::required, window},     {"machines", Arg::none, machines},
+    {"zeroed", Arg::required, zeroed},
 };
 
 std::string known_placeholders() {

@@ -642,7 +642,13 @@ std::vector<std::string> write_report(const Sweep& s, const SweepReport& rep, co
     files.push_back(stem + ".svg");
     files.push_back(stem + ".png");
   }
-  if (!s.page.empty()) files.push_back(write_page(s.page, {s, rep, also, s.source, out_dir}));
+  if (!s.page.empty()) {
+    const auto point_stats = [&](int point) {
+      const auto row = first_run(s, point, rows);
+      return row ? store.stats(row->id) : std::vector<results::Store::StatRow>{};
+    };
+    files.push_back(write_page(s.page, {s, rep, also, s.source, out_dir, point_stats}));
+  }
   return files;
 }
 

@@ -577,7 +577,7 @@ TEST(Page, BadPlaceholdersAreErrorsWithTheirLine) {
   const auto error = [&](const std::string& text) { return test::error_of([&] { f.fill(text); }); };
   const std::string unknown = error("line 1\nline 2 {{value:bias=8}}\n{{tabel}}\n");
   EXPECT_NE(unknown.find("page.md:3: placeholder '{{tabel}}': unknown placeholder (expected commands, runs, table[:ARG], "
-                         "figure:ARG, value:ARG, p:ARG, scale:ARG, skipped:ARG, window:ARG, machines)"),
+                         "figure:ARG, value:ARG, p:ARG, scale:ARG, skipped:ARG, window:ARG, machines, zeroed:ARG)"),
             std::string::npos)
       << unknown;
   EXPECT_NE(error("{{value:recipe=a}}").find("names more than one point (recipe=a, bias=8; recipe=a, bias=12)"),
@@ -620,4 +620,42 @@ TEST(Page, TheReportWritesThePageBesideItsTables) {
   EXPECT_NE(missing.find("missing.md"), std::string::npos) << missing;
   EXPECT_NE(test::error_of([] { parse("page = 3\n"); }).find("'page' must be a string"), std::string::npos);
   EXPECT_NE(test::error_of([] { parse("page = \"\"\n"); }).find("'page' is empty"), std::string::npos);
+}
+
+// {{zeroed:KIND;STEP;LAYERS;FORMAT;POINT}} reads the point's first run's histograms from the
+// store. record()'s histograms count 5, 10, 20, 30, 20, 10 values at exponents -12..-7 in each
+// of 5 layers; 1.4.3 (bias 7) has 2^-9 as its smallest positive value, so exponents -12 and
+// -11 (below 2^-10) round to zero: 15 of 95 = 16 %, in any set of layers. 1.4.3:5 (smallest
+// 2^-7) zeroes exponents up to -9: 65 of 95 = 68 %; 1.5.2 (2^-16) none.
+TEST(Page, ZeroedGivesTheShareOfARunsValuesBelowAFormatsRange) {
+  const fs::path base = empty_dir("page-zeroed");
+  write_file_atomic((base / "study.md").string(),
+                    std::string("{{zeroed:gx;50;*;1.4.3;bias=8}} {{zeroed: gx ; 0 ; fc ; 1.4.3:5 ; bias=12 }} "
+                                "{{zeroed:a;100;!fc;1.5.2;recipe=fp32}}\n"));
+  const PageFixture f("page = \"page-zeroed/study.md\"\n");
+  ASSERT_EQ(parse_format("1.4.3").min_positive(), std::ldexp(1.0, -9));
+  ASSERT_EQ(parse_format("1.4.3:5").min_positive(), std::ldexp(1.0, -7));
+  // The fixture's store has no statistics: a store of the same runs with them.
+  const fs::path d = empty_dir("page-zeroed-store");
+  results::Store store((d / "r.db").string());
+  for (const auto& r : f.s.runs) record(store, r, results::RunStatus::finished, 90, true);
+  const auto rep = study::analyse(f.s, store);
+  const auto files = study::write_report(f.s, rep, store, (base / "out").string());
+  EXPECT_EQ(read_file(files.back()), "16 68 0\n");
+
+  const std::vector<std::pair<study::Sweep, study::SweepReport>> also;
+  const auto error = [&](const std::string& text, bool with_stats = true) {
+    study::PageInputs in{f.s, rep, also, "s.toml", "out"};
+    if (with_stats) in.point_stats = [&](int) { return store.stats(store.runs()[0].id); };
+    return test::error_of([&] { study::fill_page(text, "page.md", in); });
+  };
+  EXPECT_NE(error("{{zeroed:gx;50;*;1.4.3}}").find("expected zeroed:KIND;STEP;LAYERS;FORMAT;POINT"), std::string::npos);
+  EXPECT_NE(error("{{zeroed:grad;50;*;1.4.3;bias=8}}").find("KIND must be a, w, gx or gw, got 'grad'"), std::string::npos);
+  EXPECT_NE(error("{{zeroed:gx;-1;*;1.4.3;bias=8}}").find("STEP must be a step number, got '-1'"), std::string::npos);
+  EXPECT_NE(error("{{zeroed:gx;50;*;1.9.3;bias=8}}").find("page.md:1: placeholder"), std::string::npos);
+  EXPECT_NE(error("{{zeroed:gx;60;*;1.4.3;bias=8}}").find("no gx statistics at step 60 in layers '*' (steps recorded: 0, 50, 100)"),
+            std::string::npos);
+  EXPECT_NE(error("{{zeroed:gx;50;head*;1.4.3;bias=8}}").find("in layers 'head*'"), std::string::npos);
+  EXPECT_NE(error("{{zeroed:gx;50;*;1.4.3;bias=9}}").find("names no point"), std::string::npos);
+  EXPECT_NE(error("{{zeroed:gx;50;*;1.4.3;bias=8}}", false).find("has no tensor statistics"), std::string::npos);
 }

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "fp8lab/core/format.hpp"
 #include "fp8lab/results/plot.hpp"
 #include "fp8lab/results/stats.hpp"
 #include "fp8lab/results/store.hpp"
@@ -64,6 +65,25 @@ struct LabelledTrace {
 std::optional<plot::Figure> loss_scale_figure(const FigureTitle& title, const std::vector<LabelledTrace>& traces);
 
 // --- exponent histograms of one run ------------------------------------------------------------
+// A statistics row's exponent histogram (Store::StatRow::histogram): the lowest exponent, the
+// counts of finite nonzero values per exponent from it, and the zeros; nullopt where the JSON
+// does not hold them (a store edited by hand or damaged).
+struct ExponentCounts {
+  int lo = 0;
+  std::vector<double> counts;
+  double zero = 0;
+};
+std::optional<ExponentCounts> exponent_counts(const std::string& histogram_json);
+
+// Of the finite nonzero values counted in `rows` (summed; rows that do not parse left out), the
+// share that rounds to zero in `f` under round-to-nearest: those below half its smallest
+// positive value m, counted by whole exponent bins [2^e, 2^(e+1)) that lie below m/2. Where
+// m is a power of two (every format with subnormals) that is exact but for the tie m/2
+// itself, which shares its bin with values that round up and is counted as kept. Without
+// subnormals m = (1 + 2^-M) 2^emin, and the bin holding m/2 is counted as kept: a lower
+// bound. nullopt where the rows count no such value.
+std::optional<double> share_rounding_to_zero(const std::vector<Store::StatRow>& rows, const Format& f);
+
 struct KindName {
   std::string name, title;  // "gx", "grad_x"
 };

@@ -16,8 +16,14 @@
 //   {{window:VAR:WITHIN:POINTS}}  the values of VAR among the points POINTS names whose mean
 //                     lies within WITHIN of the baseline's, as ranges, then the best
 //   {{machines}}      the line naming the processors the runs were made on
+//   {{zeroed:KIND;STEP;LAYERS;FORMAT;POINT}}  of the finite nonzero values of tensor kind KIND
+//                     recorded at step STEP in the layers LAYERS (a glob, "!GLOB" the others,
+//                     "*" all) of POINT's first run, the share in whole percent that rounds to
+//                     zero in FORMAT (results::share_rounding_to_zero); ';' separates the
+//                     arguments, as formats and points hold ':'
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +38,8 @@ struct PageInputs {
   const SweepReport& report;
   const std::vector<std::pair<Sweep, SweepReport>>& also;  // also_reports(sweep, store)
   std::string sweep_path, out_dir;                        // for {{commands}}, as the user gave them
+  // The tensor statistics of a point's first finished run (empty: none), for {{zeroed}}.
+  std::function<std::vector<results::Store::StatRow>(int point)> point_stats = {};
 };
 
 // `text` (read from `source`) with every placeholder filled. Throws Error naming the source,
