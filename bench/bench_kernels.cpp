@@ -17,6 +17,8 @@
 
 #include "fp8lab/kernels/threads.hpp"
 #include "fp8lab/core/codec.hpp"
+#include "fp8lab/core/dot_model.hpp"
+#include "fp8lab/kernels/dot_model.hpp"
 #include "fp8lab/kernels/kernels.hpp"
 #include "fp8lab/kernels/scaled.hpp"
 
@@ -305,6 +307,45 @@ void in_cache(benchmark::State& state, Hot kind) {
   state.SetLabel(std::string("1.4.3:10 relu ") + kernels::current_target());
 }
 
+// A [256, 512] x [512, 256] product under a dot-product model (docs/spec.md §7.4) beside the
+// float32 product of the same operands as a plain i-k-j loop (which the compiler vectorizes):
+// what the model costs against float32 arithmetic, as products per second and the ratio.
+void model_matmul(benchmark::State& state, const char* preset) {
+  const int threads = static_cast<int>(state.range(0));
+  const int before = kernels::num_threads();
+  kernels::set_num_threads(threads);
+  constexpr std::size_t m = 256, k = 512, n = 256;
+  const Data& d = data();
+  const float* a = d.x.data();
+  const float* b = d.x.data() + m * k;
+  std::vector<float> out(m * n);
+  const DotModel model = parse_dot_model(preset);
+  const auto kernel = [&] { kernels::model_matmul(a, b, out.data(), {1, m, k, n}, model); };
+  const auto reference = [&] {
+    kernels::parallel_for(m, 1, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        float* row = out.data() + i * n;
+        std::fill(row, row + n, 0.0f);
+        for (std::size_t t = 0; t < k; ++t)
+          for (std::size_t j = 0; j < n; ++j) row[j] += a[i * k + t] * b[t * n + j];
+      }
+    });
+  };
+  kernel();
+  for (auto _ : state) {
+    kernel();
+    benchmark::ClobberMemory();
+  }
+  const double t_kernel = seconds_per_call(kernel), t_ref = seconds_per_call(reference);
+  constexpr double products = double(m) * k * n;
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * products));
+  state.counters["Gproducts_s"] = products / t_kernel * 1e-9;
+  state.counters["fp32_Gproducts_s"] = products / t_ref * 1e-9;
+  state.counters["vs_fp32"] = t_ref / t_kernel;
+  state.SetLabel(preset);
+  kernels::set_num_threads(before);
+}
+
 void Threads(benchmark::internal::Benchmark* b) {
   b->Arg(1);
   const int all = kernels::num_threads();
@@ -335,6 +376,8 @@ BENCHMARK_CAPTURE(scaled_rows, scaled_rows_mxfp8_64, "mxfp8_e4m3", 64)->Apply(Th
 BENCHMARK_CAPTURE(scaled_both, scaled_both_mxfp8_16, "mxfp8_e4m3", 16)->Apply(Threads);
 BENCHMARK_CAPTURE(scaled_both, scaled_both_mxfp8_64, "mxfp8_e4m3", 64)->Apply(Threads);
 BENCHMARK_CAPTURE(scaled_both, scaled_both_nvfp4_64, "nvfp4", 64)->Apply(Threads);
+BENCHMARK_CAPTURE(model_matmul, model_matmul_hopper_fp8, "hopper-fp8")->Apply(Threads);
+BENCHMARK_CAPTURE(model_matmul, model_matmul_ocp_mx, "ocp-mx")->Apply(Threads);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize, Hot::quantize);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize_counts, Hot::quantize_counts);
 BENCHMARK_CAPTURE(in_cache, in_cache_quantize_encode, Hot::quantize_encode);

@@ -142,7 +142,7 @@ int run_train(const TrainArgs& a) {
   t.print(false);
   const nn::Compute compute = settings::compute_of(cfg.quant);
   const nn::Accumulation accumulate = settings::accumulation_of(cfg.quant);
-  if (r.products_bf16 > 0 || compute != nn::Compute::fp32 || accumulate.chunked())
+  if (r.products_bf16 > 0 || compute != nn::Compute::fp32 || !accumulate.plain())
     std::fprintf(stderr, "products (quant.compute = %s, quant.accumulate = %s): %lld on bfloat16, %lld on float32\n",
                  std::string(nn::to_string(compute)).c_str(), nn::to_string(accumulate).c_str(),
                  static_cast<long long>(r.products_bf16),

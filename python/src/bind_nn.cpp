@@ -137,7 +137,7 @@ void bind_recipe(py::module_& m) {
       .def_property_readonly("accumulate", [](const nn::Recipe& r) -> std::optional<std::string> {
              if (!r.accumulate) return std::nullopt;
              return nn::to_string(*r.accumulate);
-           }, "The recipe's accumulation (fp32 or FORMAT@CHUNK), or None where it leaves it to the run")
+           }, "The recipe's accumulation (fp32, FORMAT@CHUNK or a dot model, docs/spec.md §7.4), or None where it leaves it to the run")
       .def("resolve",
            [](const nn::Recipe& r, const std::string& path, int index, int count) {
              if (count < 1 || index < 0 || index >= count)

@@ -251,9 +251,9 @@ std::string preset_names() {
 std::string to_string(const DotModel& m) {
   for (const auto& p : dot_presets())
     if (p.model == m) return std::string(p.name);
-  return "dot:group=" + std::to_string(m.group) + ",frac=" + std::to_string(m.frac) + ",align=" +
-         std::string(rounding_name(m.align_nearest)) + ",acc=" + std::to_string(m.acc_bits) + ",acc_round=" +
-         std::string(rounding_name(m.acc_nearest)) + ",promote=" + std::to_string(m.promote);
+  return "dot:group=" + std::to_string(m.group) + ":frac=" + std::to_string(m.frac) + ":align=" +
+         std::string(rounding_name(m.align_nearest)) + ":acc=" + std::to_string(m.acc_bits) + ":acc_round=" +
+         std::string(rounding_name(m.acc_nearest)) + ":promote=" + std::to_string(m.promote);
 }
 
 DotModel parse_dot_model(std::string_view text) {
@@ -262,11 +262,11 @@ DotModel parse_dot_model(std::string_view text) {
   const std::string whole = "dot model '" + std::string(text) + "': ";
   constexpr std::string_view kPrefix = "dot:";
   if (text.substr(0, kPrefix.size()) != kPrefix)
-    throw Error(whole + "expected a preset (" + preset_names() + ") or dot:KEY=VALUE,... (keys group, frac, align, acc, "
+    throw Error(whole + "expected a preset (" + preset_names() + ") or dot:KEY=VALUE:... (keys group, frac, align, acc, "
                 "acc_round, promote)");
   DotModel m;
   std::vector<std::string_view> seen;
-  for (const std::string_view item : split(text.substr(kPrefix.size()), ',')) {
+  for (const std::string_view item : split(text.substr(kPrefix.size()), ':')) {
     const auto kv = key_value(trim(item));
     if (!kv) throw Error(whole + "expected KEY=VALUE, got '" + std::string(item) + "'");
     const std::string_view key = trim(kv->key);

@@ -10,6 +10,7 @@
 #include <c10/util/accumulate.h>
 
 #include "fp8lab/core/format.hpp"
+#include "fp8lab/kernels/dot_model.hpp"
 #include "fp8lab/kernels/scaled.hpp"
 #include "fp8lab/nn/tensor_quant.hpp"
 #include "compute_detail.hpp"
@@ -140,6 +141,36 @@ torch::Tensor chunked_matmul(const torch::Tensor& a, const torch::Tensor& b, Com
   return sum;
 }
 
+// A product under a dot-product hardware model (docs/spec.md §7.4): the operands as float32
+// (broadcast batches expanded, vectors as one-row or one-column matrices), one model_dot
+// per output on the kernels' integer path. The compute setting does not apply: the model
+// is the arithmetic, reported as the float32 path.
+torch::Tensor modelled_matmul(const torch::Tensor& a_in, const torch::Tensor& b_in, const DotModel& model,
+                              Compute* taken) {
+  const torch::Tensor a = a_in.dim() == 1 ? a_in.unsqueeze(0) : a_in;
+  const torch::Tensor b = b_in.dim() == 1 ? b_in.unsqueeze(1) : b_in;
+  TORCH_CHECK(a.size(-1) == b.size(-2), "a product's inner dimensions differ: ", a.sizes(), " and ", b.sizes());
+  const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  std::vector<std::int64_t> batch =
+      at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - 2));
+  const auto with = [&](std::int64_t r, std::int64_t cc) {
+    std::vector<std::int64_t> v = batch;
+    v.insert(v.end(), {r, cc});
+    return v;
+  };
+  const torch::Tensor ac = detail::widened(a).expand(with(m, k)).contiguous();
+  const torch::Tensor bc = detail::widened(b).expand(with(k, n)).contiguous();
+  torch::Tensor out = torch::empty(with(m, n), ac.options());
+  kernels::model_matmul(ac.data_ptr<float>(), bc.data_ptr<float>(), out.data_ptr<float>(),
+                        {static_cast<std::size_t>(c10::multiply_integers(batch)), static_cast<std::size_t>(m),
+                         static_cast<std::size_t>(k), static_cast<std::size_t>(n)},
+                        model);
+  if (taken) *taken = Compute::fp32;
+  if (a_in.dim() == 1) out = out.squeeze(-2);
+  if (b_in.dim() == 1) out = out.squeeze(-1);
+  return out;
+}
+
 // One operand's scale of each chunk, [batch, chunks, rows] contiguous: chunk j starts at
 // position j * chunk, in group j * chunk / group.
 torch::Tensor chunk_scales(const ReductionScales& s, at::IntArrayRef batch, std::int64_t rows, std::int64_t chunks,
@@ -197,6 +228,7 @@ torch::Tensor matmul_scaled(const torch::Tensor& a_in, const ReductionScales& sa
 
 torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken,
                      const Accumulation& acc) {
+  if (acc.model) return modelled_matmul(a, b, *acc.model, taken);
   if (acc.chunked()) return chunked_matmul(a, b, c, taken, acc);
   // Batched products whose leading dimensions agree run as one batch of matrices; others
   // (broadcast batches, vectors) take float32.

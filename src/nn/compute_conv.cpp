@@ -151,7 +151,7 @@ std::optional<torch::Tensor> conv2d_weight_grad_bf16(const torch::Tensor& gy, co
 
 torch::Tensor conv2d(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g, Compute c,
                      Compute* taken, const Accumulation& acc) {
-  if (acc.chunked()) return detail::chunked_conv2d(x, w, g, c, taken, acc);
+  if (!acc.plain()) return detail::chunked_conv2d(x, w, g, c, taken, acc);
   return detail::choose_path(
       c, taken, "a convolution", [&] { return conv2d_bf16(x, w, g); },
       [&] { return torch::conv2d(cl(x), widened(w), {}, vec(g.stride), vec(g.padding), vec(g.dilation), g.groups); });
@@ -160,7 +160,7 @@ torch::Tensor conv2d(const torch::Tensor& x, const torch::Tensor& w, const ConvG
 ConvGrads conv2d_backward(const torch::Tensor& gy_dx, const torch::Tensor& gy_dw, const torch::Tensor& x,
                           const torch::Tensor& w, const ConvGeometry& g, Compute c, bool want_dx, bool want_dw,
                           const Accumulation& acc) {
-  if (acc.chunked()) return detail::chunked_conv2d_backward(gy_dx, gy_dw, x, w, g, c, want_dx, want_dw, acc);
+  if (!acc.plain()) return detail::chunked_conv2d_backward(gy_dx, gy_dw, x, w, g, c, want_dx, want_dw, acc);
   Forms forms;  // shared: gy_dx is often gy_dw, and each is converted once
   const auto fp32 = [&](const torch::Tensor& gy, bool dx) {
     return at::convolution_backward(cl(gy), cl(x), widened(w), std::nullopt, vec(g.stride), vec(g.padding),

@@ -198,7 +198,7 @@ void assign(const Field& f, const toml::node& v) {
           *p = nn::parse_compute(*s);
         } else if constexpr (std::is_same_v<T, std::optional<nn::Accumulation>>) {
           const auto s = v.value_exact<std::string>();
-          if (!s) throw Error("must be a string (fp32 or FORMAT@CHUNK)");
+          if (!s) throw Error("must be a string (fp32, FORMAT@CHUNK or a dot model)");
           *p = nn::parse_accumulation(*s);
         } else if constexpr (std::is_same_v<T, bool>) {
           if (auto b = v.value_exact<bool>()) *p = *b;
@@ -461,7 +461,7 @@ std::string to_toml(const TrainConfig& cin) {
 namespace {
 bool left_out_at_default(const std::string& key, const TrainConfig& c) {
   return (key == "quant.compute" && compute_of(c.quant) == nn::Compute::fp32) ||
-         (key == "quant.accumulate" && !accumulation_of(c.quant).chunked()) ||
+         (key == "quant.accumulate" && accumulation_of(c.quant).plain()) ||
          (key == "data.drop_long" && c.data.drop_long == DataConfig{}.drop_long) ||
          (key == "model.bn_momentum" && c.model.bn_momentum == ModelConfig{}.bn_momentum) ||
          (key == "model.channels_last" && !c.model.channels_last);

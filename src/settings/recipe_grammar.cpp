@@ -116,7 +116,7 @@ constexpr RecipeKey kKeys[] = {
     {"compute", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.compute = parse_compute(v); },
      "fp32, bf16 or auto", get_compute},
     {"accumulate", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.accumulate = parse_accumulation(v); },
-     "fp32 or FORMAT@CHUNK", get_accumulate},
+     "fp32, FORMAT@CHUNK or a dot model", get_accumulate},
 };
 
 // The key named `name` (its own name, its line name or a tensor kind's other name such as

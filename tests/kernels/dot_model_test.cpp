@@ -145,15 +145,15 @@ TEST(DotModel, SmallProductsAreTruncatedBesideALargeOne) {
   std::vector<float> a(128, std::ldexp(1.0f, -14)), b(128, 1.0f);
   a[127] = 1.0f;
   EXPECT_EQ(model(a, b, parse_dot_model("hopper-fp8")), 1.005859375f);
-  EXPECT_EQ(model(a, b, parse_dot_model("dot:frac=14,acc=24")), 1.0f + 127 * std::ldexp(1.0f, -14));
+  EXPECT_EQ(model(a, b, parse_dot_model("dot:frac=14:acc=24")), 1.0f + 127 * std::ldexp(1.0f, -14));
   // The accumulator's width: 14 bits hold 1 + 48 * 2^-13 but not 1 + 49 * 2^-14 * 2.
   a.assign(64, 0.0f);
   a[0] = 1.0f;
   a[1] = std::ldexp(1.0f, -13) + std::ldexp(1.0f, -14);  // needs 15 bits beside 1
   b.assign(64, 1.0f);
-  EXPECT_EQ(model(a, b, parse_dot_model("dot:frac=20,acc=14")), 1.0f + std::ldexp(1.0f, -13));
-  EXPECT_EQ(model(a, b, parse_dot_model("dot:frac=20,acc=15")), 1.0f + std::ldexp(1.0f, -13) + std::ldexp(1.0f, -14));
-  EXPECT_EQ(model(a, b, parse_dot_model("dot:frac=20,acc=14,acc_round=nearest")), 1.0f + std::ldexp(1.0f, -12));
+  EXPECT_EQ(model(a, b, parse_dot_model("dot:frac=20:acc=14")), 1.0f + std::ldexp(1.0f, -13));
+  EXPECT_EQ(model(a, b, parse_dot_model("dot:frac=20:acc=15")), 1.0f + std::ldexp(1.0f, -13) + std::ldexp(1.0f, -14));
+  EXPECT_EQ(model(a, b, parse_dot_model("dot:frac=20:acc=14:acc_round=nearest")), 1.0f + std::ldexp(1.0f, -12));
 }
 
 // Promotion: a float32 sum of partial sums restarts the accumulator, so the small products
@@ -201,7 +201,7 @@ TEST(DotModel, SpecialValues) {
   EXPECT_EQ(model({}, {}, m), 0.0f);
   // Overflow of a finite sum: infinity when rounding to nearest, the largest value toward zero.
   const float big = std::numeric_limits<float>::max();
-  EXPECT_EQ(model({big, big}, {1, 1}, parse_dot_model("dot:acc_round=nearest,acc=24")), inf);
+  EXPECT_EQ(model({big, big}, {1, 1}, parse_dot_model("dot:acc_round=nearest:acc=24")), inf);
   EXPECT_EQ(model({big, big}, {1, 1}, parse_dot_model("dot:acc=24")), big);
 }
 
@@ -234,8 +234,8 @@ TEST(DotModel, NamesRoundTripAndErrorsNameTheProblem) {
     EXPECT_EQ(to_string(p.model), p.name);
     EXPECT_EQ(parse_dot_model(to_string(p.model)), p.model);
   }
-  const DotModel m = parse_dot_model("dot:promote=64,group=16,frac=7,align=nearest,acc=10,acc_round=nearest");
-  EXPECT_EQ(to_string(m), "dot:group=16,frac=7,align=nearest,acc=10,acc_round=nearest,promote=64");
+  const DotModel m = parse_dot_model("dot:promote=64:group=16:frac=7:align=nearest:acc=10:acc_round=nearest");
+  EXPECT_EQ(to_string(m), "dot:group=16:frac=7:align=nearest:acc=10:acc_round=nearest:promote=64");
   EXPECT_EQ(parse_dot_model(to_string(m)), m);
   const auto error = [](const char* text) {
     try {
@@ -247,13 +247,13 @@ TEST(DotModel, NamesRoundTripAndErrorsNameTheProblem) {
   };
   EXPECT_NE(error("hopper").find("expected a preset (hopper-fp8, hopper-fp8-promote128, blackwell, ocp-mx)"), std::string::npos);
   EXPECT_NE(error("dot:width=3").find("unknown key 'width'"), std::string::npos);
-  EXPECT_NE(error("dot:frac=3,frac=4").find("'frac' given twice"), std::string::npos);
+  EXPECT_NE(error("dot:frac=3:frac=4").find("'frac' given twice"), std::string::npos);
   EXPECT_NE(error("dot:frac=x").find("frac: 'x' is not an integer"), std::string::npos);
   EXPECT_NE(error("dot:align=up").find("'up' is not a rounding"), std::string::npos);
   EXPECT_NE(error("dot:group=65").find("group 65 is out of range 1..64"), std::string::npos);
   EXPECT_NE(error("dot:frac=101").find("frac 101 is out of range 0..100"), std::string::npos);
   EXPECT_NE(error("dot:acc=25").find("acc 25 is out of range 1..24"), std::string::npos);
-  EXPECT_NE(error("dot:group=32,promote=48").find("promote 48 must be 0 (never) or a positive multiple of group 32"),
+  EXPECT_NE(error("dot:group=32:promote=48").find("promote 48 must be 0 (never) or a positive multiple of group 32"),
             std::string::npos);
   EXPECT_NE(error("dot:frac").find("expected KEY=VALUE, got 'frac'"), std::string::npos);
 }

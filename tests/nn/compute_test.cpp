@@ -15,6 +15,7 @@
 
 #include "../common/testutil.hpp"
 #include "../common/torch_testutil.hpp"
+#include "fp8lab/core/dot_model.hpp"
 #include "fp8lab/core/format.hpp"
 #include "fp8lab/nn/compute.hpp"
 #include "fp8lab/nn/ops.hpp"
@@ -120,6 +121,11 @@ TEST(Compute, AutoTakesBf16OnlyWhereBothHold) {
 
 // Small integers: every product and partial sum is an integer below 2^24, exact in float32
 // in any order, so the bfloat16 product must equal float32's bit for bit.
+// A dot model (docs/spec.md §7.4) under which products of small integers (up to 64) lose
+// bits: terms below an eighth of a group's largest are truncated, the accumulator holds 6
+// bits, promoted every 8 products.
+constexpr const char* kModel = "dot:group=4:frac=3:align=truncate:acc=6:acc_round=truncate:promote=8";
+
 torch::Tensor small_ints(std::int64_t r, std::int64_t c, std::uint64_t seed) {
   torch::manual_seed(seed);
   return torch::randint(-8, 9, {r, c}).to(torch::kFloat);
@@ -375,10 +381,23 @@ TEST(Accumulation, NamesParseAndPrintBack) {
   }
 }
 
+// Under a dot model (docs/spec.md §7.4), each output is model_dot of its row and column
+// (model_dot is checked against the definition in tests/kernels/dot_model_test.cpp).
+torch::Tensor modelled_reference(const torch::Tensor& a, const torch::Tensor& b, const DotModel& m) {
+  const torch::Tensor ac = a.contiguous(), bc = b.contiguous();
+  const std::int64_t rows = a.size(0), k = a.size(1), n = b.size(1);
+  torch::Tensor y = torch::empty({rows, n});
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < n; ++j)
+      y[i][j] = model_dot(ac.data_ptr<float>() + i * k, 1, bc.data_ptr<float>() + j, n, k, m);
+  return y;
+}
+
 // The slow reference of docs/spec.md §7.3 for integer-valued operands (every chunk's sum
 // is exact in double and in float32): per output, each chunk's sum rounded by the scalar
 // quantizer, the rounded sums added in float32 in chunk order.
 torch::Tensor chunked_reference(const torch::Tensor& a, const torch::Tensor& b, const Accumulation& acc) {
+  if (acc.model) return modelled_reference(a, b, *acc.model);
   QuantSpec q;
   q.format = acc.partial;
   const auto A = a.accessor<float, 2>(), B = b.accessor<float, 2>();
@@ -421,13 +440,39 @@ TEST(Accumulation, ChunkedProductsEqualTheSlowReference) {
   EXPECT_TRUE(test::bit_equal(matmul(a, b, Compute::fp32, nullptr, whole), fake_quantize(torch::matmul(a, b), q, 0)));
 }
 
+// Under a dot model every output is model_dot of its row and column, whatever the compute
+// setting (reported as fp32), for plain, transposed, batched and broadcast operands and
+// vectors.
+TEST(Accumulation, DotModelProductsAreModelDotPerOutput) {
+  const Accumulation acc = parse_accumulation(kModel);
+  const torch::Tensor a = small_ints(9, 37, 31), b = small_ints(37, 6, 32);
+  const torch::Tensor want = modelled_reference(a, b, *acc.model);
+  EXPECT_FALSE(torch::equal(want, torch::matmul(a, b)));  // the model's truncation shows
+  for (Compute c : {Compute::fp32, Compute::auto_, Compute::bf16}) {
+    Compute taken = Compute::auto_;
+    EXPECT_TRUE(test::bit_equal(matmul(a, b, c, &taken, acc), want)) << to_string(c);
+    EXPECT_EQ(taken, Compute::fp32);
+    EXPECT_TRUE(test::bit_equal(matmul(a.t().contiguous().t(), b.t().contiguous().t(), c, nullptr, acc), want));
+    EXPECT_TRUE(test::bit_equal(matmul(torch::stack({a, a}), torch::stack({b, b}), c, nullptr, acc)[1], want));
+    EXPECT_TRUE(test::bit_equal(matmul(torch::stack({a, a}), b, c, nullptr, acc)[0], want));  // broadcast
+    EXPECT_TRUE(test::bit_equal(matmul(a[2], b, c, nullptr, acc), want[2]));                    // vector
+  }
+  EXPECT_EQ(to_string(acc), kModel);
+  EXPECT_EQ(to_string(parse_accumulation("hopper-fp8")), "hopper-fp8");
+  EXPECT_FALSE(acc.plain() || acc.chunked());
+  EXPECT_NE(error_of([] { (void)parse_accumulation("dot:frac=200"); }).find("accumulation 'dot:frac=200': dot model"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { (void)parse_accumulation("hoper-fp8"); }).find("a dot model, hopper-fp8"), std::string::npos);
+}
+
 // A linear layer under a chunked accumulation: its three products (forward over the input
 // features, grad_x over the output features, grad_w over the batch) each as the reference.
 TEST(Accumulation, LinearLayerAccumulatesEveryProductInChunks) {
+  for (const char* spec : {"1.4.3:7@5", kModel}) {
   // Formats that hold every small integer (no saturation), so that the operands are x0,
   // w0 and r themselves.
   const LayerQuant q = parse_recipe("a=1.4.3:10,w=1.4.3:10,gx=1.5.2:15,gw=fp32").base;
-  const Accumulation acc = parse_accumulation("1.4.3:7@5");
+  const Accumulation acc = parse_accumulation(spec);
   const torch::Tensor x0 = small_ints(12, 23, 33), w0 = small_ints(7, 23, 34), r = small_ints(12, 7, 35);
   auto ctx = std::make_shared<QuantContext>();
   ctx->accumulate = acc;
@@ -438,13 +483,19 @@ TEST(Accumulation, LinearLayerAccumulatesEveryProductInChunks) {
   EXPECT_TRUE(test::bit_equal(y, chunked_reference(x0, w0.t().contiguous(), acc)));
   EXPECT_TRUE(test::bit_equal(g[0], chunked_reference(r, w0, acc)));
   EXPECT_TRUE(test::bit_equal(g[1], chunked_reference(r.t().contiguous(), x0, acc)));
+  EXPECT_FALSE(torch::equal(y, torch::matmul(x0, w0.t())));  // the accumulation shows
   EXPECT_EQ(st->products.counts().first + st->products.counts().second, 3);
+  }
 }
 
 // The slow reference of a chunked sum (docs/spec.md §7.3) of integer-valued terms: each
 // chunk's sum (exact in double and in float32) rounded by the scalar quantizer, the rounded
 // sums added in float32 in chunk order.
 float chunked_sum(const std::vector<double>& terms, const Accumulation& acc) {
+  if (acc.model) {  // the terms (exact products of small integers) as a times ones
+    const std::vector<float> a(terms.begin(), terms.end()), ones(terms.size(), 1.0f);
+    return model_dot(a.data(), 1, ones.data(), 1, static_cast<std::int64_t>(a.size()), *acc.model);
+  }
   QuantSpec q;
   q.format = acc.partial;
   float sum = 0;
@@ -528,8 +579,9 @@ std::array<torch::Tensor, 3> chunked_conv_reference(const Conv& c, const torch::
 // Every geometry, each compute path: the three products bit-identical to the reference,
 // each on the path it reports.
 TEST(Accumulation, ChunkedConvolutionsEqualTheSlowReference) {
-  const Accumulation acc = parse_accumulation("1.5.2:15@5");
+  for (const char* spec : {"1.5.2:15@5", kModel})
   for (const Conv& c : kConvs) {
+    const Accumulation acc = parse_accumulation(spec);
     const torch::Tensor x = ints({c.n, c.c, c.h, c.w}, 41), w = ints({c.o, c.c / c.g.groups, c.k, c.k}, 42);
     const torch::Tensor gy = ints(
         torch::conv2d(x, w, {}, v2(c.g.stride), v2(c.g.padding), v2(c.g.dilation), c.g.groups).sizes(), 43);
@@ -540,7 +592,8 @@ TEST(Accumulation, ChunkedConvolutionsEqualTheSlowReference) {
     }
     for (Compute compute : {Compute::fp32, Compute::auto_, Compute::bf16}) {
       if (compute == Compute::bf16 && !bf16_products_available()) continue;
-      const Compute expect = compute == Compute::fp32 || !bf16_products_available() ? Compute::fp32 : Compute::bf16;
+      const Compute expect =
+          compute == Compute::fp32 || !bf16_products_available() || acc.model ? Compute::fp32 : Compute::bf16;
       Compute taken = Compute::auto_;
       const torch::Tensor y = conv2d(x, w, c.g, compute, &taken, acc);
       EXPECT_TRUE(test::bit_equal(y, want[0])) << name_of(c) << " " << to_string(compute);
@@ -559,9 +612,10 @@ TEST(Accumulation, ChunkedConvolutionsEqualTheSlowReference) {
 // then runs through the compute layer too): forward, grad_x and grad_w as the reference,
 // the bias gradient the float32 sum of the gradient, three products counted.
 TEST(Accumulation, ConvolutionLayerAccumulatesEveryProductInChunks) {
+  for (const char* spec : {"1.4.3:7@4", kModel}) {
   // Formats that hold every small integer, so that the operands are x0, w0 and r themselves.
   const LayerQuant q = parse_recipe("a=1.4.3:10,w=1.4.3:10,gx=1.5.2:15,gw=fp32").base;
-  const Accumulation acc = parse_accumulation("1.4.3:7@4");
+  const Accumulation acc = parse_accumulation(spec);
   const Conv c = kConvs[1];  // strided, grouped, with a right edge the stride leaves out
   const torch::Tensor x0 = ints({c.n, c.c, c.h, c.w}, 44), w0 = ints({c.o, c.c / c.g.groups, c.k, c.k}, 45),
                       b0 = ints({c.o}, 46);
@@ -582,6 +636,7 @@ TEST(Accumulation, ConvolutionLayerAccumulatesEveryProductInChunks) {
     EXPECT_TRUE(test::bit_equal(g[1], want[2])) << to_string(compute);
     EXPECT_TRUE(test::bit_equal(g[2], r.sum({0, 2, 3}))) << to_string(compute);
     EXPECT_EQ(st->products.counts().first + st->products.counts().second, 3);
+  }
   }
 }
 

@@ -209,7 +209,7 @@ TEST(Recipe, TomlComputeAndAccumulate) {
   const std::string e = error_of([] { parse_recipe_toml("a = \"e4m3fn\"\ncompute = \"tf32\"\n", "r.toml"); });
   EXPECT_NE(e.find("r.toml:2: 'compute'"), std::string::npos) << e;
   EXPECT_NE(e.find("'tf32'"), std::string::npos) << e;
-  EXPECT_NE(error_of([] { parse_recipe_toml("accumulate = 128\n", "r.toml"); }).find("r.toml:1: 'accumulate' must be a string (fp32 or FORMAT@CHUNK)"),
+  EXPECT_NE(error_of([] { parse_recipe_toml("accumulate = 128\n", "r.toml"); }).find("r.toml:1: 'accumulate' must be a string (fp32, FORMAT@CHUNK or a dot model)"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse_recipe_toml("accumulate = \"e5m2@0\"\n", "r.toml"); }).find("positive integer"),
             std::string::npos);
@@ -311,7 +311,9 @@ TEST(RecipeGrammar, RandomRecipesRoundTripThroughBothForms) {
     r.keep_last = pick(2);
     r.hadamard = pick(2) ? 16 : 0;
     if (pick(2)) r.compute = static_cast<Compute>(pick(3));
-    if (pick(2)) r.accumulate = parse_accumulation(pick(2) ? "fp32" : "1.8.10@128");
+    const char* accumulations[] = {"fp32", "1.8.10@128", "hopper-fp8-promote128",
+                                   "dot:group=8:frac=5:align=nearest:acc=9:acc_round=nearest:promote=16"};
+    if (pick(2)) r.accumulate = parse_accumulation(accumulations[pick(std::size(accumulations))]);
     const bool overrides = pick(2);
     for (int j = 0; overrides && j < 1 + pick(3); ++j) {
       RecipeOverride o;

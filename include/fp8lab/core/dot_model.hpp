@@ -45,7 +45,7 @@ struct DotPreset {
 const std::vector<DotPreset>& dot_presets();
 
 // "hopper-fp8" for a preset, else the general form
-// "dot:group=K,frac=F,align=truncate|nearest,acc=W,acc_round=truncate|nearest,promote=N".
+// "dot:group=K:frac=F:align=truncate|nearest:acc=W:acc_round=truncate|nearest:promote=N".
 std::string to_string(const DotModel& m);
 // A preset's name or the general form (keys in any order, each at most once; those not
 // given keep DotModel's defaults). Throws Error naming the problem.

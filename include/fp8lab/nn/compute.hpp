@@ -42,7 +42,9 @@ std::optional<torch::Tensor> bmm_bf16(const torch::Tensor& a, const torch::Tenso
 // leading dimensions agree; broadcast batches and vectors run in float32 (bf16: an error).
 // `taken`, when given, receives the path used (fp32 or bf16). With a chunked accumulation
 // the sums over a's last dimension (b's second-last) accumulate as `acc` says, each
-// chunk's product on the path `c` asks for.
+// chunk's product on the path `c` asks for. With a dot model (§7.4) every output is the
+// model's dot product of float32 operands (any shapes torch::matmul takes, broadcast
+// batches included); `c` does not apply and the path is fp32.
 torch::Tensor matmul(const torch::Tensor& a, const torch::Tensor& b, Compute c, Compute* taken = nullptr,
                      const Accumulation& acc = {});
 
@@ -90,8 +92,8 @@ std::optional<torch::Tensor> conv2d_weight_grad_bf16(const torch::Tensor& gy, co
 
 // The convolution on the path `c` asks for, as matmul() above; fp32 is libtorch's
 // torch::conv2d, with channels-last activations. Operands may be given as bfloat16. With a
-// chunked accumulation the convolution runs as im2col matrix products, one per group, whose
-// sums over (channel, ky, kx) accumulate as `acc` says (docs/spec.md §7.3).
+// chunked accumulation or a dot model the convolution runs as im2col matrix products, one
+// per group, whose sums over (channel, ky, kx) accumulate as `acc` says (docs/spec.md §7.3, §7.4).
 torch::Tensor conv2d(const torch::Tensor& x, const torch::Tensor& w, const ConvGeometry& g, Compute c,
                      Compute* taken = nullptr, const Accumulation& acc = {});
 

@@ -86,7 +86,7 @@ struct QuantContext {
   // How the sums of products accumulate (docs/spec.md §7.3); plain is float32.
   Accumulation accumulate;
   // Whether products go through the compute layer rather than libtorch's own float32 ops.
-  bool layer_products() const { return compute != Compute::fp32 || accumulate.chunked(); }
+  bool layer_products() const { return compute != Compute::fp32 || !accumulate.plain(); }
 };
 
 // How the compute layer's products take a scaled operand (LayerState::operand_tensor).

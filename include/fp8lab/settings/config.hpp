@@ -132,7 +132,7 @@ struct QuantConfig {
   Spelled<nn::Recipe> recipe = recipe_setting("fp32");
   Spelled<nn::LossScaleConfig> loss_scale = loss_scale_setting("none");
   // How products run (fp32, bf16 or auto, docs/spec.md §7) and how their sums accumulate
-  // (fp32 or FORMAT@CHUNK, §7.3). Unset: not given in the config file or by --set;
+  // (fp32, FORMAT@CHUNK or a dot model, §7.3-7.4). Unset: not given in the config file or by --set;
   // complete_config then takes the recipe's value, else fp32 (one precedence rule:
   // explicit, then the recipe, then the default).
   std::optional<nn::Compute> compute;

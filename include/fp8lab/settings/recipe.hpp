@@ -86,7 +86,7 @@ struct Recipe {
 // "fp32" | QUANTIZER[/ROUNDING[:RANDOM_BITS]][/OVERFLOW], or in TOML a table with format,
 // rounding, overflow, random_bits); exempt_first (true, false or the quantizer the first
 // layer's input and output gradient take instead of float32, e.g. "fp16"); keep_last (true,
-// false); hadamard (0 or 16); compute (fp32, bf16, auto); accumulate (fp32 or FORMAT@CHUNK).
+// false); hadamard (0 or 16); compute (fp32, bf16, auto); accumulate (fp32, FORMAT@CHUNK or a dot model).
 //
 // The line: "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31" (kinds not named stay
 // float32), the same keys as KEY=VALUE items, with `first` another name of exempt_first and

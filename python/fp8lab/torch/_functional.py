@@ -88,7 +88,7 @@ def context(*, seed: int = 0, compute: str = "fp32", accumulate: str = "fp32", s
             save_codes: bool = True) -> QuantContext:
     """The state every quantized layer of a model shares: the run seed, the step number
     (stochastic rounding streams derive from both), the compute path of the products
-    (fp32, auto or bf16, docs/spec.md §7), their accumulation (fp32 or FORMAT@CHUNK) and how
+    (fp32, auto or bf16, docs/spec.md §7), their accumulation (fp32, FORMAT@CHUNK or a dot model such as hopper-fp8) and how
     often statistics are recorded (every N steps; 0: never)."""
     return QuantContext(seed=seed, compute=compute, accumulate=accumulate, stats_interval=stats_interval,
                         save_codes=save_codes)
