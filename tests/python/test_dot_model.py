@@ -93,3 +93,31 @@ def test_bad_model_names_are_value_errors():
         ft.context(accumulate="dot:frac=101")
     with pytest.raises(ValueError, match="a dot model, hopper-fp8"):
         ft.context(accumulate="hopper")
+
+
+def _script(path: str):
+    import importlib.util
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, root / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_probes_comparison_finds_the_model_that_made_the_outputs(tmp_path):
+    """scripts/compare_scaled_mm.py on a probe file written as the GPU probe writes it, its
+    outputs made by hopper-fp8: that model agrees bit for bit, float32 sums do not."""
+    probe, compare = _script("scripts/gpu/scaled_mm_probe.py"), _script("scripts/compare_scaled_mm.py")
+    cases = probe.cases()
+    saved = {"info": np.array('{"device": "made by fp8lab"}')}
+    for name in ("random_e4m3_k256", "large_then_small_k256", "small_then_large_k1024", "e5m2"):
+        a, b = (t.float().numpy() for t in cases[name])
+        saved[name + ".a"], saved[name + ".b"] = a, b
+        saved[name + ".out"] = compare.product(a, b, "hopper-fp8")
+    path = tmp_path / "probe.npz"
+    np.savez_compressed(path, **saved)
+    rows = compare.compare(str(path), ["hopper-fp8", "fp32"])
+    assert len(rows) == 8
+    assert all(equal == 1.0 and ulps == 0 for _, m, equal, ulps in rows if m == "hopper-fp8")
+    assert any(equal < 1.0 and ulps > 0 for _, m, equal, ulps in rows if m == "fp32")
