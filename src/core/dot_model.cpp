@@ -111,10 +111,16 @@ I aligned_sum(const std::int64_t* pm, const int* pe, int terms, int q, bool near
 
 }  // namespace
 
-float model_dot(const Split* a, const Split* b, std::int64_t n, const DotModel& m) {
+bool any_special(const Split* x, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (x[i].special != Special::none) return true;
+  return false;
+}
+
+float model_dot(const Split* a, const Split* b, std::int64_t n, const DotModel& m, bool specials) {
   // Special values first: the sum is NaN or an infinity whatever the model.
   bool nan = false, pos_inf = false, neg_inf = false;
-  for (std::int64_t i = 0; i < n; ++i) {
+  for (std::int64_t i = 0; specials && i < n; ++i) {
     if (a[i].special == Special::none && b[i].special == Special::none) continue;
     if (a[i].special == Special::nan || b[i].special == Special::nan || a[i].m == 0 || b[i].m == 0) {
       nan = true;

@@ -21,10 +21,14 @@ void model_matmul(const float* a, const float* b, float* out, const MatmulShape&
     for (std::size_t i = 0; i < rows * inner; ++i) sa[i] = dot_detail::split(ab[i]);
     for (std::size_t k = 0; k < inner; ++k)
       for (std::size_t j = 0; j < cols; ++j) sb[j * inner + k] = dot_detail::split(bb[k * cols + j]);
+    std::vector<char> row_special(rows), col_special(cols);  // whether the scan for infinities and NaNs is needed
+    for (std::size_t i = 0; i < rows; ++i) row_special[i] = dot_detail::any_special(sa.data() + i * inner, inner);
+    for (std::size_t j = 0; j < cols; ++j) col_special[j] = dot_detail::any_special(sb.data() + j * inner, inner);
     run.parallel_for(rows * cols, 1, [&](std::size_t begin, std::size_t end) {
       for (std::size_t o = begin; o < end; ++o) {
         const std::size_t i = o / cols, j = o % cols;
-        ob[o] = dot_detail::model_dot(sa.data() + i * inner, sb.data() + j * inner, static_cast<std::int64_t>(inner), m);
+        ob[o] = dot_detail::model_dot(sa.data() + i * inner, sb.data() + j * inner, static_cast<std::int64_t>(inner), m,
+                                      row_special[i] || col_special[j]);
       }
     });
   }

@@ -214,6 +214,8 @@ TEST(DotModel, MatrixKernelIsModelDotPerOutput) {
     a.insert(a.end(), ai.begin(), ai.end());
     b.insert(b.end(), bi.begin(), bi.end());
   }
+  a[3] = HUGE_VALF;                                  // row 0 of batch 0: infinite products
+  b[inner * cols + 2 * cols + 4] = std::nanf("");    // column 4 of batch 1: NaN
   const DotModel m = parse_dot_model("hopper-fp8-promote128");
   std::vector<float> out(batch * rows * cols), serial(out.size());
   kernels::model_matmul(a.data(), b.data(), out.data(), {batch, rows, inner, cols}, m);
@@ -227,6 +229,7 @@ TEST(DotModel, MatrixKernelIsModelDotPerOutput) {
         ASSERT_TRUE(same_bits(out[o], want)) << t << " " << i << " " << j;
         ASSERT_TRUE(same_bits(serial[o], want));
       }
+  EXPECT_TRUE(std::isinf(out[0]) && std::isnan(out[rows * cols + 4]) && std::isfinite(out[rows * cols + 5]));
 }
 
 TEST(DotModel, NamesRoundTripAndErrorsNameTheProblem) {

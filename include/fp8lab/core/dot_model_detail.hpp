@@ -2,6 +2,7 @@
 // (kernels/dot_model.hpp), which splits each operand once rather than once per product.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "fp8lab/core/dot_model.hpp"
@@ -20,7 +21,10 @@ Split split(float x);
 // sum * 2^q rounded into the model's accumulator (acc_bits, acc_nearest, float32's range).
 float round_into_accumulator(__int128 sum, int q, const DotModel& m);
 
-// The model's dot product of n split operands (DotModel, docs/spec.md §7.4).
-float model_dot(const Split* a, const Split* b, std::int64_t n, const DotModel& m);
+// The model's dot product of n split operands (DotModel, docs/spec.md §7.4). `specials`
+// false: the caller knows that no operand is an infinity or NaN (the scan for them skipped).
+float model_dot(const Split* a, const Split* b, std::int64_t n, const DotModel& m, bool specials = true);
+// Whether any of the n operands is an infinity or NaN.
+bool any_special(const Split* x, std::size_t n);
 
 }  // namespace fp8lab::dot_detail
