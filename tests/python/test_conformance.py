@@ -1,5 +1,6 @@
 """fp8lab's MX quantizers against torchao's (torchao.prototype.mx_formats.to_mx, a test
-dependency), block by block on adversarial inputs (docs/spec.md §6.9): fp8lab's `floor`
+dependency), and its NVFP4 quantizer against TransformerEngine's documented reference
+algorithm, block by block (docs/spec.md §6.9). MX: fp8lab's `floor`
 scales are torchao's FLOOR, its `ceil` scales torchao's RCEIL, bit for bit, for
 every element format, wherever a block's largest magnitude is a finite normal float32; the
 two conventions that differ are pinned, with fp8lab's side checked against ml_dtypes."""
@@ -101,3 +102,49 @@ def test_the_conventions_that_differ():
     # torchao divides by float32's least normal, 2^-126 (its clamp), and its code reads 2^-127.
     assert same(theirs, torch.from_numpy(code_of(x * 2.0 ** 126) * 2.0 ** -127).float())
     assert all(not same(ours[i], theirs[i]) for i in range(5))
+
+
+def transformer_engine_nvfp4(x: torch.Tensor):
+    """TransformerEngine's documented NVFP4 reference quantizer (1x16 blocks, no Hadamard
+    transform; transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py), written
+    again from its description: the global encode scale 2688 / amax, each block's decode
+    scale fl32(fl32(amax_b / 6) * global) rounded to E4M3, the elements x times
+    fl32(1 / fl32(s / global)) clamped to +-6 and rounded to nearest-even E2M1. Returns the
+    element values (unscaled), the block scales and the global amax."""
+    big = torch.tensor(torch.finfo(torch.float32).max)
+    amax = x.abs().max().float()
+    encode = torch.minimum(torch.tensor(448.0 * 6.0) / amax, big)
+    if encode == 0:
+        encode = torch.tensor(1.0)
+    decode = 1.0 / encode
+    blocks = x.reshape(x.shape[0], -1, 16)
+    block_decode = torch.minimum(blocks.abs().amax(-1, keepdim=True) / 6.0 * encode, big)
+    scales = block_decode.clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    element_encode = torch.minimum(1.0 / (scales * decode), big)
+    scaled = (blocks * element_encode).clamp(-6, 6)
+    elements = fp8lab.quantize(scaled.reshape(x.shape).contiguous(), "e2m1fn").reshape(blocks.shape)
+    return elements, scales, amax
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_nvfp4_codes_are_transformer_engines_where_its_scales_are(seed):
+    """fp8lab's nvfp4 against TransformerEngine's reference: the same tensor scale; the same
+    block scale for almost every block (they can differ where amax_b / (6 ts) lies within
+    float32 rounding of a UE4M3 midpoint: TE rounds twice in float32, fp8lab once, exactly);
+    the same element codes in every block with the same nonzero scale. A block whose scale
+    rounds to 0 reads back as zeros in both, though TE's codes there are +-6 (its reciprocal
+    scale saturates) and fp8lab's are zeros (§6.2)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(256, 256, generator=g) * torch.exp(torch.randn(256, 1, generator=g) * 3) * 2.0 ** (8 * seed - 8)
+    te_elements, te_scales, amax = transformer_engine_nvfp4(x)
+    enc = fp8lab.encode(x, "nvfp4")
+    assert enc.tensor_scale == np.float32(amax.item() / 2688.0)
+    scales = fp8lab.decode(torch.as_tensor(np.asarray(enc.scales)).to(torch.uint8), "ue4m3").reshape(te_scales.shape)
+    elements = fp8lab.decode(torch.as_tensor(np.asarray(enc.codes)).to(torch.uint8), "e2m1fn").reshape(te_elements.shape)
+    same_scale = (scales == te_scales).squeeze(-1)
+    assert same_scale.float().mean() >= 0.999, f"{(~same_scale).sum().item()} block scales differ"
+    both = same_scale & (scales.squeeze(-1) != 0)
+    assert torch.equal(elements[both], te_elements[both])
+    zero = (scales.squeeze(-1) == 0) & same_scale
+    assert torch.equal(elements[zero].abs(), torch.zeros_like(elements[zero]))
+    assert ((te_elements[zero].abs() == 6) | (te_elements[zero] == 0)).all()
