@@ -453,10 +453,12 @@ class Scaled:
     rule: str
     tensor_scale: bool
     history: int
+    arithmetic: str = "exact"
 
     @staticmethod
     def of(s: "_core.ScaledFormat") -> "Scaled":
-        return Scaled(Fmt.of(s.element), s.granularity, s.block, s.scale_format, s.rule, s.tensor_scale, s.history)
+        return Scaled(Fmt.of(s.element), s.granularity, s.block, s.scale_format, s.rule, s.tensor_scale, s.history,
+                      s.arithmetic)
 
     @property
     def pow2(self) -> bool:
@@ -602,6 +604,19 @@ def _scale_code(s: Scaled, amax: torch.Tensor, ts: float):
     return code, under, at_top
 
 
+def _torchao_scale_code(s: Scaled, amax: torch.Tensor, ts: float):
+    """torchao's NVFP4 scale codes of finite amaxes (docs/spec.md §6.9): fl32(fl32(amax / max_e)
+    / ts) clamped to the scale format's normal range, rounded to nearest-even. (code,
+    underflow, overflow); a zero amax gets the least normal too, not counted."""
+    f = _SCALE_FORMATS[s.scale]
+    values = _scale_values(s.scale)
+    least, top = values[1 << f.M], values[-1]
+    q = amax.to(torch.float32) / np.float32(s.element.max_finite) / np.float32(ts)
+    clamped = q.clamp(min=least, max=top)
+    code, _, _, _ = encode(clamped, Spec(f), torch.zeros_like(clamped, dtype=torch.int64), 0)
+    return code, (q < least) & (amax != 0), q > top
+
+
 @dataclasses.dataclass
 class _Groups:
     code: torch.Tensor      # scale codes (int64)
@@ -609,6 +624,7 @@ class _Groups:
     exponent: torch.Tensor  # e8m0: log2 of the value
     nan: torch.Tensor
     zero: torch.Tensor
+    reciprocal: Optional[torch.Tensor] = None  # torchao's arithmetic: elements are x times it
 
 
 def _choose_scales(s: Scaled, amax: torch.Tensor, ts: float) -> Tuple[_Groups, torch.Tensor, torch.Tensor]:
@@ -618,14 +634,21 @@ def _choose_scales(s: Scaled, amax: torch.Tensor, ts: float) -> Tuple[_Groups, t
     nan = ~torch.isfinite(a) | (a < 0)
     zero = ~nan & (a == 0)
     live = ~nan & ~zero
-    code, under, over = _scale_code(s, torch.where(live, a, 1.0), ts)
-    code = torch.where(live, code, 0)
+    reciprocal = None
+    if s.arithmetic == "torchao":
+        code, under, over = _torchao_scale_code(s, torch.where(nan, 1.0, a), ts)
+        code = torch.where(nan, 0, code)
+        scale = _scale_value(s.scale, code).to(torch.float32)
+        reciprocal = (1.0 / torch.tensor(ts, dtype=torch.float32)) / scale
+    else:
+        code, under, over = _scale_code(s, torch.where(live, a, 1.0), ts)
+        code = torch.where(live, code, 0)
     under, over = under & live, over & live
     value = (_scale_value(s.scale, code) * ts).to(torch.float32)
     code = torch.where(nan, _scale_nan_code(s.scale), code)
     value = torch.where(nan, torch.nan, value)
     exponent = code - 127 if s.scale == "e8m0" else torch.zeros_like(code)
-    return _Groups(code, value, exponent, nan, zero), under, over
+    return _Groups(code, value, exponent, nan, zero, reciprocal), under, over
 
 
 def _layout(s: Scaled, rows: int, cols: int) -> Tuple[int, int]:
@@ -703,7 +726,10 @@ def scaled_quantize_matrix(x: torch.Tensor, format: "_core.ScaledFormat", roundi
         y = torch.where(x_nan, qnan, decode(c, el, bias))
     else:
         zero_scale = (e_value == 0) | e_zero  # a zero group, or a scale that underflowed to 0
-        v = x / torch.where(zero_scale | e_nan, 1.0, e_value)
+        if g.reciprocal is not None:  # torchao's arithmetic: x times fl32(fl32(1 / ts) / s)
+            v = x * torch.where(zero_scale | e_nan, 1.0, each(g.reciprocal))
+        else:
+            v = x / torch.where(zero_scale | e_nan, 1.0, e_value)
         # A finite x whose quotient lies past float32's range saturates (docs/spec.md §6.3).
         v = torch.where(torch.isinf(v) & torch.isfinite(x), torch.copysign(torch.tensor(_FLT_MAX), v), v)
         signed_zero = torch.where(torch.signbit(x), -0.0, 0.0)

@@ -133,6 +133,9 @@ void bind_scaled(py::module_& m) {
       .def_property_readonly("tensor_scale_on_output", &ScaledSpec::tensor_scale_on_output,
                              "Whether products apply the tensor scale to their output (docs/spec.md §6.7); "
                              "False without one or where it is folded into the values (tensor-scale-folded)")
+      .def_property_readonly("arithmetic", [](const ScaledSpec& s) { return std::string(to_string(s.arithmetic)); },
+                             "Whose float32 operations choose scales and scale elements: exact (docs/spec.md "
+                             "§6.2-6.3) or torchao (its NVFP4 quantizer, §6.9)")
       .def_property_readonly("history", [](const ScaledSpec& s) { return s.history; },
                              "Delayed scaling's amax history length (0: current scaling)")
       .def_property_readonly("name", [](const ScaledSpec& s) { return to_string(s); })

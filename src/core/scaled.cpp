@@ -25,12 +25,15 @@ constexpr EnumName<ScaleFormat> kScaleFormats[] = {
     {ScaleFormat::e8m0, "e8m0"}, {ScaleFormat::ue4m3, "ue4m3"}, {ScaleFormat::fp32, "fp32"}};
 constexpr EnumName<ScaleRule> kScaleRules[] = {
     {ScaleRule::floor, "floor"}, {ScaleRule::ceil, "ceil"}, {ScaleRule::nearest, "nearest"}};
+constexpr EnumName<ScaleArithmetic> kArithmetics[] = {{ScaleArithmetic::exact, "exact"},
+                                                      {ScaleArithmetic::torchao, "torchao"}};
 
 }  // namespace
 
 std::string_view to_string(Granularity g) { return enum_name(kGranularities, g); }
 std::string_view to_string(ScaleFormat s) { return s == ScaleFormat::none ? "none" : enum_name(kScaleFormats, s); }
 std::string_view to_string(ScaleRule r) { return enum_name(kScaleRules, r); }
+std::string_view to_string(ScaleArithmetic a) { return enum_name(kArithmetics, a); }
 
 ScaleFormat parse_scale_format(std::string_view s) {
   return enum_parse(kScaleFormats, trim(s), "scale format");
@@ -68,6 +71,9 @@ void validate(const ScaledSpec& s) {
     throw Error(what + "the amax history must be in 0.." + std::to_string(kMaxHistory));
   if (s.history > 0 && s.granularity != Granularity::tensor && !s.tensor_scale)
     throw Error(what + "delayed scaling needs one scale per tensor or a tensor scale");
+  if (s.arithmetic == ScaleArithmetic::torchao && (s.scale != ScaleFormat::ue4m3 || s.rule != ScaleRule::nearest))
+    throw Error(what + "torchao's arithmetic is that of its NVFP4 quantizer: ue4m3 scales rounded to nearest "
+                       "(its MX quantizer is fp8lab's floor and ceil rules, docs/spec.md §6.9)");
 }
 
 // ---- notation ------------------------------------------------------------------------
@@ -101,7 +107,7 @@ void parse_granularity(std::string_view g, ScaledSpec& s, const std::string& whe
 
 // What an option sets: each may be given once in a format's text (after a preset it
 // replaces the preset's choice); a second one contradicts or repeats the first.
-enum class OptionKind { scale, rule, tensor_scale, history, scale_order };
+enum class OptionKind { scale, rule, tensor_scale, history, scale_order, arithmetic };
 
 OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& where) {
   if (const auto f = enum_find(kScaleFormats, o)) return s.scale = *f, OptionKind::scale;
@@ -116,6 +122,7 @@ OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& wh
     return OptionKind::scale_order;
   }
   if (o == "current") return s.history = 0, OptionKind::history;
+  if (const auto a = enum_find(kArithmetics, o)) return s.arithmetic = *a, OptionKind::arithmetic;
   if (o.substr(0, 8) == "delayed-") {
     int n = 0;
     if (!parse_positive(o.substr(8), n))
@@ -125,13 +132,14 @@ OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& wh
   }
   throw Error(where + "unknown option '" + std::string(o) +
               "': expected e8m0, ue4m3, fp32, floor, ceil, nearest, tensor-scale, tensor-scale-folded, "
-              "scales-on-output, scales-folded, current or delayed-N");
+              "scales-on-output, scales-folded, current, delayed-N, exact or torchao");
 }
 
 void apply_options(const std::vector<std::string_view>& options, ScaledSpec& s, const std::string& where) {
   static constexpr const char* kWhat[] = {"scale format", "rounding rule", "tensor scale",
-                                          "scaling (current or delayed)", "order of the scales in products"};
-  std::string_view given[5];
+                                          "scaling (current or delayed)", "order of the scales in products",
+                                          "arithmetic"};
+  std::string_view given[std::size(kWhat)];
   for (std::string_view o : options) {
     const auto k = static_cast<std::size_t>(apply_option(o, s, where));
     if (!given[k].empty())
@@ -196,6 +204,7 @@ std::string to_string(const ScaledSpec& s) {
   if (s.tensor_scale) out += s.fold_tensor_scale ? ":tensor-scale-folded" : ":tensor-scale";
   if (s.fold_scales) out += ":scales-folded";
   if (s.history > 0) out += ":delayed-" + std::to_string(s.history);
+  if (s.arithmetic != ScaleArithmetic::exact) out += ":" + std::string(to_string(s.arithmetic));
   return out;
 }
 
@@ -445,6 +454,26 @@ std::uint32_t scale_code(const ScaledSpec& s, double amax, double ts, ScaledCoun
   return pick;
 }
 
+// torchao's NVFP4 scale of a finite amax (docs/spec.md §6.9): its float32 operations, the
+// quotient clamped to the scale format's normal range and rounded to nearest-even; a zero
+// group gets the least normal scale too. Sets code, value and reciprocal.
+GroupScale torchao_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts) {
+  const ScaleCodes& sc = scale_codes(s.scale);
+  const auto max_e = static_cast<float>(figures_of(s.element.format).max);
+  const auto least = static_cast<float>(sc.value(1u << sc.f.man_bits));
+  const auto top = static_cast<float>(sc.value(sc.max));
+  const float q = amax / max_e / ts;
+  GroupScale g;
+  g.zero = amax == 0;
+  if (counts && q > top) ++counts->scale_overflow;
+  if (counts && q < least && !g.zero) ++counts->scale_underflow;
+  g.code = encode(std::clamp(q, least, top), QuantSpec{sc.f});
+  const auto scale = static_cast<float>(sc.value(g.code));
+  g.value = static_cast<float>(static_cast<double>(scale) * ts);
+  g.reciprocal = 1.0f / ts / scale;
+  return g;
+}
+
 }  // namespace
 
 float tensor_scale_of(const ScaledSpec& s, float tensor_amax) {
@@ -463,6 +492,7 @@ GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts*
     g.value = std::numeric_limits<float>::quiet_NaN();
     return g;
   }
+  if (s.arithmetic == ScaleArithmetic::torchao) return torchao_scale(s, amax, ts, counts);
   if (amax == 0) {
     g.zero = true;
     g.code = 0;
@@ -535,7 +565,8 @@ double pow2(int k) { return std::ldexp(1.0, k); }
 //            2^(floor(log2(amax/ts)) - emax) reaches v(c)).
 // Overflow: amax > T(max) (ceil, nearest); target > v(max) (floor).
 std::optional<ScaleSteps> ScaleSteps::make(const ScaledSpec& s, float ts) {
-  if (s.scale != ScaleFormat::ue4m3 || !(ts > 0) || !std::isfinite(ts)) return std::nullopt;
+  if (s.scale != ScaleFormat::ue4m3 || s.arithmetic != ScaleArithmetic::exact || !(ts > 0) || !std::isfinite(ts))
+    return std::nullopt;
   const ScaleCodes& sc = scale_codes(s.scale);
   const ElementFigures& ef = figures_of(s.element.format);
   const double m = static_cast<double>(ts) * ef.max;
@@ -702,7 +733,7 @@ bool quantize_group(const GroupJob& j, const ScaledSpec& s, const GroupScale& g,
       y = std::isnan(x) ? quantize(x, s.element) : decode(code, e) * 0.0f;
       if (std::isnan(x)) ++qc.nan;
     } else {
-      const float v = saturate_scaled(x / g.value, x);
+      const float v = saturate_scaled(s.multiplies() ? x * g.reciprocal : x / g.value, x);
       QuantCounts one;
       code = encode(v, s.element, index, &one);
       --one.total;

@@ -363,7 +363,7 @@ class Worker {
     const GroupScale& g = sc.g;
     const std::size_t whole = len / 16 * 16;  // whole vectors on every target
     if (whole > 0 && !g.nan && (pow2 || (!g.zero && g.value > 0))) {
-      before_.assign(1, pow2 ? sc.before : g.value);
+      before_.assign(1, before_of(sc));
       after_.assign(1, pow2 ? sc.after : factor_of(g.code, g.value));
       hot_.assign(1, 0);
       q_.resize(out_.values ? 0 : whole);
@@ -371,7 +371,7 @@ class Worker {
       QuantCounts qc;
       std::uint64_t flushed = 0;
       if (ScaledBlocks(p_, x.at(begin), y, out_.codes ? out_.codes + begin : nullptr, whole, whole,
-                                 before_.data(), after_.data(), !pow2, s_.element, call_.index_offset + begin,
+                                 before_.data(), after_.data(), divides(), s_.element, call_.index_offset + begin,
                                  count_ ? &qc : nullptr, hot_.data(), &flushed)) {
         emit_bf16(y, begin, whole);
         counts.elements += qc;
@@ -391,6 +391,13 @@ class Worker {
   // What a group's quantized elements are multiplied by: X, its GroupScale::value, or with
   // ScaledOut::without_tensor_scale the value of its scale code alone (docs/spec.md §6.7).
   float factor_of(std::uint32_t code, float X) const { return unit_ ? unit_[code & 0xFFu] : X; }
+  // Whether the element pass divides x by the group's factor (its value X) rather than
+  // multiplying (E8M0's power of two; torchao's reciprocal, docs/spec.md §6.9).
+  bool divides() const { return !power_of_two(s_) && !s_.multiplies(); }
+  // The factor the element pass divides or multiplies x by.
+  float before_of(const Scaling& sc) const {
+    return power_of_two(s_) ? sc.before : s_.multiplies() ? sc.g.reciprocal : sc.g.value;
+  }
 
   // Whole blocks, none of them NaN (nor, for scales other than E8M0, all zero or of scale
   // zero): scaling, quantization and unscaling in one pass (ScaledBlocks).
@@ -407,7 +414,7 @@ class Worker {
     after_.resize(pieces.size());
     hot_.assign(pieces.size(), 0);
     for (std::size_t k = 0; k < pieces.size(); ++k) {
-      before_[k] = pow2 ? scalings[k].before : scalings[k].g.value;
+      before_[k] = before_of(scalings[k]);
       after_[k] = pow2 ? scalings[k].after : factor_of(scalings[k].g.code, scalings[k].g.value);
     }
     q_.resize(out_.values ? 0 : n);
@@ -415,7 +422,7 @@ class Worker {
     QuantCounts qc;
     std::uint64_t flushed = 0;
     if (!ScaledBlocks(p_, x.at(b), y, out_.codes ? out_.codes + b : nullptr, n, fused_block_, before_.data(),
-                                after_.data(), !pow2, s_.element, call_.index_offset + b, count_ ? &qc : nullptr,
+                                after_.data(), divides(), s_.element, call_.index_offset + b, count_ ? &qc : nullptr,
                                 hot_.data(), &flushed)) {
       fused_block_ = 0;  // not on this target or format: the separate passes from now on
       return false;
@@ -452,7 +459,7 @@ class Worker {
     } else {
       std::uint64_t flushed = 0;
       for (std::size_t i = 0; i < p.len; ++i) {
-        v[i] = saturate_scaled(xs[i] / g.value, xs[i]);
+        v[i] = saturate_scaled(s_.multiplies() ? xs[i] * g.reciprocal : xs[i] / g.value, xs[i]);
         flushed += (v[i] == 0) & (xs[i] != 0);
       }
       counts.elements.underflow += flushed;

@@ -131,6 +131,9 @@ TEST(ScaledNotation, RefusesWithTheReason) {
            {"nvfp4:scales-on-output", "'scales-on-output' needs float32 group scales"},
            {"deepseek_1x128:scales-folded:e8m0", "'scales-folded' needs float32 group scales"},
            {"deepseek_1x128:scales-folded:scales-on-output", "the order of the scales in products is given twice"},
+           {"mxfp4:torchao", "torchao's arithmetic is that of its NVFP4 quantizer"},
+           {"nvfp4:ceil:torchao", "ue4m3 scales rounded to nearest"},
+           {"nvfp4:torchao:torchao", "the arithmetic is given twice"},
        }) {
     const std::string e = error_of([&] { (void)parse_scaled(bad); });
     EXPECT_NE(e.find(what), std::string::npos) << bad << " -> " << e;
@@ -234,6 +237,52 @@ TEST(ScaledScale, ScaleStepsGiveChooseScalesCodes) {
   EXPECT_GT(checked, 10000);
   EXPECT_GT(single, 0);  // both look-ups were tested
   EXPECT_GT(walking, 0);
+}
+
+TEST(ScaledNotation, TorchaosArithmeticIsAnOption) {
+  const ScaledSpec s = parse_scaled("nvfp4:torchao");
+  EXPECT_EQ(s.arithmetic, ScaleArithmetic::torchao);
+  EXPECT_TRUE(s.multiplies());
+  EXPECT_FALSE(parse_scaled("nvfp4").multiplies());
+  EXPECT_EQ(to_string(s), "e2m1fn@1x16:ue4m3:nearest:tensor-scale:torchao");
+  EXPECT_EQ(parse_scaled(to_string(s)), s);
+  EXPECT_EQ(codes_name(s), to_string(s));  // other codes than nvfp4's: part of the stored name
+  EXPECT_EQ(to_string(parse_scaled("e2m1fn@1x16:ue4m3:nearest:torchao")), "e2m1fn@1x16:ue4m3:nearest:torchao");
+}
+
+// torchao's NVFP4 scale (docs/spec.md §6.9), worked by hand: s = ue4m3(clamp(fl32(fl32(amax
+// / 6) / ts), 2^-6, 448)) to nearest, elements times fl32(fl32(1 / ts) / s).
+TEST(ScaledScale, TorchaosArithmetic) {
+  const ScaledSpec t = parse_scaled("nvfp4:torchao"), exact = parse_scaled("nvfp4");
+  GroupScale g = choose_scale(t, 6.0f, 1);
+  EXPECT_EQ(g.code, 0x38u);  // 1.0
+  EXPECT_EQ(g.value, 1.0f);
+  EXPECT_EQ(g.reciprocal, 1.0f);
+  // amax / 6 = 2^-8: the exact rule takes the subnormal 2^-8 (code 2); torchao clamps the
+  // quotient up to the least normal, 2^-6 (code 8), and counts a scale underflow.
+  ScaledCounts c;
+  EXPECT_EQ(choose_scale(exact, 6.0f * 0x1p-8f, 1).code, 2u);
+  g = choose_scale(t, 6.0f * 0x1p-8f, 1, &c);
+  EXPECT_EQ(g.code, 8u);
+  EXPECT_EQ(g.reciprocal, 64.0f);
+  EXPECT_EQ(c.scale_underflow, 1u);
+  // A zero group has the least normal scale too (exact: code 0), and counts no underflow.
+  g = choose_scale(t, 0.0f, 1, &c);
+  EXPECT_TRUE(g.zero);
+  EXPECT_EQ(g.code, 8u);
+  EXPECT_EQ(c.scale_underflow, 1u);
+  // Past 448: clamped, counted as an overflow.
+  g = choose_scale(t, 1e6f, 1, &c);
+  EXPECT_EQ(g.code, 126u);
+  EXPECT_EQ(c.scale_overflow, 1u);
+  // With a tensor scale of 3: amax 36 gives fl32(6 / 3) = 2 (code 0x40), X = 6, and the
+  // elements are multiplied by fl32(fl32(1 / 3) / 2), not divided by 6.
+  g = choose_scale(t, 36.0f, 3.0f);
+  EXPECT_EQ(g.code, 0x40u);
+  EXPECT_EQ(g.value, 6.0f);
+  EXPECT_EQ(g.reciprocal, (1.0f / 3.0f) / 2.0f);
+  EXPECT_NE(g.reciprocal * 5.0f, 5.0f / 6.0f);  // where the two orders part
+  EXPECT_EQ(choose_scale(t, NAN, 3.0f).code, 0x7Fu);
 }
 
 TEST(ScaledScale, FloorIsTheOcpRuleAndCeilNeverSaturates) {

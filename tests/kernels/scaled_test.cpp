@@ -92,11 +92,19 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
   // Rows ending inside a block; long rows; short rows (chunks span rows); rows of whole
   // blocks (the one-pass E8M0 path).
   const std::vector<Shape> shapes{{7, 200}, {3, 5000}, {1, 37}, {400, 20}, {9, 320}, {4, 256}, {40, 96}, {300, 16}};
+  // Every preset with every rule, and torchao's arithmetic (docs/spec.md §6.9).
+  std::vector<ScaledSpec> specs;
   for (const auto& preset : scaled_presets())
-    for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest})
+    for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest}) {
+      specs.push_back(parse_scaled(preset.name));
+      specs.back().rule = rule;
+    }
+  for (const char* name : {"nvfp4:torchao", "e2m1fn@1x16:ue4m3:nearest:torchao", "e4m3fn@1x32:ue4m3:nearest:torchao",
+                           "nvfp4:torchao:delayed-4", "e2m1fn@16x16:ue4m3:nearest:tensor-scale:torchao"})
+    specs.push_back(parse_scaled(name));
+  for (const ScaledSpec& spec : specs)
       for (const Shape& sh : shapes) {
-        ScaledSpec s = parse_scaled(preset.name);
-        s.rule = rule;
+        ScaledSpec s = spec;
         s.element.rounding = ((sh.rows + sh.cols) % 2) ? Rounding::stochastic : Rounding::nearest_even;
         s.element.seed = 3;
         std::vector<float> x = inputs(sh.rows * sh.cols, sh.cols);
@@ -180,7 +188,8 @@ TEST_P(ScaledKernels, AnyThreadCountGivesTheSameBits) {
   // 300 x 512: above the size where the kernels split work over threads.
   constexpr std::size_t rows = 300, cols = 512;
   const std::vector<float> x = inputs(rows * cols, 9);
-  for (const char* name : {"mxfp4", "mxfp8_e4m3:nearest", "nvfp4", "deepseek_128x128", "e4m3_tensor", "e5m2@line:ue4m3:ceil"}) {
+  for (const char* name : {"mxfp4", "mxfp8_e4m3:nearest", "nvfp4", "nvfp4:torchao", "deepseek_128x128", "e4m3_tensor",
+                           "e5m2@line:ue4m3:ceil"}) {
     const ScaledSpec s = parse_scaled(name);
     kernels::set_num_threads(1);
     const Out one = run(kernel_quantize, s, x, rows, cols, {});
@@ -396,8 +405,9 @@ TEST_P(ScaledKernels, ValuesWithoutTheTensorScale) {
   const std::vector<Shape> shapes{{16, 4096}, {7, 200}, {300, 16}, {130, 256}, {40, 96}};
   std::mt19937 rng(9);
   std::normal_distribution<float> normal;
-  for (const char* name : {"nvfp4", "nvfp4:ceil", "nvfp4:floor", "nvfp4:delayed-4", "e4m3fn@1x16:ue4m3:nearest:tensor-scale",
-                           "e2m1fn@1x32:e8m0:floor:tensor-scale", "e3m2fn@8x8:ue4m3:nearest:tensor-scale"})
+  for (const char* name : {"nvfp4", "nvfp4:ceil", "nvfp4:floor", "nvfp4:delayed-4", "nvfp4:torchao",
+                           "e4m3fn@1x16:ue4m3:nearest:tensor-scale", "e2m1fn@1x32:e8m0:floor:tensor-scale",
+                           "e3m2fn@8x8:ue4m3:nearest:tensor-scale"})
     for (const Shape& sh : shapes)
       for (const bool tame : {true, false}) {
         ScaledSpec s = parse_scaled(name);

@@ -1,9 +1,12 @@
 """fp8lab's MX quantizers against torchao's (torchao.prototype.mx_formats.to_mx, a test
-dependency), and its NVFP4 quantizer against TransformerEngine's documented reference
-algorithm, block by block (docs/spec.md §6.9). MX: fp8lab's `floor`
-scales are torchao's FLOOR, its `ceil` scales torchao's RCEIL, bit for bit, for
-every element format, wherever a block's largest magnitude is a finite normal float32; the
-two conventions that differ are pinned, with fp8lab's side checked against ml_dtypes."""
+dependency), its `torchao` NVFP4 variant against torchao's nvfp4_quantize, and its NVFP4
+quantizer against TransformerEngine's documented reference algorithm, block by block
+(docs/spec.md §6.9). MX: fp8lab's `floor` scales are torchao's FLOOR, its `ceil` scales
+torchao's RCEIL, bit for bit, for every element format, wherever a block's largest magnitude
+is a finite normal float32; the two conventions that differ are pinned, with fp8lab's side
+checked against ml_dtypes. NVFP4: `nvfp4:torchao` (and its one-level form) gives torchao's
+codes, scales and values bit for bit on every finite block; blocks holding a NaN or an
+infinity are pinned."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from torchao.prototype.mx_formats.config import ScaleCalculationMode
 from torchao.prototype.mx_formats.constants import DTYPE_FP6_E2M3, DTYPE_FP6_E3M2
 from torchao.prototype.mx_formats.kernels import unpack_uint4
 from torchao.prototype.mx_formats.mx_tensor import get_fp_scale, to_mx
+from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
 
 import fp8lab
 
@@ -102,6 +106,140 @@ def test_the_conventions_that_differ():
     # torchao divides by float32's least normal, 2^-126 (its clamp), and its code reads 2^-127.
     assert same(theirs, torch.from_numpy(code_of(x * 2.0 ** 126) * 2.0 ** -127).float())
     assert all(not same(ours[i], theirs[i]) for i in range(5))
+
+
+# UE4M3's values: code c's value, for c in 0..126.
+UE4M3 = fp8lab.decode(torch.arange(127, dtype=torch.uint8), "ue4m3")
+
+
+def nvfp4_blocks(seed: int) -> torch.Tensor:
+    """Rows of four 16-value blocks whose tensor amax is 2688 (6 * 448: the tensor scale is 1,
+    so a block's scale quotient is fl32(amax_b / 6)): random blocks from 2^-40 to the tensor's
+    amax (quotients from UE4M3's largest down past its least normal, 2^-6, which torchao clamps
+    up to, and its subnormals), blocks whose amax_b / 6 is a UE4M3 value, a midpoint between
+    two (ties to even), or one float32 step beside either, zero and negative-zero blocks, and
+    blocks whose elements round to E2M1's ties."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = [torch.randn(16, generator=g) * 2.0 ** e for e in range(-40, 10, 2)]
+    values = UE4M3[1:].double()
+    picks = torch.cat([values, (values[:-1] + values[1:]) / 2])
+    for q in picks[torch.randperm(len(picks), generator=g)[:60]]:
+        for amax in (6 * q, torch.nextafter(torch.tensor(6 * q).float(), torch.tensor(0.0)).double(),
+                     torch.nextafter(torch.tensor(6 * q).float(), torch.tensor(1e9)).double()):
+            if amax > 2688:
+                continue
+            b = torch.rand(16, generator=g) * float(amax) * torch.sign(torch.randn(16, generator=g))
+            b[int(torch.randint(16, (1,), generator=g))] = float(amax)
+            blocks.append(b)
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.25, -2.5, -5.0, 0.1, 4.9, 5.1, -6.0, 3.0])
+    blocks += [torch.zeros(16), -torch.zeros(16), ties, ties * 0.5, ties * 1e-3]
+    while len(blocks) % 4:
+        blocks.append(torch.randn(16, generator=g))
+    x = torch.stack(blocks).float().reshape(-1, 64)
+    x[0, 0] = 2688.0
+    return x
+
+
+def torchao_nvfp4(x: torch.Tensor, tensor_scale):
+    """torchao's element codes, scale codes and dequantized values (elements times fl32(ts * s),
+    its NVFP4Tensor.dequantize) of x, with the given float32 tensor scale or none."""
+    ts = None if tensor_scale is None else torch.tensor(tensor_scale, dtype=torch.float32)
+    scales, packed = nvfp4_quantize(x.contiguous(), 16, ts)
+    codes = unpack_uint4(packed.view(torch.uint8)).reshape(x.shape)
+    elements = fp8lab.decode(codes, "e2m1fn")
+    hp = scales.float() if ts is None else ts * scales.float()
+    values = (elements.reshape(x.shape[0], -1, 16) * hp.unsqueeze(-1)).reshape(x.shape)
+    return codes, scales.view(torch.uint8), values
+
+
+def fp8lab_nvfp4(x: torch.Tensor, spec: str):
+    enc = fp8lab.encode(x, spec)
+    codes = torch.as_tensor(np.asarray(enc.codes)).reshape(x.shape)
+    scales = torch.as_tensor(np.asarray(enc.scales).astype(np.uint8)).reshape(x.shape[0], -1)
+    return codes, scales, fp8lab.quantize(x, spec), enc.tensor_scale
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("scale", [1.0, 2.0 ** -20, 0.1])
+def test_nvfp4_torchao_is_torchaos_bit_for_bit(seed, scale):
+    """`nvfp4:torchao` against torchao's two-level nvfp4_quantize with the tensor scale
+    torchao's per_tensor_amax_to_scale gives (the same as fp8lab's): the same tensor scale,
+    scale codes, element codes and values for every block, at three tensor magnitudes (a
+    tensor scale of 1, a power of two, and one that rounds)."""
+    x = nvfp4_blocks(seed) * scale
+    codes, scales, values, ts = fp8lab_nvfp4(x, "nvfp4:torchao")
+    assert ts == per_tensor_amax_to_scale(x.abs().max()).item()
+    want_codes, want_scales, want_values = torchao_nvfp4(x, ts)
+    assert torch.equal(scales, want_scales), f"{(scales != want_scales).sum().item()} scales differ"
+    assert torch.equal(codes, want_codes), f"{(codes != want_codes).sum().item()} codes differ"
+    assert same(values, want_values)
+    # And the exact order differs from it on these blocks (the variant is not the default).
+    assert not torch.equal(fp8lab_nvfp4(x, "nvfp4")[0], want_codes)
+
+
+@pytest.mark.parametrize("tensor_amax", [268.8, 2688.0 * 3, 1e-3])
+def test_nvfp4_torchao_elements_at_e2m1_midpoints(tensor_amax):
+    """Elements that lie exactly at E2M1's rounding midpoints times their block's X = fl32(s *
+    ts), for every normal UE4M3 scale s, under tensor scales that round: torchao multiplies by
+    fl32(fl32(1 / ts) / s), which lands a float32 step above or below the midpoint, where
+    fl32(x / X) is the midpoint itself (a tie) and fl32(x / X) by fl32(1 / X) is a third
+    answer. `nvfp4:torchao` gives torchao's codes for all of them."""
+    ts = np.float32(np.float32(tensor_amax) / np.float32(2688))
+    mids = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -1.25, -1.75, -2.5, -3.5, -5.0, 0.5],
+                    dtype=np.float32)
+    rows = []
+    for s in UE4M3[8:].numpy().astype(np.float32):
+        X = np.float32(s * ts)
+        rows.append(np.concatenate([[np.float32(6) * X], mids * X]).astype(np.float32))
+    x = torch.from_numpy(np.stack(rows))
+    x = torch.cat([x, torch.zeros(1, 16)]).reshape(-1, 16)
+    x[-1, 0] = float(np.float32(tensor_amax))
+    codes, scales, values, got_ts = fp8lab_nvfp4(x, "nvfp4:torchao")
+    want_codes, want_scales, want_values = torchao_nvfp4(x, got_ts)
+    assert got_ts == ts
+    assert torch.equal(scales, want_scales), f"{(scales != want_scales).sum().item()} scales differ"
+    assert torch.equal(codes, want_codes), f"{(codes != want_codes).sum().item()} codes differ"
+    assert same(values, want_values)
+    assert not torch.equal(fp8lab_nvfp4(x, "nvfp4")[0], want_codes)
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_one_level_torchao_is_torchaos_bit_for_bit(seed):
+    """Without a tensor scale (`e2m1fn@1x16:ue4m3:nearest:torchao`) against torchao's one-level
+    nvfp4_quantize, on blocks from far below UE4M3's least normal scale to past its largest
+    (amax_b above 6 * 448 = 2688: the scale is clamped to 448 and the elements saturate)."""
+    x = torch.cat([nvfp4_blocks(seed), nvfp4_blocks(seed + 10) * 2.0 ** 7])
+    codes, scales, values, ts = fp8lab_nvfp4(x, "e2m1fn@1x16:ue4m3:nearest:torchao")
+    assert ts == 1.0
+    want_codes, want_scales, want_values = torchao_nvfp4(x, None)
+    assert torch.equal(scales, want_scales), f"{(scales != want_scales).sum().item()} scales differ"
+    assert torch.equal(codes, want_codes), f"{(codes != want_codes).sum().item()} codes differ"
+    assert same(values, want_values)
+    enc, counts = fp8lab.encode(x, "e2m1fn@1x16:ue4m3:nearest:torchao", return_counts=True)
+    assert counts["scale_overflow"] > 0 and counts["scale_underflow"] > 0
+
+
+def test_nvfp4_torchao_blocks_with_nan_or_infinity():
+    """Where they differ: a block holding a NaN has the NaN scale (0x7f) in both, but torchao's
+    element codes there are whatever its conversion makes of NaN (E2M1 has no NaN), fp8lab's
+    0, read back as NaN through the scale. A block holding an infinity: fp8lab gives it a NaN
+    scale and NaN values (§6.2); torchao clamps the scale to 448 and the infinity to 6."""
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(5))
+    x[0, 3] = float("nan")
+    x[1, 20] = float("inf")
+    ts = float(np.float32(torch.where(torch.isfinite(x), x.abs(), 0).max().item() / 2688.0))
+    codes, scales, values, got_ts = fp8lab_nvfp4(x, "nvfp4:torchao")
+    assert got_ts == ts
+    want_codes, want_scales, want_values = torchao_nvfp4(x, ts)
+    assert scales[0, 0] == want_scales[0, 0] == 0x7F
+    assert (codes[0, :16] == 0).all() and torch.isnan(values[0, :16]).all()
+    assert scales[1, 1] == 0x7F and want_scales[1, 1] == 126
+    assert torch.isnan(values[1, 16:32]).all()
+    assert want_values[1, 20].item() == np.float32(6) * (np.float32(448) * np.float32(ts))  # 6 times X
+    finite = torch.ones(2, 4, dtype=torch.bool)
+    finite[0, 0] = finite[1, 1] = False
+    assert torch.equal(scales[finite], want_scales[finite])
+    assert same(values.reshape(2, 4, 16)[finite], want_values.reshape(2, 4, 16)[finite])
 
 
 def transformer_engine_nvfp4(x: torch.Tensor):

@@ -38,10 +38,16 @@ enum class ScaleFormat : std::uint8_t { none, e8m0, ue4m3, fp32 };
 // ceil: the smallest scale with amax / scale <= the element format's max (nothing saturates);
 // nearest: the scale nearest amax / max.
 enum class ScaleRule : std::uint8_t { floor, ceil, nearest };
+// Whose float32 operations choose a UE4M3 scale and scale the elements (docs/spec.md §6.9):
+// exact: §6.2-6.3, the rule's scale of the exact quotient and elements fl32(x / X);
+// torchao: torchao's NVFP4 quantizer, s = ue4m3(clamp(fl32(fl32(amax / max_e) / ts), least
+//          normal, largest)) to nearest, elements fl32(x * fl32(fl32(1 / ts) / s)).
+enum class ScaleArithmetic : std::uint8_t { exact, torchao };
 
 std::string_view to_string(Granularity g);
 std::string_view to_string(ScaleFormat s);
 std::string_view to_string(ScaleRule r);
+std::string_view to_string(ScaleArithmetic a);
 ScaleFormat parse_scale_format(std::string_view s);  // e8m0, ue4m3, fp32 (throws Error)
 ScaleRule parse_scale_rule(std::string_view s);      // floor, ceil, nearest (throws Error)
 
@@ -71,12 +77,17 @@ struct ScaledSpec {
   bool fold_scales = false;
   // Delayed scaling: the tensor-level amax comes from the last `history` steps (0: current).
   int history = 0;
+  // The float32 operations of the scale and the elements: fp8lab's exact ones (§6.2-6.3) or
+  // those of a library whose quantizer a run should match (`torchao`, §6.9).
+  ScaleArithmetic arithmetic = ScaleArithmetic::exact;
 
   bool scaled() const { return scale != ScaleFormat::none; }
   // Whether products apply the tensor scale to their output (docs/spec.md §6.7).
   bool tensor_scale_on_output() const { return tensor_scale && !fold_tensor_scale; }
   // Whether products apply the group scales to their partial sums (docs/spec.md §6.8).
   bool scales_on_output() const { return scale == ScaleFormat::fp32 && !fold_scales; }
+  // Whether elements are x times GroupScale::reciprocal instead of x / GroupScale::value.
+  bool multiplies() const { return arithmetic == ScaleArithmetic::torchao; }
   friend bool operator==(const ScaledSpec&, const ScaledSpec&) = default;
 };
 
@@ -88,7 +99,8 @@ void validate(const ScaledSpec& s);
 // "e4m3fn@1x32:e8m0:floor", "mxfp4:ceil", "e2m1fn@1x16:ue4m3:nearest:tensor-scale",
 // "e4m3fn@tensor:fp32:nearest:delayed-16". GRANULARITY is tensor, line, 1xK or KxK;
 // OPTION is a scale format, a rule, tensor-scale (or tensor-scale-folded), scales-on-output
-// or scales-folded (float32 scales), current or delayed-N. A plain format ("1.4.3:10",
+// or scales-folded (float32 scales), current or delayed-N, exact (the default) or torchao (UE4M3
+// scales: torchao's arithmetic, §6.9). A plain format ("1.4.3:10",
 // "e5m2") is the fixed-bias quantizer. Throws Error.
 ScaledSpec parse_scaled(std::string_view text);
 // Canonical text; parse_scaled(to_string(s)) == s (the element's rounding is not part of it).
@@ -134,6 +146,9 @@ struct GroupScale {
   std::uint32_t code = 0;
   float value = 1.0f;
   int exponent = 0;  // e8m0: log2 of the value (the element bias drops by it)
+  // What elements are multiplied by where the spec multiplies() (torchao's order): an
+  // element is fl32(x * reciprocal). Unused (0) otherwise.
+  float reciprocal = 0;
   bool nan = false;
   bool zero = false;  // amax == 0
 };
