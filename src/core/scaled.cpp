@@ -225,6 +225,8 @@ const std::vector<ScaledPreset>& scaled_presets() {
       {"mxint8", "1.0.7:finite@1x32:e8m0:floor", "OCP MXINT8: 8-bit integers times 2^-6, E8M0 scale"},
       {"nvfp4", "e2m1fn@1x16:ue4m3:nearest:tensor-scale",
        "NVFP4: 16 E2M1 elements share an unsigned E4M3 scale, times a float32 tensor scale"},
+      {"nvfp4_16x16", "e2m1fn@16x16:ue4m3:nearest:tensor-scale",
+       "NVFP4 weights in NVIDIA's training recipe: 16x16 tiles, one quantization for W and W^T"},
       {"deepseek_1x128", "e4m3fn@1x128:fp32:nearest", "DeepSeek-V3 activations and gradients: 1x128 tiles"},
       {"deepseek_128x128", "e4m3fn@128x128:fp32:nearest", "DeepSeek-V3 weights: 128x128 blocks"},
       {"e4m3_tensor", "e4m3fn@tensor:fp32:nearest", "per-tensor current scaling, E4M3"},

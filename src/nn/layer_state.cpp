@@ -55,7 +55,8 @@ ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, c
   torch::Tensor m = out.hadamard ? to_matrix(t, v) : matrix_of(t, v);
   if (out.hadamard) {
     if (m.is_same(t) || m.data_ptr() == t.data_ptr()) m = m.clone();
-    hadamard16_(m, streams.hadamard_signs_for(call));
+    hadamard16_(m, quant.hadamard_signs == HadamardSigns::random ? streams.hadamard_signs_for(call)
+                                                                 : fixed_hadamard_signs(quant.hadamard_signs));
   }
   return quantize_scaled_matrix(k, t, m, call, stream, sc, out);
 }

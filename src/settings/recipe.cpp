@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "fp8lab/core/enum_names.hpp"
 #include "fp8lab/core/text.hpp"
 #include "fp8lab/settings/compute_spec.hpp"
 #include "fp8lab/settings/recipe.hpp"
@@ -27,6 +28,24 @@ const KindName& names_of(TensorKind k) {
 }  // namespace
 
 std::string_view to_string(TensorKind k) { return names_of(k).name; }
+
+namespace {
+constexpr EnumName<HadamardSigns> kHadamardSigns[] = {
+    {HadamardSigns::random, "random"}, {HadamardSigns::none, "none"}, {HadamardSigns::te, "te"}};
+}  // namespace
+
+std::string_view to_string(HadamardSigns s) { return enum_name(kHadamardSigns, s); }
+HadamardSigns parse_hadamard_signs(std::string_view s) {
+  return enum_parse(kHadamardSigns, trim(s), "Hadamard signs");
+}
+
+const std::array<float, 16>& fixed_hadamard_signs(HadamardSigns s) {
+  static constexpr std::array<float, 16> kPlain = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  // transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py, get_wgrad_sign_vector.
+  static constexpr std::array<float, 16> kTransformerEngine = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
+  if (s == HadamardSigns::random) throw Error("the random Hadamard transform has no fixed signs");
+  return s == HadamardSigns::te ? kTransformerEngine : kPlain;
+}
 std::string_view kind_title(TensorKind k) { return names_of(k).title; }
 
 TensorKind parse_kind(std::string_view s) {
@@ -135,11 +154,13 @@ bool override_matches(const RecipeOverride& o, std::string_view path, int index,
 LayerQuant Recipe::resolve(std::string_view path, int index, int count) const {
   LayerQuant out = base;
   out.hadamard = hadamard;
+  out.hadamard_signs = hadamard_signs;
   if (exempt_first && index == 0) {
     out[TensorKind::a] = first_quant;
     out[TensorKind::gx] = first_quant;
   }
-  if (keep_last && index == count - 1) out.q = {};
+  if (keep_first && index == 0) out.q.fill(keep_first_quant);
+  if (keep_last && index == count - 1) out.q.fill(keep_last_quant);
   for (const auto& o : overrides)
     if (override_matches(o, path, index, count))
       for (int k = 0; k < kKinds; ++k)
@@ -189,6 +210,10 @@ const std::vector<RecipePreset>& recipe_presets() {
        "NVFP4 with the random Hadamard transform on grad_w's operands (linear layers)"},
       {"nvfp4-last-fp32", "a=nvfp4,w=nvfp4,gx=nvfp4/stochastic,gw=fp32,last=fp32",
        "NVFP4 with the last layer (the classifier) in float32"},
+      {"nvfp4-training", "a=nvfp4,w=nvfp4_16x16,gx=nvfp4/stochastic,gw=fp32,keep_first=bf16,last=bf16,hadamard=16",
+       "NVIDIA's NVFP4 training recipe: 16x16 weight tiles, 1x16 activation and gradient blocks, stochastic "
+       "rounding of gradients, the random Hadamard transform on grad_w's operands, the first and last layers in "
+       "bfloat16"},
       {"deepseek", "a=deepseek_1x128,w=deepseek_128x128,gx=deepseek_1x128,gw=fp32",
        "DeepSeek-V3: E4M3, 1x128 tiles for activations and gradients, 128x128 for weights"},
       {"tensor-current", "a=e4m3_tensor,w=e4m3_tensor,gx=e5m2_tensor,gw=fp32",

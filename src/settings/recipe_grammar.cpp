@@ -54,18 +54,27 @@ void set_exempt_first(Recipe& r, std::string_view v) {
   r.first_quant = truth(v, on) ? std::nullopt : parse_kind_quant(v);
 }
 
-void set_keep_last(Recipe& r, std::string_view v) {
-  if (v == "fp32" || v == "float32") {
-    r.keep_last = true;
+// keep_first and keep_last: off ("false", "0"), the whole layer in float32 ("true", "1",
+// "fp32", "float32") or in the quantizer given ("bf16", "1.5.2:20", ...).
+void set_keep(bool& keep, KindQuant& quant, std::string_view v) {
+  quant = std::nullopt;
+  if (v == "fp32" || v == "float32" || truth(v, keep)) {
+    keep = keep || v == "fp32" || v == "float32";
     return;
   }
-  if (!truth(v, r.keep_last)) throw Error("not '" + std::string(v) + "'");
+  keep = true;
+  quant = parse_kind_quant(v);
 }
+
+void set_keep_first(Recipe& r, std::string_view v) { set_keep(r.keep_first, r.keep_first_quant, v); }
+void set_keep_last(Recipe& r, std::string_view v) { set_keep(r.keep_last, r.keep_last_quant, v); }
 
 void set_hadamard(Recipe& r, std::string_view v) {
   if (v != "0" && v != "16") throw Error("not '" + std::string(v) + "'");
   r.hadamard = v == "16" ? 16 : 0;
 }
+
+void set_hadamard_signs(Recipe& r, std::string_view v) { r.hadamard_signs = parse_hadamard_signs(v); }
 
 template <TensorKind K>
 void set_kind(Recipe& r, std::string_view v) {
@@ -83,8 +92,17 @@ std::optional<std::string> get_exempt_first(const Recipe& r) {
   return std::nullopt;
 }
 
-std::optional<std::string> get_keep_last(const Recipe& r) {
-  return r.keep_last ? std::optional<std::string>("fp32") : std::nullopt;
+std::optional<std::string> get_keep(bool keep, const KindQuant& quant) {
+  if (!keep) return std::nullopt;
+  return quant ? to_string(quant) : std::string("fp32");
+}
+
+std::optional<std::string> get_keep_first(const Recipe& r) { return get_keep(r.keep_first, r.keep_first_quant); }
+std::optional<std::string> get_keep_last(const Recipe& r) { return get_keep(r.keep_last, r.keep_last_quant); }
+
+std::optional<std::string> get_hadamard_signs(const Recipe& r) {
+  if (r.hadamard_signs == HadamardSigns::random) return std::nullopt;
+  return std::string(to_string(r.hadamard_signs));
 }
 
 std::optional<std::string> get_hadamard(const Recipe& r) {
@@ -110,9 +128,14 @@ constexpr RecipeKey kKeys[] = {
     {"gw", "", TomlValue::quantizer, set_kind<TensorKind::gw>, "a quantizer or fp32", get_kind<TensorKind::gw>},
     {"exempt_first", "first", TomlValue::exemption, set_exempt_first,
      "true, false or the quantizer of the first layer's input and output gradient (\"fp16\")", get_exempt_first},
-    {"keep_last", "last", TomlValue::boolean, set_keep_last, "true, false or fp32 (the last layer in float32)",
-     get_keep_last},
+    {"keep_first", "", TomlValue::exemption, set_keep_first,
+     "true, false, fp32 or the quantizer of the whole first layer (\"bf16\")", get_keep_first},
+    {"keep_last", "last", TomlValue::exemption, set_keep_last,
+     "true, false, fp32 or the quantizer of the whole last layer (\"bf16\")", get_keep_last},
     {"hadamard", "", TomlValue::integer, set_hadamard, "0 or 16", get_hadamard},
+    {"hadamard_signs", "", TomlValue::text, set_hadamard_signs,
+     "random (new signs for each product), none (the plain transform) or te (TransformerEngine's fixed signs)",
+     get_hadamard_signs},
     {"compute", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.compute = parse_compute(v); },
      "fp32, bf16 or auto", get_compute},
     {"accumulate", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.accumulate = parse_accumulation(v); },
@@ -187,11 +210,15 @@ Recipe parse_recipe(std::string_view text_in) {
     return r;
   }
   if (text.find('=') == std::string_view::npos) throw not_a_recipe(text);
-  Recipe r;
+  std::vector<std::string_view> items = split(text, ',');
+  // A preset first, changed by the items after it.
+  const std::string_view preset = preset_line(trim(items.front()));
+  Recipe r = preset.empty() ? Recipe{} : parse_recipe(preset);
+  if (!preset.empty()) items.erase(items.begin());
   r.name = std::string(text);
   KeySetter setter(r);
   const std::string at = "recipe '" + std::string(text) + "'";
-  for (std::string_view item : split(text, ',')) {
+  for (std::string_view item : items) {
     item = trim(item);
     if (item.empty()) continue;
     const std::optional<KeyValue> kv = key_value(item);
@@ -405,13 +432,13 @@ Recipe load_recipe(const std::string& arg) {
 namespace {
 
 // Key `k`'s value in TOML, from its text: true/false for the switches, a number for
-// hadamard, a string for the rest.
+// hadamard, a string for the rest (an exemption's "fp32" is true).
 void put_toml(toml::table& t, const RecipeKey& k, const std::string& text) {
   bool on = false;
   if (k.toml == TomlValue::boolean)
     t.insert(k.name, text != "false" && text != "0");
-  else if (k.toml == TomlValue::exemption && truth(text, on))
-    t.insert(k.name, on);
+  else if (k.toml == TomlValue::exemption && (truth(text, on) || text == "fp32"))
+    t.insert(k.name, on || text == "fp32");
   else if (k.toml == TomlValue::integer)
     t.insert(k.name, static_cast<std::int64_t>(std::stoll(text)));
   else

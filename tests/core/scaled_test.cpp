@@ -39,7 +39,7 @@ std::vector<ScaledSpec> all_rules() {
 }
 
 TEST(ScaledNotation, PresetsParseAndPrintBack) {
-  EXPECT_EQ(scaled_presets().size(), 13u);
+  EXPECT_EQ(scaled_presets().size(), 14u);
   for (const auto& p : scaled_presets()) {
     const ScaledSpec s = parse_scaled(p.name);
     EXPECT_EQ(s, parse_scaled(p.spec)) << p.name;

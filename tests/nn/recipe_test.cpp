@@ -121,7 +121,7 @@ a = "fp32"
   EXPECT_TRUE(k.resolve("conv", 3, 5)[TensorKind::w]->scaled());
   EXPECT_TRUE(parse_recipe(k.to_line()).keep_last);
   EXPECT_TRUE(parse_recipe_toml("a = \"nvfp4\"\nkeep_last = true\n").keep_last);
-  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,last=e4m3"); }).find("keep_last takes true, false or fp32"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,last=maybe"); }).find("keep_last takes true, false, fp32 or the quantizer"), std::string::npos);
   for (const char* preset : {"mxfp8", "mxfp6", "mxfp4", "nvfp4", "deepseek", "tensor-current", "tensor-delayed"})
     EXPECT_TRUE(parse_recipe(preset).base[TensorKind::a]->scaled()) << preset;
 }
@@ -275,7 +275,67 @@ accumulate = "e5m2@32"
   EXPECT_NE(error_of([&] { (void)o.to_line(); }).find("only its TOML form"), std::string::npos);
   // The unknown-key message lists the keys from the one table.
   const std::string u = error_of([] { parse_recipe("a=1.4.3,bogus=1"); });
-  EXPECT_NE(u.find("exempt_first (or first), keep_last (or last), hadamard, compute, accumulate"), std::string::npos) << u;
+  EXPECT_NE(u.find("exempt_first (or first), keep_first, keep_last (or last), hadamard, hadamard_signs, compute, "
+                   "accumulate"),
+            std::string::npos)
+      << u;
+}
+
+// keep_first and keep_last: a whole layer in float32 or in the quantizer given, in both forms.
+TEST(RecipeGrammar, KeepFirstAndLastTakeAQuantizer) {
+  const Recipe r = parse_recipe("a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,keep_first=bf16,last=bf16");
+  const KindQuant bf16 = parse_kind_quant("bf16");
+  for (int index : {0, 2})
+    for (TensorKind k : kAllKinds) EXPECT_EQ(r.resolve("x", index, 3)[k], bf16) << index;
+  EXPECT_EQ(r.resolve("x", 1, 3)[TensorKind::a], parse_kind_quant("1.4.3:10"));
+  EXPECT_EQ(r.resolve("x", 1, 3)[TensorKind::gw], KindQuant{});
+  EXPECT_EQ(r.to_line(), "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=fp32,keep_first=1.8.7:ieee,last=1.8.7:ieee");
+  EXPECT_NE(r.to_toml().find("keep_last = '1.8.7:ieee'"), std::string::npos) << r.to_toml();
+  EXPECT_EQ(without_name(parse_recipe_toml(r.to_toml(), "r.toml")), without_name(r));
+  // true and fp32: float32 (printed as before: last=fp32 in a line, true in TOML).
+  const Recipe f = parse_recipe("a=1.4.3:10,keep_first=true,last=fp32");
+  EXPECT_TRUE(f.keep_first && f.keep_last && !f.keep_first_quant && !f.keep_last_quant);
+  for (TensorKind k : kAllKinds) EXPECT_EQ(f.resolve("x", 0, 2)[k], KindQuant{});
+  EXPECT_EQ(f.to_line(), "a=1.4.3:10,w=fp32,gx=fp32,gw=fp32,keep_first=fp32,last=fp32");
+  EXPECT_NE(f.to_toml().find("keep_last = true"), std::string::npos) << f.to_toml();
+  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,keep_first=bf16,keep_first=false"); }).find("given twice"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,keep_first=1.9.9"); }).find("keep_first takes"), std::string::npos);
+  EXPECT_EQ(parse_recipe_toml("a = \"nvfp4\"\nkeep_first = \"bf16\"\n").keep_first_quant, bf16);
+  EXPECT_FALSE(parse_recipe_toml("a = \"nvfp4\"\nkeep_first = false\n").keep_first);
+}
+
+// A preset followed by keys: the preset, with each key given after it replaced.
+TEST(RecipeGrammar, APresetThenKeysChangesThePreset) {
+  const Recipe full = parse_recipe("nvfp4-training");
+  EXPECT_EQ(full.base[TensorKind::w], parse_kind_quant("e2m1fn@16x16:ue4m3:nearest:tensor-scale"));
+  EXPECT_EQ(full.base[TensorKind::gx]->element.rounding, Rounding::stochastic);
+  EXPECT_EQ(full.hadamard, 16);
+  EXPECT_EQ(full.hadamard_signs, HadamardSigns::random);
+  EXPECT_EQ(full.keep_first_quant, parse_kind_quant("bf16"));
+  EXPECT_EQ(full.keep_last_quant, parse_kind_quant("bf16"));
+  // TransformerEngine's switches, each a key: no Hadamard transform, the plain one, 1x16
+  // weight blocks, round-to-nearest gradients.
+  Recipe want = full;
+  want.hadamard = 0;
+  EXPECT_EQ(without_name(parse_recipe("nvfp4-training,hadamard=0")), without_name(want));
+  want = full;
+  want.hadamard_signs = HadamardSigns::none;
+  const Recipe plain = parse_recipe("nvfp4-training, hadamard_signs=none");
+  EXPECT_EQ(without_name(plain), without_name(want));
+  EXPECT_EQ(plain.name, "nvfp4-training, hadamard_signs=none");
+  EXPECT_EQ(plain.resolve("x", 1, 3).hadamard_signs, HadamardSigns::none);
+  EXPECT_EQ(parse_recipe("nvfp4-training,hadamard_signs=te").hadamard_signs, HadamardSigns::te);
+  EXPECT_EQ(without_name(parse_recipe(plain.to_line())), without_name(plain));
+  want = full;
+  want.base[TensorKind::w] = parse_kind_quant("nvfp4");
+  want.base[TensorKind::gx] = parse_kind_quant("nvfp4");
+  EXPECT_EQ(without_name(parse_recipe("nvfp4-training,w=nvfp4,gx=nvfp4")), without_name(want));
+  EXPECT_NE(error_of([] { parse_recipe("nvfp4-training,hadamard=0,hadamard=16"); }).find("given twice"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_recipe("nvfp4-training,hadamard_signs=sometimes"); }).find("unknown Hadamard signs 'sometimes' (known: random, none, te)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_recipe("nvfp4-trainin,hadamard=0"); }).find("has no '='"), std::string::npos);
 }
 
 TEST(RecipeGrammar, RandomBitsHaveATextForm) {
@@ -309,7 +369,11 @@ TEST(RecipeGrammar, RandomRecipesRoundTripThroughBothForms) {
     r.exempt_first = pick(3) != 0;
     if (r.exempt_first && pick(2)) r.first_quant = parse_kind_quant(quantizers[1 + pick(std::size(quantizers) - 1)]);
     r.keep_last = pick(2);
+    if (r.keep_last && pick(2)) r.keep_last_quant = parse_kind_quant(quantizers[1 + pick(std::size(quantizers) - 1)]);
+    r.keep_first = pick(2);
+    if (r.keep_first && pick(2)) r.keep_first_quant = parse_kind_quant(quantizers[1 + pick(std::size(quantizers) - 1)]);
     r.hadamard = pick(2) ? 16 : 0;
+    r.hadamard_signs = static_cast<HadamardSigns>(pick(3));
     if (pick(2)) r.compute = static_cast<Compute>(pick(3));
     const char* accumulations[] = {"fp32", "1.8.10@128", "hopper-fp8-promote128",
                                    "dot:group=8:frac=5:align=nearest:acc=9:acc_round=nearest:promote=16"};

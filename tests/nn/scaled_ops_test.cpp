@@ -8,6 +8,7 @@
 
 #include "../common/torch_testutil.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -292,6 +293,51 @@ TEST(ScaledOps, HadamardGoesOnBothGradWOperandsOfALinearLayer) {
   const torch::Tensor exact = g.t().mm(x0);
   for (const auto& dw : {grads[1], plain_grads[1]})
     EXPECT_LT((dw - exact).norm().item<double>() / exact.norm().item<double>(), 0.35);
+}
+
+// hadamard_signs = none: the plain transform H x / 4 on both operands, whatever the call;
+// te: TransformerEngine's fixed signs.
+TEST(ScaledOps, ThePlainHadamardTransformHasNoSigns) {
+  torch::manual_seed(8);
+  const std::int64_t N = 48, in = 16, out = 8;
+  const torch::Tensor x0 = torch::randn({N, in}), w0 = torch::randn({out, in}), g = torch::randn({N, out});
+  const std::string spec = "e2m1fn@1x16:ue4m3:nearest";
+  const ScaledSpec s = parse_scaled(spec);
+  LayerQuant lq = all(spec);
+  lq.hadamard = 16;
+  lq.hadamard_signs = HadamardSigns::none;
+  auto st = make_layer_state("lin", lq, nullptr);
+  const auto grad_w = [&](const LayerStatePtr& state) {
+    const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    return torch::autograd::grad({(quant_linear(x, w, {}, state) * g).sum()}, {w})[0];
+  };
+  const auto transformed_q = [&](const torch::Tensor& t) {
+    torch::Tensor m = t.t().contiguous();
+    hadamard16_(m, fixed_hadamard_signs(HadamardSigns::none));
+    return ref_quantize(m, m.size(0), m.size(1), [&](std::int64_t r, std::int64_t c) { return r * m.size(1) + c; }, s)
+        .t()
+        .contiguous();
+  };
+  const torch::Tensor dw = grad_w(st);
+  EXPECT_TRUE(bit_equal(dw, transformed_q(x0).t().mm(transformed_q(g)).t().contiguous()));
+  LayerQuant random = lq;
+  random.hadamard_signs = HadamardSigns::random;
+  EXPECT_FALSE(bit_equal(dw, grad_w(make_layer_state("lin", random, nullptr))));
+  // te: TransformerEngine's fixed signs, the same for every call; neither of the others.
+  LayerQuant te = lq;
+  te.hadamard_signs = HadamardSigns::te;
+  const auto& s_te = fixed_hadamard_signs(HadamardSigns::te);
+  EXPECT_EQ(std::count(s_te.begin(), s_te.end(), -1.0f), 10);
+  const torch::Tensor dw_te = grad_w(make_layer_state("lin", te, nullptr));
+  EXPECT_FALSE(bit_equal(dw_te, dw));
+  const auto te_q = [&](const torch::Tensor& t) {
+    torch::Tensor m = t.t().contiguous();
+    hadamard16_(m, s_te);
+    return ref_quantize(m, m.size(0), m.size(1), [&](std::int64_t r, std::int64_t c) { return r * m.size(1) + c; }, s)
+        .t()
+        .contiguous();
+  };
+  EXPECT_TRUE(bit_equal(dw_te, te_q(x0).t().mm(te_q(g)).t().contiguous()));
 }
 
 // On the bfloat16 path (docs/spec.md §7), scaled operands reach the compute layer's products

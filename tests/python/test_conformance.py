@@ -242,13 +242,16 @@ def test_nvfp4_torchao_blocks_with_nan_or_infinity():
     assert same(values.reshape(2, 4, 16)[finite], want_values.reshape(2, 4, 16)[finite])
 
 
-def transformer_engine_nvfp4(x: torch.Tensor):
-    """TransformerEngine's documented NVFP4 reference quantizer (1x16 blocks, no Hadamard
-    transform; transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py), written
-    again from its description: the global encode scale 2688 / amax, each block's decode
-    scale fl32(fl32(amax_b / 6) * global) rounded to E4M3, the elements x times
-    fl32(1 / fl32(s / global)) clamped to +-6 and rounded to nearest-even E2M1. Returns the
-    element values (unscaled), the block scales and the global amax."""
+def transformer_engine_nvfp4(x: torch.Tensor, order: str, tile: int):
+    """TransformerEngine's NVFP4 reference quantizer without the Hadamard transform
+    (transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py), written again from
+    its description, in 1x16 blocks (tile 1) or 16x16 tiles (tile 16, its weights): the
+    global encode scale E = 2688 / amax; each block's decode scale rounded to E4M3, formed as
+    fl32(fl32(amax_b / 6) * E) in its earlier versions (order "divide") or as amax_b times
+    fl32(E * fl32(1 / 6)) in its version of 2026 (order "multiplier"); the elements x times
+    fl32(1 / fl32(s * fl32(1 / E))) clamped to +-6 and rounded to nearest-even E2M1. Returns
+    the element values (unscaled) and the scales, one per 1x16 run of a row ([rows, cols /
+    16, 1]), and the global amax."""
     big = torch.tensor(torch.finfo(torch.float32).max)
     amax = x.abs().max().float()
     encode = torch.minimum(torch.tensor(448.0 * 6.0) / amax, big)
@@ -256,7 +259,15 @@ def transformer_engine_nvfp4(x: torch.Tensor):
         encode = torch.tensor(1.0)
     decode = 1.0 / encode
     blocks = x.reshape(x.shape[0], -1, 16)
-    block_decode = torch.minimum(blocks.abs().amax(-1, keepdim=True) / 6.0 * encode, big)
+    block_amax = blocks.abs().amax(-1, keepdim=True)
+    if tile == 16:  # a tile's amax for each of its 16 rows
+        tiles = block_amax.reshape(x.shape[0] // 16, 16, -1).amax(1, keepdim=True)
+        block_amax = tiles.expand(-1, 16, -1).reshape(block_amax.shape)
+    if order == "divide":
+        block_decode = block_amax / 6.0 * encode
+    else:
+        block_decode = block_amax * (encode * torch.reciprocal(torch.tensor(6.0)))
+    block_decode = torch.minimum(block_decode, big)
     scales = block_decode.clamp(-448, 448).to(torch.float8_e4m3fn).float()
     element_encode = torch.minimum(1.0 / (scales * decode), big)
     scaled = (blocks * element_encode).clamp(-6, 6)
@@ -264,20 +275,26 @@ def transformer_engine_nvfp4(x: torch.Tensor):
     return elements, scales, amax
 
 
+@pytest.mark.parametrize("tile", [1, 16])
+@pytest.mark.parametrize("order", ["divide", "multiplier"])
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_nvfp4_codes_are_transformer_engines_where_its_scales_are(seed):
-    """fp8lab's nvfp4 against TransformerEngine's reference: the same tensor scale; the same
-    block scale for almost every block (they can differ where amax_b / (6 ts) lies within
-    float32 rounding of a UE4M3 midpoint: TE rounds twice in float32, fp8lab once, exactly);
-    the same element codes in every block with the same nonzero scale. A block whose scale
-    rounds to 0 reads back as zeros in both, though TE's codes there are +-6 (its reciprocal
-    scale saturates) and fp8lab's are zeros (§6.2)."""
+def test_nvfp4_codes_are_transformer_engines_where_its_scales_are(seed, order, tile):
+    """fp8lab's nvfp4 (and nvfp4_16x16 against TE's 16x16 weight tiles) against
+    TransformerEngine's reference in both of its orders: the same tensor scale; the same block
+    scale for almost every block (they can differ where amax_b / (6 ts) lies within float32
+    rounding of a UE4M3 midpoint: TE rounds twice in float32, fp8lab once, exactly); the same
+    element codes in every block with the same nonzero scale. A block whose scale rounds to 0
+    reads back as zeros in both, though TE's codes there are +-6 (its reciprocal scale
+    saturates) and fp8lab's are zeros (§6.2)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(256, 256, generator=g) * torch.exp(torch.randn(256, 1, generator=g) * 3) * 2.0 ** (8 * seed - 8)
-    te_elements, te_scales, amax = transformer_engine_nvfp4(x)
-    enc = fp8lab.encode(x, "nvfp4")
+    te_elements, te_scales, amax = transformer_engine_nvfp4(x, order, tile)
+    enc = fp8lab.encode(x, "nvfp4" if tile == 1 else "nvfp4_16x16")
     assert enc.tensor_scale == np.float32(amax.item() / 2688.0)
-    scales = fp8lab.decode(torch.as_tensor(np.asarray(enc.scales)).to(torch.uint8), "ue4m3").reshape(te_scales.shape)
+    scale_codes = torch.as_tensor(np.asarray(enc.scales)).to(torch.uint8)
+    if tile == 16:  # the [16, 16] grid of tiles, one scale per 1x16 run of each of a tile's rows
+        scale_codes = scale_codes.reshape(16, 16).repeat_interleave(16, 0)
+    scales = fp8lab.decode(scale_codes, "ue4m3").reshape(te_scales.shape)
     elements = fp8lab.decode(torch.as_tensor(np.asarray(enc.codes)).to(torch.uint8), "e2m1fn").reshape(te_elements.shape)
     same_scale = (scales == te_scales).squeeze(-1)
     assert same_scale.float().mean() >= 0.999, f"{(~same_scale).sum().item()} block scales differ"

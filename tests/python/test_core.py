@@ -349,6 +349,22 @@ def test_a_recipe_from_fields_is_the_recipe_of_its_line():
         fp8lab.Recipe(gx=1.5)
 
 
+def test_the_nvfp4_training_recipe_and_its_switches():
+    # NVIDIA's NVFP4 recipe as one preset; each of its parts a key, as fields or after the name.
+    full = fp8lab.Recipe("nvfp4-training")
+    assert full.base["w"] == "e2m1fn@16x16:ue4m3:nearest:tensor-scale"
+    assert full.base["gx"] == "e2m1fn@1x16:ue4m3:nearest:tensor-scale/stochastic"
+    bf16 = fp8lab.Recipe("a=bf16").base["a"]
+    assert (full.hadamard, full.hadamard_signs, full.keep_first_quant, full.keep_last_quant) == (16, "random", bf16, bf16)
+    assert all(full.resolve("x", i, 3)[k] == bf16 for i in (0, 2) for k in "a w gx gw".split())
+    switched = fp8lab.Recipe("nvfp4-training,hadamard_signs=none,w=nvfp4")
+    assert switched.hadamard_signs == "none" and switched.base["w"] == fp8lab.Recipe("a=nvfp4").base["a"]
+    assert switched.resolve("x", 1, 3).hadamard_signs == "none"
+    fields = fp8lab.Recipe(a="nvfp4", w="nvfp4", gx="nvfp4/stochastic", keep_first="bf16", keep_last="bf16",
+                           hadamard=16, hadamard_signs="none")
+    assert fields.to_line() == switched.to_line()
+
+
 def test_a_recipe_reads_back_from_its_toml(tmp_path):
     r = fp8lab.Recipe(name="mine", a="mxfp8_e4m3", gx="nvfp4/stochastic", keep_last=True,
                       overrides=[{"match": "first", "w": "fp16"}])

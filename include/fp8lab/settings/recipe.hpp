@@ -34,11 +34,21 @@ using KindQuant = std::optional<ScaledSpec>;
 KindQuant parse_kind_quant(std::string_view text);
 std::string to_string(const KindQuant& q);
 
+// The signs s of the Hadamard transform H (s * v) / 4 (docs/spec.md §6.6): random, drawn for
+// each product from the layer's stream; none, every sign +1 (the plain transform); te,
+// TransformerEngine's 16 fixed signs (its reference NVFP4 quantizer's).
+enum class HadamardSigns : std::uint8_t { random, none, te };
+std::string_view to_string(HadamardSigns s);
+HadamardSigns parse_hadamard_signs(std::string_view s);  // throws Error naming the choices
+// The fixed signs of `none` and `te` (random has none: its signs depend on the call).
+const std::array<float, 16>& fixed_hadamard_signs(HadamardSigns s);
+
 struct LayerQuant {
   std::array<KindQuant, kKinds> q{};
   // 16: the random Hadamard transform on both operands of the grad_w product of linear
   // layers and matmuls whose activation and gradient quantizers are scaled (docs/spec.md §6.6).
   int hadamard = 0;
+  HadamardSigns hadamard_signs = HadamardSigns::random;
   KindQuant& operator[](TensorKind k) { return q[static_cast<int>(k)]; }
   const KindQuant& operator[](TensorKind k) const { return q[static_cast<int>(k)]; }
   friend bool operator==(const LayerQuant&, const LayerQuant&) = default;
@@ -61,16 +71,23 @@ struct Recipe {
   // those two tensors take instead (nullopt: float32).
   bool exempt_first = true;
   KindQuant first_quant;
-  // The last quantized layer (a classifier, a language-model head) entirely float32.
+  // The first quantized layer entirely in keep_first_quant (nullopt: float32), all four
+  // tensor kinds (NVIDIA's NVFP4 recipe keeps it in bfloat16).
+  bool keep_first = false;
+  KindQuant keep_first_quant;
+  // The last quantized layer (a classifier, a language-model head) entirely in
+  // keep_last_quant (nullopt: float32).
   bool keep_last = false;
+  KindQuant keep_last_quant;
   int hadamard = 0;  // 0 or 16: LayerQuant::hadamard of every layer
+  HadamardSigns hadamard_signs = HadamardSigns::random;  // LayerQuant::hadamard_signs of every layer
   // The recipe's `compute` and `accumulate` (docs/spec.md §7); nullopt where it leaves them
   // to the run's config (quant.compute, quant.accumulate).
   std::optional<Compute> compute;
   std::optional<Accumulation> accumulate;
 
   // The quantizers of layer `index` of `count` with module path `path`: the base, the
-  // first-layer exemption, then every matching override in order.
+  // first-layer exemption, keep_first, keep_last, then every matching override in order.
   LayerQuant resolve(std::string_view path, int index, int count) const;
   // Whether resolve() needs the count of layers: keep_last, or an override of `last`.
   bool depends_on_count() const;
@@ -85,13 +102,16 @@ struct Recipe {
 // One grammar, two forms (docs/spec.md §4.2). The keys: name; a, w, gx, gw (a quantizer:
 // "fp32" | QUANTIZER[/ROUNDING[:RANDOM_BITS]][/OVERFLOW], or in TOML a table with format,
 // rounding, overflow, random_bits); exempt_first (true, false or the quantizer the first
-// layer's input and output gradient take instead of float32, e.g. "fp16"); keep_last (true,
-// false); hadamard (0 or 16); compute (fp32, bf16, auto); accumulate (fp32, FORMAT@CHUNK or a dot model).
+// layer's input and output gradient take instead of float32, e.g. "fp16"); keep_first and
+// keep_last (true, false, or the quantizer of the whole first or last layer, e.g. "bf16");
+// hadamard (0 or 16); hadamard_signs (random, none); compute (fp32, bf16, auto); accumulate
+// (fp32, FORMAT@CHUNK or a dot model).
 //
 // The line: "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31" (kinds not named stay
 // float32), the same keys as KEY=VALUE items, with `first` another name of exempt_first and
-// `last` of keep_last (`last=fp32`: the last layer in float32), or a preset name. Per-layer
-// overrides are TOML's alone; a line refuses them, pointing at TOML.
+// `last` of keep_last (`last=fp32`: the last layer in float32), or a preset name, which
+// KEY=VALUE items after it change ("nvfp4-training,hadamard=0"). Per-layer overrides are
+// TOML's alone; a line refuses them, pointing at TOML.
 Recipe parse_recipe(std::string_view text);
 // TOML: the keys at the top level or in a [recipe] table, and [[override]] tables with
 // `match` and any of a, w, gx, gw. Errors name the source, line and key.
