@@ -617,6 +617,18 @@ def _torchao_scale_code(s: Scaled, amax: torch.Tensor, ts: float):
     return code, (q < least) & (amax != 0), q > top
 
 
+def _te_scale(s: Scaled, amax: torch.Tensor):
+    """TransformerEngine's current-scaling factors of finite amaxes (docs/spec.md §6.9): S =
+    fl32(max_e / amax), float32's largest where that overflows (a scale underflow), 1 for a
+    zero amax; the scale X = fl32(1 / S). (S, X, underflow)."""
+    a = amax.to(torch.float32)
+    # torch.div of two tensors: `number / tensor` would multiply by the reciprocal, rounding twice.
+    S = torch.where(a == 0, 1.0, torch.div(torch.tensor(s.element.max_finite, dtype=torch.float32), a))
+    under = torch.isinf(S)
+    S = torch.where(under, torch.tensor(_FLT_MAX, dtype=torch.float32), S)
+    return S, torch.reciprocal(S), under
+
+
 @dataclasses.dataclass
 class _Groups:
     code: torch.Tensor      # scale codes (int64)
@@ -635,7 +647,10 @@ def _choose_scales(s: Scaled, amax: torch.Tensor, ts: float) -> Tuple[_Groups, t
     zero = ~nan & (a == 0)
     live = ~nan & ~zero
     reciprocal = None
-    if s.arithmetic == "torchao":
+    if s.arithmetic == "te":
+        S, X, under = _te_scale(s, torch.where(nan, 1.0, a))
+        code, over, reciprocal = _bits(X), torch.zeros_like(under), S
+    elif s.arithmetic == "torchao":
         code, under, over = _torchao_scale_code(s, torch.where(nan, 1.0, a), ts)
         code = torch.where(nan, 0, code)
         scale = _scale_value(s.scale, code).to(torch.float32)

@@ -26,7 +26,8 @@ constexpr EnumName<ScaleFormat> kScaleFormats[] = {
 constexpr EnumName<ScaleRule> kScaleRules[] = {
     {ScaleRule::floor, "floor"}, {ScaleRule::ceil, "ceil"}, {ScaleRule::nearest, "nearest"}};
 constexpr EnumName<ScaleArithmetic> kArithmetics[] = {{ScaleArithmetic::exact, "exact"},
-                                                      {ScaleArithmetic::torchao, "torchao"}};
+                                                      {ScaleArithmetic::torchao, "torchao"},
+                                                      {ScaleArithmetic::te, "te"}};
 
 }  // namespace
 
@@ -74,6 +75,10 @@ void validate(const ScaledSpec& s) {
   if (s.arithmetic == ScaleArithmetic::torchao && (s.scale != ScaleFormat::ue4m3 || s.rule != ScaleRule::nearest))
     throw Error(what + "torchao's arithmetic is that of its NVFP4 quantizer: ue4m3 scales rounded to nearest "
                        "(its MX quantizer is fp8lab's floor and ceil rules, docs/spec.md §6.9)");
+  if (s.arithmetic == ScaleArithmetic::te &&
+      (s.scale != ScaleFormat::fp32 || s.rule != ScaleRule::nearest || s.tensor_scale))
+    throw Error(what + "te's arithmetic is that of TransformerEngine's current scaling: float32 scales rounded to "
+                       "nearest, without a tensor scale (docs/spec.md §6.9)");
 }
 
 // ---- notation ------------------------------------------------------------------------
@@ -476,6 +481,24 @@ GroupScale torchao_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts
   return g;
 }
 
+// TransformerEngine's current-scaling scale of a finite amax (docs/spec.md §6.9): the encoding
+// factor S = fl32(max_e / amax), float32's largest where that overflows (counted as a scale
+// underflow: X is then below float32's normal range), 1 for a zero group; X = fl32(1 / S).
+GroupScale te_scale(const ScaledSpec& s, float amax, ScaledCounts* counts) {
+  const auto max_e = static_cast<float>(figures_of(s.element.format).max);
+  GroupScale g;
+  g.zero = amax == 0;
+  float S = g.zero ? 1.0f : max_e / amax;
+  if (std::isinf(S)) {
+    S = std::numeric_limits<float>::max();
+    if (counts) ++counts->scale_underflow;
+  }
+  g.reciprocal = S;
+  g.value = 1.0f / S;
+  g.code = std::bit_cast<std::uint32_t>(g.value);
+  return g;
+}
+
 }  // namespace
 
 float tensor_scale_of(const ScaledSpec& s, float tensor_amax) {
@@ -495,6 +518,7 @@ GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts*
     return g;
   }
   if (s.arithmetic == ScaleArithmetic::torchao) return torchao_scale(s, amax, ts, counts);
+  if (s.arithmetic == ScaleArithmetic::te) return te_scale(s, amax, counts);
   if (amax == 0) {
     g.zero = true;
     g.code = 0;

@@ -170,7 +170,8 @@ class FastF32 {
  public:
   static constexpr bool kDivide = true;
   explicit FastF32(const ScaledSpec& s) {
-    enabled_ = s.scale == ScaleFormat::fp32 && s.granularity == Granularity::block && !s.tensor_scale;
+    enabled_ = s.scale == ScaleFormat::fp32 && s.granularity == Granularity::block && !s.tensor_scale &&
+               s.arithmetic == ScaleArithmetic::exact;
     rule_ = s.rule;
     max_e_ = static_cast<float>(s.element.format.max_finite());
     emax_ = element_emax(s.element.format);

@@ -134,6 +134,9 @@ TEST(ScaledNotation, RefusesWithTheReason) {
            {"mxfp4:torchao", "torchao's arithmetic is that of its NVFP4 quantizer"},
            {"nvfp4:ceil:torchao", "ue4m3 scales rounded to nearest"},
            {"nvfp4:torchao:torchao", "the arithmetic is given twice"},
+           {"mxfp8_e4m3:te", "te's arithmetic is that of TransformerEngine's current scaling"},
+           {"e4m3_tensor:ceil:te", "float32 scales rounded to nearest"},
+           {"nvfp4:te", "te's arithmetic"},
        }) {
     const std::string e = error_of([&] { (void)parse_scaled(bad); });
     EXPECT_NE(e.find(what), std::string::npos) << bad << " -> " << e;
@@ -283,6 +286,30 @@ TEST(ScaledScale, TorchaosArithmetic) {
   EXPECT_EQ(g.reciprocal, (1.0f / 3.0f) / 2.0f);
   EXPECT_NE(g.reciprocal * 5.0f, 5.0f / 6.0f);  // where the two orders part
   EXPECT_EQ(choose_scale(t, NAN, 3.0f).code, 0x7Fu);
+}
+
+// TransformerEngine's current scaling (docs/spec.md §6.9), worked by hand: S = fl32(max_e /
+// amax), X = fl32(1 / S), elements times S.
+TEST(ScaledScale, TransformerEnginesArithmetic) {
+  const ScaledSpec t = parse_scaled("e4m3_tensor:te");
+  EXPECT_EQ(to_string(t), "e4m3fn@tensor:fp32:nearest:te");
+  GroupScale g = choose_scale(t, 448.0f, 1);
+  EXPECT_EQ(g.reciprocal, 1.0f);
+  EXPECT_EQ(g.value, 1.0f);
+  g = choose_scale(t, 11.0f, 1);
+  EXPECT_EQ(g.reciprocal, 448.0f / 11.0f);
+  EXPECT_EQ(g.value, 1.0f / (448.0f / 11.0f));
+  EXPECT_EQ(std::bit_cast<float>(g.code), g.value);
+  EXPECT_NE(g.value, choose_scale(parse_scaled("e4m3_tensor"), 11.0f, 1).value);  // fl32(11 / 448), an ulp away
+  ScaledCounts c;
+  g = choose_scale(t, 1e-40f, 1, &c);  // 448 / 1e-40 overflows: float32's largest
+  EXPECT_EQ(g.reciprocal, std::numeric_limits<float>::max());
+  EXPECT_EQ(c.scale_underflow, 1u);
+  g = choose_scale(t, 0.0f, 1, &c);
+  EXPECT_TRUE(g.zero);
+  EXPECT_EQ(g.value, 1.0f);
+  EXPECT_EQ(c.scale_underflow, 1u);
+  EXPECT_TRUE(choose_scale(t, NAN, 1).nan);
 }
 
 TEST(ScaledScale, FloorIsTheOcpRuleAndCeilNeverSaturates) {

@@ -92,7 +92,7 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
   // Rows ending inside a block; long rows; short rows (chunks span rows); rows of whole
   // blocks (the one-pass E8M0 path).
   const std::vector<Shape> shapes{{7, 200}, {3, 5000}, {1, 37}, {400, 20}, {9, 320}, {4, 256}, {40, 96}, {300, 16}};
-  // Every preset with every rule, and torchao's arithmetic (docs/spec.md §6.9).
+  // Every preset with every rule, and torchao's and TransformerEngine's arithmetic (docs/spec.md §6.9).
   std::vector<ScaledSpec> specs;
   for (const auto& preset : scaled_presets())
     for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest}) {
@@ -100,7 +100,9 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
       specs.back().rule = rule;
     }
   for (const char* name : {"nvfp4:torchao", "e2m1fn@1x16:ue4m3:nearest:torchao", "e4m3fn@1x32:ue4m3:nearest:torchao",
-                           "nvfp4:torchao:delayed-4", "e2m1fn@16x16:ue4m3:nearest:tensor-scale:torchao"})
+                           "nvfp4:torchao:delayed-4", "e2m1fn@16x16:ue4m3:nearest:tensor-scale:torchao",
+                           "e4m3_tensor:te", "e5m2_delayed:te", "e4m3fn@1x32:fp32:nearest:te",
+                           "e5m2@line:fp32:nearest:te", "e4m3fn@128x128:fp32:nearest:te"})
     specs.push_back(parse_scaled(name));
   for (const ScaledSpec& spec : specs)
       for (const Shape& sh : shapes) {

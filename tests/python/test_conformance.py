@@ -303,3 +303,58 @@ def test_nvfp4_codes_are_transformer_engines_where_its_scales_are(seed, order, t
     zero = (scales.squeeze(-1) == 0) & same_scale
     assert torch.equal(elements[zero].abs(), torch.zeros_like(elements[zero]))
     assert ((te_elements[zero].abs() == 6) | (te_elements[zero] == 0)).all()
+
+
+def transformer_engine_current_scaling(x: torch.Tensor, dtype):
+    """TransformerEngine's current-scaling reference quantizer (its
+    custom_recipes/quantization_ref_current_scaling.py, without power-of-two scales or an
+    epsilon), written again from its description: the encoding factor S = fp8_max / amax in
+    float32 (float32's largest where that is infinite, 1 for a zero tensor), the codes of
+    x * S converted by torch to the FP8 dtype, and the decoding scale 1 / S. Returns the codes
+    (uint8), the decoding scale and the values codes times it."""
+    amax = x.abs().max().float()
+    S = torch.tensor(torch.finfo(dtype).max, dtype=torch.float32) / amax
+    S = torch.where(S == torch.inf, torch.tensor(torch.finfo(torch.float32).max), S)
+    S = torch.where(amax == 0, torch.tensor(1.0), S)
+    q = (x.float() * S).to(dtype)
+    scale_inv = torch.reciprocal(S)
+    return q.view(torch.uint8), scale_inv, q.float() * scale_inv
+
+
+def current_scaling_tensors():
+    """Random tensors from 2^-30 to 2^30, one that holds float32's subnormals only (S
+    overflows), a zero tensor, and tensors whose values are the FP8 midpoints times X."""
+    g = torch.Generator().manual_seed(46)
+    out = [torch.randn(64, 48, generator=g) * 2.0 ** e for e in range(-30, 31, 6)]
+    out += [torch.randn(8, 16, generator=g) * 1e-40, torch.zeros(4, 16)]
+    return out
+
+
+@pytest.mark.parametrize("name,dtype", [("e4m3_tensor", torch.float8_e4m3fn), ("e5m2_tensor", torch.float8_e5m2)])
+def test_te_current_scaling_is_transformer_engines_bit_for_bit(name, dtype):
+    """`e4m3_tensor:te` and `e5m2_tensor:te` against TransformerEngine's current-scaling
+    reference: the same codes, decoding scale and values, bit for bit; the exact arithmetic
+    (`e4m3_tensor`) differs from it on the same tensors."""
+    differs = 0
+    tensors = current_scaling_tensors()
+    # Values at the element format's rounding midpoints times the scale TE will take.
+    fmt = "e4m3fn" if dtype == torch.float8_e4m3fn else "e5m2"
+    codes = torch.arange(1, 120 if dtype == torch.float8_e4m3fn else 123, dtype=torch.uint8)
+    grid = fp8lab.decode(codes, fmt).double()
+    mids = ((grid[:-1] + grid[1:]) / 2).float()
+    for amax in (3.0, 0.1, 1e4):
+        S = np.float32(np.float32(torch.finfo(dtype).max) / np.float32(amax))
+        X = np.float32(1) / S
+        t = torch.cat([mids, -mids]) * float(X)
+        t[0] = amax
+        tensors.append(t.reshape(1, -1))
+    for x in tensors:
+        enc = fp8lab.encode(x, f"{name}:te")
+        want_codes, want_inv, want_values = transformer_engine_current_scaling(x, dtype)
+        got_codes = torch.as_tensor(np.asarray(enc.codes)).reshape(x.shape)
+        assert torch.equal(got_codes, want_codes.reshape(x.shape)), f"{(got_codes != want_codes).sum().item()} codes differ"
+        scale = np.asarray(enc.scales).view(np.float32).reshape(-1)
+        assert scale[0] == want_inv.item()
+        assert same(fp8lab.quantize(x, f"{name}:te"), want_values)
+        differs += not same(fp8lab.quantize(x, name), want_values)
+    assert differs > 0

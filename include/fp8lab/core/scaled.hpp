@@ -38,11 +38,13 @@ enum class ScaleFormat : std::uint8_t { none, e8m0, ue4m3, fp32 };
 // ceil: the smallest scale with amax / scale <= the element format's max (nothing saturates);
 // nearest: the scale nearest amax / max.
 enum class ScaleRule : std::uint8_t { floor, ceil, nearest };
-// Whose float32 operations choose a UE4M3 scale and scale the elements (docs/spec.md §6.9):
+// Whose float32 operations choose a group's scale and scale the elements (docs/spec.md §6.9):
 // exact: §6.2-6.3, the rule's scale of the exact quotient and elements fl32(x / X);
-// torchao: torchao's NVFP4 quantizer, s = ue4m3(clamp(fl32(fl32(amax / max_e) / ts), least
-//          normal, largest)) to nearest, elements fl32(x * fl32(fl32(1 / ts) / s)).
-enum class ScaleArithmetic : std::uint8_t { exact, torchao };
+// torchao: torchao's NVFP4 quantizer (UE4M3 scales), s = ue4m3(clamp(fl32(fl32(amax / max_e)
+//          / ts), least normal, largest)) to nearest, elements fl32(x * fl32(fl32(1 / ts) / s));
+// te: TransformerEngine's current scaling (float32 scales), S = fl32(max_e / amax) (the
+//     largest float where that overflows, 1 for amax 0), X = fl32(1 / S), elements fl32(x * S).
+enum class ScaleArithmetic : std::uint8_t { exact, torchao, te };
 
 std::string_view to_string(Granularity g);
 std::string_view to_string(ScaleFormat s);
@@ -87,7 +89,7 @@ struct ScaledSpec {
   // Whether products apply the group scales to their partial sums (docs/spec.md §6.8).
   bool scales_on_output() const { return scale == ScaleFormat::fp32 && !fold_scales; }
   // Whether elements are x times GroupScale::reciprocal instead of x / GroupScale::value.
-  bool multiplies() const { return arithmetic == ScaleArithmetic::torchao; }
+  bool multiplies() const { return arithmetic != ScaleArithmetic::exact; }
   friend bool operator==(const ScaledSpec&, const ScaledSpec&) = default;
 };
 
@@ -99,8 +101,8 @@ void validate(const ScaledSpec& s);
 // "e4m3fn@1x32:e8m0:floor", "mxfp4:ceil", "e2m1fn@1x16:ue4m3:nearest:tensor-scale",
 // "e4m3fn@tensor:fp32:nearest:delayed-16". GRANULARITY is tensor, line, 1xK or KxK;
 // OPTION is a scale format, a rule, tensor-scale (or tensor-scale-folded), scales-on-output
-// or scales-folded (float32 scales), current or delayed-N, exact (the default) or torchao (UE4M3
-// scales: torchao's arithmetic, §6.9). A plain format ("1.4.3:10",
+// or scales-folded (float32 scales), current or delayed-N, exact (the default), torchao (UE4M3
+// scales: torchao's arithmetic) or te (float32 scales: TransformerEngine's, §6.9). A plain format ("1.4.3:10",
 // "e5m2") is the fixed-bias quantizer. Throws Error.
 ScaledSpec parse_scaled(std::string_view text);
 // Canonical text; parse_scaled(to_string(s)) == s (the element's rounding is not part of it).
@@ -146,7 +148,7 @@ struct GroupScale {
   std::uint32_t code = 0;
   float value = 1.0f;
   int exponent = 0;  // e8m0: log2 of the value (the element bias drops by it)
-  // What elements are multiplied by where the spec multiplies() (torchao's order): an
+  // What elements are multiplied by where the spec multiplies() (torchao's and TE's orders): an
   // element is fl32(x * reciprocal). Unused (0) otherwise.
   float reciprocal = 0;
   bool nan = false;
