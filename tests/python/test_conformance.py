@@ -358,3 +358,53 @@ def test_te_current_scaling_is_transformer_engines_bit_for_bit(name, dtype):
         assert same(fp8lab.quantize(x, f"{name}:te"), want_values)
         differs += not same(fp8lab.quantize(x, name), want_values)
     assert differs > 0
+
+
+def transformer_engine_mxfp8(x: torch.Tensor, element: str, max_e: float):
+    """TransformerEngine's MXFP8 quantizer, as its C++ test reference describes it
+    (tests/cpp/test_common.h: float_to_e8m0 of fl32(amax * fl32(1 / max_e)), and the
+    elements x times 2^(127 - code) converted to nearest), written again here: the E8M0 code is
+    the float32 exponent field of v = fl32(amax * fl32(1 / max_e)), plus one where v's
+    mantissa is nonzero (at most 0xFE); a subnormal v takes 0 up to 2^-127 and 1 above; 0 for a
+    zero block. Returns the E8M0 codes (one per row of 32) and the element codes."""
+    blocks = x.numpy().astype(np.float32)
+    v = (np.abs(blocks).max(axis=1) * (np.float32(1) / np.float32(max_e))).astype(np.float32)
+    bits = v.view(np.uint32)
+    exponent, mantissa = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    up = (mantissa > 0) & (exponent != 0xFE) & ~((exponent == 0) & (mantissa <= 0x400000))
+    codes = np.where(v == 0, 0, exponent + up).astype(np.int64)
+    scaled = blocks * np.ldexp(np.float32(1), 127 - codes)[:, None].astype(np.float32)
+    dtype = ml_dtypes.float8_e4m3fn if element == "e4m3fn" else ml_dtypes.float8_e5m2
+    return codes, scaled.astype(dtype).view(np.uint8)
+
+
+@pytest.mark.parametrize("element,max_e", [("e4m3fn", 448.0), ("e5m2", 57344.0)])
+def test_mxfp8_ceil_is_transformer_engines_mxfp8(element, max_e):
+    """fp8lab's `ceil` rule (`mxfp8_e4m3:ceil`) against TransformerEngine's MXFP8 quantizer:
+    the same E8M0 scale and element codes for every finite block whose scale lies above E8M0's
+    least (TE's scale of a block whose amax * fl32(1 / max_e) is at most 2^-127 differs by its
+    own rule, and a block holding an infinity gets scale 0xFE there, NaN here, §6.2), on random
+    blocks over the normal range and blocks one to five float32 steps either side of max_e
+    times each power of two, where TE's float32 product could cross the power of two."""
+    rows = [r for r in agreeing_blocks() if torch.isfinite(r).all()]
+    g = torch.Generator().manual_seed(47)
+    for k in range(-100, 101, 7):
+        edge = torch.tensor(max_e * 2.0 ** k, dtype=torch.float32)
+        for steps in range(-5, 6):
+            a = edge
+            for _ in range(abs(steps)):
+                a = torch.nextafter(a, torch.tensor(float("inf") if steps > 0 else 0.0))
+            b = torch.rand(32, generator=g) * a
+            b[int(torch.randint(32, (1,), generator=g))] = a
+            rows.append(b)
+    x = torch.stack(rows).float()
+    te_scales, te_codes = transformer_engine_mxfp8(x, element, max_e)
+    enc = fp8lab.encode(x, f"{element}@1x32:e8m0:ceil")
+    scales = np.asarray(enc.scales).reshape(-1)
+    codes = np.asarray(enc.codes).reshape(x.shape)
+    keep = te_scales >= 1
+    assert keep.sum() > 0.9 * len(keep)
+    assert (scales[keep] == te_scales[keep]).all(), np.nonzero(scales[keep] != te_scales[keep])
+    assert (codes[keep] == te_codes[keep]).all()
+    # The OCP floor rule (the MX presets) is not TE's: it differs on these blocks.
+    assert (np.asarray(fp8lab.encode(x, f"{element}@1x32:e8m0:floor").scales).reshape(-1)[keep] != te_scales[keep]).any()
