@@ -2,6 +2,7 @@
 // (a's rows, b's columns laid out contiguously), then one model_dot per output.
 #include "fp8lab/kernels/dot_model.hpp"
 
+#include <algorithm>
 #include <vector>
 
 #include "fp8lab/core/dot_model_detail.hpp"
@@ -24,8 +25,11 @@ void model_matmul(const float* a, const float* b, float* out, const MatmulShape&
     std::vector<char> row_special(rows), col_special(cols);  // whether the scan for infinities and NaNs is needed
     for (std::size_t i = 0; i < rows; ++i) row_special[i] = dot_detail::any_special(sa.data() + i * inner, inner);
     for (std::size_t j = 0; j < cols; ++j) col_special[j] = dot_detail::any_special(sb.data() + j * inner, inner);
-    run.parallel_for(rows * cols, 1, [&](std::size_t begin, std::size_t end) {
-      for (std::size_t o = begin; o < end; ++o) {
+    // Split by products, not outputs: a few outputs of a long reduction are work enough for
+    // every thread. Ranges start and end at whole outputs (multiples of inner).
+    const std::size_t per = std::max<std::size_t>(inner, 1);
+    run.parallel_for(rows * cols * per, per, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t o = begin / per; o < end / per; ++o) {
         const std::size_t i = o / cols, j = o % cols;
         ob[o] = dot_detail::model_dot(sa.data() + i * inner, sb.data() + j * inner, static_cast<std::int64_t>(inner), m,
                                       row_special[i] || col_special[j]);

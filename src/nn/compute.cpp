@@ -141,6 +141,22 @@ torch::Tensor chunked_matmul(const torch::Tensor& a, const torch::Tensor& b, Com
   return sum;
 }
 
+// The batch shape of a product of [..., M, K] and [..., K, N] matrices: the operands' leading
+// dimensions broadcast, and the shapes [batch..., r, c] within it.
+struct BatchShape {
+  std::vector<std::int64_t> batch;
+  std::vector<std::int64_t> with(std::int64_t r, std::int64_t c) const {
+    std::vector<std::int64_t> v = batch;
+    v.insert(v.end(), {r, c});
+    return v;
+  }
+  std::int64_t count() const { return c10::multiply_integers(batch); }
+};
+
+BatchShape broadcast_batch(const torch::Tensor& a, const torch::Tensor& b) {
+  return {at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - 2))};
+}
+
 // A product under a dot-product hardware model (docs/spec.md §7.4): the operands as float32
 // (broadcast batches expanded, vectors as one-row or one-column matrices), one model_dot
 // per output on the kernels' integer path. The compute setting does not apply: the model
@@ -151,18 +167,12 @@ torch::Tensor modelled_matmul(const torch::Tensor& a_in, const torch::Tensor& b_
   const torch::Tensor b = b_in.dim() == 1 ? b_in.unsqueeze(1) : b_in;
   TORCH_CHECK(a.size(-1) == b.size(-2), "a product's inner dimensions differ: ", a.sizes(), " and ", b.sizes());
   const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
-  std::vector<std::int64_t> batch =
-      at::infer_size(a.sizes().slice(0, a.dim() - 2), b.sizes().slice(0, b.dim() - 2));
-  const auto with = [&](std::int64_t r, std::int64_t cc) {
-    std::vector<std::int64_t> v = batch;
-    v.insert(v.end(), {r, cc});
-    return v;
-  };
-  const torch::Tensor ac = detail::widened(a).expand(with(m, k)).contiguous();
-  const torch::Tensor bc = detail::widened(b).expand(with(k, n)).contiguous();
-  torch::Tensor out = torch::empty(with(m, n), ac.options());
+  const BatchShape shape = broadcast_batch(a, b);
+  const torch::Tensor ac = detail::widened(a).expand(shape.with(m, k)).contiguous();
+  const torch::Tensor bc = detail::widened(b).expand(shape.with(k, n)).contiguous();
+  torch::Tensor out = torch::empty(shape.with(m, n), ac.options());
   kernels::model_matmul(ac.data_ptr<float>(), bc.data_ptr<float>(), out.data_ptr<float>(),
-                        {static_cast<std::size_t>(c10::multiply_integers(batch)), static_cast<std::size_t>(m),
+                        {static_cast<std::size_t>(shape.count()), static_cast<std::size_t>(m),
                          static_cast<std::size_t>(k), static_cast<std::size_t>(n)},
                         model);
   if (taken) *taken = Compute::fp32;
@@ -191,23 +201,17 @@ torch::Tensor matmul_scaled(const torch::Tensor& a_in, const ReductionScales& sa
   TORCH_CHECK(a_in.dim() >= 2 && b_in.dim() >= 2 && a_in.size(-1) == b_in.size(-2),
               "scaled product: [..., M, K] times [..., K, N] expected");
   const std::int64_t m = a_in.size(-2), k = a_in.size(-1), n = b_in.size(-1);
-  std::vector<std::int64_t> batch = at::infer_size(a_in.sizes().slice(0, a_in.dim() - 2),
-                                                   b_in.sizes().slice(0, b_in.dim() - 2));
-  const auto with = [&](std::int64_t r, std::int64_t cc) {
-    std::vector<std::int64_t> v = batch;
-    v.insert(v.end(), {r, cc});
-    return v;
-  };
-  const torch::Tensor a = a_in.expand(with(m, k)), b = b_in.expand(with(k, n));
+  const BatchShape shape = broadcast_batch(a_in, b_in);
+  const torch::Tensor a = a_in.expand(shape.with(m, k)), b = b_in.expand(shape.with(k, n));
   if (k == 0 || m == 0 || n == 0) return matmul(a, b, c, taken, acc);  // an empty sum: zeros
   const auto span = [k](const ReductionScales& s) { return s.defined() ? std::min(s.group, k) : k; };
   TORCH_CHECK((!sa.defined() || sa.group > 0) && (!sb.defined() || sb.group > 0), "scaled product: group of 0");
   const std::int64_t chunk = std::gcd(span(sa), span(sb));
   const Chunked parts = chunked_operands(a, b, chunk);
-  const torch::Tensor ra = chunk_scales(sa, batch, m, parts.chunks, chunk);
-  const torch::Tensor rb = chunk_scales(sb, batch, n, parts.chunks, chunk);
-  const std::int64_t batches = c10::multiply_integers(batch);
-  torch::Tensor out = torch::empty(with(m, n), a.options().dtype(torch::kFloat));
+  const torch::Tensor ra = chunk_scales(sa, shape.batch, m, parts.chunks, chunk);
+  const torch::Tensor rb = chunk_scales(sb, shape.batch, n, parts.chunks, chunk);
+  const std::int64_t batches = shape.count();
+  torch::Tensor out = torch::empty(shape.with(m, n), a.options().dtype(torch::kFloat));
   const std::int64_t group = chunks_per_group(parts, n);
   Compute path = Compute::bf16;  // bf16 only where every group took it
   for (std::int64_t at = 0; at < parts.chunks; at += group) {

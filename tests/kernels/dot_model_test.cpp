@@ -7,6 +7,7 @@
 #include <cfenv>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -205,9 +206,12 @@ TEST(DotModel, SpecialValues) {
   EXPECT_EQ(model({big, big}, {1, 1}, parse_dot_model("dot:acc=24")), big);
 }
 
+// Every output is model_dot of its row and column, whoever runs it: the pool, the caller
+// alone, or a caller's three parts run in reverse (a long reduction, 2000 products an output:
+// work enough to split).
 TEST(DotModel, MatrixKernelIsModelDotPerOutput) {
   std::mt19937 rng(3);
-  const std::size_t batch = 2, rows = 5, inner = 70, cols = 9;
+  const std::size_t batch = 2, rows = 5, inner = 2000, cols = 9;
   std::vector<float> a, b;
   for (std::size_t i = 0; i < batch; ++i) {
     const auto ai = inputs(rng, 1, rows * inner), bi = inputs(rng, 1, inner * cols);
@@ -217,9 +221,17 @@ TEST(DotModel, MatrixKernelIsModelDotPerOutput) {
   a[3] = HUGE_VALF;                                  // row 0 of batch 0: infinite products
   b[inner * cols + 2 * cols + 4] = std::nanf("");    // column 4 of batch 1: NaN
   const DotModel m = parse_dot_model("hopper-fp8-promote128");
-  std::vector<float> out(batch * rows * cols), serial(out.size());
+  std::vector<float> out(batch * rows * cols), serial(out.size()), parts(out.size());
   kernels::model_matmul(a.data(), b.data(), out.data(), {batch, rows, inner, cols}, m);
   kernels::model_matmul(a.data(), b.data(), serial.data(), {batch, rows, inner, cols}, m, kernels::Runner::serial());
+  int calls = 0;
+  const kernels::Runner reversed =
+      kernels::Runner::external(3, [&](std::size_t n, const std::function<void(std::size_t)>& part) {
+        ++calls;
+        for (std::size_t i = n; i-- > 0;) part(i);
+      });
+  kernels::model_matmul(a.data(), b.data(), parts.data(), {batch, rows, inner, cols}, m, reversed);
+  EXPECT_EQ(calls, static_cast<int>(batch));  // each batch's outputs split, though only 45 of them
   for (std::size_t t = 0; t < batch; ++t)
     for (std::size_t i = 0; i < rows; ++i)
       for (std::size_t j = 0; j < cols; ++j) {
@@ -228,6 +240,7 @@ TEST(DotModel, MatrixKernelIsModelDotPerOutput) {
         const std::size_t o = (t * rows + i) * cols + j;
         ASSERT_TRUE(same_bits(out[o], want)) << t << " " << i << " " << j;
         ASSERT_TRUE(same_bits(serial[o], want));
+        ASSERT_TRUE(same_bits(parts[o], want));
       }
   EXPECT_TRUE(std::isinf(out[0]) && std::isnan(out[rows * cols + 4]) && std::isfinite(out[rows * cols + 5]));
 }
