@@ -260,6 +260,24 @@ TEST(ScaledOps, HadamardTransformIsTheSignedSylvesterMatrixOverFour) {
   EXPECT_TRUE(torch::allclose(x.mm(y.t()), x0.mm(y0.t()), 1e-5, 1e-5));
 }
 
+namespace {
+
+// A grad_w operand [N, features] as the layer's product reads it: transposed ([features, N]),
+// transformed along N with `signs`, quantized by the reference, transposed back.
+torch::Tensor hadamard_quantized(const torch::Tensor& t, const std::array<float, 16>& signs, const ScaledSpec& s) {
+  torch::Tensor m = t.t().contiguous();
+  hadamard16_(m, signs);
+  return ref_quantize(m, m.size(0), m.size(1), [&](std::int64_t r, std::int64_t c) { return r * m.size(1) + c; }, s)
+      .t()
+      .contiguous();
+}
+
+// grad_w of a linear layer's quantized product: g^T x from the two operands as the
+// reference gives them.
+torch::Tensor grad_w_of(const torch::Tensor& xq, const torch::Tensor& gq) { return xq.t().mm(gq).t().contiguous(); }
+
+}  // namespace
+
 TEST(ScaledOps, HadamardGoesOnBothGradWOperandsOfALinearLayer) {
   torch::manual_seed(7);
   const std::int64_t N = 32, in = 20, out = 8;
@@ -274,15 +292,7 @@ TEST(ScaledOps, HadamardGoesOnBothGradWOperandsOfALinearLayer) {
   const auto grads = torch::autograd::grad({(quant_linear(x, w, {}, st) * g).sum()}, {x, w});
   // x^T [in, N] and g^T [out, N], transformed along N with the call's signs, then quantized.
   const auto signs = hadamard_signs(st->streams.seed_for(TensorKind::gw, 0, 15));
-  const auto transformed_q = [&](const torch::Tensor& t) {
-    torch::Tensor m = t.t().contiguous();
-    hadamard16_(m, signs);
-    return ref_quantize(m, m.size(0), m.size(1), [&](std::int64_t r, std::int64_t c) { return r * m.size(1) + c; }, s)
-        .t()
-        .contiguous();
-  };
-  const torch::Tensor xb = transformed_q(x0), gb = transformed_q(g);
-  EXPECT_TRUE(bit_equal(grads[1], xb.t().mm(gb).t().contiguous()));
+  EXPECT_TRUE(bit_equal(grads[1], grad_w_of(hadamard_quantized(x0, signs, s), hadamard_quantized(g, signs, s))));
   // Without the transform the weight gradient differs; grad_x does not.
   auto plain = make_layer_state("lin", all(spec), nullptr);
   const torch::Tensor x2 = x0.clone().requires_grad_(), w2 = w0.clone().requires_grad_();
@@ -311,15 +321,9 @@ TEST(ScaledOps, ThePlainHadamardTransformHasNoSigns) {
     const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
     return torch::autograd::grad({(quant_linear(x, w, {}, state) * g).sum()}, {w})[0];
   };
-  const auto transformed_q = [&](const torch::Tensor& t) {
-    torch::Tensor m = t.t().contiguous();
-    hadamard16_(m, fixed_hadamard_signs(HadamardSigns::none));
-    return ref_quantize(m, m.size(0), m.size(1), [&](std::int64_t r, std::int64_t c) { return r * m.size(1) + c; }, s)
-        .t()
-        .contiguous();
-  };
+  const auto& plain = fixed_hadamard_signs(HadamardSigns::none);
   const torch::Tensor dw = grad_w(st);
-  EXPECT_TRUE(bit_equal(dw, transformed_q(x0).t().mm(transformed_q(g)).t().contiguous()));
+  EXPECT_TRUE(bit_equal(dw, grad_w_of(hadamard_quantized(x0, plain, s), hadamard_quantized(g, plain, s))));
   LayerQuant random = lq;
   random.hadamard_signs = HadamardSigns::random;
   EXPECT_FALSE(bit_equal(dw, grad_w(make_layer_state("lin", random, nullptr))));
@@ -330,14 +334,7 @@ TEST(ScaledOps, ThePlainHadamardTransformHasNoSigns) {
   EXPECT_EQ(std::count(s_te.begin(), s_te.end(), -1.0f), 10);
   const torch::Tensor dw_te = grad_w(make_layer_state("lin", te, nullptr));
   EXPECT_FALSE(bit_equal(dw_te, dw));
-  const auto te_q = [&](const torch::Tensor& t) {
-    torch::Tensor m = t.t().contiguous();
-    hadamard16_(m, s_te);
-    return ref_quantize(m, m.size(0), m.size(1), [&](std::int64_t r, std::int64_t c) { return r * m.size(1) + c; }, s)
-        .t()
-        .contiguous();
-  };
-  EXPECT_TRUE(bit_equal(dw_te, te_q(x0).t().mm(te_q(g)).t().contiguous()));
+  EXPECT_TRUE(bit_equal(dw_te, grad_w_of(hadamard_quantized(x0, s_te, s), hadamard_quantized(g, s_te, s))));
 }
 
 // On the bfloat16 path (docs/spec.md §7), scaled operands reach the compute layer's products
