@@ -197,6 +197,18 @@ std::uint32_t encode(float x, const QuantSpec& q, std::uint64_t index, QuantCoun
   return sign | static_cast<std::uint32_t>(mag);
 }
 
+namespace {
+// The float32 nearest to v. Below float32's normal range it is built from its bits: a
+// conversion to a float32 subnormal gives 0 under flush-to-zero, which a run may set
+// (docs/spec.md §2.2).
+float to_float(double v) {
+  const double a = std::fabs(v);
+  if (!(a < 0x1p-126) || a == 0) return static_cast<float>(v);
+  const float f = std::bit_cast<float>(static_cast<std::uint32_t>(std::nearbyint(a * 0x1p149)));
+  return v < 0 ? -f : f;
+}
+}  // namespace
+
 float decode(std::uint32_t code, const Format& f) {
   const bool neg = (code & f.sign_bit()) != 0;
   switch (f.classify(code)) {
@@ -208,7 +220,7 @@ float decode(std::uint32_t code, const Format& f) {
       return neg ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
     default: break;
   }
-  const float v = static_cast<float>(f.magnitude(code & f.mag_mask()));
+  const float v = to_float(f.magnitude(code & f.mag_mask()));
   return neg ? -v : v;
 }
 

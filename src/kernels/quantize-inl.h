@@ -44,6 +44,7 @@ struct Params {
   // Overflow of a finite value: magnitude to store, or NaN/Inf.
   std::uint32_t ovf_mag;     // saturate (and finite formats in nan mode): max_code
   bool ovf_to_nan, ovf_to_inf;
+  bool saturate;             // a finite overflow becomes +-max (neither NaN nor Inf)
   bool inf_to_nan, inf_to_inf;  // what an Inf input becomes (else +-max)
   std::uint32_t nan_base, nan_sign_mask;  // NaN code = nan_base | (sign & nan_sign_mask)
   std::uint32_t inf_mag;
@@ -61,6 +62,12 @@ struct Params {
   std::uint32_t code_offset;      // (emin + 126) << M: float exponent field -> code field
   std::uint32_t sr_keep;          // stochastic: mask keeping the top K = min(R, S) fraction bits
   std::uint32_t sr_shift_r, sr_shift_l;  // random bits r >> (32 - K) << (S - K)
+  // Nearest-even on a saturating format by float32 addition (RoundByAddition, which takes
+  // precedence over `small`): the quantum's power of two C lies in float32's normal range
+  // for every value up to the format's largest (2^(emin - M + 23) to 2^(emax + 23 - M)),
+  // and no float32 subnormal can round to a nonzero value, so the result does not depend on
+  // the caller's flush-to-zero or denormals-are-zero setting (docs/spec.md §2.2).
+  bool by_addition;
   // Formats of at most 8 magnitudes (4-bit and smaller, M >= 1) under nearest-even or
   // toward-zero rounding: the magnitude code is the number of breakpoints at or below |x|,
   // its value a table look-up (no subnormal special case: most of an E2M1 block is subnormal).
@@ -100,6 +107,7 @@ inline Params make_params(const QuantSpec& q) {
   p.ovf_to_nan = nan_mode;
   p.ovf_to_inf = inf_mode;
   p.ovf_mag = p.max_code;
+  p.saturate = !nan_mode && !inf_mode;
   p.inf_to_inf = f.has_inf();
   p.inf_to_nan = !f.has_inf() && f.has_nan();
   p.nan_base = f.has_nan() ? f.nan_code(false) : 0;
@@ -122,6 +130,8 @@ inline Params make_params(const QuantSpec& q) {
     p.sr_shift_r = 32 - K;
     p.sr_shift_l = p.S - K;
   }
+  p.by_addition = p.fast && p.saturate && q.rounding == Rounding::nearest_even && emin - f.man_bits >= -125 &&
+                  std::ilogb(f.max_finite()) + 23 - f.man_bits <= 127;
   p.small = p.fast && f.man_bits >= 1 && p.max_code <= 7 && q.rounding != Rounding::stochastic;
   for (std::uint32_t k = 0; k < 8; ++k) p.small_above[k] = ~0u;
   for (std::uint32_t k = 0; k < 16; ++k) p.small_bits[k] = 0;
@@ -180,7 +190,7 @@ HWY_INLINE Rounded RoundNormal(D32 d, const Params& p, V32 a, V32 r, hn::Mask<D3
   if constexpr (kMode == Rounding::nearest_even) {
     // The tie-breaking bit is the mantissa LSB; with M = 0 it is the implicit bit (1),
     // not the float exponent's LSB that sits at bit S.
-    const V32 lsb = p.M == 0 ? one : hn::And(hn::ShiftRightSame(a, static_cast<int>(p.S)), one);
+    const V32 lsb = hn::And(hn::Or(hn::ShiftRightSame(a, static_cast<int>(p.S)), hn::Set(d, p.M == 0 ? 1u : 0u)), one);
     rounded = hn::Add(a, hn::Add(hn::Set(d, p.half_m1), lsb));
   } else if constexpr (kMode == Rounding::toward_zero) {
     rounded = a;
@@ -290,6 +300,34 @@ HWY_INLINE Rounded RoundSmall(D32 d, const Params& p, V32 a, hn::Mask<D32> is_ze
   return out;
 }
 
+// Nearest-even on any finite lane, subnormal range included, by float32 addition: with t
+// the larger of |x|'s binade and 2^emin, C = 2^(exponent of t + 23 - M) has its unit in the
+// last place at the lane's quantum 2^(exponent of t - M), so fl32(|x| + C) rounds |x| to a
+// multiple of the quantum, ties to the even multiple (C's significand is 1), and
+// fl32((|x| + C) - C) is that multiple exactly. The magnitude code is the number of quanta,
+// the bits of |x| + C past C's, plus the binades above emin times 2^M. A lane whose C would
+// be Inf or negative (|x| far past the format's largest value) gives a result past the
+// largest value's bits or NaN bits, so it lands in `ovf` as every overflow does; its code is
+// patched by the caller.
+template <bool kWantCode>
+HWY_INLINE Rounded RoundByAddition(D32 d, const Params& p, V32 a) {
+  const hn::RebindToFloat<D32> df;
+  const V32 t = hn::Max(hn::And(a, hn::Set(d, 0x7f800000u)), hn::Set(d, p.min_normal_bits));
+  const V32 c = hn::Add(t, hn::Set(d, p.S << 23));
+  const auto cf = hn::BitCast(df, c);
+  const auto sum = hn::Add(hn::BitCast(df, a), cf);
+  Rounded out;
+  out.v = hn::BitCast(d, hn::Sub(sum, cf));
+  out.ovf = hn::Gt(out.v, hn::Set(d, p.max_bits));
+  out.zero_res = hn::Eq(out.v, hn::Zero(d));
+  out.any_zero = true;
+  out.mag = hn::Zero(d);
+  if constexpr (kWantCode)
+    out.mag = hn::Add(hn::ShiftRightSame(hn::Sub(t, hn::Set(d, p.min_normal_bits)), static_cast<int>(p.S)),
+                      hn::Sub(hn::BitCast(d, sum), c));
+  return out;
+}
+
 // Rare: overflow, NaN or Inf somewhere in the vector. Their lanes get the overflow, Inf or
 // NaN results of the format's policy and overflow mode.
 template <bool kWantCode, bool kWantFloat, bool kCount>
@@ -328,7 +366,7 @@ HWY_INLINE void PatchSpecials(D32 d, const Params& p, V32 a, V32 sign, hn::Mask<
 // straight through; overflow, NaN/Inf inputs and tiny results take branches that are
 // rare in real tensors (each tested per vector with one mask test).
 template <Rounding kMode, bool kWantCode, bool kWantFloat, bool kCount>
-HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::StreamKey key,
+HWY_INLINE Lanes ProcessGeneral(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::StreamKey key,
                          QuantCounts* counts) {
   const V32 zero = hn::Zero(d);
   const V32 a = hn::And(xb, hn::Set(d, 0x7fffffffu));
@@ -346,6 +384,19 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
                         : RoundAny<kMode, kCount>(d, p, a, r, is_zero, counts);
   const V32 sign_kept = (p.unsigned_zero && q.any_zero) ? hn::IfThenZeroElse(q.zero_res, sign) : sign;
   Lanes out{zero, zero, false};
+  // Saturating formats without NaN or Inf inputs in the vector (the common case, where a
+  // block's largest value rounds past the format's largest, as under MX's floor rule):
+  // the overflowing lanes take +-max without a branch, as PatchSpecials would give them.
+  if (p.saturate && HWY_LIKELY(hn::AllFalse(d, hn::Gt(a, hn::Set(d, 0x7f7fffffu))))) {
+    if constexpr (kWantCode)
+      out.code = hn::Or(hn::IfThenElse(q.ovf, hn::Set(d, p.ovf_mag), q.mag),
+                        hn::ShiftRightSame(sign_kept, static_cast<int>(p.code_sign_shift)));
+    if constexpr (kWantFloat) out.fbits = hn::Or(hn::IfThenElse(q.ovf, hn::Set(d, p.max_bits), q.v), sign_kept);
+    out.overflow = !hn::AllFalse(d, q.ovf);
+    if constexpr (kCount)
+      if (out.overflow) counts->overflow += hn::CountTrue(d, q.ovf);
+    return out;
+  }
   if constexpr (kWantCode) out.code = hn::Or(q.mag, hn::ShiftRightSame(sign_kept, static_cast<int>(p.code_sign_shift)));
   if constexpr (kWantFloat) out.fbits = hn::Or(q.v, sign_kept);
   if (HWY_UNLIKELY(!hn::AllFalse(d, q.ovf))) {
@@ -355,9 +406,62 @@ HWY_INLINE Lanes Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::Str
   return out;
 }
 
+// ProcessGeneral out of line: the rare vectors of a loop whose common case is
+// ProcessByAddition, which then keeps its values in registers.
+template <Rounding kMode, bool kWantCode, bool kWantFloat, bool kCount>
+HWY_NOINLINE Lanes ProcessRare(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::StreamKey key,
+                               QuantCounts* counts) {
+  return ProcessGeneral<kMode, kWantCode, kWantFloat, kCount>(d, p, xb, idx_lo, key, counts);
+}
+
+// Nearest-even on a saturating format (Params::by_addition) when no lane is NaN or Inf
+// (Special): one path for every lane, zeros, subnormal results and overflow included,
+// without a branch.
+template <bool kWantCode, bool kWantFloat, bool kCount>
+HWY_INLINE Lanes ProcessByAddition(D32 d, const Params& p, V32 xb, QuantCounts* counts) {
+  const V32 zero = hn::Zero(d);
+  const V32 a = hn::And(xb, hn::Set(d, 0x7fffffffu));
+  const V32 sign = hn::Xor(xb, a);
+  const Rounded q = RoundByAddition<kWantCode>(d, p, a);
+  const V32 sign_kept = p.unsigned_zero ? hn::IfThenZeroElse(q.zero_res, sign) : sign;
+  Lanes out{zero, zero, false};
+  if constexpr (kWantCode)
+    out.code = hn::Or(hn::IfThenElse(q.ovf, hn::Set(d, p.ovf_mag), q.mag),
+                      hn::ShiftRightSame(sign_kept, static_cast<int>(p.code_sign_shift)));
+  if constexpr (kWantFloat) out.fbits = hn::Or(hn::Min(q.v, hn::Set(d, p.max_bits)), sign_kept);
+  out.overflow = !hn::AllFalse(d, q.ovf);
+  if constexpr (kCount) {  // both rare: counted where some lane has one
+    const auto underflow = hn::AndNot(hn::Eq(a, zero), q.zero_res);
+    if (HWY_UNLIKELY(!hn::AllFalse(d, underflow))) counts->underflow += hn::CountTrue(d, underflow);
+    if (HWY_UNLIKELY(out.overflow)) counts->overflow += hn::CountTrue(d, q.ovf);
+  }
+  return out;
+}
+
+// Some lane of the float32 bits xb is NaN or Inf.
+HWY_INLINE bool Special(D32 d, V32 xb) {
+  return !hn::AllFalse(d, hn::Gt(hn::And(xb, hn::Set(d, 0x7fffffffu)), hn::Set(d, 0x7f7fffffu)));
+}
+
+// One vector through the codec, handed to emit(lanes): with kAdd (Params::by_addition),
+// ProcessByAddition unless a lane is NaN or Inf. The two calls of emit keep the common
+// path's lanes in registers (a shared return value would go through memory).
+template <Rounding kMode, bool kWantCode, bool kWantFloat, bool kCount, bool kAdd, class Emit>
+HWY_INLINE void Process(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8lab::StreamKey key, QuantCounts* counts,
+                        const Emit& emit) {
+  if constexpr (kAdd) {
+    if (HWY_UNLIKELY(Special(d, xb)))
+      emit(ProcessRare<kMode, kWantCode, kWantFloat, kCount>(d, p, xb, idx_lo, key, counts));
+    else
+      emit(ProcessByAddition<kWantCode, kWantFloat, kCount>(d, p, xb, counts));
+  } else {
+    emit(ProcessGeneral<kMode, kWantCode, kWantFloat, kCount>(d, p, xb, idx_lo, key, counts));
+  }
+}
+
 // Drive Process over [0, n) (element indices index0 + i); `emit(i, lanes)` stores a full
 // vector, `emit_one(i)` handles one tail element with the scalar codec (which counts it).
-template <Rounding kMode, bool kWantCode, bool kWantFloat, bool kCount, class Emit,
+template <Rounding kMode, bool kWantCode, bool kWantFloat, bool kCount, bool kAdd, class Emit,
           class EmitOne>
 HWY_INLINE void Loop(const Params& params, const float* x, std::size_t n, std::uint64_t index0,
                      QuantCounts* counts, const Emit& emit, const EmitOne& emit_one) {
@@ -383,7 +487,8 @@ HWY_INLINE void Loop(const Params& params, const float* x, std::size_t n, std::u
     const V32 step = hn::Set(d, static_cast<std::uint32_t>(N));
     for (; i + N <= seg_end; i += N) {
       const V32 xb = hn::BitCast(d, hn::LoadU(df, x + i));
-      emit(i, Process<kMode, kWantCode, kWantFloat, kCount>(d, p, xb, idx, key, &local));
+      Process<kMode, kWantCode, kWantFloat, kCount, kAdd>(d, p, xb, idx, key, &local,
+                                                          [&](const Lanes& l) { emit(i, l); });
       idx = hn::Add(idx, step);
       if constexpr (kCount) local.total += N;
     }
@@ -408,48 +513,52 @@ HWY_INLINE void StoreCodes(V32 code, T* HWY_RESTRICT out) {
 #endif
 }
 
+// The loop for p's rounding: nearest-even by addition where Params::by_addition says so.
 template <bool kCount, class Fn>
-HWY_INLINE void DispatchMode(Rounding r, const Fn& fn) {
-  switch (r) {
-    case Rounding::nearest_even: fn.template operator()<Rounding::nearest_even, kCount>(); break;
-    case Rounding::toward_zero: fn.template operator()<Rounding::toward_zero, kCount>(); break;
-    case Rounding::stochastic: fn.template operator()<Rounding::stochastic, kCount>(); break;
+HWY_INLINE void DispatchMode(const Params& p, const Fn& fn) {
+  switch (p.rounding) {
+    case Rounding::nearest_even:
+      if (p.by_addition) fn.template operator()<Rounding::nearest_even, kCount, true>();
+      else fn.template operator()<Rounding::nearest_even, kCount, false>();
+      break;
+    case Rounding::toward_zero: fn.template operator()<Rounding::toward_zero, kCount, false>(); break;
+    case Rounding::stochastic: fn.template operator()<Rounding::stochastic, kCount, false>(); break;
   }
 }
 
 inline void QuantizeRange(const Params& p, const QuantSpec& q, const float* x, float* y,
                    std::size_t n, std::uint64_t index0, QuantCounts* counts) {
   const hn::RebindToFloat<D32> df;
-  auto run = [&]<Rounding kMode, bool kCount>() {
-    Loop<kMode, false, true, kCount>(
+  auto run = [&]<Rounding kMode, bool kCount, bool kAdd>() {
+    Loop<kMode, false, true, kCount, kAdd>(
         p, x, n, index0, counts,
         [&](std::size_t i, const Lanes& l) { hn::StoreU(hn::BitCast(df, l.fbits), df, y + i); },
         [&](std::size_t i) { y[i] = fp8lab::quantize(x[i], q, index0 + i, counts); });
   };
-  if (counts) DispatchMode<true>(p.rounding, run);
-  else DispatchMode<false>(p.rounding, run);
+  if (counts) DispatchMode<true>(p, run);
+  else DispatchMode<false>(p, run);
 }
 
 template <typename T>
 HWY_INLINE void EncodeRangeT(const Params& p, const QuantSpec& q, const float* x, T* out,
                              std::size_t n, std::uint64_t index0, QuantCounts* counts) {
-  auto run = [&]<Rounding kMode, bool kCount>() {
-    Loop<kMode, true, false, kCount>(
+  auto run = [&]<Rounding kMode, bool kCount, bool kAdd>() {
+    Loop<kMode, true, false, kCount, kAdd>(
         p, x, n, index0, counts, [&](std::size_t i, const Lanes& l) { StoreCodes(l.code, out + i); },
         [&](std::size_t i) {
           out[i] = static_cast<T>(fp8lab::encode(x[i], q, index0 + i, counts));
         });
   };
-  if (counts) DispatchMode<true>(p.rounding, run);
-  else DispatchMode<false>(p.rounding, run);
+  if (counts) DispatchMode<true>(p, run);
+  else DispatchMode<false>(p, run);
 }
 
 inline void QuantizeEncodeRange8(const Params& p, const QuantSpec& q, const float* x, float* y,
                           std::uint8_t* out, std::size_t n, std::uint64_t index0,
                           QuantCounts* counts) {
   const hn::RebindToFloat<D32> df;
-  auto run = [&]<Rounding kMode, bool kCount>() {
-    Loop<kMode, true, true, kCount>(
+  auto run = [&]<Rounding kMode, bool kCount, bool kAdd>() {
+    Loop<kMode, true, true, kCount, kAdd>(
         p, x, n, index0, counts,
         [&](std::size_t i, const Lanes& l) {
           hn::StoreU(hn::BitCast(df, l.fbits), df, y + i);
@@ -460,8 +569,8 @@ inline void QuantizeEncodeRange8(const Params& p, const QuantSpec& q, const floa
           y[i] = fp8lab::quantize(x[i], q, index0 + i);
         });
   };
-  if (counts) DispatchMode<true>(p.rounding, run);
-  else DispatchMode<false>(p.rounding, run);
+  if (counts) DispatchMode<true>(p, run);
+  else DispatchMode<false>(p, run);
 }
 
 inline void EncodeRange8(const Params& p, const QuantSpec& q, const float* x, std::uint8_t* out,
@@ -479,7 +588,7 @@ inline void EncodeRange16(const Params& p, const QuantSpec& q, const float* x, s
 // of the vector width). Counts as the element kernel on v, plus `flushed`: values v flushes
 // to zero; hot[b] set where an element of block b overflows (the block saturates).
 constexpr std::size_t kPrefetchAhead = 4096;
-template <Rounding kMode, bool kWantCode, bool kCount, bool kDivide>
+template <Rounding kMode, bool kWantCode, bool kCount, bool kAdd, bool kDivide>
 HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* x, float* y, std::uint8_t* codes,
                          std::size_t n, std::size_t block, const float* before, const float* after,
                          std::uint64_t index0, QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed) {
@@ -500,8 +609,11 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
     const V32 step = hn::Set(d, static_cast<std::uint32_t>(N));
     // The block of element i, kept without a division per vector: b = i / block.
     std::size_t b = i / block, block_end = (b + 1) * block;
+    bool hot_b = false;  // some element of block b overflowed (stored when the block ends)
     for (; i + N <= seg_end; i += N) {
       if (i == block_end) {
+        hot[b] |= static_cast<std::uint8_t>(hot_b);
+        hot_b = false;
         ++b;
         block_end += block;
       }
@@ -515,14 +627,18 @@ HWY_INLINE void LoopPow2(const Params& params, const QuantSpec& q, const float* 
       if (HWY_UNLIKELY(!hn::AllFalse(df, vinf)))
         vf = hn::IfThenElse(hn::And(vinf, hn::IsFinite(xf)),
                             hn::CopySign(hn::Set(df, std::numeric_limits<float>::max()), vf), vf);
-      fl += hn::CountTrue(df, hn::AndNot(hn::Eq(xf, fzero), hn::Eq(vf, fzero)));
-      const Lanes l = Process<kMode, kWantCode, true, kCount>(d, p, hn::BitCast(d, vf), idx, key, &local);
-      hot[b] |= static_cast<std::uint8_t>(l.overflow);
-      hn::StoreU(hn::Mul(hn::BitCast(df, l.fbits), hn::Set(df, after[b])), df, y + i);
-      if constexpr (kWantCode) StoreCodes(l.code, codes + i);
+      // Flushed: a nonzero x whose scaled value is zero (only where some lane of v is zero).
+      const auto vzero = hn::Eq(vf, fzero);
+      if (HWY_UNLIKELY(!hn::AllFalse(df, vzero))) fl += hn::CountTrue(df, hn::AndNot(hn::Eq(xf, fzero), vzero));
+      Process<kMode, kWantCode, true, kCount, kAdd>(d, p, hn::BitCast(d, vf), idx, key, &local, [&](const Lanes& l) {
+        hot_b |= l.overflow;
+        hn::StoreU(hn::Mul(hn::BitCast(df, l.fbits), hn::Set(df, after[b])), df, y + i);
+        if constexpr (kWantCode) StoreCodes(l.code, codes + i);
+      });
       idx = hn::Add(idx, step);
       if constexpr (kCount) local.total += N;
     }
+    hot[b] |= static_cast<std::uint8_t>(hot_b);
     for (; i < seg_end; ++i) {  // only at a 2^32 boundary of the stream index
       const std::size_t b = i / block;
       const float v = fp8lab::saturate_scaled(kDivide ? x[i] / before[b] : x[i] * before[b], x[i]);
@@ -544,18 +660,18 @@ inline bool QuantizePow2Blocks(const Params& p, const QuantSpec& q, const float*
                         std::uint64_t index0, QuantCounts* counts, std::uint8_t* hot, std::uint64_t* flushed) {
   const D32 d;
   if (block == 0 || block % hn::Lanes(d) != 0 || n % block != 0) return false;
-  auto run = [&]<Rounding kMode, bool kCount>() {
+  auto run = [&]<Rounding kMode, bool kCount, bool kAdd>() {
     const auto go = [&]<bool kDivide>() {
       if (codes)
-        LoopPow2<kMode, true, kCount, kDivide>(p, q, x, y, codes, n, block, before, after, index0, counts, hot, flushed);
+        LoopPow2<kMode, true, kCount, kAdd, kDivide>(p, q, x, y, codes, n, block, before, after, index0, counts, hot, flushed);
       else
-        LoopPow2<kMode, false, kCount, kDivide>(p, q, x, y, codes, n, block, before, after, index0, counts, hot, flushed);
+        LoopPow2<kMode, false, kCount, kAdd, kDivide>(p, q, x, y, codes, n, block, before, after, index0, counts, hot, flushed);
     };
     if (divide) go.template operator()<true>();
     else go.template operator()<false>();
   };
-  if (counts) DispatchMode<true>(p.rounding, run);
-  else DispatchMode<false>(p.rounding, run);
+  if (counts) DispatchMode<true>(p, run);
+  else DispatchMode<false>(p, run);
   return true;
 }
 

@@ -7,6 +7,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "../common/reference.hpp"
 #include "fp8lab/core/codec.hpp"
 #include "fp8lab/kernels/kernels.hpp"
@@ -224,6 +228,50 @@ TEST_P(AllTargets, SmallFormatsMatchTheCodecAtEveryBreakpoint) {
   }
   EXPECT_EQ(formats, 14);
 }
+
+#if defined(__x86_64__) || defined(__i386__)
+// Nearest-even rounds by float32 addition on most formats (docs/spec.md §2.2): its results
+// do not depend on the caller's flush-to-zero and denormals-are-zero modes, which training
+// may set (train.flush_denormals). Every kernel format on float32 subnormals and on values
+// about its own smallest subnormal, with both modes on, against the codec with both off.
+TEST_P(AllTargets, NearestEvenIgnoresFlushToZeroModes) {
+  const kernels::Runner serial = kernels::Runner::serial();  // the modes are this thread's
+  int formats = 0;
+  for (const Format& f : kernel_formats()) {
+    QuantSpec q;
+    q.format = f;
+    const std::size_t n = 1000 + 37;
+    std::vector<float> x = inputs(f, n, f.bias * 7 + 1);
+    ref::InputGen gen(static_cast<std::uint64_t>(f.bias + 1000));
+    for (std::size_t i = 0; i < n; i += 2) {
+      const std::uint64_t r = gen.next();
+      const int e = f.emin() - f.man_bits - 2 + static_cast<int>(r % 5);
+      const float m = 1.0f + static_cast<float>((r >> 40) & 0xffffff) * 0x1p-24f;
+      const float near_smallest = std::ldexp((r & 1) ? -m : m, std::max(e, -149));
+      const float subnormal = std::bit_cast<float>(static_cast<std::uint32_t>(r >> 8) & 0x807fffffu);
+      x[i] = (i / 2) % 2 ? subnormal : near_smallest;
+    }
+    std::vector<float> want(n), y(n);
+    std::vector<std::uint16_t> want_c(n), c(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      want[i] = quantize(x[i], q, i);
+      if (f.width() <= 16) want_c[i] = static_cast<std::uint16_t>(encode(x[i], q, i));
+    }
+    const unsigned modes = _mm_getcsr();
+    _mm_setcsr(modes | 0x8040u);  // FTZ and DAZ
+    kernels::quantize(x.data(), y.data(), n, q, 0, nullptr, serial);
+    if (f.width() <= 16) kernels::encode(x.data(), c.data(), n, q, 0, nullptr, serial);
+    _mm_setcsr(modes);
+    SCOPED_TRACE(to_string(f));
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(bits(y[i]), bits(want[i])) << "i=" << i << " x=" << std::hexfloat << x[i];
+      if (f.width() <= 16) ASSERT_EQ(c[i], want_c[i]) << "x=" << std::hexfloat << x[i];
+    }
+    ++formats;
+  }
+  EXPECT_GT(formats, 40);
+}
+#endif
 
 // float32 to bfloat16: the top halves, and whether every bottom half was zero, with one
 // value that is not a bfloat16 value at each place (vectors and the tail).
