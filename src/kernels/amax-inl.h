@@ -50,6 +50,24 @@ inline std::uint32_t MagnitudeTop(const float* x, std::size_t n) {
   return std::max(top, ScalarTop(x + i, n - i));
 }
 
+#if HWY_TARGET <= HWY_AVX3
+// Lane j of the result: the largest lane of m[j] (unsigned), for sixteen vectors at once.
+// Each level halves the vectors and the lanes left per vector: 32-bit, then 64-bit
+// interleaves within 128-bit blocks, then two shuffles of 128-bit blocks.
+HWY_INLINE __m512i TopsOf16(const __m512i* m) {
+  __m512i c[8], e[4], g[2];
+  for (int j = 0; j < 8; ++j)  // per block of 4 lanes: [a0 v a2, b0 v b2, a1 v a3, b1 v b3]
+    c[j] = _mm512_max_epu32(_mm512_unpacklo_epi32(m[2 * j], m[2 * j + 1]), _mm512_unpackhi_epi32(m[2 * j], m[2 * j + 1]));
+  for (int j = 0; j < 4; ++j)  // per block of 4 lanes: one partial each of 4 vectors
+    e[j] = _mm512_max_epu32(_mm512_unpacklo_epi64(c[2 * j], c[2 * j + 1]), _mm512_unpackhi_epi64(c[2 * j], c[2 * j + 1]));
+  for (int j = 0; j < 2; ++j)  // blocks: [E01, E23, F01, F23]
+    g[j] = _mm512_max_epu32(_mm512_shuffle_i32x4(e[2 * j], e[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i32x4(e[2 * j], e[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_max_epu32(_mm512_shuffle_i32x4(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_i32x4(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#endif
+
 // Of each of `count` blocks of `block` values x[k block, (k + 1) block) into tops[k].
 // read_ahead: prefetch in software too (a pass that only reads; a caller that prefetches
 // already, or reads from cache, goes faster without).
@@ -62,7 +80,26 @@ inline void BlockTops(const float* x, std::size_t count, std::size_t block, std:
     return;
   }
   const auto mask = hn::Set(d, 0x7FFFFFFFu);
-  for (std::size_t k = 0; k < count; ++k) {
+  std::size_t k = 0;
+#if HWY_TARGET <= HWY_AVX3
+  // Sixteen blocks at a time: each block's vector of maxima, then the sixteen reduced
+  // together (TopsOf16) instead of one horizontal maximum each.
+  for (; k + 16 <= count; k += 16) {
+    __m512i m[16];
+    for (std::size_t j = 0; j < 16; ++j) {
+      const std::uint32_t* b = bits + (k + j) * block;
+      if (read_ahead) {
+        hwy::Prefetch(b + kAhead);
+        if (block > N) hwy::Prefetch(b + kAhead + N);
+      }
+      auto v = hn::Zero(d);
+      for (std::size_t i = 0; i < block; i += N) v = hn::Max(v, hn::And(hn::LoadU(d, b + i), mask));
+      m[j] = v.raw;
+    }
+    _mm512_storeu_si512(tops + k, TopsOf16(m));
+  }
+#endif
+  for (; k < count; ++k) {
     if (read_ahead) {
       hwy::Prefetch(bits + k * block + kAhead);
       if (block > N) hwy::Prefetch(bits + k * block + kAhead + N);

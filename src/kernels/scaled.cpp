@@ -14,6 +14,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #undef HWY_TARGET_INCLUDE
@@ -133,6 +134,52 @@ class FastPow2 {
     return BlockScale{static_cast<std::uint32_t>(e + 127), pow2f(-e), pow2f(e), false};
   }
   bool enabled() const { return enabled_; }
+  // decide() for blocks [0, count) at once, a vector of blocks at a time: codes, factors
+  // before and after, the zero blocks counted into `zeros` and the largest top into
+  // `chunk_top`. False, with the outputs partly written, where some block needs the general
+  // path (decide() gives nullopt).
+  bool decide_all(const std::uint32_t* tops, std::size_t count, std::uint32_t* codes, float* before, float* after,
+                  std::uint64_t& zeros, std::uint32_t& chunk_top) const {
+    if (!enabled_) return false;
+    const D32 d;
+    const hn::RebindToSigned<D32> di;
+    const hn::RebindToFloat<D32> df;
+    const std::size_t N = hn::Lanes(d);
+    auto top_max = hn::Zero(d);
+    std::size_t k = 0;
+    for (; k + N <= count; k += N) {
+      const auto top = hn::LoadU(d, tops + k);
+      const auto zero = hn::Eq(top, hn::Zero(d));
+      // Subnormal, Inf or NaN amaxes take the general path.
+      const auto odd = hn::AndNot(zero, hn::Or(hn::Gt(hn::Set(d, 0x00800000u), top), hn::Gt(top, hn::Set(d, 0x7F7FFFFFu))));
+      auto e = hn::Sub(hn::BitCast(di, hn::ShiftRight<23>(top)), hn::Set(di, 127 + emax_));
+      if (ceil_)  // one more where the significand exceeds max_e's (a mask lane is -1)
+        e = hn::Sub(e, hn::VecFromMask(di, hn::RebindMask(di, hn::Gt(hn::And(top, hn::Set(d, 0x7FFFFFu)),
+                                                                    hn::Set(d, max_mantissa_)))));
+      const auto outside = hn::RebindMask(d, hn::Or(hn::Gt(hn::Set(di, -127), e), hn::Gt(e, hn::Set(di, 127))));
+      if (!hn::AllFalse(d, hn::Or(odd, hn::AndNot(zero, outside)))) return false;
+      // pow2f of -e and e: 2^-127 is the subnormal 1 << 22.
+      const auto sub127 = hn::Set(di, 1 << 22);
+      const auto b_bits = hn::IfThenElse(hn::Eq(e, hn::Set(di, 127)), sub127, hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 127), e)));
+      const auto a_bits = hn::IfThenElse(hn::Eq(e, hn::Set(di, -127)), sub127, hn::ShiftLeft<23>(hn::Add(e, hn::Set(di, 127))));
+      hn::StoreU(hn::IfThenZeroElse(zero, hn::BitCast(d, hn::Add(e, hn::Set(di, 127)))), d, codes + k);
+      hn::StoreU(hn::IfThenElse(hn::RebindMask(df, zero), hn::Set(df, 1.0f), hn::BitCast(df, b_bits)), df, before + k);
+      hn::StoreU(hn::IfThenZeroElse(hn::RebindMask(df, zero), hn::BitCast(df, a_bits)), df, after + k);
+      zeros += hn::CountTrue(d, zero);
+      top_max = hn::Max(top_max, top);
+    }
+    chunk_top = std::max(chunk_top, hn::GetLane(hn::MaxOfLanes(d, top_max)));
+    for (; k < count; ++k) {
+      const auto b = decide(tops[k]);
+      if (!b) return false;
+      codes[k] = b->code;
+      before[k] = b->before;
+      after[k] = b->after;
+      zeros += b->zero;
+      chunk_top = std::max(chunk_top, tops[k]);
+    }
+    return true;
+  }
 
  private:
   bool enabled_ = false, ceil_ = false;
@@ -321,17 +368,7 @@ class Worker {
       BlockTops(x.at(begin), count, B, tops_.data(), false);
       tops = tops_.data();
     }
-    for (std::size_t k = 0; k < count; ++k) {
-      const std::uint32_t top = tops[k];
-      const auto d = fast.decide(top);
-      if (!d) return false;
-      codes_[k] = d->code;
-      before_[k] = d->before;
-      after_[k] = factor_of(d->code, d->after);
-      overflows += d->overflow;
-      zeros += d->zero;
-      chunk_top = std::max(chunk_top, top);
-    }
+    if (!decide_blocks(fast, tops, count, chunk_top, overflows, zeros)) return false;
     const std::size_t n = count * B;
     q_.resize(out_.values ? 0 : n);
     float* y = out_.values ? out_.values + begin : q_.data();
@@ -354,6 +391,27 @@ class Worker {
     if (count_)
       for (std::size_t k = 0; k < count; ++k)
         if (hot_[k]) saturated_.push_back(begin / B + k);
+    return true;
+  }
+
+  // The scales of `count` blocks with largest magnitudes `tops` into codes_, before_ and
+  // after_, by `fast`; false where some block needs the general path.
+  template <class Fast>
+  bool decide_blocks(const Fast& fast, const std::uint32_t* tops, std::size_t count, std::uint32_t& chunk_top,
+                     std::uint64_t& overflows, std::uint64_t& zeros) {
+    if constexpr (std::is_same_v<Fast, FastPow2>)
+      if (!unit_) return fast.decide_all(tops, count, codes_.data(), before_.data(), after_.data(), zeros, chunk_top);
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::uint32_t top = tops[k];
+      const auto d = fast.decide(top);
+      if (!d) return false;
+      codes_[k] = d->code;
+      before_[k] = d->before;
+      after_[k] = factor_of(d->code, d->after);
+      overflows += d->overflow;
+      zeros += d->zero;
+      chunk_top = std::max(chunk_top, top);
+    }
     return true;
   }
 
