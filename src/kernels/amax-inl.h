@@ -80,34 +80,28 @@ inline void BlockTops(const float* x, std::size_t count, std::size_t block, std:
     return;
   }
   const auto mask = hn::Set(d, 0x7FFFFFFFu);
+  // Block k's vector of lane maxima (its largest magnitude is their largest).
+  const auto lane_maxima = [&](std::size_t k) {
+    const std::uint32_t* b = bits + k * block;
+    if (read_ahead) {
+      hwy::Prefetch(b + kAhead);
+      if (block > N) hwy::Prefetch(b + kAhead + N);
+    }
+    auto m = hn::Zero(d);
+    for (std::size_t i = 0; i < block; i += N) m = hn::Max(m, hn::And(hn::LoadU(d, b + i), mask));
+    return m;
+  };
   std::size_t k = 0;
 #if HWY_TARGET <= HWY_AVX3
-  // Sixteen blocks at a time: each block's vector of maxima, then the sixteen reduced
-  // together (TopsOf16) instead of one horizontal maximum each.
+  // Sixteen blocks at a time, reduced together (TopsOf16) instead of one horizontal
+  // maximum each.
   for (; k + 16 <= count; k += 16) {
     __m512i m[16];
-    for (std::size_t j = 0; j < 16; ++j) {
-      const std::uint32_t* b = bits + (k + j) * block;
-      if (read_ahead) {
-        hwy::Prefetch(b + kAhead);
-        if (block > N) hwy::Prefetch(b + kAhead + N);
-      }
-      auto v = hn::Zero(d);
-      for (std::size_t i = 0; i < block; i += N) v = hn::Max(v, hn::And(hn::LoadU(d, b + i), mask));
-      m[j] = v.raw;
-    }
+    for (std::size_t j = 0; j < 16; ++j) m[j] = lane_maxima(k + j).raw;
     _mm512_storeu_si512(tops + k, TopsOf16(m));
   }
 #endif
-  for (; k < count; ++k) {
-    if (read_ahead) {
-      hwy::Prefetch(bits + k * block + kAhead);
-      if (block > N) hwy::Prefetch(bits + k * block + kAhead + N);
-    }
-    auto m = hn::Zero(d);
-    for (std::size_t i = 0; i < block; i += N) m = hn::Max(m, hn::And(hn::LoadU(d, bits + k * block + i), mask));
-    tops[k] = hn::GetLane(hn::MaxOfLanes(d, m));
-  }
+  for (; k < count; ++k) tops[k] = hn::GetLane(hn::MaxOfLanes(d, lane_maxima(k)));
 }
 
 }  // namespace fp8lab::kernels::HWY_NAMESPACE

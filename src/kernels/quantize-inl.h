@@ -44,7 +44,6 @@ struct Params {
   // Overflow of a finite value: magnitude to store, or NaN/Inf.
   std::uint32_t ovf_mag;     // saturate (and finite formats in nan mode): max_code
   bool ovf_to_nan, ovf_to_inf;
-  bool saturate;             // a finite overflow becomes +-max (neither NaN nor Inf)
   bool inf_to_nan, inf_to_inf;  // what an Inf input becomes (else +-max)
   std::uint32_t nan_base, nan_sign_mask;  // NaN code = nan_base | (sign & nan_sign_mask)
   std::uint32_t inf_mag;
@@ -74,6 +73,8 @@ struct Params {
   bool small;
   std::uint32_t small_above[8];  // code > k iff |x| bits > small_above[k] (k <= max_code; else ~0)
   std::uint32_t small_bits[16];  // float32 bits of magnitude code k (k <= max_code)
+  // A finite overflow becomes +-max (neither NaN nor Inf).
+  bool saturates() const { return !ovf_to_nan && !ovf_to_inf; }
 };
 
 // The smallest float32 bits of |x| whose magnitude code exceeds k under the codec's
@@ -107,7 +108,6 @@ inline Params make_params(const QuantSpec& q) {
   p.ovf_to_nan = nan_mode;
   p.ovf_to_inf = inf_mode;
   p.ovf_mag = p.max_code;
-  p.saturate = !nan_mode && !inf_mode;
   p.inf_to_inf = f.has_inf();
   p.inf_to_nan = !f.has_inf() && f.has_nan();
   p.nan_base = f.has_nan() ? f.nan_code(false) : 0;
@@ -130,7 +130,7 @@ inline Params make_params(const QuantSpec& q) {
     p.sr_shift_r = 32 - K;
     p.sr_shift_l = p.S - K;
   }
-  p.by_addition = p.fast && p.saturate && q.rounding == Rounding::nearest_even && emin - f.man_bits >= -125 &&
+  p.by_addition = p.fast && p.saturates() && q.rounding == Rounding::nearest_even && emin - f.man_bits >= -125 &&
                   std::ilogb(f.max_finite()) + 23 - f.man_bits <= 127;
   p.small = p.fast && f.man_bits >= 1 && p.max_code <= 7 && q.rounding != Rounding::stochastic;
   for (std::uint32_t k = 0; k < 8; ++k) p.small_above[k] = ~0u;
@@ -328,6 +328,26 @@ HWY_INLINE Rounded RoundByAddition(D32 d, const Params& p, V32 a) {
   return out;
 }
 
+// The lanes of a saturating format's rounded magnitudes q (no NaN or Inf input): the
+// overflowing lanes take +-max without a branch, as PatchSpecials would give them.
+template <bool kWantCode, bool kWantFloat, bool kCount>
+HWY_INLINE Lanes Saturated(D32 d, const Params& p, const Rounded& q, V32 sign_kept, QuantCounts* counts) {
+  Lanes out{hn::Zero(d), hn::Zero(d), false};
+  if constexpr (kWantCode)
+    out.code = hn::Or(hn::IfThenElse(q.ovf, hn::Set(d, p.ovf_mag), q.mag),
+                      hn::ShiftRightSame(sign_kept, static_cast<int>(p.code_sign_shift)));
+  if constexpr (kWantFloat) out.fbits = hn::Or(hn::IfThenElse(q.ovf, hn::Set(d, p.max_bits), q.v), sign_kept);
+  out.overflow = !hn::AllFalse(d, q.ovf);
+  if constexpr (kCount)
+    if (HWY_UNLIKELY(out.overflow)) counts->overflow += hn::CountTrue(d, q.ovf);
+  return out;
+}
+
+// Some lane of the float32 bits xb is NaN or Inf.
+HWY_INLINE bool Special(D32 d, V32 xb) {
+  return !hn::AllFalse(d, hn::Gt(hn::And(xb, hn::Set(d, 0x7fffffffu)), hn::Set(d, 0x7f7fffffu)));
+}
+
 // Rare: overflow, NaN or Inf somewhere in the vector. Their lanes get the overflow, Inf or
 // NaN results of the format's policy and overflow mode.
 template <bool kWantCode, bool kWantFloat, bool kCount>
@@ -383,20 +403,10 @@ HWY_INLINE Lanes ProcessGeneral(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8l
                         ? RoundNormal<kMode, kWantCode>(d, p, a, r, is_zero)
                         : RoundAny<kMode, kCount>(d, p, a, r, is_zero, counts);
   const V32 sign_kept = (p.unsigned_zero && q.any_zero) ? hn::IfThenZeroElse(q.zero_res, sign) : sign;
+  // Saturating formats without NaN or Inf inputs in the vector: the common case, where a
+  // block's largest value rounds past the format's largest, as under MX's floor rule.
+  if (p.saturates() && HWY_LIKELY(!Special(d, xb))) return Saturated<kWantCode, kWantFloat, kCount>(d, p, q, sign_kept, counts);
   Lanes out{zero, zero, false};
-  // Saturating formats without NaN or Inf inputs in the vector (the common case, where a
-  // block's largest value rounds past the format's largest, as under MX's floor rule):
-  // the overflowing lanes take +-max without a branch, as PatchSpecials would give them.
-  if (p.saturate && HWY_LIKELY(hn::AllFalse(d, hn::Gt(a, hn::Set(d, 0x7f7fffffu))))) {
-    if constexpr (kWantCode)
-      out.code = hn::Or(hn::IfThenElse(q.ovf, hn::Set(d, p.ovf_mag), q.mag),
-                        hn::ShiftRightSame(sign_kept, static_cast<int>(p.code_sign_shift)));
-    if constexpr (kWantFloat) out.fbits = hn::Or(hn::IfThenElse(q.ovf, hn::Set(d, p.max_bits), q.v), sign_kept);
-    out.overflow = !hn::AllFalse(d, q.ovf);
-    if constexpr (kCount)
-      if (out.overflow) counts->overflow += hn::CountTrue(d, q.ovf);
-    return out;
-  }
   if constexpr (kWantCode) out.code = hn::Or(q.mag, hn::ShiftRightSame(sign_kept, static_cast<int>(p.code_sign_shift)));
   if constexpr (kWantFloat) out.fbits = hn::Or(q.v, sign_kept);
   if (HWY_UNLIKELY(!hn::AllFalse(d, q.ovf))) {
@@ -419,28 +429,15 @@ HWY_NOINLINE Lanes ProcessRare(D32 d, const Params& p, V32 xb, V32 idx_lo, fp8la
 // without a branch.
 template <bool kWantCode, bool kWantFloat, bool kCount>
 HWY_INLINE Lanes ProcessByAddition(D32 d, const Params& p, V32 xb, QuantCounts* counts) {
-  const V32 zero = hn::Zero(d);
   const V32 a = hn::And(xb, hn::Set(d, 0x7fffffffu));
   const V32 sign = hn::Xor(xb, a);
   const Rounded q = RoundByAddition<kWantCode>(d, p, a);
   const V32 sign_kept = p.unsigned_zero ? hn::IfThenZeroElse(q.zero_res, sign) : sign;
-  Lanes out{zero, zero, false};
-  if constexpr (kWantCode)
-    out.code = hn::Or(hn::IfThenElse(q.ovf, hn::Set(d, p.ovf_mag), q.mag),
-                      hn::ShiftRightSame(sign_kept, static_cast<int>(p.code_sign_shift)));
-  if constexpr (kWantFloat) out.fbits = hn::Or(hn::Min(q.v, hn::Set(d, p.max_bits)), sign_kept);
-  out.overflow = !hn::AllFalse(d, q.ovf);
-  if constexpr (kCount) {  // both rare: counted where some lane has one
-    const auto underflow = hn::AndNot(hn::Eq(a, zero), q.zero_res);
+  if constexpr (kCount) {  // rare: counted where some lane has one
+    const auto underflow = hn::AndNot(hn::Eq(a, hn::Zero(d)), q.zero_res);
     if (HWY_UNLIKELY(!hn::AllFalse(d, underflow))) counts->underflow += hn::CountTrue(d, underflow);
-    if (HWY_UNLIKELY(out.overflow)) counts->overflow += hn::CountTrue(d, q.ovf);
   }
-  return out;
-}
-
-// Some lane of the float32 bits xb is NaN or Inf.
-HWY_INLINE bool Special(D32 d, V32 xb) {
-  return !hn::AllFalse(d, hn::Gt(hn::And(xb, hn::Set(d, 0x7fffffffu)), hn::Set(d, 0x7f7fffffu)));
+  return Saturated<kWantCode, kWantFloat, kCount>(d, p, q, sign_kept, counts);
 }
 
 // One vector through the codec, handed to emit(lanes): with kAdd (Params::by_addition),

@@ -134,13 +134,14 @@ class FastPow2 {
     return BlockScale{static_cast<std::uint32_t>(e + 127), pow2f(-e), pow2f(e), false};
   }
   bool enabled() const { return enabled_; }
-  // decide() for blocks [0, count) at once, a vector of blocks at a time: codes, factors
-  // before and after, the zero blocks counted into `zeros` and the largest top into
-  // `chunk_top`. False, with the outputs partly written, where some block needs the general
-  // path (decide() gives nullopt).
-  bool decide_all(const std::uint32_t* tops, std::size_t count, std::uint32_t* codes, float* before, float* after,
-                  std::uint64_t& zeros, std::uint32_t& chunk_top) const {
-    if (!enabled_) return false;
+  // decide() for the blocks of whole vectors of [0, count), a vector of blocks at a time:
+  // codes, factors before and after, the zero blocks counted into `zeros` and the largest top
+  // into `chunk_top`. The number of blocks decided (the caller decides the rest), or nullopt,
+  // with the outputs partly written, where some block needs the general path.
+  std::optional<std::size_t> decide_vectors(const std::uint32_t* tops, std::size_t count, std::uint32_t* codes,
+                                            float* before, float* after, std::uint64_t& zeros,
+                                            std::uint32_t& chunk_top) const {
+    if (!enabled_) return std::nullopt;
     const D32 d;
     const hn::RebindToSigned<D32> di;
     const hn::RebindToFloat<D32> df;
@@ -157,7 +158,7 @@ class FastPow2 {
         e = hn::Sub(e, hn::VecFromMask(di, hn::RebindMask(di, hn::Gt(hn::And(top, hn::Set(d, 0x7FFFFFu)),
                                                                     hn::Set(d, max_mantissa_)))));
       const auto outside = hn::RebindMask(d, hn::Or(hn::Gt(hn::Set(di, -127), e), hn::Gt(e, hn::Set(di, 127))));
-      if (!hn::AllFalse(d, hn::Or(odd, hn::AndNot(zero, outside)))) return false;
+      if (!hn::AllFalse(d, hn::Or(odd, hn::AndNot(zero, outside)))) return std::nullopt;
       // pow2f of -e and e: 2^-127 is the subnormal 1 << 22.
       const auto sub127 = hn::Set(di, 1 << 22);
       const auto b_bits = hn::IfThenElse(hn::Eq(e, hn::Set(di, 127)), sub127, hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 127), e)));
@@ -169,16 +170,7 @@ class FastPow2 {
       top_max = hn::Max(top_max, top);
     }
     chunk_top = std::max(chunk_top, hn::GetLane(hn::MaxOfLanes(d, top_max)));
-    for (; k < count; ++k) {
-      const auto b = decide(tops[k]);
-      if (!b) return false;
-      codes[k] = b->code;
-      before[k] = b->before;
-      after[k] = b->after;
-      zeros += b->zero;
-      chunk_top = std::max(chunk_top, tops[k]);
-    }
-    return true;
+    return k;
   }
 
  private:
@@ -399,9 +391,14 @@ class Worker {
   template <class Fast>
   bool decide_blocks(const Fast& fast, const std::uint32_t* tops, std::size_t count, std::uint32_t& chunk_top,
                      std::uint64_t& overflows, std::uint64_t& zeros) {
+    std::size_t k = 0;
     if constexpr (std::is_same_v<Fast, FastPow2>)
-      if (!unit_) return fast.decide_all(tops, count, codes_.data(), before_.data(), after_.data(), zeros, chunk_top);
-    for (std::size_t k = 0; k < count; ++k) {
+      if (!unit_) {
+        const auto done = fast.decide_vectors(tops, count, codes_.data(), before_.data(), after_.data(), zeros, chunk_top);
+        if (!done) return false;
+        k = *done;
+      }
+    for (; k < count; ++k) {
       const std::uint32_t top = tops[k];
       const auto d = fast.decide(top);
       if (!d) return false;
