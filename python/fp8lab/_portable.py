@@ -454,17 +454,23 @@ class Scaled:
     tensor_scale: bool
     history: int
     arithmetic: str = "exact"
+    four_over_six: bool = False
 
     @staticmethod
     def of(s: "_core.ScaledFormat") -> "Scaled":
         return Scaled(Fmt.of(s.element), s.granularity, s.block, s.scale_format, s.rule, s.tensor_scale, s.history,
-                      s.arithmetic)
+                      s.arithmetic, s.four_over_six)
 
     @property
     def pow2(self) -> bool:
         """Scales are powers of two applied as a shift of the element bias."""
         return self.scale == "e8m0" and not self.tensor_scale
 
+
+# Four Over Six (docs/spec.md §6.10): the second element value a group's amax is scaled to,
+# and the largest block scale its tensor scale leaves room for.
+_FOUR_OVER_SIX_TARGET = 4.0
+_FOUR_OVER_SIX_SCALE_TOP = 256.0
 
 # The scale formats with 8-bit codes, as formats (docs/spec.md §6.1).
 _SCALE_FORMATS = {
@@ -503,7 +509,7 @@ def tensor_scale_of(s: Scaled, tensor_amax: float) -> float:
     """The float32 second-level scale from the tensor's amax (docs/spec.md §6.3)."""
     if not s.tensor_scale or not tensor_amax > 0:
         return 1.0
-    top = s.element.max_finite * _scale_max_value(s.scale)
+    top = s.element.max_finite * (_FOUR_OVER_SIX_SCALE_TOP if s.four_over_six else _scale_max_value(s.scale))
     ts = np.float32(float(tensor_amax) / top)
     return float(max(ts, np.finfo(np.float32).tiny))
 
@@ -571,9 +577,10 @@ def _last_code_le(kind: str, limit: torch.Tensor, weight: float, ts: float) -> t
     return torch.where(le(c), c, -1)
 
 
-def _scale_code(s: Scaled, amax: torch.Tensor, ts: float):
-    """The rule's scale code of positive finite amaxes (float64): (code, underflow, overflow)."""
-    max_e = s.element.max_finite
+def _scale_code(s: Scaled, amax: torch.Tensor, ts: float, target: Optional[float] = None):
+    """The rule's scale code of positive finite amaxes (float64), scaled to element value `target`
+    (None: the element format's largest): (code, underflow, overflow)."""
+    max_e = target if target is not None else s.element.max_finite
     emax = _ilogb_float(max_e)
     if s.scale == "e8m0" and ts == 1:
         return _e8m0_code(s, amax, max_e, emax)
@@ -639,9 +646,11 @@ class _Groups:
     reciprocal: Optional[torch.Tensor] = None  # torchao's arithmetic: elements are x times it
 
 
-def _choose_scales(s: Scaled, amax: torch.Tensor, ts: float) -> Tuple[_Groups, torch.Tensor, torch.Tensor]:
+def _choose_scales(s: Scaled, amax: torch.Tensor, ts: float,
+                   target: Optional[float] = None) -> Tuple[_Groups, torch.Tensor, torch.Tensor]:
     """choose_scale of float32 group amaxes (NaN: the group holds NaN or Inf), with the masks
-    of scale underflow and overflow."""
+    of scale underflow and overflow; `target`: the element value amaxes are scaled to (None:
+    the largest)."""
     a = amax.to(torch.float64)
     nan = ~torch.isfinite(a) | (a < 0)
     zero = ~nan & (a == 0)
@@ -656,7 +665,7 @@ def _choose_scales(s: Scaled, amax: torch.Tensor, ts: float) -> Tuple[_Groups, t
         scale = _scale_value(s.scale, code).to(torch.float32)
         reciprocal = (1.0 / torch.tensor(ts, dtype=torch.float32)) / scale
     else:
-        code, under, over = _scale_code(s, torch.where(live, a, 1.0), ts)
+        code, under, over = _scale_code(s, torch.where(live, a, 1.0), ts, target)
         code = torch.where(live, code, 0)
     under, over = under & live, over & live
     value = (_scale_value(s.scale, code) * ts).to(torch.float32)
@@ -696,6 +705,54 @@ def _finite_amax(x: torch.Tensor) -> float:
     return float(a.max()) if a.numel() else 0.0
 
 
+def _elements(x: torch.Tensor, s: Scaled, q: Spec, g: _Groups, index: torch.Tensor, seed: int, each):
+    """The elements of x under group scales g (each: a group tensor spread to the elements):
+    codes, overflow, underflow, NaN masks and values, as quantize_group gives them."""
+    e_nan, e_value, e_zero = each(g.nan), each(g.value), each(g.zero)
+    x_nan = torch.isnan(x)
+    el = q.fmt
+    qnan = _nan_result(x, el)  # quantize(x, element) of a NaN x
+    if s.pow2:
+        bias = el.bias - each(g.exponent)
+        c, o, u, n = encode(x, q, index, seed, bias)
+        u = u.to(torch.int64)
+        y = torch.where(x_nan, qnan, decode(c, el, bias))
+    else:
+        zero_scale = (e_value == 0) | e_zero  # a zero group, or a scale that underflowed to 0
+        if g.reciprocal is not None:  # torchao's arithmetic: x times fl32(fl32(1 / ts) / s)
+            v = x * torch.where(zero_scale | e_nan, 1.0, each(g.reciprocal))
+        else:
+            v = x / torch.where(zero_scale | e_nan, 1.0, e_value)
+        # A finite x whose quotient lies past float32's range saturates (docs/spec.md §6.3).
+        v = torch.where(torch.isinf(v) & torch.isfinite(x), torch.copysign(torch.tensor(_FLT_MAX), v), v)
+        signed_zero = torch.where(torch.signbit(x), -0.0, 0.0)
+        c, o, u, n = encode(torch.where(zero_scale, signed_zero, v), q, index, seed)
+        # The quotient's own underflow (x / scale == 0 in float32) counts beside the element's.
+        u = torch.where(zero_scale, (x != 0) & ~x_nan, u).to(torch.int64) + (~zero_scale & (v == 0) & (x != 0))
+        o = o & ~zero_scale
+        n = torch.where(zero_scale, x_nan, n)
+        d = decode(c, el)
+        y = torch.where(zero_scale, torch.where(x_nan, qnan, d * 0.0), torch.where(x_nan, qnan * e_value, d * e_value))
+    nan_code = el.nan_code(False) if el.has_nan else 0
+    c = torch.where(e_nan, nan_code, c)
+    y = torch.where(e_nan, torch.nan, y)
+    o, u = o & ~e_nan, torch.where(e_nan, 0, u)
+    n = n | e_nan
+    return c, o, u, n, y
+
+
+def _group_error(x: torch.Tensor, y: torch.Tensor, br: int, bc: int) -> torch.Tensor:
+    """Four Over Six's error of each group (docs/spec.md §6.10): (y - x)^2 summed in float64 in
+    the group's row-major order, [grid rows, grid cols]."""
+    d = (y.to(torch.float64) - x.to(torch.float64)) ** 2
+    d = torch.where(torch.isnan(d), 0.0, d)  # groups with NaN keep their scale for 6 anyway
+    grid = _grid(d, br, bc, 0.0).permute(0, 2, 1, 3).reshape(-(-x.shape[0] // br), -(-x.shape[1] // bc), -1)
+    total = torch.zeros(grid.shape[:2], dtype=torch.float64, device=x.device)
+    for k in range(grid.shape[2]):
+        total = total + grid[:, :, k]
+    return total
+
+
 def scaled_quantize_matrix(x: torch.Tensor, format: "_core.ScaledFormat", rounding: str, random_bits: int,
                            seed: int, values: bool, codes: bool, delayed_amax: Optional[float] = None) -> dict:
     """scaled_quantize_reference of a float32 matrix: the values, codes, scale codes ([grid
@@ -730,36 +787,17 @@ def scaled_quantize_matrix(x: torch.Tensor, format: "_core.ScaledFormat", roundi
     def each(t):
         return _spread(t, br, bc, rows, cols)
 
-    e_nan, e_value, e_zero = each(g.nan), each(g.value), each(g.zero)
-    x_nan = torch.isnan(x)
-    el = q.fmt
-    qnan = _nan_result(x, el)  # quantize(x, element) of a NaN x
-    if s.pow2:
-        bias = el.bias - each(g.exponent)
-        c, o, u, n = encode(x, q, index, seed, bias)
-        u = u.to(torch.int64)
-        y = torch.where(x_nan, qnan, decode(c, el, bias))
-    else:
-        zero_scale = (e_value == 0) | e_zero  # a zero group, or a scale that underflowed to 0
-        if g.reciprocal is not None:  # torchao's arithmetic: x times fl32(fl32(1 / ts) / s)
-            v = x * torch.where(zero_scale | e_nan, 1.0, each(g.reciprocal))
-        else:
-            v = x / torch.where(zero_scale | e_nan, 1.0, e_value)
-        # A finite x whose quotient lies past float32's range saturates (docs/spec.md §6.3).
-        v = torch.where(torch.isinf(v) & torch.isfinite(x), torch.copysign(torch.tensor(_FLT_MAX), v), v)
-        signed_zero = torch.where(torch.signbit(x), -0.0, 0.0)
-        c, o, u, n = encode(torch.where(zero_scale, signed_zero, v), q, index, seed)
-        # The quotient's own underflow (x / scale == 0 in float32) counts beside the element's.
-        u = torch.where(zero_scale, (x != 0) & ~x_nan, u).to(torch.int64) + (~zero_scale & (v == 0) & (x != 0))
-        o = o & ~zero_scale
-        n = torch.where(zero_scale, x_nan, n)
-        d = decode(c, el)
-        y = torch.where(zero_scale, torch.where(x_nan, qnan, d * 0.0), torch.where(x_nan, qnan * e_value, d * e_value))
-    nan_code = el.nan_code(False) if el.has_nan else 0
-    c = torch.where(e_nan, nan_code, c)
-    y = torch.where(e_nan, torch.nan, y)
-    o, u = o & ~e_nan, torch.where(e_nan, 0, u)
-    n = n | e_nan
+    c, o, u, n, y = _elements(x, s, q, g, index, seed, each)
+    if s.four_over_six:
+        g4, under4, over4 = _choose_scales(s, group_amax, ts, _FOUR_OVER_SIX_TARGET)
+        c4, o4, u4, n4, y4 = _elements(x, s, q, g4, index, seed, each)
+        four = (_group_error(x, y4, br, bc) < _group_error(x, y, br, bc)) & ~g.nan & ~g.zero
+        g = _Groups(*(torch.where(four, b, a) for a, b in
+                      ((g.code, g4.code), (g.value, g4.value), (g.exponent, g4.exponent), (g.nan, g4.nan),
+                       (g.zero, g4.zero))))
+        s_under, s_over = torch.where(four, under4, s_under), torch.where(four, over4, s_over)
+        e4 = each(four)
+        c, o, u, n, y = (torch.where(e4, b, a) for a, b in ((c, c4), (o, o4), (u, u4), (n, n4), (y, y4)))
     saturated = _grid(o.to(torch.int64), br, bc, 0).sum(dim=(1, 3)) > 0 if o.numel() else torch.zeros_like(g.nan)
     counts = _counts(x.numel(), o, u, n)
     counts.update(groups=g.code.numel(), saturated_groups=int(saturated.sum()), nan_groups=int(g.nan.sum()),

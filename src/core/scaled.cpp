@@ -3,6 +3,7 @@
 #include "fp8lab/core/scaled.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <charconv>
 #include <cmath>
@@ -25,6 +26,12 @@ constexpr EnumName<ScaleFormat> kScaleFormats[] = {
     {ScaleFormat::e8m0, "e8m0"}, {ScaleFormat::ue4m3, "ue4m3"}, {ScaleFormat::fp32, "fp32"}};
 constexpr EnumName<ScaleRule> kScaleRules[] = {
     {ScaleRule::floor, "floor"}, {ScaleRule::ceil, "ceil"}, {ScaleRule::nearest, "nearest"}};
+// The option of Four Over Six (docs/spec.md §6.10), its second target and the largest block
+// scale its tensor scale leaves room for (the published choice: 256, so that 1.5 times it
+// stays below UE4M3's 448).
+constexpr const char* kFourOverSix = "4over6";
+constexpr double kFourOverSixTarget = 4.0;
+constexpr double kFourOverSixScaleTop = 256.0;
 constexpr EnumName<ScaleArithmetic> kArithmetics[] = {{ScaleArithmetic::exact, "exact"},
                                                       {ScaleArithmetic::torchao, "torchao"},
                                                       {ScaleArithmetic::te, "te"}};
@@ -79,6 +86,16 @@ void validate(const ScaledSpec& s) {
       (s.scale != ScaleFormat::fp32 || s.rule != ScaleRule::nearest || s.tensor_scale))
     throw Error(what + "te's arithmetic is that of TransformerEngine's current scaling: float32 scales rounded to "
                        "nearest, without a tensor scale (docs/spec.md §6.9)");
+  if (s.four_over_six) {
+    if (e.max_finite() != 6.0)
+      throw Error(what + "4over6 chooses between the element values 6 and 4: it needs E2M1 elements (largest 6)");
+    if (s.scale != ScaleFormat::ue4m3 && s.scale != ScaleFormat::fp32)
+      throw Error(what + "4over6 needs ue4m3 or fp32 group scales (an e8m0 scale cannot move the block by 6/4)");
+    if (s.rule == ScaleRule::floor)
+      throw Error(what + "4over6 needs the ceil or nearest rule (floor gives the same power of two for 4 and 6)");
+    if (s.arithmetic != ScaleArithmetic::exact)
+      throw Error(what + "4over6 is defined on the exact arithmetic (docs/spec.md §6.10)");
+  }
 }
 
 // ---- notation ------------------------------------------------------------------------
@@ -112,7 +129,7 @@ void parse_granularity(std::string_view g, ScaledSpec& s, const std::string& whe
 
 // What an option sets: each may be given once in a format's text (after a preset it
 // replaces the preset's choice); a second one contradicts or repeats the first.
-enum class OptionKind { scale, rule, tensor_scale, history, scale_order, arithmetic };
+enum class OptionKind { scale, rule, tensor_scale, history, scale_order, arithmetic, adaptive };
 
 OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& where) {
   if (const auto f = enum_find(kScaleFormats, o)) return s.scale = *f, OptionKind::scale;
@@ -128,6 +145,7 @@ OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& wh
   }
   if (o == "current") return s.history = 0, OptionKind::history;
   if (const auto a = enum_find(kArithmetics, o)) return s.arithmetic = *a, OptionKind::arithmetic;
+  if (o == kFourOverSix) return s.four_over_six = true, OptionKind::adaptive;
   if (o.substr(0, 8) == "delayed-") {
     int n = 0;
     if (!parse_positive(o.substr(8), n))
@@ -137,13 +155,13 @@ OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& wh
   }
   throw Error(where + "unknown option '" + std::string(o) +
               "': expected e8m0, ue4m3, fp32, floor, ceil, nearest, tensor-scale, tensor-scale-folded, "
-              "scales-on-output, scales-folded, current, delayed-N, exact or torchao");
+              "scales-on-output, scales-folded, current, delayed-N, exact, torchao, te or 4over6");
 }
 
 void apply_options(const std::vector<std::string_view>& options, ScaledSpec& s, const std::string& where) {
   static constexpr const char* kWhat[] = {"scale format", "rounding rule", "tensor scale",
                                           "scaling (current or delayed)", "order of the scales in products",
-                                          "arithmetic"};
+                                          "arithmetic", "adaptive choice of scales"};
   std::string_view given[std::size(kWhat)];
   for (std::string_view o : options) {
     const auto k = static_cast<std::size_t>(apply_option(o, s, where));
@@ -210,6 +228,7 @@ std::string to_string(const ScaledSpec& s) {
   if (s.fold_scales) out += ":scales-folded";
   if (s.history > 0) out += ":delayed-" + std::to_string(s.history);
   if (s.arithmetic != ScaleArithmetic::exact) out += ":" + std::string(to_string(s.arithmetic));
+  if (s.four_over_six) out += std::string(":") + kFourOverSix;
   return out;
 }
 
@@ -232,6 +251,8 @@ const std::vector<ScaledPreset>& scaled_presets() {
        "NVFP4: 16 E2M1 elements share an unsigned E4M3 scale, times a float32 tensor scale"},
       {"nvfp4_16x16", "e2m1fn@16x16:ue4m3:nearest:tensor-scale",
        "NVFP4 weights in NVIDIA's training recipe: 16x16 tiles, one quantization for W and W^T"},
+      {"nvfp4_4over6", "e2m1fn@1x16:ue4m3:nearest:tensor-scale:4over6",
+       "NVFP4 with Four Over Six: each block scaled to 6 or to 4, whichever is nearer its values"},
       {"deepseek_1x128", "e4m3fn@1x128:fp32:nearest", "DeepSeek-V3 activations and gradients: 1x128 tiles"},
       {"deepseek_128x128", "e4m3fn@128x128:fp32:nearest", "DeepSeek-V3 weights: 128x128 blocks"},
       {"e4m3_tensor", "e4m3fn@tensor:fp32:nearest", "per-tensor current scaling, E4M3"},
@@ -428,12 +449,13 @@ std::uint32_t e8m0_code(const ScaledSpec& s, double amax, ScaledCounts* counts) 
   return static_cast<std::uint32_t>(e + 127);
 }
 
-// The code of the rule's scale for a positive finite amax.
-std::uint32_t scale_code(const ScaledSpec& s, double amax, double ts, ScaledCounts* counts) {
+// The code of the rule's scale for a positive finite amax, with `target_e` the element value
+// the amax is scaled to (0: the element format's largest, max_e).
+std::uint32_t scale_code(const ScaledSpec& s, double amax, double ts, ScaledCounts* counts, double target_e = 0) {
   if (s.scale == ScaleFormat::e8m0 && ts == 1) return e8m0_code(s, amax, counts);
   const ScaleCodes& sc = scale_codes(s.scale);
   const ElementFigures& ef = figures_of(s.element.format);
-  const double max_e = ef.max;
+  const double max_e = target_e > 0 ? target_e : ef.max;
   const auto count = [&](std::uint64_t ScaledCounts::*field) {
     if (counts) ++(counts->*field);
   };
@@ -503,12 +525,16 @@ GroupScale te_scale(const ScaledSpec& s, float amax, ScaledCounts* counts) {
 
 float tensor_scale_of(const ScaledSpec& s, float tensor_amax) {
   if (!s.tensor_scale || !(tensor_amax > 0)) return 1.0f;
-  const double top = s.element.format.max_finite() * scale_codes(s.scale).value(scale_codes(s.scale).max);
+  const double s_top = s.four_over_six ? kFourOverSixScaleTop : scale_codes(s.scale).value(scale_codes(s.scale).max);
+  const double top = s.element.format.max_finite() * s_top;
   const auto ts = static_cast<float>(static_cast<double>(tensor_amax) / top);
   return std::max(ts, std::numeric_limits<float>::min());
 }
 
-GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts) {
+namespace {
+
+// choose_scale with the amax scaled to element value `target_e` (0: the largest).
+GroupScale choose_scale_for(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts, double target_e) {
   GroupScale g;
   const ScaleCodes& sc = scale_codes(s.scale);
   if (!std::isfinite(amax) || amax < 0) {  // a NaN or Inf in the group
@@ -523,11 +549,17 @@ GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts*
     g.zero = true;
     g.code = 0;
   } else {
-    g.code = scale_code(s, amax, ts, counts);
+    g.code = scale_code(s, amax, ts, counts, target_e);
   }
   g.value = static_cast<float>(sc.value(g.code) * ts);
   if (s.scale == ScaleFormat::e8m0) g.exponent = static_cast<int>(g.code) - 127;
   return g;
+}
+
+}  // namespace
+
+GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts) {
+  return choose_scale_for(s, amax, ts, counts, 0);
 }
 
 void check_scale_codes(const std::uint32_t* codes, std::size_t n, const ScaledSpec& s, const std::string& where) {
@@ -591,7 +623,8 @@ double pow2(int k) { return std::ldexp(1.0, k); }
 //            2^(floor(log2(amax/ts)) - emax) reaches v(c)).
 // Overflow: amax > T(max) (ceil, nearest); target > v(max) (floor).
 std::optional<ScaleSteps> ScaleSteps::make(const ScaledSpec& s, float ts) {
-  if (s.scale != ScaleFormat::ue4m3 || s.arithmetic != ScaleArithmetic::exact || !(ts > 0) || !std::isfinite(ts))
+  if (s.scale != ScaleFormat::ue4m3 || s.arithmetic != ScaleArithmetic::exact || s.four_over_six || !(ts > 0) ||
+      !std::isfinite(ts))
     return std::nullopt;
   const ScaleCodes& sc = scale_codes(s.scale);
   const ElementFigures& ef = figures_of(s.element.format);
@@ -665,10 +698,91 @@ Amax amax_of(const float* x, std::size_t n, std::size_t stride) {
   return a;
 }
 
+namespace {
+
+// A finite |v| rounded to nearest-even on E2M1's values 0, 0.5, 1, 1.5, 2, 3, 4, 6 (saturating):
+// steps of 0.5 below 2, of 1 below 4, of 2 above, each by float32 addition of C = 2^23 times
+// the step, whose unit in the last place is the step, so (a + C) - C rounds to it to even
+// (the default rounding mode, which fp8lab assumes everywhere, docs/spec.md §2.2); the even
+// multiples are E2M1's even codes. Without branches: the binades mispredict.
+float e2m1_nearest_magnitude(float a) {
+  const auto k = static_cast<std::uint32_t>(a >= 2.0f) + static_cast<std::uint32_t>(a >= 4.0f);
+  const float C = std::bit_cast<float>((127u + 22u + k) << 23);  // 2^22, 2^23 or 2^24
+  return std::min((a + C) - C, 6.0f);  // IEEE arithmetic (no -ffast-math): not folded to a
+}
+
+bool is_e2m1(const Format& f) {
+  static const Format e2m1 = parse_format("e2m1fn");
+  return f == e2m1;
+}
+
+}  // namespace
+
+namespace {
+
+// Four Over Six's errors of a group under each of N scales, summed side by side (independent
+// chains of additions) in the group's row-major order.
+template <std::size_t N>
+std::array<double, N> errors_of(const ScaledSpec& s, const std::array<const GroupScale*, N>& scales,
+                                const GroupValues& v) {
+  // E2M1 to nearest-even (every preset's case) by its three steps; any other rounding by the codec.
+  const bool fast = is_e2m1(s.element.format) && s.element.rounding == Rounding::nearest_even;
+  std::array<double, N> sums{};
+  for (std::size_t r = 0; r < v.rows; ++r)
+    for (std::size_t c = 0; c < v.cols; ++c) {
+      const float x = v.x[r * v.stride + c];
+      for (std::size_t k = 0; k < N; ++k) {
+        const float X = scales[k]->value;
+        float y = 0.0f;  // a scale of 0 flushes every element (docs/spec.md §6.2)
+        if (X > 0) {
+          const float q = saturate_scaled(x / X, x);
+          y = fast ? std::copysign(e2m1_nearest_magnitude(std::fabs(q)), q) * X
+                   : decode(encode(q, s.element, v.first_index + r * v.index_stride + c), s.element.format) * X;
+        }
+        const double d = static_cast<double>(y) - static_cast<double>(x);
+        sums[k] += d * d;
+      }
+    }
+  return sums;
+}
+
+}  // namespace
+
+double four_over_six_error(const ScaledSpec& s, const GroupScale& g, const GroupValues& v) {
+  return errors_of<1>(s, {&g}, v)[0];
+}
+
+namespace {
+
+// Four Over Six's choice for a group (docs/spec.md §6.10): the scale for 6 (the rule's, as
+// choose_scale gives it) unless the one for 4 gives a smaller error; a NaN or zero group
+// keeps the former. Only the kept scale's range counts reach *counts.
+GroupScale four_over_six_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts,
+                               const GroupValues& values) {
+  ScaledCounts six_counts, four_counts;
+  const GroupScale six = choose_scale_for(s, amax, ts, &six_counts, 0);
+  GroupScale kept = six;
+  ScaledCounts* kept_counts = &six_counts;
+  if (!six.nan && !six.zero) {
+    const GroupScale four = choose_scale_for(s, amax, ts, &four_counts, kFourOverSixTarget);
+    const auto [e6, e4] = errors_of<2>(s, {&six, &four}, values);
+    if (e4 < e6) {
+      kept = four;
+      kept_counts = &four_counts;
+    }
+  }
+  if (counts) *counts += *kept_counts;
+  return kept;
+}
+
+}  // namespace
+
 GroupScale scale_group(const ScaledSpec& s, const Amax& a, float ts, ScaledCounts* counts,
-                       std::optional<float> history_amax) {
+                       std::optional<float> history_amax, const GroupValues* values) {
   const float amax = history_amax ? *history_amax : a.nonfinite ? std::numeric_limits<float>::quiet_NaN() : a.value;
-  const GroupScale g = choose_scale(s, amax, ts, counts);
+  if (s.four_over_six && !values) throw Error("4over6 chooses a group's scale from its values: none were given");
+  const GroupScale g =
+      s.four_over_six ? four_over_six_scale(s, amax, ts, counts, *values) : choose_scale(s, amax, ts, counts);
   if (counts) {
     ++counts->groups;
     counts->nan_groups += g.nan;
@@ -804,8 +918,10 @@ float scaled_quantize_reference(const float* x, std::size_t rows, std::size_t co
       // Delayed per-tensor scaling takes its amax from the history; otherwise a NaN or Inf
       // in the group makes its scale NaN.
       const bool from_history = delayed && s.granularity == Granularity::tensor;
+      const GroupValues values{x + j.r0 * cols + j.c0, j.r1 - j.r0, j.c1 - j.c0, cols,
+                               call.index_offset + j.r0 * cols + j.c0, cols};
       const GroupScale g = scale_group(s, group_amax(j), ts, &local,
-                                       from_history ? std::optional<float>(tensor_amax) : std::nullopt);
+                                       from_history ? std::optional<float>(tensor_amax) : std::nullopt, &values);
       if (quantize_group(j, s, g, out, call, local.elements)) ++local.saturated_groups;
       if (out.scale_codes) out.scale_codes[gr * l.grid_cols() + gc] = g.code;
     }

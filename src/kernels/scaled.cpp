@@ -210,7 +210,7 @@ class FastF32 {
   static constexpr bool kDivide = true;
   explicit FastF32(const ScaledSpec& s) {
     enabled_ = s.scale == ScaleFormat::fp32 && s.granularity == Granularity::block && !s.tensor_scale &&
-               s.arithmetic == ScaleArithmetic::exact;
+               s.arithmetic == ScaleArithmetic::exact && !s.four_over_six;
     rule_ = s.rule;
     max_e_ = static_cast<float>(s.element.format.max_finite());
     emax_ = element_emax(s.element.format);
@@ -780,8 +780,12 @@ class ScaledPass {
 
   void scale_spanning_groups(bool from_history, float tensor_amax) {
     for (std::size_t g = 0; g < amaxes_.size(); ++g) {
+      const std::size_t r0 = g / l_.grid_cols() * l_.block_rows, c0 = g % l_.grid_cols() * l_.block_cols;
+      const GroupValues values{x_ + r0 * cols_ + c0, std::min(l_.block_rows, rows_ - r0),
+                               std::min(l_.block_cols, cols_ - c0), cols_, call_.index_offset + r0 * cols_ + c0,
+                               cols_};
       const GroupScale gs = scale_group(s_, amaxes_[g], ts_, &shared_.counts,
-                                        from_history ? std::optional<float>(tensor_amax) : std::nullopt);
+                                        from_history ? std::optional<float>(tensor_amax) : std::nullopt, &values);
       group_scalings_.push_back(scaling_of(s_, gs));
       if (out_.scale_codes) out_.scale_codes[g] = gs.code;
     }
@@ -842,7 +846,8 @@ class ScaledPass {
     for (std::size_t at = begin; at < begin + count * B; at += B) {
       const Amax a = amax_of(x.at(at), B);
       g.part_amax = std::max(g.part_amax, a.value);
-      const GroupScale gs = scale_group(s_, a, ts_, &w.counts);
+      const GroupValues values{x.at(at), 1, B, B, call_.index_offset + at, 0};
+      const GroupScale gs = scale_group(s_, a, ts_, &w.counts, std::nullopt, &values);
       if (out_.scale_codes) out_.scale_codes[at / B] = gs.code;
       g.pieces.push_back({at, B, at / B});
       g.scalings.push_back(scaling_of(s_, gs));
@@ -979,7 +984,8 @@ class ScaledPass {
     } else {
       const Amax a = amax_of(xb, cend - c);
       g.part_amax = std::max(g.part_amax, a.value);
-      const GroupScale gs = scale_group(s_, a, ts_, &w.counts);
+      const GroupValues values{xb, 1, cend - c, cend - c, call_.index_offset + r * cols_ + c, 0};
+      const GroupScale gs = scale_group(s_, a, ts_, &w.counts, std::nullopt, &values);
       if (out_.scale_codes) out_.scale_codes[group] = gs.code;
       g.scalings.push_back(scaling_of(s_, gs));
     }

@@ -214,6 +214,10 @@ const std::vector<RecipePreset>& recipe_presets() {
        "NVIDIA's NVFP4 training recipe: 16x16 weight tiles, 1x16 activation and gradient blocks, stochastic "
        "rounding of gradients, the random Hadamard transform on grad_w's operands, the first and last layers in "
        "bfloat16"},
+      {"nvfp4-4over6",
+       "a=nvfp4_4over6,w=nvfp4_16x16:4over6,gx=nvfp4_4over6/stochastic,gw=fp32,keep_first=bf16,last=bf16,hadamard=16",
+       "nvfp4-training with Four Over Six (each block scaled to 6 or to 4, whichever is nearer its values) on every "
+       "operand"},
       {"deepseek", "a=deepseek_1x128,w=deepseek_128x128,gx=deepseek_1x128,gw=fp32",
        "DeepSeek-V3: E4M3, 1x128 tiles for activations and gradients, 128x128 for weights"},
       {"tensor-current", "a=e4m3_tensor,w=e4m3_tensor,gx=e5m2_tensor,gw=fp32",

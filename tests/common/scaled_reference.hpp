@@ -39,10 +39,11 @@ inline std::vector<double> scale_values(ScaleFormat k) {
   return v;
 }
 
-// The scale code for a positive finite amax and tensor scale ts.
-inline std::uint32_t scale_code(const ScaledSpec& s, double amax, double ts) {
+// The scale code for a positive finite amax and tensor scale ts, the amax scaled to element
+// value `target` (0: the element format's largest).
+inline std::uint32_t scale_code(const ScaledSpec& s, double amax, double ts, double target = 0) {
   const Format& e = s.element.format;
-  const double max_e = Table(e).vals[e.max_code()];
+  const double max_e = target > 0 ? target : Table(e).vals[e.max_code()];
   if (s.scale == ScaleFormat::fp32) {
     if (s.rule == ScaleRule::floor) {
       int k = -400;
@@ -117,6 +118,29 @@ inline ElementOut element(const ScaledSpec& s, const Table& t, float x, double X
   if (std::isnan(x)) return {c, x};
   const double mag = t.vals[c & e.mag_mask()];
   return {c, static_cast<float>(std::copysign(mag, (c & e.sign_bit()) ? -1.0 : 1.0) * X)};
+}
+
+// Four Over Six (docs/spec.md §6.10) from its definition: of the rule's scales for the
+// element values 6 and 4, the one whose elements' values have the smaller sum of squared
+// errors (summed in double in the group's order; 6 on a tie). `group`: the group's values
+// with their stochastic-rounding indices, in row-major order; every value finite, amax > 0.
+struct IndexedValue {
+  float x;
+  std::uint64_t index;
+};
+inline std::uint32_t four_over_six_code(const ScaledSpec& s, const Table& t, const std::vector<IndexedValue>& group,
+                                        double amax, float ts) {
+  const auto error = [&](std::uint32_t code) {
+    const double X = s.tensor_scale ? static_cast<float>(scale_value(s, code) * ts) : scale_value(s, code);
+    double sum = 0;
+    for (const IndexedValue& v : group) {
+      const double d = static_cast<double>(element(s, t, v.x, X, v.index).value) - v.x;
+      sum += d * d;
+    }
+    return sum;
+  };
+  const std::uint32_t six = scale_code(s, amax, ts, 6.0), four = scale_code(s, amax, ts, 4.0);
+  return error(four) < error(six) ? four : six;
 }
 
 }  // namespace fp8lab::ref

@@ -31,3 +31,44 @@ def test_16x16_weight_tiles_are_one_quantization_for_w_and_its_transpose():
     assert not torch.equal(by_rows, by_cols)
     y, dx = _linear(x, w, grad, ROWS)
     assert torch.equal(y, x @ by_rows.t()) and torch.equal(dx, grad @ by_cols)
+
+
+def test_four_over_six_tiles_are_one_choice_for_w_and_its_transpose():
+    """Four Over Six (docs/spec.md §6.10) on 16x16 weight tiles: each tile's choice of 4 or 6
+    is made once, so W^T's tiles are W's and both products read the same values, which differ
+    from plain NVFP4's tiles."""
+    tiles = TILES + ":4over6"
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(48, 80, generator=g) * torch.exp(torch.randn(48, 1, generator=g))
+    x, grad = torch.randn(8, 80, generator=g), torch.randn(8, 48, generator=g)
+    q = fp8lab.quantize(w, tiles)
+    assert torch.equal(fp8lab.quantize(w.t().contiguous(), tiles), q.t())
+    assert not torch.equal(q, fp8lab.quantize(w, TILES))
+    y, dx = _linear(x, w, grad, tiles)
+    assert torch.equal(y, x @ q.t()) and torch.equal(dx, grad @ q)
+
+
+def test_the_four_over_six_recipe_trains():
+    """The recipe nvfp4-4over6 is nvfp4-training with 4over6 on every operand; a small model
+    takes steps with it and its loss stays finite and falls."""
+    r = fp8lab.Recipe("nvfp4-4over6")
+    assert r.base["w"] == "e2m1fn@16x16:ue4m3:nearest:tensor-scale:4over6"
+    assert r.base["gx"] == "e2m1fn@1x16:ue4m3:nearest:tensor-scale:4over6/stochastic"
+    assert r.to_line().replace(":4over6", "").replace("nvfp4-4over6", "nvfp4-training") == \
+        fp8lab.Recipe("nvfp4-training").to_line()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    qmodel = ft.quantize_model(model, "nvfp4-4over6")
+    opt = torch.optim.SGD(qmodel.parameters(), lr=0.05)
+    x = torch.randn(256, 32)
+    target = (x[:, :4] > 0).float() @ torch.tensor([1.0, 2.0, 3.0, 4.0]) % 4
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(qmodel(x), target.long())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(map(lambda v: v == v and abs(v) < 1e6, losses))
+    assert losses[-1] < losses[0]

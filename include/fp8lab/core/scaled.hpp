@@ -82,6 +82,12 @@ struct ScaledSpec {
   // The float32 operations of the scale and the elements: fp8lab's exact ones (§6.2-6.3) or
   // those of a library whose quantizer a run should match (`torchao`, §6.9).
   ScaleArithmetic arithmetic = ScaleArithmetic::exact;
+  // Four Over Six (`4over6`, docs/spec.md §6.10): each group is quantized with the rule's
+  // scale for the element format's largest value 6 and for 4, and keeps the one whose values
+  // lie nearer its inputs (the smaller sum of squared errors); the tensor scale maps the
+  // tensor's amax to 6 times 256 instead of 6 times 448. E2M1 elements, UE4M3 or float32
+  // scales, the ceil or nearest rule, the exact arithmetic.
+  bool four_over_six = false;
 
   bool scaled() const { return scale != ScaleFormat::none; }
   // Whether products apply the tensor scale to their output (docs/spec.md §6.7).
@@ -102,7 +108,8 @@ void validate(const ScaledSpec& s);
 // "e4m3fn@tensor:fp32:nearest:delayed-16". GRANULARITY is tensor, line, 1xK or KxK;
 // OPTION is a scale format, a rule, tensor-scale (or tensor-scale-folded), scales-on-output
 // or scales-folded (float32 scales), current or delayed-N, exact (the default), torchao (UE4M3
-// scales: torchao's arithmetic) or te (float32 scales: TransformerEngine's, §6.9). A plain format ("1.4.3:10",
+// scales: torchao's arithmetic) or te (float32 scales: TransformerEngine's, §6.9), 4over6
+// (§6.10). A plain format ("1.4.3:10",
 // "e5m2") is the fixed-bias quantizer. Throws Error.
 ScaledSpec parse_scaled(std::string_view text);
 // Canonical text; parse_scaled(to_string(s)) == s (the element's rounding is not part of it).
@@ -237,11 +244,25 @@ struct Amax {
 };
 Amax amax_of(const float* x, std::size_t n, std::size_t stride = 1);
 
+// A group's values, for the choices that look at more than its amax (four_over_six): element
+// (r, c), r < rows and c < cols, at x[r * stride + c], with stochastic-rounding index
+// first_index + r * index_stride + c.
+struct GroupValues {
+  const float* x = nullptr;
+  std::size_t rows = 1, cols = 0, stride = 0;
+  std::uint64_t first_index = 0, index_stride = 0;
+};
+
 // The scale of one group whose values have amax `a` (a NaN scale if they hold NaN or Inf),
 // or of `history_amax` when given (delayed per-tensor scaling), counted in *counts as a
-// group (zero, NaN, scale range).
+// group (zero, NaN, scale range). A four_over_six spec needs the group's `values` (throws
+// Error without them) and gives the scale of the two it keeps (docs/spec.md §6.10).
 GroupScale scale_group(const ScaledSpec& s, const Amax& a, float ts, ScaledCounts* counts,
-                       std::optional<float> history_amax = std::nullopt);
+                       std::optional<float> history_amax = std::nullopt, const GroupValues* values = nullptr);
+
+// Four Over Six's sum of squared errors of a group quantized with scale g: (y - x)^2 summed
+// in double in the group's row-major order, y each element's value (docs/spec.md §6.10).
+double four_over_six_error(const ScaledSpec& s, const GroupScale& g, const GroupValues& v);
 
 // The amax history of delayed scaling for one tensor: the largest of the last `length`
 // tensor amaxes. Empty: the tensor's current amax is used.
