@@ -622,13 +622,12 @@ double pow2(int k) { return std::ldexp(1.0, k); }
 //   floor:   code >= c  iff  ts 2^(j + emax) <= amax, j = ceil(log2 v(c)) (the target
 //            2^(floor(log2(amax/ts)) - emax) reaches v(c)).
 // Overflow: amax > T(max) (ceil, nearest); target > v(max) (floor).
-std::optional<ScaleSteps> ScaleSteps::make(const ScaledSpec& s, float ts) {
-  if (s.scale != ScaleFormat::ue4m3 || s.arithmetic != ScaleArithmetic::exact || s.four_over_six || !(ts > 0) ||
-      !std::isfinite(ts))
+std::optional<ScaleSteps> ScaleSteps::make(const ScaledSpec& s, float ts, double target_e) {
+  if (s.scale != ScaleFormat::ue4m3 || s.arithmetic != ScaleArithmetic::exact || !(ts > 0) || !std::isfinite(ts))
     return std::nullopt;
   const ScaleCodes& sc = scale_codes(s.scale);
   const ElementFigures& ef = figures_of(s.element.format);
-  const double m = static_cast<double>(ts) * ef.max;
+  const double m = static_cast<double>(ts) * (target_e > 0 ? target_e : ef.max);
   ScaleSteps t;
   t.max_ = sc.max;
   t.first_.assign(sc.max + 1, 0);
@@ -720,6 +719,12 @@ bool is_e2m1(const Format& f) {
 
 namespace {
 
+// One term of Four Over Six's error (docs/spec.md §6.10): (y - x)^2 in double, added to sum.
+inline void add_squared_error(double& sum, float y, float x) {
+  const double d = static_cast<double>(y) - static_cast<double>(x);
+  sum += d * d;
+}
+
 // Four Over Six's errors of a group under each of N scales, summed side by side (independent
 // chains of additions) in the group's row-major order.
 template <std::size_t N>
@@ -739,8 +744,7 @@ std::array<double, N> errors_of(const ScaledSpec& s, const std::array<const Grou
           y = fast ? std::copysign(e2m1_nearest_magnitude(std::fabs(q)), q) * X
                    : decode(encode(q, s.element, v.first_index + r * v.index_stride + c), s.element.format) * X;
         }
-        const double d = static_cast<double>(y) - static_cast<double>(x);
-        sums[k] += d * d;
+        add_squared_error(sums[k], y, x);
       }
     }
   return sums;
@@ -750,6 +754,15 @@ std::array<double, N> errors_of(const ScaledSpec& s, const std::array<const Grou
 
 double four_over_six_error(const ScaledSpec& s, const GroupScale& g, const GroupValues& v) {
   return errors_of<1>(s, {&g}, v)[0];
+}
+
+bool four_over_six_keeps_four(const float* x, const float* y6, const float* y4, std::size_t n) {
+  double e6 = 0, e4 = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    add_squared_error(e6, y6[i], x[i]);
+    add_squared_error(e4, y4[i], x[i]);
+  }
+  return e4 < e6;
 }
 
 namespace {

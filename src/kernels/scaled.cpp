@@ -185,7 +185,7 @@ class FastSteps {
  public:
   static constexpr bool kDivide = true;
   FastSteps(const ScaledSpec& s, float ts) {
-    if (s.granularity == Granularity::block) steps_ = ScaleSteps::make(s, ts);
+    if (s.granularity == Granularity::block && !s.four_over_six) steps_ = ScaleSteps::make(s, ts);
   }
   std::optional<BlockScale> decide(std::uint32_t top) const {
     if (steps_ && top == 0) return kZeroBlock;
@@ -199,6 +199,38 @@ class FastSteps {
 
  private:
   std::optional<ScaleSteps> steps_;
+};
+
+// Four Over Six's UE4M3 block scales (docs/spec.md §6.10): each block's two candidate codes looked up in ScaleSteps tables for 6 and for 4 (what
+// choose_scale gives for each), the choice made by the worker on both candidates' values
+// (Worker::decide_four_over_six). Blocks whose candidate scale is 0 take the general path.
+class FastFourOverSix {
+ public:
+  static constexpr bool kDivide = true;
+  FastFourOverSix(const ScaledSpec& s, float ts) {
+    if (s.four_over_six && s.granularity == Granularity::block && s.scale == ScaleFormat::ue4m3) {
+      six_ = ScaleSteps::make(s, ts, 6.0);
+      four_ = ScaleSteps::make(s, ts, 4.0);
+    }
+  }
+  // One candidate of a finite non-zero block: its code and X (0: the general path decides).
+  struct Candidate {
+    std::uint32_t code;
+    float X;
+  };
+  Candidate six(std::uint32_t top) const { return candidate(*six_, top); }
+  Candidate four(std::uint32_t top) const { return candidate(*four_, top); }
+  bool overflow(std::uint32_t top, bool four) const { return (four ? four_ : six_)->overflow(top); }
+  // Blocks are decided from their values, not their largest magnitude alone.
+  std::optional<BlockScale> decide(std::uint32_t) const { return std::nullopt; }
+  bool enabled() const { return six_ && four_; }
+
+ private:
+  static Candidate candidate(const ScaleSteps& t, std::uint32_t top) {
+    const std::uint32_t c = t.code(top);
+    return {c, c == 0 ? 0.0f : t.value(c)};
+  }
+  std::optional<ScaleSteps> six_, four_;
 };
 
 // Float32 block scales (DeepSeek's tiles) without a tensor scale: the rule's scale of
@@ -360,7 +392,7 @@ class Worker {
       BlockTops(x.at(begin), count, B, tops_.data(), false);
       tops = tops_.data();
     }
-    if (!decide_blocks(fast, tops, count, chunk_top, overflows, zeros)) return false;
+    if (!decide_blocks(fast, x.at(begin), begin, tops, count, chunk_top, overflows, zeros)) return false;
     const std::size_t n = count * B;
     q_.resize(out_.values ? 0 : n);
     float* y = out_.values ? out_.values + begin : q_.data();
@@ -386,11 +418,14 @@ class Worker {
     return true;
   }
 
-  // The scales of `count` blocks with largest magnitudes `tops` into codes_, before_ and
-  // after_, by `fast`; false where some block needs the general path.
+  // The scales of `count` blocks (values xs from flat offset `begin`, largest magnitudes
+  // `tops`) into codes_, before_ and after_, by `fast`; false where some block needs the
+  // general path.
   template <class Fast>
-  bool decide_blocks(const Fast& fast, const std::uint32_t* tops, std::size_t count, std::uint32_t& chunk_top,
-                     std::uint64_t& overflows, std::uint64_t& zeros) {
+  bool decide_blocks(const Fast& fast, const float* xs, std::size_t begin, const std::uint32_t* tops,
+                     std::size_t count, std::uint32_t& chunk_top, std::uint64_t& overflows, std::uint64_t& zeros) {
+    if constexpr (std::is_same_v<Fast, FastFourOverSix>)
+      return decide_four_over_six(fast, xs, begin, tops, count, chunk_top, overflows, zeros);
     std::size_t k = 0;
     if constexpr (std::is_same_v<Fast, FastPow2>)
       if (!unit_) {
@@ -408,6 +443,66 @@ class Worker {
       overflows += d->overflow;
       zeros += d->zero;
       chunk_top = std::max(chunk_top, top);
+    }
+    return true;
+  }
+
+  // decide_blocks for Four Over Six (docs/spec.md §6.10): both candidates' values by the
+  // element kernel (x / X, rounded with the random bits of each element's index, times X: the
+  // reference's operations), then each block's choice by four_over_six_keeps_four on them. A
+  // zero block is kZeroBlock (scale code 0).
+  bool decide_four_over_six(const FastFourOverSix& fast, const float* xs, std::size_t begin,
+                            const std::uint32_t* tops, std::size_t count, std::uint32_t& chunk_top,
+                            std::uint64_t& overflows, std::uint64_t& zeros) {
+    const std::size_t B = fused_block_, n = count * B;
+    six_.resize(count);
+    four_.resize(count);
+    for (std::size_t k = 0; k < count; ++k) {
+      if (tops[k] >= 0x7F800000u) return false;  // NaN or Inf: the general path
+      if (tops[k] == 0) {
+        six_[k] = four_[k] = {0, 1.0f};  // both candidates read back as zeros; the block keeps code 0
+        continue;
+      }
+      six_[k] = fast.six(tops[k]);
+      four_[k] = fast.four(tops[k]);
+      if (six_[k].X == 0 || four_[k].X == 0) return false;  // a scale of 0: the general path
+    }
+    candidates_.resize(4 * n);
+    float* const v6 = candidates_.data();
+    float* const v4 = v6 + n;
+    float* const y6 = v4 + n;
+    float* const y4 = y6 + n;
+    for (std::size_t k = 0; k < count; ++k) {
+      const float X6 = six_[k].X, X4 = four_[k].X;
+      const float* x = xs + k * B;
+      for (std::size_t i = 0; i < B; ++i) {
+        v6[k * B + i] = saturate_scaled(x[i] / X6, x[i]);
+        v4[k * B + i] = saturate_scaled(x[i] / X4, x[i]);
+      }
+    }
+    QuantizeChunk(p_, s_.element, v6, y6, nullptr, n, call_.index_offset + begin, nullptr);
+    QuantizeChunk(p_, s_.element, v4, y4, nullptr, n, call_.index_offset + begin, nullptr);
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::uint32_t top = tops[k];
+      chunk_top = std::max(chunk_top, top);
+      if (top == 0) {
+        codes_[k] = kZeroBlock.code;
+        before_[k] = kZeroBlock.before;
+        after_[k] = kZeroBlock.after;
+        ++zeros;
+        continue;
+      }
+      const float X6 = six_[k].X, X4 = four_[k].X;
+      for (std::size_t i = k * B; i < (k + 1) * B; ++i) {
+        y6[i] *= X6;
+        y4[i] *= X4;
+      }
+      const bool four = four_over_six_keeps_four(xs + k * B, y6 + k * B, y4 + k * B, B);
+      const FastFourOverSix::Candidate& kept = four ? four_[k] : six_[k];
+      codes_[k] = kept.code;
+      before_[k] = kept.X;
+      after_[k] = factor_of(kept.code, kept.X);
+      overflows += fast.overflow(top, four);
     }
     return true;
   }
@@ -572,7 +667,8 @@ class Worker {
   const float* unit_ = nullptr;  // by scale code: its value without the tensor scale (without_tensor_scale)
   std::uint16_t* bf16_to_ = nullptr;  // send_bf16_to's buffer, or null: out_.bf16
   std::size_t bf16_first_ = 0;
-  std::vector<float> v_, q_, before_, after_;
+  std::vector<float> v_, q_, before_, after_, candidates_;
+  std::vector<FastFourOverSix::Candidate> six_, four_;  // decide_four_over_six's candidates
   std::vector<std::uint32_t> codes_, tops_;
   std::vector<std::uint8_t> hot_;
 };
@@ -666,7 +762,9 @@ struct FastScales {
   FastPow2 pow2;
   FastSteps steps;
   FastF32 f32;
-  FastScales(const ScaledSpec& s, float tensor_scale) : pow2(s), steps(s, tensor_scale), f32(s) {}
+  FastFourOverSix four_over_six;
+  FastScales(const ScaledSpec& s, float tensor_scale)
+      : pow2(s), steps(s, tensor_scale), f32(s), four_over_six(s, tensor_scale) {}
   // A block's scale from its largest magnitude's bits where a fast path decides it.
   std::optional<BlockScale> decide(std::uint32_t top) const {
     if (pow2.enabled()) return pow2.decide(top);
@@ -798,12 +896,14 @@ class ScaledPass {
     if (transposed_) {
       if (fast.steps.enabled()) transposed_blocks(fast.steps);
       else if (fast.f32.enabled()) transposed_blocks(fast.f32);
+      else if (fast.four_over_six.enabled()) transposed_blocks(fast.four_over_six);
       else transposed_blocks(fast.pow2);  // where it is not enabled either, every block takes the general path
       return;
     }
     if (fused_block_ != 0 && fast.pow2.enabled()) whole_blocks(fast.pow2);
     else if (fused_block_ != 0 && fast.steps.enabled()) whole_blocks(fast.steps);
     else if (fused_block_ != 0 && fast.f32.enabled()) whole_blocks(fast.f32);
+    else if (fused_block_ != 0 && fast.four_over_six.enabled()) whole_blocks(fast.four_over_six);
     else if (s_.granularity == Granularity::tensor) uniform();
     else run_.parallel_for(n_, 1, [&](std::size_t b, std::size_t e) { chunks(b, e, fast); });
   }

@@ -204,7 +204,7 @@ TEST(ScaledScale, MatchesALinearScanForEveryRuleAndAmax) {
 TEST(ScaledScale, ScaleStepsGiveChooseScalesCodes) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<std::uint32_t> bits(1, 0x7F7FFFFFu);
-  int checked = 0, single = 0, walking = 0;
+  int checked = 0, checked_four = 0, single = 0, walking = 0;
   std::vector<ScaledSpec> specs = all_rules();
   for (const char* more : {"e4m3fn@1x32:ue4m3", "e5m2@1x16:ue4m3:tensor-scale", "e2m3fn@16x16:ue4m3:tensor-scale"})
     for (ScaleRule r : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest}) {
@@ -213,13 +213,14 @@ TEST(ScaledScale, ScaleStepsGiveChooseScalesCodes) {
       specs.push_back(s);
     }
   for (const ScaledSpec& s : specs) {
-    if (s.scale != ScaleFormat::ue4m3 || s.four_over_six) {  // 4over6 looks at more than the amax
+    if (s.scale != ScaleFormat::ue4m3) {
       EXPECT_FALSE(ScaleSteps::make(s, 1.0f)) << to_string(s);
       continue;
     }
     for (const float ts : {1.0f, 0.0123f, 3.0e-30f, 1.0e-38f, 7.1e25f, std::numeric_limits<float>::min()}) {
       const auto t = ScaleSteps::make(s, ts);
       ASSERT_TRUE(t);
+      const auto four = s.four_over_six ? ScaleSteps::make(s, ts, 4.0) : std::nullopt;
       ++(t->single_step() ? single : walking);
       std::vector<float> probes = amaxes(s);
       for (std::uint32_t c = 1; c <= t->max_code(); ++c) {
@@ -239,11 +240,16 @@ TEST(ScaledScale, ScaleStepsGiveChooseScalesCodes) {
         ASSERT_EQ(std::bit_cast<std::uint32_t>(t->value(g.code)), std::bit_cast<std::uint32_t>(g.value));
         ASSERT_EQ(t->overflow(a), counts.scale_overflow == 1) << to_string(s) << " amax " << amax << " ts " << ts;
         ASSERT_EQ(g.code == 0, counts.scale_underflow == 1) << to_string(s) << " amax " << amax << " ts " << ts;
+        if (four) {  // Four Over Six's second table: the amax scaled to 4 (docs/spec.md §6.10)
+          ASSERT_EQ(four->code(a), ref::scale_code(s, amax, ts, 4.0)) << to_string(s) << " amax " << amax;
+          ++checked_four;
+        }
         ++checked;
       }
     }
   }
   EXPECT_GT(checked, 10000);
+  EXPECT_GT(checked_four, 1000);
   EXPECT_GT(single, 0);  // both look-ups were tested
   EXPECT_GT(walking, 0);
 }

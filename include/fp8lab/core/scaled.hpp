@@ -190,8 +190,9 @@ GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts*
 // (docs/spec.md §6.2). Kernels look each block's amax up instead of searching the codes.
 class ScaleSteps {
  public:
-  // nullopt for the scale formats it does not cover (all but UE4M3).
-  static std::optional<ScaleSteps> make(const ScaledSpec& s, float ts);
+  // nullopt for the scale formats it does not cover (all but UE4M3). `target_e`: the element
+  // value the amax is scaled to (0: the element format's largest; Four Over Six's 6 and 4).
+  static std::optional<ScaleSteps> make(const ScaledSpec& s, float ts, double target_e = 0);
   // The code of a positive finite amax, given as its float32 bits.
   std::uint32_t code(std::uint32_t amax_bits) const {
     const Bucket& b = buckets_[amax_bits >> kShift];
@@ -263,6 +264,10 @@ GroupScale scale_group(const ScaledSpec& s, const Amax& a, float ts, ScaledCount
 // Four Over Six's sum of squared errors of a group quantized with scale g: (y - x)^2 summed
 // in double in the group's row-major order, y each element's value (docs/spec.md §6.10).
 double four_over_six_error(const ScaledSpec& s, const GroupScale& g, const GroupValues& v);
+// Whether Four Over Six keeps the scale for 4 for a group of n values x (row-major) whose
+// values are y6 under the scale for 6 and y4 under the scale for 4: the errors summed as
+// four_over_six_error sums them (the kernels' choice, on values they computed).
+bool four_over_six_keeps_four(const float* x, const float* y6, const float* y4, std::size_t n);
 
 // The amax history of delayed scaling for one tensor: the largest of the last `length`
 // tensor amaxes. Empty: the tensor's current amax is used.
