@@ -746,7 +746,8 @@ def _group_error(x: torch.Tensor, y: torch.Tensor, br: int, bc: int) -> torch.Te
     the group's row-major order, [grid rows, grid cols]."""
     d = (y.to(torch.float64) - x.to(torch.float64)) ** 2
     d = torch.where(torch.isnan(d), 0.0, d)  # groups with NaN keep their scale for 6 anyway
-    grid = _grid(d, br, bc, 0.0).permute(0, 2, 1, 3).reshape(-(-x.shape[0] // br), -(-x.shape[1] // bc), -1)
+    grid = _grid(d, br, bc, 0.0).permute(0, 2, 1, 3)
+    grid = grid.reshape(grid.shape[0], grid.shape[1], -1)
     total = torch.zeros(grid.shape[:2], dtype=torch.float64, device=x.device)
     for k in range(grid.shape[2]):
         total = total + grid[:, :, k]

@@ -715,10 +715,6 @@ bool is_e2m1(const Format& f) {
   return f == e2m1;
 }
 
-}  // namespace
-
-namespace {
-
 // One term of Four Over Six's error (docs/spec.md §6.10): (y - x)^2 in double, added to sum.
 inline void add_squared_error(double& sum, float y, float x) {
   const double d = static_cast<double>(y) - static_cast<double>(x);

@@ -201,9 +201,10 @@ class FastSteps {
   std::optional<ScaleSteps> steps_;
 };
 
-// Four Over Six's UE4M3 block scales (docs/spec.md §6.10): each block's two candidate codes looked up in ScaleSteps tables for 6 and for 4 (what
-// choose_scale gives for each), the choice made by the worker on both candidates' values
-// (Worker::decide_four_over_six). Blocks whose candidate scale is 0 take the general path.
+// Four Over Six's UE4M3 block scales (docs/spec.md §6.10): each block's two candidate codes
+// looked up in ScaleSteps tables for 6 and for 4 (what choose_scale gives for each), the
+// choice made by the worker on both candidates' values (its decide_blocks for this class).
+// Blocks whose candidate scale is 0 take the general path.
 class FastFourOverSix {
  public:
   static constexpr bool kDivide = true;
@@ -221,8 +222,6 @@ class FastFourOverSix {
   Candidate six(std::uint32_t top) const { return candidate(*six_, top); }
   Candidate four(std::uint32_t top) const { return candidate(*four_, top); }
   bool overflow(std::uint32_t top, bool four) const { return (four ? four_ : six_)->overflow(top); }
-  // Blocks are decided from their values, not their largest magnitude alone.
-  std::optional<BlockScale> decide(std::uint32_t) const { return std::nullopt; }
   bool enabled() const { return six_ && four_; }
 
  private:
@@ -418,14 +417,12 @@ class Worker {
     return true;
   }
 
-  // The scales of `count` blocks (values xs from flat offset `begin`, largest magnitudes
-  // `tops`) into codes_, before_ and after_, by `fast`; false where some block needs the
-  // general path.
+  // The scales of `count` blocks (values from flat offset `begin`, largest magnitudes `tops`)
+  // into codes_, before_ and after_, by `fast` from the largest magnitudes alone; false where
+  // some block needs the general path.
   template <class Fast>
-  bool decide_blocks(const Fast& fast, const float* xs, std::size_t begin, const std::uint32_t* tops,
+  bool decide_blocks(const Fast& fast, const float* /*xs*/, std::size_t /*begin*/, const std::uint32_t* tops,
                      std::size_t count, std::uint32_t& chunk_top, std::uint64_t& overflows, std::uint64_t& zeros) {
-    if constexpr (std::is_same_v<Fast, FastFourOverSix>)
-      return decide_four_over_six(fast, xs, begin, tops, count, chunk_top, overflows, zeros);
     std::size_t k = 0;
     if constexpr (std::is_same_v<Fast, FastPow2>)
       if (!unit_) {
@@ -447,13 +444,12 @@ class Worker {
     return true;
   }
 
-  // decide_blocks for Four Over Six (docs/spec.md §6.10): both candidates' values by the
-  // element kernel (x / X, rounded with the random bits of each element's index, times X: the
-  // reference's operations), then each block's choice by four_over_six_keeps_four on them. A
-  // zero block is kZeroBlock (scale code 0).
-  bool decide_four_over_six(const FastFourOverSix& fast, const float* xs, std::size_t begin,
-                            const std::uint32_t* tops, std::size_t count, std::uint32_t& chunk_top,
-                            std::uint64_t& overflows, std::uint64_t& zeros) {
+  // decide_blocks for Four Over Six (docs/spec.md §6.10), from the blocks' values xs: both
+  // candidates' values by the element kernel (x / X, rounded with the random bits of each
+  // element's index, times X: the reference's operations), then each block's choice by
+  // four_over_six_keeps_four on them. A zero block is kZeroBlock (scale code 0).
+  bool decide_blocks(const FastFourOverSix& fast, const float* xs, std::size_t begin, const std::uint32_t* tops,
+                     std::size_t count, std::uint32_t& chunk_top, std::uint64_t& overflows, std::uint64_t& zeros) {
     const std::size_t B = fused_block_, n = count * B;
     six_.resize(count);
     four_.resize(count);
@@ -668,7 +664,7 @@ class Worker {
   std::uint16_t* bf16_to_ = nullptr;  // send_bf16_to's buffer, or null: out_.bf16
   std::size_t bf16_first_ = 0;
   std::vector<float> v_, q_, before_, after_, candidates_;
-  std::vector<FastFourOverSix::Candidate> six_, four_;  // decide_four_over_six's candidates
+  std::vector<FastFourOverSix::Candidate> six_, four_;  // Four Over Six's candidates (decide_blocks)
   std::vector<std::uint32_t> codes_, tops_;
   std::vector<std::uint8_t> hot_;
 };
