@@ -505,8 +505,25 @@ def _scale_value(kind: str, code: torch.Tensor) -> torch.Tensor:
     return table[code]
 
 
+def _te_two_level(s: Scaled) -> bool:
+    return s.arithmetic == "te" and s.tensor_scale
+
+
+def _te_encode(s: Scaled, tensor_amax: float) -> np.float32:
+    """TransformerEngine's global encode factor E = fl32(max_e * 448 / amax): float32's largest
+    where that is infinite (amax 0 included), 1 where it is 0 (docs/spec.md §6.9)."""
+    top = np.float32(s.element.max_finite * _scale_max_value(s.scale))
+    with np.errstate(divide="ignore", over="ignore"):
+        e = top / np.float32(tensor_amax)
+    e = min(e, np.float32(_FLT_MAX))
+    return np.float32(1) if e == 0 else np.float32(e)
+
+
 def tensor_scale_of(s: Scaled, tensor_amax: float) -> float:
-    """The float32 second-level scale from the tensor's amax (docs/spec.md §6.3)."""
+    """The float32 second-level scale from the tensor's amax (docs/spec.md §6.3; te's
+    arithmetic: TransformerEngine's global decode scale fl32(1 / E), §6.9)."""
+    if _te_two_level(s):
+        return float(np.float32(1) / _te_encode(s, tensor_amax))
     if not s.tensor_scale or not tensor_amax > 0:
         return 1.0
     top = s.element.max_finite * (_FOUR_OVER_SIX_SCALE_TOP if s.four_over_six else _scale_max_value(s.scale))
@@ -636,6 +653,24 @@ def _te_scale(s: Scaled, amax: torch.Tensor):
     return S, torch.reciprocal(S), under
 
 
+def _te_nvfp4_scale(s: Scaled, amax: torch.Tensor, encode_factor: np.float32, ts: float):
+    """TransformerEngine's NVFP4 block scale codes of finite amaxes (docs/spec.md §6.9): the
+    code of min(fl32(amax * fl32(E * fl32(1 / max_e))), float32's largest) clamped to the scale
+    format's largest and rounded to nearest-even; elements are x times r = fl32(1 / X) (float32's
+    largest where that is infinite). (code, underflow, overflow, r)."""
+    f = _SCALE_FORMATS[s.scale]
+    top = _scale_values(s.scale)[-1]
+    multiplier = np.float32(encode_factor * (np.float32(1) / np.float32(s.element.max_finite)))
+    q = torch.minimum(amax.to(torch.float32) * torch.tensor(float(multiplier), dtype=torch.float32),
+                      torch.tensor(_FLT_MAX))
+    clamped = q.clamp(max=top)
+    code, _, _, _ = encode(clamped, Spec(f), torch.zeros_like(clamped, dtype=torch.int64), 0)
+    value = (_scale_value(s.scale, code) * ts).to(torch.float32)
+    r = torch.reciprocal(value)
+    r = torch.where(torch.isinf(r), torch.tensor(_FLT_MAX, dtype=torch.float32), r)
+    return code, (code == 0) & (amax != 0), q > top, r
+
+
 @dataclasses.dataclass
 class _Groups:
     code: torch.Tensor      # scale codes (int64)
@@ -643,20 +678,25 @@ class _Groups:
     exponent: torch.Tensor  # e8m0: log2 of the value
     nan: torch.Tensor
     zero: torch.Tensor
-    reciprocal: Optional[torch.Tensor] = None  # torchao's arithmetic: elements are x times it
+    reciprocal: Optional[torch.Tensor] = None  # torchao's and te's arithmetic: elements are x times it
 
 
-def _choose_scales(s: Scaled, amax: torch.Tensor, ts: float,
-                   target: Optional[float] = None) -> Tuple[_Groups, torch.Tensor, torch.Tensor]:
+def _choose_scales(s: Scaled, amax: torch.Tensor, ts: float, target: Optional[float] = None,
+                   te_encode: Optional[np.float32] = None) -> Tuple[_Groups, torch.Tensor, torch.Tensor]:
     """choose_scale of float32 group amaxes (NaN: the group holds NaN or Inf), with the masks
     of scale underflow and overflow; `target`: the element value amaxes are scaled to (None:
-    the largest)."""
+    the largest); `te_encode`: TransformerEngine's E, which te's two-level scales need."""
     a = amax.to(torch.float64)
     nan = ~torch.isfinite(a) | (a < 0)
     zero = ~nan & (a == 0)
     live = ~nan & ~zero
     reciprocal = None
-    if s.arithmetic == "te":
+    if _te_two_level(s):
+        if te_encode is None:
+            raise _core.Error("te's NVFP4 block scales are formed from TransformerEngine's global encode factor, "
+                              "which this tensor scale lacks (docs/spec.md §6.9)")
+        code, under, over, reciprocal = _te_nvfp4_scale(s, torch.where(nan, 0.0, a), te_encode, ts)
+    elif s.arithmetic == "te":
         S, X, under = _te_scale(s, torch.where(nan, 1.0, a))
         code, over, reciprocal = _bits(X), torch.zeros_like(under), S
     elif s.arithmetic == "torchao":
@@ -718,8 +758,9 @@ def _elements(x: torch.Tensor, s: Scaled, q: Spec, g: _Groups, index: torch.Tens
         u = u.to(torch.int64)
         y = torch.where(x_nan, qnan, decode(c, el, bias))
     else:
-        zero_scale = (e_value == 0) | e_zero  # a zero group, or a scale that underflowed to 0
-        if g.reciprocal is not None:  # torchao's arithmetic: x times fl32(fl32(1 / ts) / s)
+        # A zero group, or a scale that underflowed to 0 (te's arithmetic multiplies by its r there).
+        zero_scale = e_zero if g.reciprocal is not None else (e_value == 0) | e_zero
+        if g.reciprocal is not None:  # torchao's and te's arithmetic: x times the group's r
             v = x * torch.where(zero_scale | e_nan, 1.0, each(g.reciprocal))
         else:
             v = x / torch.where(zero_scale | e_nan, 1.0, e_value)
@@ -775,6 +816,7 @@ def scaled_quantize_matrix(x: torch.Tensor, format: "_core.ScaledFormat", roundi
     delayed = s.history > 0 and delayed_amax is not None and delayed_amax > 0
     tensor_amax = float(np.float32(delayed_amax)) if delayed else current
     ts = tensor_scale_of(s, tensor_amax)
+    te_encode = _te_encode(s, tensor_amax) if _te_two_level(s) else None
     br, bc = _layout(s, rows, cols)
     grid = _grid(x, br, bc, 0.0)
     finite = torch.isfinite(grid)
@@ -783,7 +825,7 @@ def scaled_quantize_matrix(x: torch.Tensor, format: "_core.ScaledFormat", roundi
     nonfinite = (~finite).any(dim=(1, 3)) if grid.numel() else torch.zeros_like(amax, dtype=torch.bool)
     from_history = delayed and s.granularity == "tensor"
     group_amax = torch.full_like(amax, tensor_amax) if from_history else torch.where(nonfinite, torch.nan, amax)
-    g, s_under, s_over = _choose_scales(s, group_amax, ts)
+    g, s_under, s_over = _choose_scales(s, group_amax, ts, te_encode=te_encode)
 
     def each(t):
         return _spread(t, br, bc, rows, cols)

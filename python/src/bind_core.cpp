@@ -135,7 +135,8 @@ void bind_scaled(py::module_& m) {
                              "False without one or where it is folded into the values (tensor-scale-folded)")
       .def_property_readonly("arithmetic", [](const ScaledSpec& s) { return std::string(to_string(s.arithmetic)); },
                              "Whose float32 operations choose scales and scale elements: exact (docs/spec.md "
-                             "§6.2-6.3), torchao (its NVFP4 quantizer) or te (TransformerEngine's current scaling, §6.9)")
+                             "§6.2-6.3), torchao (its NVFP4 quantizer) or te (TransformerEngine's current scaling and NVFP4 "
+                             "quantizer, §6.9)")
       .def_property_readonly("four_over_six", [](const ScaledSpec& s) { return s.four_over_six; },
                              "Four Over Six (option 4over6, docs/spec.md §6.10): each group keeps the scale for 6 "
                              "or for 4, whichever gives the smaller squared error")

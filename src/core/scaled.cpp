@@ -82,10 +82,14 @@ void validate(const ScaledSpec& s) {
   if (s.arithmetic == ScaleArithmetic::torchao && (s.scale != ScaleFormat::ue4m3 || s.rule != ScaleRule::nearest))
     throw Error(what + "torchao's arithmetic is that of its NVFP4 quantizer: ue4m3 scales rounded to nearest "
                        "(its MX quantizer is fp8lab's floor and ceil rules, docs/spec.md §6.9)");
-  if (s.arithmetic == ScaleArithmetic::te &&
-      (s.scale != ScaleFormat::fp32 || s.rule != ScaleRule::nearest || s.tensor_scale))
-    throw Error(what + "te's arithmetic is that of TransformerEngine's current scaling: float32 scales rounded to "
-                       "nearest, without a tensor scale (docs/spec.md §6.9)");
+  if (s.arithmetic == ScaleArithmetic::te) {
+    const bool current_scaling = s.scale == ScaleFormat::fp32 && !s.tensor_scale;
+    const bool nvfp4 = s.scale == ScaleFormat::ue4m3 && s.tensor_scale;
+    if (s.rule != ScaleRule::nearest || !(current_scaling || nvfp4))
+      throw Error(what + "te's arithmetic is that of TransformerEngine's current scaling (float32 scales rounded to "
+                         "nearest, without a tensor scale) or of its NVFP4 quantizer (ue4m3 scales rounded to nearest "
+                         "under a tensor scale); its MXFP8 quantizer is the ceil rule (docs/spec.md §6.9)");
+  }
   if (s.four_over_six) {
     if (e.max_finite() != 6.0)
       throw Error(what + "4over6 chooses between the element values 6 and 4: it needs E2M1 elements (largest 6)");
@@ -521,9 +525,51 @@ GroupScale te_scale(const ScaledSpec& s, float amax, ScaledCounts* counts) {
   return g;
 }
 
+// TransformerEngine's NVFP4 block scale of a finite amax under global encode factor E
+// (docs/spec.md §6.9): s = ue4m3(clamp(min(fl32(amax * fl32(E * fl32(1 / max_e))), float32's
+// largest), 448)), rounded to nearest-even (0 below half the least subnormal, counted as a
+// scale underflow; past 448, a scale overflow); X = fl32(s * D) with D the tensor scale;
+// elements are fl32(x * r), r = fl32(1 / X), float32's largest where that is infinite.
+GroupScale te_nvfp4_scale(const ScaledSpec& s, float amax, const TensorScale& ts, ScaledCounts* counts) {
+  if (!(ts.te_encode > 0))
+    throw Error("te's NVFP4 block scales are formed from TransformerEngine's global encode factor, which this "
+                "tensor scale lacks (docs/spec.md §6.9)");
+  const ScaleCodes& sc = scale_codes(s.scale);
+  const auto max_e = static_cast<float>(figures_of(s.element.format).max);
+  const auto top = static_cast<float>(sc.value(sc.max));
+  const float multiplier = ts.te_encode * (1.0f / max_e);
+  const float q = std::min(amax * multiplier, std::numeric_limits<float>::max());
+  GroupScale g;
+  g.zero = amax == 0;
+  g.code = encode(std::min(q, top), QuantSpec{sc.f});
+  if (counts && q > top) ++counts->scale_overflow;
+  if (counts && g.code == 0 && !g.zero) ++counts->scale_underflow;
+  g.value = static_cast<float>(sc.value(g.code) * ts.value);
+  const float r = 1.0f / g.value;
+  g.reciprocal = std::isinf(r) ? std::numeric_limits<float>::max() : r;
+  return g;
+}
+
+// TransformerEngine's global encode factor for a tensor amax: fl32(max_e * 448 / amax),
+// float32's largest where that is infinite (amax 0 included), 1 where it is 0 (docs/spec.md §6.9).
+float te_encode_of(const ScaledSpec& s, float tensor_amax) {
+  const auto top = static_cast<float>(figures_of(s.element.format).max * scale_codes(s.scale).value(scale_codes(s.scale).max));
+  const float e = std::min(top / tensor_amax, std::numeric_limits<float>::max());
+  return e == 0 ? 1.0f : e;
+}
+
+bool te_two_level(const ScaledSpec& s) { return s.arithmetic == ScaleArithmetic::te && s.tensor_scale; }
+
 }  // namespace
 
+TensorScale tensor_scale_for(const ScaledSpec& s, float tensor_amax) {
+  if (!te_two_level(s)) return TensorScale(tensor_scale_of(s, tensor_amax));
+  const float e = te_encode_of(s, tensor_amax);
+  return TensorScale(1.0f / e, e);
+}
+
 float tensor_scale_of(const ScaledSpec& s, float tensor_amax) {
+  if (te_two_level(s)) return tensor_scale_for(s, tensor_amax).value;
   if (!s.tensor_scale || !(tensor_amax > 0)) return 1.0f;
   const double s_top = s.four_over_six ? kFourOverSixScaleTop : scale_codes(s.scale).value(scale_codes(s.scale).max);
   const double top = s.element.format.max_finite() * s_top;
@@ -534,7 +580,9 @@ float tensor_scale_of(const ScaledSpec& s, float tensor_amax) {
 namespace {
 
 // choose_scale with the amax scaled to element value `target_e` (0: the largest).
-GroupScale choose_scale_for(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts, double target_e) {
+GroupScale choose_scale_for(const ScaledSpec& s, float amax, const TensorScale& tensor, ScaledCounts* counts,
+                            double target_e) {
+  const float ts = tensor.value;
   GroupScale g;
   const ScaleCodes& sc = scale_codes(s.scale);
   if (!std::isfinite(amax) || amax < 0) {  // a NaN or Inf in the group
@@ -544,6 +592,7 @@ GroupScale choose_scale_for(const ScaledSpec& s, float amax, float ts, ScaledCou
     return g;
   }
   if (s.arithmetic == ScaleArithmetic::torchao) return torchao_scale(s, amax, ts, counts);
+  if (te_two_level(s)) return te_nvfp4_scale(s, amax, tensor, counts);
   if (s.arithmetic == ScaleArithmetic::te) return te_scale(s, amax, counts);
   if (amax == 0) {
     g.zero = true;
@@ -558,7 +607,7 @@ GroupScale choose_scale_for(const ScaledSpec& s, float amax, float ts, ScaledCou
 
 }  // namespace
 
-GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts) {
+GroupScale choose_scale(const ScaledSpec& s, float amax, const TensorScale& ts, ScaledCounts* counts) {
   return choose_scale_for(s, amax, ts, counts, 0);
 }
 
@@ -786,12 +835,12 @@ GroupScale four_over_six_scale(const ScaledSpec& s, float amax, float ts, Scaled
 
 }  // namespace
 
-GroupScale scale_group(const ScaledSpec& s, const Amax& a, float ts, ScaledCounts* counts,
+GroupScale scale_group(const ScaledSpec& s, const Amax& a, const TensorScale& ts, ScaledCounts* counts,
                        std::optional<float> history_amax, const GroupValues* values) {
   const float amax = history_amax ? *history_amax : a.nonfinite ? std::numeric_limits<float>::quiet_NaN() : a.value;
   if (s.four_over_six && !values) throw Error("4over6 chooses a group's scale from its values: none were given");
   const GroupScale g =
-      s.four_over_six ? four_over_six_scale(s, amax, ts, counts, *values) : choose_scale(s, amax, ts, counts);
+      s.four_over_six ? four_over_six_scale(s, amax, ts.value, counts, *values) : choose_scale(s, amax, ts, counts);
   if (counts) {
     ++counts->groups;
     counts->nan_groups += g.nan;
@@ -876,7 +925,7 @@ bool quantize_group(const GroupJob& j, const ScaledSpec& s, const GroupScale& g,
       --one.total;
       qc += one;
       y = std::isnan(x) ? quantize(x, s.element) : decode(code, shifted.format);
-    } else if (g.value == 0 || g.zero) {  // a zero group, or a scale that underflowed to 0
+    } else if (g.zero || (g.value == 0 && !s.multiplies())) {  // a zero group, or a scale that underflowed to 0
       code = encode(std::signbit(x) ? -0.0f : 0.0f, s.element);
       if (x != 0 && !std::isnan(x)) ++qc.underflow;
       y = std::isnan(x) ? quantize(x, s.element) : decode(code, e) * 0.0f;
@@ -917,8 +966,8 @@ float scaled_quantize_reference(const float* x, std::size_t rows, std::size_t co
   if (out.codes && s.element.format.width() > 8) throw Error("codes of elements wider than 8 bits");
   const bool delayed = s.history > 0 && call.delayed_amax && *call.delayed_amax > 0;
   const float tensor_amax = delayed ? *call.delayed_amax : current;
-  const float ts = tensor_scale_of(s, tensor_amax);
-  if (out.tensor_scale) *out.tensor_scale = ts;
+  const TensorScale ts = tensor_scale_for(s, tensor_amax);
+  if (out.tensor_scale) *out.tensor_scale = ts.value;
   const BlockLayout l = block_layout(s, rows, cols);
   for (std::size_t gr = 0; gr < l.grid_rows(); ++gr)
     for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {

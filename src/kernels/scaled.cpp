@@ -596,7 +596,7 @@ class Worker {
         flushed += (v[i] == 0) & (xs[i] != 0);
       }
       counts.elements.underflow += flushed;
-    } else if (g.value == 0 || g.zero) {
+    } else if (g.zero || (g.value == 0 && !s_.multiplies())) {  // te's zero scale: its elements x * r
       std::uint64_t flushed = 0;
       for (std::size_t i = 0; i < p.len; ++i) {
         v[i] = std::isnan(xs[i]) ? xs[i] : std::copysign(0.0f, xs[i]);
@@ -808,7 +808,7 @@ class ScaledPass {
   std::pair<float, float> run_both(ScaledPass& t, ScaledCounts* counts, ScaledCounts* t_counts) {
     prepare();
     t.prepare(amax_before_elements());
-    const FastScales fast(s_, ts_), t_fast(t.s_, t.ts_);
+    const FastScales fast(s_, ts_.value), t_fast(t.s_, t.ts_.value);
     const bool joint = fused_block_ != 0 && !transposed_ && t.transposed_ && t.reads_transposed() &&
                        t.x_ == x_ && t.rows_ == cols_ && t.cols_ == rows_;
     if (joint && fast.pow2.enabled() && t_fast.pow2.enabled()) joint_blocks(t, fast.pow2, t_fast.pow2);
@@ -837,8 +837,8 @@ class ScaledPass {
     find_amaxes(known ? known : call_.known_amax);
     const bool delayed = s_.history > 0 && call_.delayed_amax && *call_.delayed_amax > 0;
     const float tensor_amax = delayed ? *call_.delayed_amax : current_;
-    ts_ = tensor_scale_of(s_, tensor_amax);
-    if (out_.tensor_scale) *out_.tensor_scale = ts_;
+    ts_ = tensor_scale_for(s_, tensor_amax);
+    if (out_.tensor_scale) *out_.tensor_scale = ts_.value;
     if (!per_block_) scale_spanning_groups(delayed && s_.granularity == Granularity::tensor, tensor_amax);
   }
 
@@ -888,7 +888,7 @@ class ScaledPass {
   // The element pass: rows of whole blocks on a fast scale path, one scale for everything,
   // or chunks of pieces (the general case).
   void quantize_elements() {
-    const FastScales fast(s_, ts_);
+    const FastScales fast(s_, ts_.value);
     if (transposed_) {
       if (fast.steps.enabled()) transposed_blocks(fast.steps);
       else if (fast.f32.enabled()) transposed_blocks(fast.f32);
@@ -1104,7 +1104,7 @@ class ScaledPass {
   std::vector<std::uint32_t> tops_;    // of every block, where pass 1 took the tensor's amax from them
   std::vector<Scaling> group_scalings_;  // of groups that span rows or whole rows
   float current_ = 0;                  // the tensor's amax
-  float ts_ = 1;                       // the tensor scale
+  TensorScale ts_;                     // the tensor scale
   Shared shared_;
 };
 

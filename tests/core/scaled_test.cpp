@@ -137,7 +137,9 @@ TEST(ScaledNotation, RefusesWithTheReason) {
            {"nvfp4:torchao:torchao", "the arithmetic is given twice"},
            {"mxfp8_e4m3:te", "te's arithmetic is that of TransformerEngine's current scaling"},
            {"e4m3_tensor:ceil:te", "float32 scales rounded to nearest"},
-           {"nvfp4:te", "te's arithmetic"},
+           {"e2m1fn@1x16:ue4m3:nearest:te", "or of its NVFP4 quantizer (ue4m3 scales rounded to nearest under a tensor"},
+           {"nvfp4:ceil:te", "te's arithmetic"},
+           {"mxfp4:te", "its MXFP8 quantizer is the ceil rule"},
            {"mxfp4:4over6", "4over6 needs ue4m3 or fp32 group scales"},
            {"e4m3fn@1x16:ue4m3:nearest:4over6", "it needs E2M1 elements"},
            {"nvfp4:floor:4over6", "4over6 needs the ceil or nearest rule"},
@@ -298,6 +300,74 @@ TEST(ScaledScale, TorchaosArithmetic) {
   EXPECT_EQ(g.reciprocal, (1.0f / 3.0f) / 2.0f);
   EXPECT_NE(g.reciprocal * 5.0f, 5.0f / 6.0f);  // where the two orders part
   EXPECT_EQ(choose_scale(t, NAN, 3.0f).code, 0x7Fu);
+}
+
+// TransformerEngine's NVFP4 quantizer (docs/spec.md §6.9), worked by hand: E = fl32(2688 /
+// A), the tensor scale D = fl32(1 / E), s = ue4m3(min(fl32(amax * fl32(E * fl32(1 / 6))),
+// 448)) to nearest-even, X = fl32(s * D), elements times fl32(1 / X).
+TEST(ScaledScale, TransformerEnginesNvfp4Arithmetic) {
+  const ScaledSpec t = parse_scaled("nvfp4:te"), exact = parse_scaled("nvfp4");
+  EXPECT_EQ(to_string(t), "e2m1fn@1x16:ue4m3:nearest:tensor-scale:te");
+  EXPECT_EQ(codes_name(t), to_string(t));  // other codes than nvfp4's
+  // A = 2688: E = D = 1. amax 1.7812499 (0x3FE3FFFF): amax / 6 lies just below the midpoint
+  // 0.296875 of 0.28125 (code 41) and 0.3125 (code 42), which the exact rule sees; TE's
+  // float32 product rounds onto the midpoint, and the tie goes to the even code 42.
+  const TensorScale one = tensor_scale_for(t, 2688.0f);
+  EXPECT_EQ(one.value, 1.0f);
+  EXPECT_EQ(one.te_encode, 1.0f);
+  const float amax = std::bit_cast<float>(0x3FE3FFFFu);
+  EXPECT_EQ(choose_scale(exact, amax, 1.0f).code, 41u);
+  GroupScale g = choose_scale(t, amax, one);
+  EXPECT_EQ(g.code, 42u);
+  EXPECT_EQ(g.value, 0.3125f);
+  EXPECT_EQ(g.reciprocal, 3.2f);
+  // A = 10: E = fl32(268.8), D = fl32(1 / E) = 0.0037202383, an ulp from the exact
+  // arithmetic's fl32(10 / 2688).
+  const TensorScale ten = tensor_scale_for(t, 10.0f);
+  EXPECT_EQ(ten.te_encode, 2688.0f / 10.0f);
+  EXPECT_EQ(ten.value, 1.0f / (2688.0f / 10.0f));
+  EXPECT_EQ(tensor_scale_of(t, 10.0f), ten.value);
+  EXPECT_NE(ten.value, tensor_scale_of(exact, 10.0f));
+  // A = 3: fl32(3 * fl32(896 / 6)) = 448.00003 is past 448: clamped, counted as an overflow.
+  ScaledCounts c;
+  g = choose_scale(t, 3.0f, tensor_scale_for(t, 3.0f), &c);
+  EXPECT_EQ(g.code, 126u);
+  EXPECT_EQ(c.scale_overflow, 1u);
+  // A scale below half UE4M3's least subnormal rounds to 0 (an underflow); its elements are
+  // then multiplied by float32's largest, as TE's are, and read back as 0.
+  g = choose_scale(t, 1e-6f, one, &c);
+  EXPECT_EQ(g.code, 0u);
+  EXPECT_FALSE(g.zero);
+  EXPECT_EQ(g.value, 0.0f);
+  EXPECT_EQ(g.reciprocal, std::numeric_limits<float>::max());
+  EXPECT_EQ(c.scale_underflow, 1u);
+  // In a tensor: block 0 holds A = 2688, block 1's scale rounds to 0. Block 1's elements
+  // saturate to +-6 (zeros stay zeros; -0 keeps its sign, where TE's cast writes +0), and read
+  // back as zeros of their signs.
+  std::vector<float> x = {2688.0f, 1.0f, 2.0f, 3.0f, 1e-6f, -5e-7f, 0.0f, -0.0f}, y(8);
+  std::vector<std::uint8_t> codes(8);
+  std::vector<std::uint32_t> scales(2);
+  float ts = 0;
+  ScaledCounts counts;
+  scaled_quantize_reference(x.data(), 1, 8, parse_scaled("e2m1fn@1x4:ue4m3:nearest:tensor-scale:te"),
+                            {.values = y.data(), .codes = codes.data(), .scale_codes = scales.data(),
+                             .tensor_scale = &ts},
+                            {}, &counts);
+  EXPECT_EQ(ts, 1.0f);
+  EXPECT_EQ(scales, (std::vector<std::uint32_t>{126u, 0u}));
+  EXPECT_EQ(std::vector<std::uint8_t>(codes.begin() + 4, codes.end()), (std::vector<std::uint8_t>{7, 15, 0, 8}));
+  for (int i = 4; i < 8; ++i) {
+    EXPECT_EQ(y[i], 0.0f);
+    EXPECT_EQ(std::signbit(y[i]), std::signbit(x[i])) << i;
+  }
+  EXPECT_EQ(counts.scale_underflow, 1u);
+  // An all-zero tensor: E = float32's largest (2688 / 0), D its reciprocal; every code 0.
+  const TensorScale zero = tensor_scale_for(t, 0.0f);
+  EXPECT_EQ(zero.te_encode, std::numeric_limits<float>::max());
+  EXPECT_GT(zero.value, 0.0f);
+  // A tensor scale given as a float alone lacks E: te's block scales refuse it.
+  EXPECT_NE(error_of([&] { (void)choose_scale(t, 1.0f, 1.0f); }).find("global encode factor"), std::string::npos);
+  EXPECT_EQ(choose_scale(t, NAN, one).code, 0x7Fu);
 }
 
 // TransformerEngine's current scaling (docs/spec.md §6.9), worked by hand: S = fl32(max_e /

@@ -305,6 +305,115 @@ def test_nvfp4_codes_are_transformer_engines_where_its_scales_are(seed, order, t
     assert ((te_elements[zero].abs() == 6) | (te_elements[zero] == 0)).all()
 
 
+F32_MAX = torch.tensor(torch.finfo(torch.float32).max)
+
+
+def te_e2m1_codes(v: torch.Tensor) -> torch.Tensor:
+    """TransformerEngine's reference E2M1 cast of values already clamped to [-6, 6], written
+    again from its interval table: magnitudes in [0, 0.25] give code 0, (0.25, 0.75) 1,
+    [0.75, 1.25] 2, (1.25, 1.75) 3, [1.75, 2.5] 4, (2.5, 3.5) 5, [3.5, 5] 6, above 5 7; a
+    value below zero adds the sign bit 8, so -0 and NaN give code 0."""
+    m = v.abs()
+    magnitude = ((m > 0.25).int() + (m >= 0.75).int() + (m > 1.25).int() + (m >= 1.75).int() + (m > 2.5).int()
+                 + (m >= 3.5).int() + (m > 5.0).int())
+    return (magnitude + 8 * (v < 0).int()).to(torch.uint8)
+
+
+def te_nvfp4_reference(x: torch.Tensor, tile: int):
+    """TransformerEngine's NVFP4 reference quantizer (version of 2026, without the Hadamard
+    transform) of a finite matrix, in 1x16 blocks or 16x16 tiles, written again from its
+    description: E = min(fl32(2688 / amax), float32's largest) (1 where 0), D = fl32(1 / E);
+    a block's scale is min(fl32(amax_b * fl32(E * fl32(1 / 6))), float32's largest) clamped to
+    448 and cast to float8_e4m3fn by torch; its elements are x * r clamped to +-6 with
+    r = min(fl32(1 / fl32(s * D)), float32's largest), cast by te_e2m1_codes. Returns the
+    element codes, the scale bytes (one per 1x16 run of a row), D and the scaled x * r."""
+    amax = x.abs().max()
+    E = torch.minimum(torch.tensor(2688.0) / amax, F32_MAX)
+    E = torch.where(E == 0, torch.tensor(1.0), E)
+    D = torch.tensor(1.0) / E
+    blocks = x.reshape(x.shape[0], -1, 16)
+    block_amax = blocks.abs().amax(-1, keepdim=True)
+    if tile == 16:
+        tiles = block_amax.reshape(x.shape[0] // 16, 16, -1).amax(1, keepdim=True)
+        block_amax = tiles.expand(-1, 16, -1).reshape(block_amax.shape)
+    multiplier = E * torch.reciprocal(torch.tensor(6.0))
+    s = torch.minimum(block_amax * multiplier, F32_MAX).clamp(max=448.0).to(torch.float8_e4m3fn)
+    r = torch.minimum(torch.tensor(1.0) / (s.float() * D), F32_MAX)
+    v = (blocks * r).clamp(-6, 6)
+    return te_e2m1_codes(v).reshape(x.shape), s.view(torch.uint8).squeeze(-1), D.item(), v.reshape(x.shape)
+
+
+def te_adversarial(seed: int, tensor_amax: float) -> torch.Tensor:
+    """Rows of four 16-value blocks under tensor amax `tensor_amax` (element [0, 0]) that probe
+    TransformerEngine's roundings: blocks whose fl32(amax_b * multiplier) is a UE4M3 value or a
+    midpoint between two (subnormal scales and 448 included), and one or two float32 steps
+    beside, so that its float32 product decides the scale; blocks whose scale rounds to 0
+    (their elements saturate to +-6 in TE); random blocks over 40 binades; zero, negative-zero
+    and E2M1-tie blocks."""
+    g = torch.Generator().manual_seed(seed)
+    A = torch.tensor(tensor_amax, dtype=torch.float32)
+    E = torch.minimum(torch.tensor(2688.0) / A, F32_MAX)
+    multiplier = E * torch.reciprocal(torch.tensor(6.0))
+    blocks = [torch.randn(16, generator=g) * A * 2.0 ** e for e in range(-40, 0, 2)]
+    values = UE4M3[1:].double()
+    targets = torch.cat([values, (values[:-1] + values[1:]) / 2])
+    for q in targets[torch.randperm(len(targets), generator=g)[:80]]:
+        centre = (torch.tensor(float(q)) / multiplier).float()
+        for steps in (-2, -1, 0, 1, 2):
+            amax_b = centre
+            for _ in range(abs(steps)):
+                amax_b = torch.nextafter(amax_b, torch.tensor(float("inf") if steps > 0 else 0.0))
+            if not 0 < amax_b <= A:
+                continue
+            b = torch.rand(16, generator=g) * amax_b * torch.sign(torch.randn(16, generator=g))
+            b[int(torch.randint(16, (1,), generator=g))] = amax_b
+            blocks.append(b)
+    blocks += [torch.full((16,), float(A) * 2.0 ** -14), torch.full((16,), float(A) * 2.0 ** -24)]
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.25, -2.5, -5.0, 0.1, 4.9, 5.1, -6.0, 3.0])
+    blocks += [torch.zeros(16), -torch.zeros(16), ties * A / 6, ties * A / 6 * 2.0 ** -5]
+    while len(blocks) % 64:  # whole 16x16 tiles of 4 blocks a row
+        blocks.append(torch.randn(16, generator=g) * A * 2.0 ** -3)
+    x = torch.stack(blocks).float().reshape(-1, 64)
+    x[0, 0] = A
+    return x
+
+
+@pytest.mark.parametrize("tile", [1, 16])
+@pytest.mark.parametrize("tensor_amax", [2688.0, 1.0, 3.0e-3, 7.7e5])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_nvfp4_te_is_transformer_engines_bit_for_bit(seed, tensor_amax, tile):
+    """`nvfp4:te` (`nvfp4_16x16:te` for TE's 16x16 weight tiles) against TransformerEngine's
+    NVFP4 reference quantizer of 2026: the same tensor scale (TE's global decode scale), every
+    block scale and every element code, in blocks built to sit on its roundings; the one
+    difference is -0, which TE's cast writes as code 0 (+0) and fp8lab as code 8. The values
+    read back are the codes times fl32(s * D). The exact arithmetic (`nvfp4`) differs from TE
+    on the same blocks."""
+    x = te_adversarial(seed, tensor_amax)
+    name = "nvfp4:te" if tile == 1 else "nvfp4_16x16:te"
+    enc = fp8lab.encode(x, name)
+    want_codes, want_scales, D, v = te_nvfp4_reference(x, tile)
+    assert enc.tensor_scale == D
+    scales = torch.as_tensor(np.asarray(enc.scales).astype(np.uint8))
+    if tile == 16:  # one scale per tile: spread over its 16 rows' 1x16 runs
+        scales = scales.reshape(x.shape[0] // 16, -1).repeat_interleave(16, 0)
+    scales = scales.reshape(want_scales.shape)
+    assert torch.equal(scales, want_scales), f"{(scales != want_scales).sum().item()} scales differ"
+    codes = torch.as_tensor(np.asarray(enc.codes)).reshape(x.shape)
+    negative_zero = (v == 0) & torch.signbit(v)
+    assert negative_zero.any() and torch.equal(codes[negative_zero], torch.full_like(codes[negative_zero], 8))
+    assert torch.equal(want_codes[negative_zero], torch.zeros_like(want_codes[negative_zero]))
+    assert torch.equal(codes[~negative_zero], want_codes[~negative_zero]), \
+        f"{(codes != want_codes)[~negative_zero].sum().item()} codes differ"
+    if tile == 1:  # blocks whose scale is 0 were probed (a tile holds larger blocks too)
+        assert (want_scales == 0).any() and (want_codes[(want_scales == 0).repeat_interleave(16, 1)] % 8 == 7).any()
+    X = (fp8lab.decode(want_scales, "ue4m3") * torch.tensor(D)).repeat_interleave(16, 1)
+    signed_codes = torch.where(negative_zero, 8, want_codes).to(torch.uint8)
+    assert same(fp8lab.quantize(x, name), fp8lab.decode(signed_codes, "e2m1fn") * X)
+    if tile == 1:  # the exact arithmetic rounds amax_b / (6 D) once: other scales on these blocks
+        exact = fp8lab.encode(x, "nvfp4")
+        assert not torch.equal(torch.as_tensor(np.asarray(exact.scales)), torch.as_tensor(np.asarray(enc.scales)))
+
+
 def transformer_engine_current_scaling(x: torch.Tensor, dtype):
     """TransformerEngine's current-scaling reference quantizer (its
     custom_recipes/quantization_ref_current_scaling.py, without power-of-two scales or an

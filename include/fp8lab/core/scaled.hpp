@@ -108,9 +108,9 @@ void validate(const ScaledSpec& s);
 // "e4m3fn@tensor:fp32:nearest:delayed-16". GRANULARITY is tensor, line, 1xK or KxK;
 // OPTION is a scale format, a rule, tensor-scale (or tensor-scale-folded), scales-on-output
 // or scales-folded (float32 scales), current or delayed-N, exact (the default), torchao (UE4M3
-// scales: torchao's arithmetic) or te (float32 scales: TransformerEngine's, §6.9), 4over6
-// (§6.10). A plain format ("1.4.3:10",
-// "e5m2") is the fixed-bias quantizer. Throws Error.
+// scales: torchao's arithmetic) or te (TransformerEngine's: float32 scales of its current
+// scaling, or UE4M3 scales under a tensor scale of its NVFP4 quantizer, §6.9), 4over6
+// (§6.10). A plain format ("1.4.3:10", "e5m2") is the fixed-bias quantizer. Throws Error.
 ScaledSpec parse_scaled(std::string_view text);
 // Canonical text; parse_scaled(to_string(s)) == s (the element's rounding is not part of it).
 std::string to_string(const ScaledSpec& s);
@@ -177,12 +177,28 @@ void check_tensor_scale(float ts, const ScaledSpec& s, const std::string& where)
 // The group scale that scale code `code` stands for, under tensor scale `ts` (decoding).
 GroupScale scale_from_code(const ScaledSpec& s, std::uint32_t code, float ts);
 
-// The float32 tensor scale of a two-level spec from the tensor's amax (docs/spec.md §6.3).
+// The float32 tensor scale of a two-level spec from the tensor's amax (docs/spec.md §6.3;
+// te's arithmetic: TransformerEngine's global decode scale, §6.9).
 float tensor_scale_of(const ScaledSpec& s, float tensor_amax);
+
+// The tensor scale that group scales are chosen under: `value`, what scale codes are
+// multiplied by (tensor_scale_of); `te_encode`, TransformerEngine's global encode factor
+// E = fl32(max_e * 448 / amax), from which te's arithmetic forms the block scales of a
+// two-level spec (docs/spec.md §6.9; 0 for every other spec). A float converts to a tensor
+// scale without E: enough for every spec but te's two-level ones.
+struct TensorScale {
+  float value = 1;
+  float te_encode = 0;
+  TensorScale() = default;
+  TensorScale(float v) : value(v) {}  // NOLINT(google-explicit-constructor): a plain tensor scale
+  TensorScale(float v, float encode) : value(v), te_encode(encode) {}
+};
+// The tensor scale of s for a tensor (or history) amax, with E where s needs it.
+TensorScale tensor_scale_for(const ScaledSpec& s, float tensor_amax);
 
 // The scale of one group with largest magnitude `amax` (NaN: a NaN or Inf in the group), for
 // tensor scale `ts` (1 without a second level). Adds to counts->scale_underflow/overflow.
-GroupScale choose_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts = nullptr);
+GroupScale choose_scale(const ScaledSpec& s, float amax, const TensorScale& ts, ScaledCounts* counts = nullptr);
 
 // The rule's scale code of every positive finite amax under one tensor scale, by table
 // look-up: for a UE4M3 scale (whose code 0 is zero) the code choose_scale gives is a
@@ -258,7 +274,7 @@ struct GroupValues {
 // or of `history_amax` when given (delayed per-tensor scaling), counted in *counts as a
 // group (zero, NaN, scale range). A four_over_six spec needs the group's `values` (throws
 // Error without them) and gives the scale of the two it keeps (docs/spec.md §6.10).
-GroupScale scale_group(const ScaledSpec& s, const Amax& a, float ts, ScaledCounts* counts,
+GroupScale scale_group(const ScaledSpec& s, const Amax& a, const TensorScale& ts, ScaledCounts* counts,
                        std::optional<float> history_amax = std::nullopt, const GroupValues* values = nullptr);
 
 // Four Over Six's sum of squared errors of a group quantized with scale g: (y - x)^2 summed
