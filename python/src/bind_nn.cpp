@@ -85,21 +85,25 @@ void bind_layer_quant(py::module_& m) {
       .def_property_readonly("hadamard", [](const nn::LayerQuant& q) { return q.hadamard; })
       .def_property_readonly("hadamard_signs", [](const nn::LayerQuant& q) { return std::string(nn::to_string(q.hadamard_signs)); },
                              "The Hadamard transform's signs: random, none (the plain transform) or te")
+      .def_property_readonly("hadamard_on", [](const nn::LayerQuant& q) { return std::string(nn::to_string(q.hadamard_on)); },
+                             "The products the Hadamard transform goes on: grad_w or backward (grad_x's too)")
       .def("__eq__", [](const nn::LayerQuant& a, const nn::LayerQuant& b) { return a == b; })
       .def(py::pickle(
           [](const nn::LayerQuant& q) {
             std::vector<std::string> kinds;
             for (TensorKind k : nn::kAllKinds) kinds.push_back(nn::to_string(q[k]));
-            return py::make_tuple(kinds, q.hadamard, std::string(nn::to_string(q.hadamard_signs)));
+            return py::make_tuple(kinds, q.hadamard, std::string(nn::to_string(q.hadamard_signs)),
+                                  std::string(nn::to_string(q.hadamard_on)));
           },
           [](const py::tuple& t) {
-            if (t.size() != 3) throw Error("LayerQuant: bad pickled state");
+            if (t.size() != 4) throw Error("LayerQuant: bad pickled state");
             const auto kinds = t[0].cast<std::vector<std::string>>();
             if (kinds.size() != nn::kKinds) throw Error("LayerQuant: bad pickled state");
             nn::LayerQuant q;
             for (int k = 0; k < nn::kKinds; ++k) q.q[static_cast<std::size_t>(k)] = nn::parse_kind_quant(kinds[static_cast<std::size_t>(k)]);
             q.hadamard = t[1].cast<int>();
             q.hadamard_signs = nn::parse_hadamard_signs(t[2].cast<std::string>());
+            q.hadamard_on = nn::parse_hadamard_products(t[3].cast<std::string>());
             return q;
           }))
       .def("__repr__", [](const nn::LayerQuant& q) {
@@ -125,7 +129,7 @@ void bind_recipe(py::module_& m) {
       .def(py::init(&recipe_from_python), py::arg("text") = py::none(),
            "Recipe(text): a preset name (fp32, resnet32-152, mxfp8, ...), a line 'a=1.4.3,w=1.4.3,gx=1.5.2' or a "
            ".toml file. Recipe(a=..., w=..., gx=..., gw=..., exempt_first=..., keep_first=..., keep_last=..., "
-           "hadamard=..., hadamard_signs=..., "
+           "hadamard=..., hadamard_signs=..., hadamard_on=..., "
            "compute=..., accumulate=..., name=..., overrides=[{'match': 'fc*', 'gw': 'fp32'}, ...]): the same "
            "keys as fields (docs/spec.md §4.2)")
       .def_readonly("name", &nn::Recipe::name)
@@ -140,6 +144,8 @@ void bind_recipe(py::module_& m) {
       .def_property_readonly("keep_last_quant", [](const nn::Recipe& r) { return nn::to_string(r.keep_last_quant); },
                              "The quantizer of the whole last layer where keep_last ('fp32' by default)")
       .def_property_readonly("hadamard_signs", [](const nn::Recipe& r) { return std::string(nn::to_string(r.hadamard_signs)); })
+      .def_property_readonly("hadamard_on", [](const nn::Recipe& r) { return std::string(nn::to_string(r.hadamard_on)); },
+                             "The products the Hadamard transform goes on: grad_w or backward (grad_x's too)")
       .def_property_readonly("compute", [](const nn::Recipe& r) -> std::optional<std::string> {
              if (!r.compute) return std::nullopt;
              return std::string(nn::to_string(*r.compute));

@@ -45,8 +45,8 @@ std::uint64_t LayerStreams::seed_for(TensorKind k, std::uint32_t call, std::uint
                (micro == 0 ? 0 : mix64(0x3C6EF372FE94F82BULL + micro)));
 }
 
-std::array<float, 16> LayerStreams::hadamard_signs_for(std::uint32_t call) const {
-  return hadamard_signs(seed_for(TensorKind::gw, call, 15));
+std::vector<float> LayerStreams::hadamard_signs_for(std::uint32_t call, BackwardProduct product, int n) const {
+  return hadamard_signs(seed_for(product == BackwardProduct::grad_x ? TensorKind::gx : TensorKind::gw, call, 15), n);
 }
 
 // ---- amax histories -----------------------------------------------------------------------

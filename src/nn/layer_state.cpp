@@ -49,14 +49,30 @@ ScaledForms forms_of(const ScaledOutputs& out, bool apart) {
 }
 }  // namespace
 
+std::vector<float> LayerState::hadamard_signs(std::uint32_t call, BackwardProduct product) const {
+  const int n = quant.hadamard;
+  switch (quant.hadamard_signs) {
+    case HadamardSigns::random: return streams.hadamard_signs_for(call, product, n);
+    case HadamardSigns::none: return std::vector<float>(static_cast<std::size_t>(n), 1.0f);
+    case HadamardSigns::te: {
+      const auto& s = fixed_hadamard_signs(HadamardSigns::te);
+      if (n != static_cast<int>(s.size()))
+        throw Error("layer '" + name + "': hadamard_signs = te is TransformerEngine's 16 fixed signs; hadamard = " +
+                    std::to_string(n) + " needs random or none");
+      return {s.begin(), s.end()};
+    }
+  }
+  return {};
+}
+
 ScaledTensor LayerState::quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v,
                                          std::uint32_t call, std::uint32_t stream, const ScaledCall& sc,
                                          ScaledOutputs out) {
-  torch::Tensor m = out.hadamard ? to_matrix(t, v) : matrix_of(t, v);
-  if (out.hadamard) {
+  const bool transform = out.hadamard != BackwardProduct::none;
+  torch::Tensor m = transform ? to_matrix(t, v) : matrix_of(t, v);
+  if (transform) {
     if (m.is_same(t) || m.data_ptr() == t.data_ptr()) m = m.clone();
-    hadamard16_(m, quant.hadamard_signs == HadamardSigns::random ? streams.hadamard_signs_for(call)
-                                                                 : fixed_hadamard_signs(quant.hadamard_signs));
+    hadamard_(m, hadamard_signs(call, out.hadamard));
   }
   return quantize_scaled_matrix(k, t, m, call, stream, sc, out);
 }
@@ -84,15 +100,17 @@ std::pair<ScaledTensor, ScaledTensor> LayerState::quantize_scaled_twice(TensorKi
                                                                         std::uint32_t call, const ScaledCall& sc,
                                                                         const ScaledQuantization& first,
                                                                         const ScaledQuantization& second) {
-  if (first.out.hadamard) {  // never asked for today: the two quantizations, each its own way
+  const bool first_transformed = first.out.hadamard != BackwardProduct::none;
+  const bool second_transformed = second.out.hadamard != BackwardProduct::none;
+  if (first_transformed) {  // g's form for grad_x under hadamard_on = backward: each its own way
     ScaledTensor q = quantize_scaled(k, t, first.view, call, first.stream, sc, first.out);
     return {q, quantize_scaled(k, t, second.view, call, second.stream, same_values(sc, q, true), second.out)};
   }
   const torch::Tensor m = matrix_of(t, first.view);
-  const torch::Tensor mt = second.out.hadamard ? torch::Tensor() : matrix_of(t, second.view);
+  const torch::Tensor mt = second_transformed ? torch::Tensor() : matrix_of(t, second.view);
   if (!mt.defined() || !is_transpose_of(mt, m)) {
     ScaledTensor q = quantize_scaled_matrix(k, t, m, call, first.stream, sc, first.out);
-    const ScaledCall sc2 = same_values(sc, q, second.out.hadamard);
+    const ScaledCall sc2 = same_values(sc, q, second_transformed);
     ScaledTensor q2 = mt.defined() ? quantize_scaled_matrix(k, t, mt, call, second.stream, sc2, second.out)
                                    : quantize_scaled(k, t, second.view, call, second.stream, sc2, second.out);
     return {std::move(q), std::move(q2)};
@@ -134,7 +152,7 @@ std::pair<ProductOperand, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_
   const bool codes = saves_codes(k) || apart;
   // The backward product's operand: its own blocks, from the float32 tensor, its own stream
   // (the same values, so the same tensor amax, unless the Hadamard transform changes them).
-  const bool hadamard = o.grad_w && hadamard_applies();
+  const BackwardProduct hadamard = hadamard_applies(o.product, k) ? o.product : BackwardProduct::none;
   ScaledTensor f;
   std::tie(f, saved->q) = quantize_scaled_twice(
       k, t, call, sc,
@@ -217,11 +235,18 @@ std::pair<ProductOperand, ProductOperand> LayerState::quantize_grad(torch::Tenso
   }
   const ScaledCall sc = amax.scaled_call(TensorKind::gx, 0);
   const bool bf16 = use.for_products && scaled_bf16(TensorKind::gx);
-  const bool hadamard = use.hadamard && hadamard_applies();
+  const auto transform = [&](BackwardProduct p, TensorKind partner) {
+    return use.hadamard && hadamard_applies(p, partner) ? p : BackwardProduct::none;
+  };
   const bool apart = scales_apart(TensorKind::gx, use.scales_apart);
   const auto [dx, dw] = quantize_scaled_twice(
-      TensorKind::gx, g, call, sc, {for_dx, 0, operand_outputs(apart, {.bf16 = bf16, .operand = true})},
-      {for_dw, 1, operand_outputs(apart, {.count = false, .hadamard = hadamard, .bf16 = bf16, .operand = true})});
+      TensorKind::gx, g, call, sc,
+      {for_dx, 0,
+       operand_outputs(apart, {.hadamard = transform(BackwardProduct::grad_x, use.dx_partner), .bf16 = bf16,
+                               .operand = true})},
+      {for_dw, 1,
+       operand_outputs(apart, {.count = false, .hadamard = transform(BackwardProduct::grad_w, TensorKind::a),
+                               .bf16 = bf16, .operand = true})});
   amax.push(TensorKind::gx, 0, dx.amax);
   const auto formed = [&](const ScaledTensor& q, const MatrixView& v) {
     if (apart) return apart_operand(TensorKind::gx, q, g.sizes(), v, use.for_products);

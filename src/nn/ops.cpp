@@ -89,7 +89,9 @@ struct Operand {
   TensorKind kind;
   std::uint32_t index;  // which operand of the op: selects its own random stream
   MatrixView fwd, bwd;  // its matrices in the forward and the backward product
-  bool grad_w = false;  // the backward product is grad_w's (a linear or matmul: the Hadamard transform may apply)
+  // The backward product its bwd form is for, where the Hadamard transform may apply (linear
+  // layers and matmuls: their backward products pair the operands' columns one to one).
+  BackwardProduct product = BackwardProduct::none;
   bool scales_apart = false;  // the op's products take float32 group scales on their output (linear, matmul)
 };
 
@@ -145,7 +147,7 @@ std::pair<ProductOperand, ProductOperand> quantize_operands(Ctx* ctx,
     const Operand& o = i == 0 ? a : b;
     if (st->scaled(o.kind)) {
       auto [y, keep] = st->quantize_scaled_operand(
-          o.kind, o.t, call, {o.fwd, o.bwd, o.index, o.grad_w, for_products, layout, o.scales_apart});
+          o.kind, o.t, call, {o.fwd, o.bwd, o.index, o.product, for_products, layout, o.scales_apart});
       q[i] = std::move(y);
       ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(std::move(keep));
     } else {
@@ -209,8 +211,10 @@ class LinearFn : public torch::autograd::Function<LinearFn> {
   static torch::Tensor run(Ctx* ctx, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                            LayerStatePtr st) {
     const auto [xq, wq] =
-        quantize_operands(ctx, st, {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), true, true},
-                          {w, TensorKind::w, 0, last_dim(), second_last(2), false, true}, st->ctx->layer_products());
+        quantize_operands(ctx, st,
+                          {x, TensorKind::a, 0, last_dim(), all_but_last(x.dim()), BackwardProduct::grad_w, true},
+                          {w, TensorKind::w, 0, last_dim(), second_last(2), BackwardProduct::grad_x, true},
+                          st->ctx->layer_products());
     const bool fp32 = !st->ctx->layer_products();
     const bool scales = xq.scales.defined() || wq.scales.defined();
     if (fp32 && !scales && xq.factor * wq.factor == 1.0f)
@@ -477,8 +481,10 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
   template <class Ctx>
   static torch::Tensor run(Ctx* ctx, const torch::Tensor& a, const torch::Tensor& b, LayerStatePtr st) {
     const auto [aq, bq] =
-        quantize_operands(ctx, st, {a, TensorKind::a, 0, last_dim(), second_last(a.dim()), true, true},
-                          {b, TensorKind::a, 1, second_last(b.dim()), last_dim(), false, true}, st->ctx->layer_products());
+        quantize_operands(ctx, st,
+                          {a, TensorKind::a, 0, last_dim(), second_last(a.dim()), BackwardProduct::grad_w, true},
+                          {b, TensorKind::a, 1, second_last(b.dim()), last_dim(), BackwardProduct::grad_x, true},
+                          st->ctx->layer_products());
     return operand_product(*st, aq, aq.t, bq, bq.t);
   }
 
@@ -489,8 +495,8 @@ class MatmulFn : public torch::autograd::Function<MatmulFn> {
     const std::int64_t g_dims = grads[0].dim();
     const auto [g_for_da, g_for_db] = st->quantize_grad(std::move(grads[0]), last_dim(), second_last(g_dims), call,
                                                         backward_grad_refs(),
-                                                        {.hadamard = true, .for_products = layer_products,
-                                                         .scales_apart = true});
+                                                        {.hadamard = true, .dx_partner = TensorKind::a,
+                                                         .for_products = layer_products, .scales_apart = true});
     torch::Tensor da, db;
     // Each product with its factors before any broadcast batch is summed.
     if (ctx->needs_input_grad(0))

@@ -1,4 +1,5 @@
 #include "fp8lab/nn/tensor_quant.hpp"
+#include "fp8lab/settings/recipe.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -364,30 +365,34 @@ std::optional<torch::Tensor> scaled_decode_matrix_bf16(const ScaledTensor& q, co
   return y;
 }
 
-void hadamard16_(torch::Tensor& m, const std::array<float, 16>& signs) {
-  check_float_cpu(m, "hadamard16_");
-  if (m.dim() != 2 || !m.is_contiguous()) throw Error("hadamard16_: expected a contiguous matrix");
+void hadamard_(torch::Tensor& m, std::span<const float> signs) {
+  check_float_cpu(m, "hadamard_");
+  if (m.dim() != 2 || !m.is_contiguous()) throw Error("hadamard_: expected a contiguous matrix");
+  const auto n = static_cast<std::int64_t>(signs.size());
+  if (!is_hadamard_size(static_cast<int>(n)))
+    throw Error("hadamard_: the transform's size must be 16, 32, 64 or 128, got " + std::to_string(n));
+  const auto norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
   const std::int64_t rows = m.size(0), cols = m.size(1);
   float* p = m.data_ptr<float>();
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c0 = 0; c0 + 16 <= cols; c0 += 16) {
+    for (std::int64_t c0 = 0; c0 + n <= cols; c0 += n) {
       float* x = p + r * cols + c0;
-      for (int i = 0; i < 16; ++i) x[i] *= signs[static_cast<std::size_t>(i)];
-      for (int h = 1; h < 16; h *= 2)
-        for (int i = 0; i < 16; i += 2 * h)
-          for (int j = i; j < i + h; ++j) {
+      for (std::int64_t i = 0; i < n; ++i) x[i] *= signs[static_cast<std::size_t>(i)];
+      for (std::int64_t h = 1; h < n; h *= 2)
+        for (std::int64_t i = 0; i < n; i += 2 * h)
+          for (std::int64_t j = i; j < i + h; ++j) {
             const float a = x[j], b = x[j + h];
             x[j] = a + b;
             x[j + h] = a - b;
           }
-      for (int i = 0; i < 16; ++i) x[i] *= 0.25f;
+      for (std::int64_t i = 0; i < n; ++i) x[i] *= norm;
     }
 }
 
-std::array<float, 16> hadamard_signs(std::uint64_t seed) {
-  std::array<float, 16> s{};
-  const std::uint64_t bits = mix64(seed);
-  for (int i = 0; i < 16; ++i) s[static_cast<std::size_t>(i)] = (bits >> i) & 1 ? -1.0f : 1.0f;
+std::vector<float> hadamard_signs(std::uint64_t seed, int n) {
+  std::vector<float> s(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    s[static_cast<std::size_t>(i)] = (mix64(seed + static_cast<std::uint64_t>(i / 64)) >> (i % 64)) & 1 ? -1.0f : 1.0f;
   return s;
 }
 

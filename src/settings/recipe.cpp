@@ -39,6 +39,16 @@ HadamardSigns parse_hadamard_signs(std::string_view s) {
   return enum_parse(kHadamardSigns, trim(s), "Hadamard signs");
 }
 
+namespace {
+constexpr EnumName<HadamardProducts> kHadamardProducts[] = {{HadamardProducts::grad_w, "grad_w"},
+                                                            {HadamardProducts::backward, "backward"}};
+}  // namespace
+
+std::string_view to_string(HadamardProducts p) { return enum_name(kHadamardProducts, p); }
+HadamardProducts parse_hadamard_products(std::string_view s) {
+  return enum_parse(kHadamardProducts, trim(s), "Hadamard products");
+}
+
 const std::array<float, 16>& fixed_hadamard_signs(HadamardSigns s) {
   static constexpr std::array<float, 16> kPlain = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   // transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py, get_wgrad_sign_vector.
@@ -155,6 +165,7 @@ LayerQuant Recipe::resolve(std::string_view path, int index, int count) const {
   LayerQuant out = base;
   out.hadamard = hadamard;
   out.hadamard_signs = hadamard_signs;
+  out.hadamard_on = hadamard_on;
   if (exempt_first && index == 0) {
     out[TensorKind::a] = first_quant;
     out[TensorKind::gx] = first_quant;

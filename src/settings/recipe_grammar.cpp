@@ -3,6 +3,7 @@
 // from its text; TOML's typed values are turned into that text first (true -> "true",
 // a quantizer table -> "FORMAT/ROUNDING:BITS/OVERFLOW"), so that both forms go through the
 // same setter and say the same things.
+#include <charconv>
 #include <sstream>
 
 #include "fp8lab/core/files.hpp"
@@ -70,11 +71,22 @@ void set_keep_first(Recipe& r, std::string_view v) { set_keep(r.keep_first, r.ke
 void set_keep_last(Recipe& r, std::string_view v) { set_keep(r.keep_last, r.keep_last_quant, v); }
 
 void set_hadamard(Recipe& r, std::string_view v) {
-  if (v != "0" && v != "16") throw Error("not '" + std::string(v) + "'");
-  r.hadamard = v == "16" ? 16 : 0;
+  int n = -1;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || p != v.data() + v.size() || (n != 0 && !is_hadamard_size(n)))
+    throw Error("not '" + std::string(v) + "'");
+  r.hadamard = n;
 }
 
 void set_hadamard_signs(Recipe& r, std::string_view v) { r.hadamard_signs = parse_hadamard_signs(v); }
+void set_hadamard_on(Recipe& r, std::string_view v) { r.hadamard_on = parse_hadamard_products(v); }
+
+// What no one key can check alone: TransformerEngine's signs are 16.
+void check_keys(const Recipe& r, const std::string& at) {
+  if (r.hadamard_signs == HadamardSigns::te && r.hadamard > 16)
+    throw Error(at + ": hadamard_signs = te is TransformerEngine's 16 fixed signs; hadamard = " +
+                std::to_string(r.hadamard) + " needs random or none");
+}
 
 template <TensorKind K>
 void set_kind(Recipe& r, std::string_view v) {
@@ -105,6 +117,11 @@ std::optional<std::string> get_hadamard_signs(const Recipe& r) {
   return std::string(to_string(r.hadamard_signs));
 }
 
+std::optional<std::string> get_hadamard_on(const Recipe& r) {
+  if (r.hadamard_on == HadamardProducts::grad_w) return std::nullopt;
+  return std::string(to_string(r.hadamard_on));
+}
+
 std::optional<std::string> get_hadamard(const Recipe& r) {
   return r.hadamard ? std::optional<std::string>(std::to_string(r.hadamard)) : std::nullopt;
 }
@@ -132,10 +149,12 @@ constexpr RecipeKey kKeys[] = {
      "true, false, fp32 or the quantizer of the whole first layer (\"bf16\")", get_keep_first},
     {"keep_last", "last", TomlValue::exemption, set_keep_last,
      "true, false, fp32 or the quantizer of the whole last layer (\"bf16\")", get_keep_last},
-    {"hadamard", "", TomlValue::integer, set_hadamard, "0 or 16", get_hadamard},
+    {"hadamard", "", TomlValue::integer, set_hadamard, "0, 16, 32, 64 or 128", get_hadamard},
     {"hadamard_signs", "", TomlValue::text, set_hadamard_signs,
      "random (new signs for each product), none (the plain transform) or te (TransformerEngine's fixed signs)",
      get_hadamard_signs},
+    {"hadamard_on", "", TomlValue::text, set_hadamard_on,
+     "grad_w (the transform on grad_w's product) or backward (on grad_x's too)", get_hadamard_on},
     {"compute", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.compute = parse_compute(v); },
      "fp32, bf16 or auto", get_compute},
     {"accumulate", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.accumulate = parse_accumulation(v); },
@@ -236,6 +255,7 @@ Recipe parse_recipe(std::string_view text_in) {
                   std::string(k->takes) + ")");
     }
   }
+  check_keys(r, at);
   return r;
 }
 
@@ -372,6 +392,7 @@ Recipe parse_recipe_toml(std::string_view text, const std::string& source) {
                   std::string(rk->takes) + ")");
     }
   }
+  check_keys(r, source);
   return r;
 }
 
@@ -416,6 +437,7 @@ Recipe recipe_from_fields(
     }
     r.overrides.push_back(std::move(o));
   }
+  check_keys(r, "recipe");
   if (!setter.given("name")) r.name = default_name(r);
   return r;
 }

@@ -112,7 +112,28 @@ a = "fp32"
   EXPECT_EQ(h.resolve("fc", 1, 2).hadamard, 16);
   EXPECT_EQ(parse_recipe(h.to_line()).hadamard, 16);
   EXPECT_EQ(parse_recipe_toml("a = \"nvfp4\"\nhadamard = 16\n").hadamard, 16);
-  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,hadamard=8"); }).find("0 or 16"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,hadamard=8"); }).find("0, 16, 32, 64 or 128"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,hadamard=64x"); }).find("not '64x'"), std::string::npos);
+  // Every size, and both products (docs/spec.md §6.6): kept by resolve and both printers.
+  const Recipe both = parse_recipe("a=nvfp4,gx=nvfp4,hadamard=128,hadamard_on=backward");
+  EXPECT_EQ(both.hadamard, 128);
+  EXPECT_EQ(both.hadamard_on, HadamardProducts::backward);
+  EXPECT_EQ(both.resolve("fc", 0, 2).hadamard_on, HadamardProducts::backward);
+  EXPECT_EQ(parse_recipe(both.to_line()).hadamard_on, HadamardProducts::backward);
+  EXPECT_EQ(parse_recipe(both.to_line()).hadamard, 128);
+  const Recipe from_toml = parse_recipe_toml(both.to_toml(), "b.toml");
+  EXPECT_EQ(from_toml.hadamard, 128);
+  EXPECT_EQ(from_toml.hadamard_on, HadamardProducts::backward);
+  EXPECT_EQ(parse_recipe("a=nvfp4,hadamard=32").hadamard_on, HadamardProducts::grad_w);
+  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,hadamard_on=forward"); }).find("(known: grad_w, backward)"),
+            std::string::npos);
+  // TransformerEngine's 16 fixed signs make no larger transform, whichever key comes first.
+  for (const char* bad : {"a=nvfp4,hadamard=64,hadamard_signs=te", "a=nvfp4,hadamard_signs=te,hadamard=64"})
+    EXPECT_NE(error_of([&] { parse_recipe(bad); }).find("te is TransformerEngine's 16 fixed signs"), std::string::npos)
+        << bad;
+  EXPECT_NE(error_of([] { parse_recipe_toml("a = \"nvfp4\"\nhadamard = 32\nhadamard_signs = \"te\"\n", "t.toml"); })
+                .find("t.toml: hadamard_signs = te"),
+            std::string::npos);
   EXPECT_NE(error_of([] { parse_recipe_toml("hadamard = 8\n", "r.toml"); }).find("r.toml:1"), std::string::npos);
   const Recipe k = parse_recipe("nvfp4-last-fp32");
   EXPECT_TRUE(k.keep_last);
@@ -275,8 +296,8 @@ accumulate = "e5m2@32"
   EXPECT_NE(error_of([&] { (void)o.to_line(); }).find("only its TOML form"), std::string::npos);
   // The unknown-key message lists the keys from the one table.
   const std::string u = error_of([] { parse_recipe("a=1.4.3,bogus=1"); });
-  EXPECT_NE(u.find("exempt_first (or first), keep_first, keep_last (or last), hadamard, hadamard_signs, compute, "
-                   "accumulate"),
+  EXPECT_NE(u.find("exempt_first (or first), keep_first, keep_last (or last), hadamard, hadamard_signs, hadamard_on, "
+                   "compute, accumulate"),
             std::string::npos)
       << u;
 }

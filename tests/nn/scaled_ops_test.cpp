@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "../common/testutil.hpp"
 #include "../common/torch_testutil.hpp"
 
 #include <algorithm>
@@ -25,6 +26,7 @@ using namespace fp8lab::nn;
 namespace {
 
 using fp8lab::test::bit_equal;
+using fp8lab::test::error_of;
 
 // A matrix [rows, cols] whose element (r, c) is t's element at flat index at(r, c); quantized
 // by the scalar reference; scattered back to t's shape through the same index map.
@@ -236,8 +238,8 @@ TEST(ScaledOps, HadamardTransformIsTheSignedSylvesterMatrixOverFour) {
   torch::manual_seed(6);
   const torch::Tensor x0 = torch::randn({3, 37});  // two runs of 16 and a tail of 5
   torch::Tensor x = x0.clone();
-  const auto signs = hadamard_signs(42);
-  hadamard16_(x, signs);
+  const auto signs = hadamard_signs(42, 16);
+  hadamard_(x, signs);
   int negative = 0;
   for (float s : signs) negative += s < 0;
   EXPECT_GT(negative, 0);
@@ -256,7 +258,7 @@ TEST(ScaledOps, HadamardTransformIsTheSignedSylvesterMatrixOverFour) {
   // Orthonormal: a product over the transformed columns is the product (to float rounding).
   const torch::Tensor y0 = torch::randn({2, 37});
   torch::Tensor y = y0.clone();
-  hadamard16_(y, signs);
+  hadamard_(y, signs);
   EXPECT_TRUE(torch::allclose(x.mm(y.t()), x0.mm(y0.t()), 1e-5, 1e-5));
 }
 
@@ -264,9 +266,9 @@ namespace {
 
 // A grad_w operand [N, features] as the layer's product reads it: transposed ([features, N]),
 // transformed along N with `signs`, quantized by the reference, transposed back.
-torch::Tensor hadamard_quantized(const torch::Tensor& t, const std::array<float, 16>& signs, const ScaledSpec& s) {
+torch::Tensor hadamard_quantized(const torch::Tensor& t, std::span<const float> signs, const ScaledSpec& s) {
   torch::Tensor m = t.t().contiguous();
-  hadamard16_(m, signs);
+  hadamard_(m, signs);
   return ref_quantize(m, m.size(0), m.size(1), [&](std::int64_t r, std::int64_t c) { return r * m.size(1) + c; }, s)
       .t()
       .contiguous();
@@ -287,11 +289,11 @@ TEST(ScaledOps, HadamardGoesOnBothGradWOperandsOfALinearLayer) {
   LayerQuant lq = all(spec);
   lq.hadamard = 16;
   auto st = make_layer_state("lin", lq, nullptr);
-  ASSERT_TRUE(st->hadamard_applies());
+  ASSERT_TRUE(st->hadamard_applies(BackwardProduct::grad_w, TensorKind::a));
   const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
   const auto grads = torch::autograd::grad({(quant_linear(x, w, {}, st) * g).sum()}, {x, w});
   // x^T [in, N] and g^T [out, N], transformed along N with the call's signs, then quantized.
-  const auto signs = hadamard_signs(st->streams.seed_for(TensorKind::gw, 0, 15));
+  const auto signs = hadamard_signs(st->streams.seed_for(TensorKind::gw, 0, 15), 16);
   EXPECT_TRUE(bit_equal(grads[1], grad_w_of(hadamard_quantized(x0, signs, s), hadamard_quantized(g, signs, s))));
   // Without the transform the weight gradient differs; grad_x does not.
   auto plain = make_layer_state("lin", all(spec), nullptr);
@@ -303,6 +305,103 @@ TEST(ScaledOps, HadamardGoesOnBothGradWOperandsOfALinearLayer) {
   const torch::Tensor exact = g.t().mm(x0);
   for (const auto& dw : {grads[1], plain_grads[1]})
     EXPECT_LT((dw - exact).norm().item<double>() / exact.norm().item<double>(), 0.35);
+}
+
+// Every size: each run of n values becomes H (s * v) * fl32(1 / sqrt(n)), H[i][j] =
+// (-1)^popcount(i & j); the signs of each size are the first n of the stream (so 16's are
+// the first 16 of 128's); products over transformed columns keep their value.
+TEST(ScaledOps, HadamardTransformOfEverySize) {
+  torch::manual_seed(9);
+  for (int n : {16, 32, 64, 128}) {
+    const torch::Tensor x0 = torch::randn({2, 2 * n + 7});  // two runs and a tail
+    torch::Tensor x = x0.clone();
+    const std::vector<float> signs = hadamard_signs(77, n);
+    EXPECT_EQ(std::vector<float>(signs.begin(), signs.begin() + 16), hadamard_signs(77, 16)) << n;
+    hadamard_(x, signs);
+    const double norm = static_cast<float>(1.0 / std::sqrt(n));
+    for (std::int64_t r = 0; r < 2; ++r) {
+      for (std::int64_t c0 = 0; c0 < 2 * n; c0 += n)
+        for (int i = 0; i < n; ++i) {
+          double want = 0;
+          for (int j = 0; j < n; ++j)
+            want += (__builtin_popcount(i & j) % 2 ? -1.0 : 1.0) * signs[static_cast<std::size_t>(j)] *
+                    x0[r][c0 + j].item<float>();
+          EXPECT_NEAR(x[r][c0 + i].item<float>(), want * norm, 1e-4) << n << " " << r << " " << c0 + i;
+        }
+      for (std::int64_t c = 2 * n; c < 2 * n + 7; ++c) EXPECT_EQ(x[r][c].item<float>(), x0[r][c].item<float>());
+    }
+    torch::Tensor y0 = torch::randn({3, 2 * n + 7}), y = y0.clone();
+    hadamard_(y, signs);
+    EXPECT_TRUE(torch::allclose(x.mm(y.t()), x0.mm(y0.t()), 1e-4, 1e-4)) << n;
+  }
+  torch::Tensor m = torch::randn({2, 48});
+  EXPECT_NE(error_of([&] { hadamard_(m, hadamard_signs(1, 48)); }).find("16, 32, 64 or 128"), std::string::npos);
+}
+
+// hadamard_on = backward: grad_x's operands (g along the output features, W^T along the
+// same) get a transform of their own, with the call's grad_x signs; grad_w's stays as with
+// hadamard_on = grad_w. A convolution takes none.
+TEST(ScaledOps, HadamardOnBothBackwardProductsOfALinearLayer) {
+  torch::manual_seed(10);
+  const std::int64_t N = 64, in = 20, out = 64;
+  const torch::Tensor x0 = torch::randn({N, in}), w0 = torch::randn({out, in}), g = torch::randn({N, out});
+  const std::string spec = "e2m1fn@1x16:ue4m3:nearest";
+  const ScaledSpec s = parse_scaled(spec);
+  const auto grads_of = [&](const LayerStatePtr& st) {
+    const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    return torch::autograd::grad({(quant_linear(x, w, {}, st) * g).sum()}, {x, w});
+  };
+  LayerQuant lq = all(spec);
+  lq.hadamard = 64;
+  lq.hadamard_on = HadamardProducts::backward;
+  auto st = make_layer_state("lin", lq, nullptr);
+  ASSERT_TRUE(st->hadamard_applies(BackwardProduct::grad_x, TensorKind::w));
+  const auto grads = grads_of(st);
+  const std::vector<float> gx_signs = hadamard_signs(st->streams.seed_for(TensorKind::gx, 0, 15), 64);
+  const std::vector<float> gw_signs = hadamard_signs(st->streams.seed_for(TensorKind::gw, 0, 15), 64);
+  EXPECT_NE(gx_signs, gw_signs);
+  // grad_x = Q(H g) Q(H W^T)^T: both transformed along the output features.
+  torch::Tensor gm = g.clone(), wm = w0.t().contiguous();
+  hadamard_(gm, gx_signs);
+  hadamard_(wm, gx_signs);
+  const auto q = [&](const torch::Tensor& m) {
+    return ref_quantize(m, m.size(0), m.size(1), [&](std::int64_t r, std::int64_t c) { return r * m.size(1) + c; }, s);
+  };
+  EXPECT_TRUE(bit_equal(grads[0], q(gm).mm(q(wm).t())));
+  EXPECT_TRUE(bit_equal(grads[1], grad_w_of(hadamard_quantized(x0, gw_signs, s), hadamard_quantized(g, gw_signs, s))));
+  // hadamard_on = grad_w: grad_w the same, grad_x that of no transform.
+  LayerQuant on_w = lq;
+  on_w.hadamard_on = HadamardProducts::grad_w;
+  auto st_w = make_layer_state("lin", on_w, nullptr);
+  EXPECT_FALSE(st_w->hadamard_applies(BackwardProduct::grad_x, TensorKind::w));
+  const auto grads_w = grads_of(st_w);
+  EXPECT_TRUE(bit_equal(grads_w[1], grads[1]));
+  EXPECT_TRUE(bit_equal(grads_w[0], grads_of(make_layer_state("lin", all(spec), nullptr))[0]));
+  EXPECT_FALSE(bit_equal(grads_w[0], grads[0]));
+  // Both estimate g W (FP4 elements: to a few tens of percent).
+  const torch::Tensor exact = g.mm(w0);
+  EXPECT_LT((grads[0] - exact).norm().item<double>() / exact.norm().item<double>(), 0.35);
+  // A matmul a b (attention's): grad_a's operands are g and b, both along b's columns, with
+  // the matmul's grad_x signs; its partner b is an activation.
+  {
+    const torch::Tensor a0 = torch::randn({16, 32}), b0 = torch::randn({32, 64}), gm2 = torch::randn({16, 64});
+    LayerQuant mq = all(spec);
+    mq.hadamard = 64;
+    mq.hadamard_on = HadamardProducts::backward;
+    auto ms = make_layer_state("mm", mq, nullptr);
+    const torch::Tensor a = a0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+    const torch::Tensor da = torch::autograd::grad({(quant_matmul(a, b, ms) * gm2).sum()}, {a})[0];
+    const std::vector<float> signs = hadamard_signs(ms->streams.seed_for(TensorKind::gx, 0, 15), 64);
+    torch::Tensor gh = gm2.clone(), bh = b0.clone();
+    hadamard_(gh, signs);
+    hadamard_(bh, signs);
+    EXPECT_TRUE(bit_equal(da, q(gh).mm(q(bh).t())));
+  }
+  // TransformerEngine's 16 signs do not make a transform of 64.
+  LayerQuant te = lq;
+  te.hadamard_signs = HadamardSigns::te;
+  EXPECT_NE(error_of([&] { (void)grads_of(make_layer_state("lin", te, nullptr)); }).find("16 fixed signs"),
+            std::string::npos);
 }
 
 // hadamard_signs = none: the plain transform H x / 4 on both operands, whatever the call;

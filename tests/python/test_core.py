@@ -5,10 +5,12 @@ exists (a format's values built from its bit fields in NumPy, NumPy's float16, c
 of the figures, the paper's Appendix A numbers), and against the C++ kernels as the
 `fp8lab quantize` command runs them (stochastic rounding, scaled formats).
 """
+import pickle
 import threading
 import time
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -363,6 +365,15 @@ def test_the_nvfp4_training_recipe_and_its_switches():
     fields = fp8lab.Recipe(a="nvfp4", w="nvfp4", gx="nvfp4/stochastic", keep_first="bf16", keep_last="bf16",
                            hadamard=16, hadamard_signs="none")
     assert fields.to_line() == switched.to_line()
+    # Every size, on both backward products (docs/spec.md §6.6), as fields or a line.
+    both = fp8lab.Recipe(a="mxfp4", w="mxfp4", gx="mxfp4/stochastic", hadamard=64, hadamard_on="backward")
+    assert (both.hadamard, both.hadamard_on) == (64, "backward")
+    layer = both.resolve("fc", 0, 1)
+    assert (layer.hadamard, layer.hadamard_on) == (64, "backward")
+    assert pickle.loads(pickle.dumps(layer)) == layer
+    assert fp8lab.Recipe(both.to_line()).hadamard_on == "backward"
+    with pytest.raises(ValueError, match="16 fixed signs"):
+        fp8lab.Recipe(a="nvfp4", hadamard=128, hadamard_signs="te")
 
 
 def test_a_recipe_reads_back_from_its_toml(tmp_path):

@@ -96,11 +96,17 @@ enum class OperandLayout : std::uint8_t {
   any,         // as its matrix lies (a convolution lays its operands out itself)
 };
 
+// A backward product of an op, for the Hadamard transform (docs/spec.md §6.6): none (a
+// forward product, or one the transform cannot go on), grad_x's or grad_w's.
+enum class BackwardProduct : std::uint8_t { none, grad_x, grad_w };
+
 // How an op uses its incoming gradient (LayerState::quantize_grad).
 struct GradUse {
-  // The op's grad_w is a product over the columns of both operands' matrices (linear,
-  // matmul; not convolution), so the random Hadamard transform may apply.
+  // The op's backward products are products over the columns of both operands' matrices
+  // (linear, matmul; not convolution), so the random Hadamard transform may apply.
   bool hadamard = false;
+  // The kind of the operand g meets in grad_x's product (linear: w; matmul: a).
+  TensorKind dx_partner = TensorKind::w;
   // Both go to the compute layer's products only; where bf16_codes(gx), they are the
   // bfloat16 tensor decoded from g's codes.
   bool for_products = false;
@@ -127,7 +133,9 @@ struct ScaledOutputs {
   bool codes = false;     // element and scale codes (what backward keeps)
   bool count = true;      // counts and statistics: false for a second quantization of a
                           // tensor already counted (its backward operand)
-  bool hadamard = false;  // the random Hadamard transform first (hadamard_applies)
+  // The random Hadamard transform of this backward product's operands first (none: no
+  // transform; LayerState::hadamard_applies).
+  BackwardProduct hadamard = BackwardProduct::none;
   // Where the values are all bfloat16 values, they as bfloat16 instead of the float32 values
   // (ScaledForms::bf16); where some is not, the float32 values.
   bool bf16 = false;
@@ -146,9 +154,9 @@ class LayerStreams {
   std::uint32_t begin_call();
   // The stream seed of one tensor: fresh per step, call, kind and operand.
   std::uint64_t seed_for(TensorKind k, std::uint32_t call, std::uint32_t operand = 0) const;
-  // The random Hadamard transform's signs for one call: fresh per step, the same in forward
-  // and backward.
-  std::array<float, 16> hadamard_signs_for(std::uint32_t call) const;
+  // The random Hadamard transform's n signs for one backward product of one call: fresh per
+  // step, the same for both of the product's operands (and in forward and backward).
+  std::vector<float> hadamard_signs_for(std::uint32_t call, BackwardProduct product, int n) const;
 
  private:
   const QuantContext& ctx_;
@@ -249,7 +257,9 @@ struct SaveAs {
 struct ScaledOperand {
   MatrixView fwd, bwd;        // the forward product's and the backward product's matrices
   std::uint32_t operand = 0;  // which operand of the op: its own random stream
-  bool grad_w = false;        // the backward product is grad_w's (the Hadamard transform may apply)
+  // The backward product this operand's bwd form is for, where the Hadamard transform may
+  // apply (linear layers, matmuls); none elsewhere.
+  BackwardProduct product = BackwardProduct::none;
   // Read by the compute layer's products only: Q_k(t) is then bfloat16 where its values are
   // (LayerState::operand_tensor), laid out as `layout` says.
   bool for_products = false;
@@ -281,9 +291,17 @@ struct LayerState : torch::CustomClassHolder {
   // the compute path may take bfloat16 on this CPU, and k's quantizer is an element
   // format of at most 8 bits whose values are all bfloat16 values (docs/spec.md §7.2).
   bool bf16_codes(TensorKind k) const;
-  // Whether the random Hadamard transform applies to this layer's grad_w operands: asked
-  // for, and both the activation and the gradient quantizers scaled.
-  bool hadamard_applies() const { return quant.hadamard > 0 && scaled(TensorKind::a) && scaled(TensorKind::gx); }
+  // Whether the random Hadamard transform applies to the operands of a backward product
+  // whose other operand (beside g) is of kind `partner`: asked for on that product, and both
+  // quantizers scaled (docs/spec.md §6.6).
+  bool hadamard_applies(BackwardProduct product, TensorKind partner) const {
+    const bool on = product == BackwardProduct::grad_w ||
+                    (product == BackwardProduct::grad_x && quant.hadamard_on == HadamardProducts::backward);
+    return on && quant.hadamard > 0 && scaled(partner) && scaled(TensorKind::gx);
+  }
+  // The signs of the Hadamard transform on one backward product of a call, as
+  // quant.hadamard_signs says: the call's random ones, all +1 (none) or TransformerEngine's.
+  std::vector<float> hadamard_signs(std::uint32_t call, BackwardProduct product) const;
   // Whether k's operands leave their float32 group scales to the product (docs/spec.md §6.8):
   // the quantizer puts them on the output and the op's products can (`op_can`).
   bool scales_apart(TensorKind k, bool op_can) const { return op_can && scaled(k) && quant[k]->scales_on_output(); }

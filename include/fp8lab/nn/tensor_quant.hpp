@@ -4,6 +4,7 @@
 #include <torch/types.h>
 
 #include <array>
+#include <span>
 #include <cstdint>
 #include <optional>
 #include <utility>
@@ -78,15 +79,16 @@ torch::Tensor from_matrix(const torch::Tensor& m, at::IntArrayRef shape, const M
 // The same as a view of m where one exists (a permuted v gives a permuted layout), else a copy.
 torch::Tensor matrix_as(const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v);
 
-// The random Hadamard transform of size 16 along the rows of the float32 matrix m, in
-// place: each run of 16 columns x becomes H (s * x) / 4, H the 16x16 Sylvester Hadamard
-// matrix and s the signs; a last run shorter than 16 stays as it is. The transform is
-// orthonormal, so applied to both operands of a product along their reduction dimension it
-// leaves the product unchanged in exact arithmetic, while it spreads outliers over 16 values.
-// Float32 butterflies in a fixed order: the same bits on every machine.
-void hadamard16_(torch::Tensor& m, const std::array<float, 16>& signs);
-// 16 signs (+1 or -1) drawn from `seed`.
-std::array<float, 16> hadamard_signs(std::uint64_t seed);
+// The random Hadamard transform of size n = signs.size() (16, 32, 64 or 128) along the rows
+// of the float32 matrix m, in place: each run of n columns x becomes H (s * x) * fl32(1 /
+// sqrt(n)), H the nxn Sylvester Hadamard matrix and s the signs; a last run shorter than n
+// stays as it is. The transform is orthonormal, so applied to both operands of a product
+// along their reduction dimension it leaves the product unchanged in exact arithmetic, while
+// it spreads outliers over n values. Float32 butterflies in a fixed order: the same bits on
+// every machine (docs/spec.md §6.6).
+void hadamard_(torch::Tensor& m, std::span<const float> signs);
+// n signs (+1 or -1) drawn from `seed`: sign i from bit i % 64 of mix64(seed + i / 64).
+std::vector<float> hadamard_signs(std::uint64_t seed, int n);
 
 // A scaled quantization of a matrix: what the kernels wrote.
 struct ScaledTensor {

@@ -43,12 +43,23 @@ HadamardSigns parse_hadamard_signs(std::string_view s);  // throws Error naming 
 // The fixed signs of `none` and `te` (random has none: its signs depend on the call).
 const std::array<float, 16>& fixed_hadamard_signs(HadamardSigns s);
 
+// The products whose operands the Hadamard transform goes on (docs/spec.md §6.6): grad_w's
+// (NVIDIA's NVFP4 recipe), or both backward products, grad_x's too (Tseng et al.'s MXFP4
+// recipe, Quartet II).
+enum class HadamardProducts : std::uint8_t { grad_w, backward };
+std::string_view to_string(HadamardProducts p);
+HadamardProducts parse_hadamard_products(std::string_view s);  // throws Error naming the choices
+// The transform's sizes: 16, 32, 64 and 128 (0: none).
+inline bool is_hadamard_size(int n) { return n == 16 || n == 32 || n == 64 || n == 128; }
+
 struct LayerQuant {
   std::array<KindQuant, kKinds> q{};
-  // 16: the random Hadamard transform on both operands of the grad_w product of linear
-  // layers and matmuls whose activation and gradient quantizers are scaled (docs/spec.md §6.6).
+  // 16, 32, 64 or 128: the random Hadamard transform of that size on both operands of the
+  // products `hadamard_on` names, in linear layers and matmuls whose quantizers of both
+  // operands are scaled (docs/spec.md §6.6); 0: none.
   int hadamard = 0;
   HadamardSigns hadamard_signs = HadamardSigns::random;
+  HadamardProducts hadamard_on = HadamardProducts::grad_w;
   KindQuant& operator[](TensorKind k) { return q[static_cast<int>(k)]; }
   const KindQuant& operator[](TensorKind k) const { return q[static_cast<int>(k)]; }
   friend bool operator==(const LayerQuant&, const LayerQuant&) = default;
@@ -79,8 +90,9 @@ struct Recipe {
   // keep_last_quant (nullopt: float32).
   bool keep_last = false;
   KindQuant keep_last_quant;
-  int hadamard = 0;  // 0 or 16: LayerQuant::hadamard of every layer
+  int hadamard = 0;  // 0, 16, 32, 64 or 128: LayerQuant::hadamard of every layer
   HadamardSigns hadamard_signs = HadamardSigns::random;  // LayerQuant::hadamard_signs of every layer
+  HadamardProducts hadamard_on = HadamardProducts::grad_w;  // LayerQuant::hadamard_on of every layer
   // The recipe's `compute` and `accumulate` (docs/spec.md §7); nullopt where it leaves them
   // to the run's config (quant.compute, quant.accumulate).
   std::optional<Compute> compute;
@@ -104,7 +116,8 @@ struct Recipe {
 // rounding, overflow, random_bits); exempt_first (true, false or the quantizer the first
 // layer's input and output gradient take instead of float32, e.g. "fp16"); keep_first and
 // keep_last (true, false, or the quantizer of the whole first or last layer, e.g. "bf16");
-// hadamard (0 or 16); hadamard_signs (random, none); compute (fp32, bf16, auto); accumulate
+// hadamard (0, 16, 32, 64 or 128); hadamard_signs (random, none, te); hadamard_on (grad_w,
+// backward); compute (fp32, bf16, auto); accumulate
 // (fp32, FORMAT@CHUNK or a dot model).
 //
 // The line: "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31" (kinds not named stay
