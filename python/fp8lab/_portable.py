@@ -455,16 +455,31 @@ class Scaled:
     history: int
     arithmetic: str = "exact"
     four_over_six: bool = False
+    dither_scale: bool = False
 
     @staticmethod
     def of(s: "_core.ScaledFormat") -> "Scaled":
         return Scaled(Fmt.of(s.element), s.granularity, s.block, s.scale_format, s.rule, s.tensor_scale, s.history,
-                      s.arithmetic, s.four_over_six)
+                      s.arithmetic, s.four_over_six, s.dither_scale)
 
     @property
     def pow2(self) -> bool:
         """Scales are powers of two applied as a shift of the element bias."""
-        return self.scale == "e8m0" and not self.tensor_scale
+        return self.scale == "e8m0" and not self.tensor_scale and not self.dither_scale
+
+
+def _dither_scaled(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """dither-scale's element before rounding (docs/spec.md §6.11): fl32(3 x) * 2^-(e+2), one
+    float32 rounding (2^-(e+2) is a float32 value for every E8M0 exponent)."""
+    three_x = x * torch.full_like(x, 3.0)
+    return three_x * torch.pow(2.0, -(exponent + 2).to(torch.float64)).to(torch.float32)
+
+
+def _dither_value(q: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """dither-scale's value, fl32(fl32(q * 2^(e+2)) / 3): the product exact in float64, then
+    rounded (or overflowed) to float32, then divided by 3 in float32."""
+    p = (q.to(torch.float64) * torch.pow(2.0, (exponent + 2).to(torch.float64))).to(torch.float32)
+    return torch.div(p, torch.full_like(p, 3.0))
 
 
 # Four Over Six (docs/spec.md §6.10): the second element value a group's amax is scaled to,
@@ -762,6 +777,8 @@ def _elements(x: torch.Tensor, s: Scaled, q: Spec, g: _Groups, index: torch.Tens
         zero_scale = e_zero if g.reciprocal is not None else (e_value == 0) | e_zero
         if g.reciprocal is not None:  # torchao's and te's arithmetic: x times the group's r
             v = x * torch.where(zero_scale | e_nan, 1.0, each(g.reciprocal))
+        elif s.dither_scale:
+            v = _dither_scaled(x, each(g.exponent))
         else:
             v = x / torch.where(zero_scale | e_nan, 1.0, e_value)
         # A finite x whose quotient lies past float32's range saturates (docs/spec.md §6.3).
@@ -773,7 +790,8 @@ def _elements(x: torch.Tensor, s: Scaled, q: Spec, g: _Groups, index: torch.Tens
         o = o & ~zero_scale
         n = torch.where(zero_scale, x_nan, n)
         d = decode(c, el)
-        y = torch.where(zero_scale, torch.where(x_nan, qnan, d * 0.0), torch.where(x_nan, qnan * e_value, d * e_value))
+        scaled = _dither_value(d, each(g.exponent)) if s.dither_scale else d * e_value
+        y = torch.where(zero_scale, torch.where(x_nan, qnan, d * 0.0), torch.where(x_nan, qnan * e_value, scaled))
     nan_code = el.nan_code(False) if el.has_nan else 0
     c = torch.where(e_nan, nan_code, c)
     y = torch.where(e_nan, torch.nan, y)
@@ -902,6 +920,8 @@ def scaled_decode_matrix(codes: torch.Tensor, scales: torch.Tensor, tensor_scale
     e_nan, e_value = _spread(nan, br, bc, rows, cols), _spread(value, br, bc, rows, cols)
     if s.pow2:
         y = decode(c, el, el.bias - _spread(safe - 127, br, bc, rows, cols))
+    elif s.dither_scale:
+        y = _dither_value(decode(c, el), _spread(safe - 127, br, bc, rows, cols))
     else:
         y = decode(c, el) * e_value
     return torch.where(e_nan, torch.nan, y)

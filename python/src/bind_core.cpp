@@ -137,6 +137,9 @@ void bind_scaled(py::module_& m) {
                              "Whose float32 operations choose scales and scale elements: exact (docs/spec.md "
                              "§6.2-6.3), torchao (its NVFP4 quantizer) or te (TransformerEngine's current scaling and NVFP4 "
                              "quantizer, §6.9)")
+      .def_property_readonly("dither_scale", [](const ScaledSpec& s) { return s.dither_scale; },
+                             "Tseng et al.'s dither-scale (docs/spec.md §6.11): E8M0 blocks' elements rounded from "
+                             "3/4 of x / 2^e, read back as q 2^(e+2) / 3")
       .def_property_readonly("four_over_six", [](const ScaledSpec& s) { return s.four_over_six; },
                              "Four Over Six (option 4over6, docs/spec.md §6.10): each group keeps the scale for 6 "
                              "or for 4, whichever gives the smaller squared error")

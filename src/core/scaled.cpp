@@ -30,6 +30,7 @@ constexpr EnumName<ScaleRule> kScaleRules[] = {
 // scale its tensor scale leaves room for (the published choice: 256, so that 1.5 times it
 // stays below UE4M3's 448).
 constexpr const char* kFourOverSix = "4over6";
+constexpr const char* kDitherScale = "dither-scale";
 constexpr double kFourOverSixTarget = 4.0;
 constexpr double kFourOverSixScaleTop = 256.0;
 constexpr EnumName<ScaleArithmetic> kArithmetics[] = {{ScaleArithmetic::exact, "exact"},
@@ -90,6 +91,9 @@ void validate(const ScaledSpec& s) {
                          "nearest, without a tensor scale) or of its NVFP4 quantizer (ue4m3 scales rounded to nearest "
                          "under a tensor scale); its MXFP8 quantizer is the ceil rule (docs/spec.md §6.9)");
   }
+  if (s.dither_scale && (s.scale != ScaleFormat::e8m0 || s.tensor_scale || s.arithmetic != ScaleArithmetic::exact))
+    throw Error(what + "dither-scale scales the elements of E8M0 blocks by 3/4: it needs e8m0 scales without a "
+                       "tensor scale and the exact arithmetic (docs/spec.md §6.11)");
   if (s.four_over_six) {
     if (e.max_finite() != 6.0)
       throw Error(what + "4over6 chooses between the element values 6 and 4: it needs E2M1 elements (largest 6)");
@@ -133,7 +137,7 @@ void parse_granularity(std::string_view g, ScaledSpec& s, const std::string& whe
 
 // What an option sets: each may be given once in a format's text (after a preset it
 // replaces the preset's choice); a second one contradicts or repeats the first.
-enum class OptionKind { scale, rule, tensor_scale, history, scale_order, arithmetic, adaptive };
+enum class OptionKind { scale, rule, tensor_scale, history, scale_order, arithmetic, adaptive, dither };
 
 OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& where) {
   if (const auto f = enum_find(kScaleFormats, o)) return s.scale = *f, OptionKind::scale;
@@ -150,6 +154,7 @@ OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& wh
   if (o == "current") return s.history = 0, OptionKind::history;
   if (const auto a = enum_find(kArithmetics, o)) return s.arithmetic = *a, OptionKind::arithmetic;
   if (o == kFourOverSix) return s.four_over_six = true, OptionKind::adaptive;
+  if (o == kDitherScale) return s.dither_scale = true, OptionKind::dither;
   if (o.substr(0, 8) == "delayed-") {
     int n = 0;
     if (!parse_positive(o.substr(8), n))
@@ -159,13 +164,13 @@ OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& wh
   }
   throw Error(where + "unknown option '" + std::string(o) +
               "': expected e8m0, ue4m3, fp32, floor, ceil, nearest, tensor-scale, tensor-scale-folded, "
-              "scales-on-output, scales-folded, current, delayed-N, exact, torchao, te or 4over6");
+              "scales-on-output, scales-folded, current, delayed-N, exact, torchao, te, 4over6 or dither-scale");
 }
 
 void apply_options(const std::vector<std::string_view>& options, ScaledSpec& s, const std::string& where) {
   static constexpr const char* kWhat[] = {"scale format", "rounding rule", "tensor scale",
                                           "scaling (current or delayed)", "order of the scales in products",
-                                          "arithmetic", "adaptive choice of scales"};
+                                          "arithmetic", "adaptive choice of scales", "dither-scale option"};
   std::string_view given[std::size(kWhat)];
   for (std::string_view o : options) {
     const auto k = static_cast<std::size_t>(apply_option(o, s, where));
@@ -233,6 +238,7 @@ std::string to_string(const ScaledSpec& s) {
   if (s.history > 0) out += ":delayed-" + std::to_string(s.history);
   if (s.arithmetic != ScaleArithmetic::exact) out += ":" + std::string(to_string(s.arithmetic));
   if (s.four_over_six) out += std::string(":") + kFourOverSix;
+  if (s.dither_scale) out += std::string(":") + kDitherScale;
   return out;
 }
 
@@ -724,7 +730,7 @@ std::optional<ScaleSteps> ScaleSteps::make(const ScaledSpec& s, float ts, double
 namespace {
 
 // Scales are powers of two applied as a shift of the element bias (exact).
-bool power_of_two_path(const ScaledSpec& s) { return s.scale == ScaleFormat::e8m0 && !s.tensor_scale; }
+bool power_of_two_path(const ScaledSpec& s) { return s.power_of_two_elements(); }
 
 }  // namespace
 
@@ -931,13 +937,16 @@ bool quantize_group(const GroupJob& j, const ScaledSpec& s, const GroupScale& g,
       y = std::isnan(x) ? quantize(x, s.element) : decode(code, e) * 0.0f;
       if (std::isnan(x)) ++qc.nan;
     } else {
-      const float v = saturate_scaled(s.multiplies() ? x * g.reciprocal : x / g.value, x);
+      const float v = s.dither_scale ? dither_scaled(x, g.exponent)
+                                     : saturate_scaled(s.multiplies() ? x * g.reciprocal : x / g.value, x);
       QuantCounts one;
       code = encode(v, s.element, index, &one);
       --one.total;
       if (v == 0 && x != 0) ++one.underflow;
       qc += one;
-      y = std::isnan(x) ? quantize(x, s.element) * X : decode(code, e) * X;
+      y = std::isnan(x)       ? quantize(x, s.element) * X
+          : s.dither_scale ? dither_value(decode(code, e), g.exponent)
+                           : decode(code, e) * X;
     }
     if (out.codes) out.codes[i] = static_cast<std::uint8_t>(code);
     if (out.values) out.values[i] = y;
@@ -1007,6 +1016,8 @@ void scaled_decode_reference(const std::uint8_t* codes, const std::uint32_t* sca
         Format shifted = e;
         shifted.bias = static_cast<std::int16_t>(e.bias - g.exponent);
         y[i] = decode(codes[i], shifted);
+      } else if (s.dither_scale) {
+        y[i] = dither_value(decode(codes[i], e), g.exponent);
       } else {
         y[i] = decode(codes[i], e) * g.value;
       }

@@ -32,7 +32,7 @@
 #define FP8LAB_KERNELS_SCALED_ONCE
 namespace fp8lab::kernels::detail {
 // Whether a spec's scales are powers of two applied as factors (E8M0 without a tensor scale).
-inline bool power_of_two(const ScaledSpec& s) { return s.scale == ScaleFormat::e8m0 && !s.tensor_scale; }
+inline bool power_of_two(const ScaledSpec& s) { return s.power_of_two_elements(); }
 // The value of each 8-bit code of an E8M0 or UE4M3 scale (NaN for a NaN code), without a
 // tensor scale: scale_from_code's, tabulated once per process.
 inline const float* scale_code_values(ScaleFormat f) {
@@ -338,7 +338,7 @@ class Worker {
         count_(count),
         max_e_(static_cast<float>(s.element.format.max_finite())),
         p_(detail::make_params(s.element)),
-        fused_block_(fused_block),
+        fused_block_(s.dither_scale ? 0 : fused_block),  // dither-scale: the element pass's own steps
         // A tensor scale goes with E8M0 or UE4M3 scales only (validate): codes below 256.
         unit_(out.without_tensor_scale && s.tensor_scale ? detail::scale_code_values(s.scale) : nullptr) {}
 
@@ -509,7 +509,7 @@ class Worker {
     const bool pow2 = power_of_two(s_);
     const GroupScale& g = sc.g;
     const std::size_t whole = len / 16 * 16;  // whole vectors on every target
-    if (whole > 0 && !g.nan && (pow2 || (!g.zero && g.value > 0))) {
+    if (whole > 0 && !g.nan && !s_.dither_scale && (pow2 || (!g.zero && g.value > 0))) {
       before_.assign(1, before_of(sc));
       after_.assign(1, pow2 ? sc.after : factor_of(g.code, g.value));
       hot_.assign(1, 0);
@@ -603,6 +603,13 @@ class Worker {
         flushed += xs[i] != 0 && !std::isnan(xs[i]);
       }
       counts.elements.underflow += flushed;
+    } else if (s_.dither_scale) {
+      std::uint64_t flushed = 0;
+      for (std::size_t i = 0; i < p.len; ++i) {
+        v[i] = dither_scaled(xs[i], g.exponent);
+        flushed += (v[i] == 0) & (xs[i] != 0);
+      }
+      counts.elements.underflow += flushed;
     } else {
       std::uint64_t flushed = 0;
       for (std::size_t i = 0; i < p.len; ++i) {
@@ -626,8 +633,12 @@ class Worker {
       counts.elements.nan += p.len;
       return;
     }
-    const float f = power_of_two(s_) ? sc.after : (g.zero ? 0.0f : factor_of(g.code, g.value));
-    for (std::size_t i = 0; i < p.len; ++i) y[i] *= f;
+    if (s_.dither_scale && !g.zero) {
+      for (std::size_t i = 0; i < p.len; ++i) y[i] = dither_value(y[i], g.exponent);
+    } else {
+      const float f = power_of_two(s_) ? sc.after : (g.zero ? 0.0f : factor_of(g.code, g.value));
+      for (std::size_t i = 0; i < p.len; ++i) y[i] *= f;
+    }
     if (count_) saturation(p, b);
   }
 
@@ -1255,9 +1266,14 @@ void decode_rows(const std::uint8_t* codes, const std::uint32_t* scale_codes, fl
       for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {
         const std::size_t c0 = gc * l.block_cols, c1 = std::min(cols, c0 + l.block_cols);
         const float fg = f[gc];
-        if (std::isnan(fg)) std::fill(yr + c0, yr + c1, fg);
-        else
+        if (std::isnan(fg)) {
+          std::fill(yr + c0, yr + c1, fg);
+        } else if (s.dither_scale) {  // fg = 2^e
+          const int ex = std::ilogb(fg);
+          for (std::size_t c = c0; c < c1; ++c) yr[c] = dither_value(yr[c], ex);
+        } else {
           for (std::size_t c = c0; c < c1; ++c) yr[c] *= fg;
+        }
       }
       done(r, yr);
     }
@@ -1268,6 +1284,7 @@ void decode_rows(const std::uint8_t* codes, const std::uint32_t* scale_codes, fl
 
 bool scaled_decode_bf16(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
                         std::size_t rows, std::size_t cols, const ScaledSpec& s, std::uint16_t* y, const Runner& run) {
+  if (s.dither_scale) return false;  // values divided by 3: not bfloat16 values in general
   validate(s);
   if (!s.scaled()) throw Error("scaled_decode_bf16: '" + to_string(s) + "' has no scale (a fixed-bias format)");
   if (rows * cols == 0) return true;
@@ -1282,6 +1299,7 @@ bool scaled_decode_bf16(const std::uint8_t* codes, const std::uint32_t* scale_co
 bool scaled_decode_bf16_transposed(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
                                    std::size_t rows, std::size_t cols, const ScaledSpec& s, std::uint16_t* yt,
                                    const Runner& run) {
+  if (s.dither_scale) return false;  // values divided by 3: not bfloat16 values in general
   validate(s);
   if (!s.scaled())
     throw Error("scaled_decode_bf16_transposed: '" + to_string(s) + "' has no scale (a fixed-bias format)");

@@ -208,7 +208,7 @@ bool LayerState::scaled_bf16(TensorKind k) const {
   if (ctx->compute == Compute::fp32 || !scaled(k) || !bf16_products_available()) return false;
   const ScaledSpec& s = *quant[k];
   return s.element.format.man_bits <= 7 && (s.scale == ScaleFormat::e8m0 || s.scale == ScaleFormat::ue4m3) &&
-         !(s.tensor_scale && s.fold_tensor_scale);
+         !s.dither_scale && !(s.tensor_scale && s.fold_tensor_scale);
 }
 
 torch::Tensor LayerState::operand_tensor(TensorKind k, const torch::Tensor& m, at::IntArrayRef shape,

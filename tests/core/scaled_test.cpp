@@ -145,6 +145,9 @@ TEST(ScaledNotation, RefusesWithTheReason) {
            {"nvfp4:floor:4over6", "4over6 needs the ceil or nearest rule"},
            {"nvfp4:torchao:4over6", "4over6 is defined on the exact arithmetic"},
            {"nvfp4:4over6:4over6", "the adaptive choice of scales is given twice"},
+           {"nvfp4:dither-scale", "dither-scale scales the elements of E8M0 blocks by 3/4"},
+           {"e4m3fn@1x32:e8m0:floor:tensor-scale:dither-scale", "without a tensor scale"},
+           {"mxfp4:dither-scale:dither-scale", "the dither-scale option is given twice"},
        }) {
     const std::string e = error_of([&] { (void)parse_scaled(bad); });
     EXPECT_NE(e.find(what), std::string::npos) << bad << " -> " << e;
@@ -368,6 +371,41 @@ TEST(ScaledScale, TransformerEnginesNvfp4Arithmetic) {
   // A tensor scale given as a float alone lacks E: te's block scales refuse it.
   EXPECT_NE(error_of([&] { (void)choose_scale(t, 1.0f, 1.0f); }).find("global encode factor"), std::string::npos);
   EXPECT_EQ(choose_scale(t, NAN, one).code, 0x7Fu);
+}
+
+// dither-scale (docs/spec.md §6.11), worked by hand on one MXFP4 block: amax 7 gives e =
+// floor(log2 7) - 2 = 0; x = 7 is rounded from fl32(21) / 4 = 5.25 (to 6, not past it), and
+// reads back as fl32(6 * 4) / 3 = 8; x = 1 from 0.75 (a tie: to 1, even), read back as 4/3.
+TEST(ScaledScale, DitherScaleIsThreeQuartersOfTheBlock) {
+  const ScaledSpec s = parse_scaled("mxfp4:dither-scale");
+  EXPECT_EQ(to_string(s), "e2m1fn@1x32:e8m0:floor:dither-scale");
+  EXPECT_FALSE(s.power_of_two_elements());
+  EXPECT_EQ(codes_name(s), to_string(s));
+  std::vector<float> x(32, 0.0f), y(32);
+  x[0] = 7.0f;
+  x[1] = 1.0f;
+  x[2] = -0.3f;  // 3/4: -0.225, to -0 (below the tie 0.25)
+  std::vector<std::uint8_t> codes(32);
+  std::uint32_t scale = 0;
+  ScaledCounts c;
+  scaled_quantize_reference(x.data(), 1, 32, s, {.values = y.data(), .codes = codes.data(), .scale_codes = &scale},
+                            {}, &c);
+  EXPECT_EQ(scale, 127u);
+  EXPECT_EQ(y[0], 8.0f);
+  EXPECT_EQ(y[1], 4.0f / 3.0f);
+  EXPECT_EQ(y[2], 0.0f);
+  EXPECT_TRUE(std::signbit(y[2]));
+  EXPECT_EQ(c.elements.overflow, 0u);
+  // The plain quantizer: 7 / 1 saturates to 6, counted.
+  ScaledCounts plain;
+  scaled_quantize_reference(x.data(), 1, 32, parse_scaled("mxfp4"), {.values = y.data()}, {}, &plain);
+  EXPECT_EQ(y[0], 6.0f);
+  EXPECT_EQ(plain.elements.overflow, 1u);
+  // Decoding reads the same values back.
+  std::vector<float> back(32);
+  scaled_decode_reference(codes.data(), &scale, 1.0f, 1, 32, s, back.data());
+  EXPECT_EQ(back[0], 8.0f);
+  EXPECT_EQ(back[1], 4.0f / 3.0f);
 }
 
 // TransformerEngine's current scaling (docs/spec.md §6.9), worked by hand: S = fl32(max_e /

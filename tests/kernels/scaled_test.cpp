@@ -106,7 +106,9 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
                            "e5m2@line:fp32:nearest:te", "e4m3fn@128x128:fp32:nearest:te", "nvfp4_16x16:4over6",
                            "e2m1fn@1x16:fp32:nearest:4over6", "e2m1fn@line:fp32:ceil:4over6", "nvfp4_4over6:delayed-4",
                            "e2m1fn@tensor:fp32:nearest:4over6", "e2m1fn@1x32:ue4m3:ceil:tensor-scale:4over6",
-                           "nvfp4:te", "nvfp4_16x16:te", "nvfp4:te:delayed-4", "e4m3fn@1x32:ue4m3:nearest:tensor-scale:te"})
+                           "nvfp4:te", "nvfp4_16x16:te", "nvfp4:te:delayed-4", "e4m3fn@1x32:ue4m3:nearest:tensor-scale:te",
+                           "mxfp4:dither-scale", "mxfp4:ceil:dither-scale", "e4m3fn@16x16:e8m0:floor:dither-scale",
+                           "e2m1fn@line:e8m0:floor:dither-scale", "e3m2fn@tensor:e8m0:nearest:dither-scale"})
     specs.push_back(parse_scaled(name));
   for (const ScaledSpec& spec : specs)
       for (const Shape& sh : shapes) {
@@ -195,7 +197,8 @@ TEST_P(ScaledKernels, AnyThreadCountGivesTheSameBits) {
   // 300 x 512: above the size where the kernels split work over threads.
   constexpr std::size_t rows = 300, cols = 512;
   const std::vector<float> x = inputs(rows * cols, 9);
-  for (const char* name : {"mxfp4", "mxfp8_e4m3:nearest", "nvfp4", "nvfp4:torchao", "nvfp4:te", "deepseek_128x128", "e4m3_tensor",
+  for (const char* name : {"mxfp4", "mxfp4:dither-scale", "mxfp8_e4m3:nearest", "nvfp4", "nvfp4:torchao", "nvfp4:te",
+                           "deepseek_128x128", "e4m3_tensor",
                            "e5m2@line:ue4m3:ceil"}) {
     const ScaledSpec s = parse_scaled(name);
     kernels::set_num_threads(1);

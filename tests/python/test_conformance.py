@@ -571,3 +571,66 @@ def test_nvfp4_4over6_is_the_published_four_over_six(seed):
     # The plain NVFP4 quantizer has the larger error on the same tensor (the paper's claim).
     err = lambda name: ((fp8lab.quantize(x, name) - x) ** 2).sum().item()  # noqa: E731
     assert err("nvfp4_4over6") < err("nvfp4")
+
+
+def tseng_dither_scale(x: np.ndarray) -> np.ndarray:
+    """Tseng et al.'s MXFP4 quantizer with `dither_scale` (their patch to microxcaling's
+    _quantize_mx, amazon-science/mxfp4-llm), written again from its description, with the
+    elements rounded to nearest-even (ml_dtypes' float4_e2m1fn) in place of its stochastic
+    rounding: per block of 32 along the rows, e = floor(log2 amax) - 2 clamped to -127, the
+    elements rounded from fl32(fl32(3 x) / 2^(e+2)) and read back as fl32(fl32(q 2^(e+2)) / 3),
+    all in float32."""
+    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    _, exp = np.frexp(np.where(amax > 0, amax, 1.0).astype(np.float64))  # amax = m 2^exp, m in [0.5, 1)
+    e = np.maximum(exp - 1 - 2, -127)
+    e = np.where(amax > 0, e, -127)
+    power = np.ldexp(np.float32(1), e + 2).astype(np.float32)  # 2^(e+2), exact in float32
+    with np.errstate(over="ignore"):
+        v = (np.float32(3) * blocks) / power
+        q = v.astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
+        y = (q * power) / np.float32(3)
+    return y.reshape(x.shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dither_scale_is_tseng_et_als_bit_for_bit(seed):
+    """`mxfp4:dither-scale` with round-to-nearest-even elements against the published formula
+    (its rounding aside): the same values bit for bit, from the kernels and the portable
+    torch path, over blocks from 2^-140 (scales at E8M0's least) to 2^120, with E2M1 ties at
+    3/4 of them, zero blocks and a block whose 3/4 lands on 6's neighbours; codes and scales
+    decode to the same values."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randn(32, generator=g) * 2.0 ** e for e in range(-140, 121, 13)]
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 4) * 4 / 3  # their 3/4 are E2M1 ties
+    rows += [ties, -ties * 2.0 ** -60, torch.zeros(32), torch.full((32,), 7.99), torch.linspace(-8, 8, 32)]
+    x = torch.stack(rows).float()
+    want = torch.from_numpy(tseng_dither_scale(x.numpy()))
+    assert same(fp8lab.quantize(x, "mxfp4:dither-scale"), want)
+    assert same(fp8lab.quantize(x, "mxfp4:dither-scale", backend="torch"), want)
+    enc = fp8lab.encode(x, "mxfp4:dither-scale")
+    assert same(fp8lab.decode(enc), want)
+    # Not the plain MX quantizer: 3/4 of the values round differently.
+    assert not same(fp8lab.quantize(x, "mxfp4"), want)
+
+
+def test_dither_scale_leaves_stochastic_rounding_room_and_no_bias():
+    """With stochastic rounding, dither-scale never rounds past E2M1's 6 (the 3/4 leaves room
+    under it for every block), so nothing saturates, and the mean of many draws is the input
+    (within 5 standard errors), where the plain MX quantizer's saturation biases the largest
+    values of a block down."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 32, generator=g) * torch.exp(torch.randn(64, 1, generator=g))
+    total, saturating = torch.zeros_like(x, dtype=torch.float64), 0
+    draws = 400
+    for seed in range(draws):
+        y, counts = fp8lab.quantize(x, "mxfp4:dither-scale", rounding="stochastic", seed=seed, return_counts=True)
+        assert counts["overflow"] == 0
+        total += y.double()
+        saturating += fp8lab.quantize(x, "mxfp4", rounding="stochastic", seed=seed, return_counts=True)[1]["overflow"]
+    assert saturating > 0
+    mean = total / draws
+    enc = fp8lab.encode(x, "mxfp4")
+    step = fp8lab.decode(enc).abs().reshape(64, 1, 32).amax(-1) / 6 * 2  # the largest E2M1 step of a block, scaled
+    err = (mean - x.double()).abs().reshape(64, 32)
+    assert (err <= 5 * step.reshape(64, 1).double() / (2 * draws ** 0.5)).all()

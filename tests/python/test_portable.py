@@ -127,6 +127,7 @@ SCALED = [p["name"] for p in fp8lab.scaled_presets()] + [
     "nvfp4:torchao", "e2m1fn@1x16:ue4m3:nearest:torchao", "e4m3fn@16x16:ue4m3:nearest:tensor-scale:torchao:delayed-4",
     "e4m3_tensor:te", "e5m2@1x32:fp32:nearest:te", "e4m3fn@tensor:fp32:nearest:te:delayed-4",
     "nvfp4:te", "nvfp4_16x16:te", "nvfp4:te:delayed-4",
+    "mxfp4:dither-scale", "e4m3fn@4x4:e8m0:ceil:dither-scale", "e2m1fn@line:e8m0:floor:dither-scale",
     "nvfp4_16x16:4over6", "e2m1fn@line:fp32:ceil:4over6", "e2m1fn@1x16:ue4m3:ceil:tensor-scale:4over6:delayed-4",
 ]
 

@@ -88,6 +88,11 @@ struct ScaledSpec {
   // tensor's amax to 6 times 256 instead of 6 times 448. E2M1 elements, UE4M3 or float32
   // scales, the ceil or nearest rule, the exact arithmetic.
   bool four_over_six = false;
+  // Tseng et al.'s headroom for stochastic rounding (`dither-scale`, docs/spec.md §6.11): with
+  // E8M0 scale 2^e, an element is rounded from fl32(fl32(3 x) / 2^(e+2)), three quarters of
+  // x / 2^e, so that rounding up never passes the element format's largest value, and reads
+  // back as fl32(fl32(q 2^(e+2)) / 3). E8M0 scales without a tensor scale only.
+  bool dither_scale = false;
 
   bool scaled() const { return scale != ScaleFormat::none; }
   // Whether products apply the tensor scale to their output (docs/spec.md §6.7).
@@ -96,6 +101,9 @@ struct ScaledSpec {
   bool scales_on_output() const { return scale == ScaleFormat::fp32 && !fold_scales; }
   // Whether elements are x times GroupScale::reciprocal instead of x / GroupScale::value.
   bool multiplies() const { return arithmetic != ScaleArithmetic::exact; }
+  // Elements scaled by the E8M0 scale's power of two alone (x * 2^-e, read back q * 2^e):
+  // the exponent arithmetic of an E8M0 spec without a tensor scale or dither-scale.
+  bool power_of_two_elements() const { return scale == ScaleFormat::e8m0 && !tensor_scale && !dither_scale; }
   friend bool operator==(const ScaledSpec&, const ScaledSpec&) = default;
 };
 
@@ -253,6 +261,12 @@ class ScaleSteps {
 inline float saturate_scaled(float v, float x) {
   return std::isinf(v) && std::isfinite(x) ? std::copysign(std::numeric_limits<float>::max(), v) : v;
 }
+
+// dither-scale's element before rounding, fl32(3 x) * 2^-(e+2) (saturate_scaled where a finite
+// x overflows), and its value after, fl32(fl32(q * 2^(e+2)) / 3), for E8M0 exponent e
+// (docs/spec.md §6.11). ldexp rounds once, as the float32 division by 2^(e+2) does.
+inline float dither_scaled(float x, int e) { return saturate_scaled(std::ldexp(3.0f * x, -(e + 2)), x); }
+inline float dither_value(float q, int e) { return std::ldexp(q, e + 2) / 3.0f; }
 
 // Largest finite |x| (0 if none) and whether any value is NaN or Inf.
 struct Amax {

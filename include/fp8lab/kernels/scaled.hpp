@@ -54,7 +54,8 @@ std::pair<float, float> scaled_quantize_both(const float* x, std::size_t rows, s
 void scaled_decode(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
                    std::size_t rows, std::size_t cols, const ScaledSpec& s, float* y, const Runner& run = {});
 // The same values as bfloat16 (the top half of each float32 value, decoded a row at a time in
-// cache); returns whether every value was a bfloat16 value (y is then exact). A scaled s only.
+// cache); returns whether every value was a bfloat16 value (y is then exact; dither-scale:
+// false, nothing decoded, its values being divided by 3). A scaled s only.
 bool scaled_decode_bf16(const std::uint8_t* codes, const std::uint32_t* scale_codes, float tensor_scale,
                         std::size_t rows, std::size_t cols, const ScaledSpec& s, std::uint16_t* y,
                         const Runner& run = {});
