@@ -367,6 +367,8 @@ BENCHMARK_CAPTURE(scaled, scaled_mxfp8_e4m3, "mxfp8_e4m3")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_mxfp4, "mxfp4")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_nvfp4, "nvfp4")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_nvfp4_4over6, "nvfp4_4over6")->Apply(Threads);
+BENCHMARK_CAPTURE(scaled, scaled_nvfp4_te, "nvfp4:te")->Apply(Threads);
+BENCHMARK_CAPTURE(scaled, scaled_mxfp4_dither, "mxfp4:dither-scale")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_deepseek_1x128, "deepseek_1x128")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_e4m3_tensor, "e4m3_tensor")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled_transposed, scaled_transposed_mxfp8_16, "mxfp8_e4m3", 16)->Apply(Threads);

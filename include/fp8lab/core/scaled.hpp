@@ -7,6 +7,7 @@
 // (fp8lab/kernels/scaled.hpp) is tested bit-exact against.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -264,9 +265,13 @@ inline float saturate_scaled(float v, float x) {
 
 // dither-scale's element before rounding, fl32(3 x) * 2^-(e+2) (saturate_scaled where a finite
 // x overflows), and its value after, fl32(fl32(q * 2^(e+2)) / 3), for E8M0 exponent e
-// (docs/spec.md §6.11). ldexp rounds once, as the float32 division by 2^(e+2) does.
-inline float dither_scaled(float x, int e) { return saturate_scaled(std::ldexp(3.0f * x, -(e + 2)), x); }
-inline float dither_value(float q, int e) { return std::ldexp(q, e + 2) / 3.0f; }
+// (docs/spec.md §6.11). Each product by 2^k is exact in double and rounded once to float32, as
+// the float32 division by 2^(e+2) rounds.
+inline double dither_power(int k) { return std::bit_cast<double>(static_cast<std::uint64_t>(1023 + k) << 52); }
+inline float dither_scaled(float x, int e) {
+  return saturate_scaled(static_cast<float>(static_cast<double>(3.0f * x) * dither_power(-(e + 2))), x);
+}
+inline float dither_value(float q, int e) { return static_cast<float>(static_cast<double>(q) * dither_power(e + 2)) / 3.0f; }
 
 // Largest finite |x| (0 if none) and whether any value is NaN or Inf.
 struct Amax {
