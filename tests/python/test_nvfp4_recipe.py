@@ -72,3 +72,36 @@ def test_the_four_over_six_recipe_trains():
         losses.append(loss.item())
     assert all(map(lambda v: v == v and abs(v) < 1e6, losses))
     assert losses[-1] < losses[0]
+
+
+def _trains(recipe: str) -> None:
+    """A small model takes 30 SGD steps under `recipe`: its loss stays finite and falls."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    qmodel = ft.quantize_model(model, recipe)
+    opt = torch.optim.SGD(qmodel.parameters(), lr=0.05)
+    x = torch.randn(256, 32)
+    target = (x[:, :4] > 0).float() @ torch.tensor([1.0, 2.0, 3.0, 4.0]) % 4
+    losses = []
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(qmodel(x), target.long())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(map(lambda v: v == v and abs(v) < 1e6, losses)), losses
+    assert losses[-1] < losses[0], losses
+
+
+def test_transformer_engines_arithmetic_trains():
+    """nvfp4-training with TransformerEngine's arithmetic on every operand (docs/spec.md §6.9)."""
+    _trains("nvfp4-training,a=nvfp4:te,w=nvfp4_16x16:te,gx=nvfp4:te/stochastic")
+
+
+def test_dither_scale_with_the_transform_on_both_backward_products_trains():
+    """MXFP4 with dither-scale and stochastic rounding on the gradients and a Hadamard
+    transform of 64 on both backward products (docs/spec.md §6.6, §6.11): the quantizer and
+    transforms of Tseng et al.'s recipe (which keeps the forward products in bfloat16)."""
+    _trains("a=mxfp4:dither-scale,w=mxfp4:dither-scale,gx=mxfp4:dither-scale/stochastic,hadamard=64,"
+            "hadamard_on=backward")
