@@ -87,16 +87,21 @@ void bind_layer_quant(py::module_& m) {
                              "The Hadamard transform's signs: random, none (the plain transform) or te")
       .def_property_readonly("hadamard_on", [](const nn::LayerQuant& q) { return std::string(nn::to_string(q.hadamard_on)); },
                              "The products the Hadamard transform goes on: grad_w or backward (grad_x's too)")
+      .def_property_readonly("a_bwd", [](const nn::LayerQuant& q) { return nn::to_string(q.a_bwd); },
+                             "The backward product's quantizer of a ('fp32' where it is a's own, docs/spec.md §6.12)")
+      .def_property_readonly("w_bwd", [](const nn::LayerQuant& q) { return nn::to_string(q.w_bwd); },
+                             "The backward product's quantizer of w ('fp32' where it is w's own, docs/spec.md §6.12)")
       .def("__eq__", [](const nn::LayerQuant& a, const nn::LayerQuant& b) { return a == b; })
       .def(py::pickle(
           [](const nn::LayerQuant& q) {
             std::vector<std::string> kinds;
             for (TensorKind k : nn::kAllKinds) kinds.push_back(nn::to_string(q[k]));
             return py::make_tuple(kinds, q.hadamard, std::string(nn::to_string(q.hadamard_signs)),
-                                  std::string(nn::to_string(q.hadamard_on)));
+                                  std::string(nn::to_string(q.hadamard_on)), nn::to_string(q.a_bwd),
+                                  nn::to_string(q.w_bwd));
           },
           [](const py::tuple& t) {
-            if (t.size() != 4) throw Error("LayerQuant: bad pickled state");
+            if (t.size() != 6) throw Error("LayerQuant: bad pickled state");
             const auto kinds = t[0].cast<std::vector<std::string>>();
             if (kinds.size() != nn::kKinds) throw Error("LayerQuant: bad pickled state");
             nn::LayerQuant q;
@@ -104,12 +109,16 @@ void bind_layer_quant(py::module_& m) {
             q.hadamard = t[1].cast<int>();
             q.hadamard_signs = nn::parse_hadamard_signs(t[2].cast<std::string>());
             q.hadamard_on = nn::parse_hadamard_products(t[3].cast<std::string>());
+            q.a_bwd = nn::parse_kind_quant(t[4].cast<std::string>());
+            q.w_bwd = nn::parse_kind_quant(t[5].cast<std::string>());
             return q;
           }))
       .def("__repr__", [](const nn::LayerQuant& q) {
         std::string s;
         for (TensorKind k : nn::kAllKinds)
           s += (s.empty() ? "" : ", ") + std::string(nn::to_string(k)) + "=" + nn::to_string(q[k]);
+        if (q.a_bwd) s += ", a_bwd=" + nn::to_string(q.a_bwd);
+        if (q.w_bwd) s += ", w_bwd=" + nn::to_string(q.w_bwd);
         return "LayerQuant(" + s + ")";
       });
   m.def("layer_quant", [](const py::dict& kinds) {
@@ -129,7 +138,7 @@ void bind_recipe(py::module_& m) {
       .def(py::init(&recipe_from_python), py::arg("text") = py::none(),
            "Recipe(text): a preset name (fp32, resnet32-152, mxfp8, ...), a line 'a=1.4.3,w=1.4.3,gx=1.5.2' or a "
            ".toml file. Recipe(a=..., w=..., gx=..., gw=..., exempt_first=..., keep_first=..., keep_last=..., "
-           "hadamard=..., hadamard_signs=..., hadamard_on=..., "
+           "hadamard=..., hadamard_signs=..., hadamard_on=..., a_bwd=..., w_bwd=..., "
            "compute=..., accumulate=..., name=..., overrides=[{'match': 'fc*', 'gw': 'fp32'}, ...]): the same "
            "keys as fields (docs/spec.md §4.2)")
       .def_readonly("name", &nn::Recipe::name)

@@ -82,8 +82,9 @@ ScaledTensor LayerState::quantize_scaled_matrix(TensorKind k, const torch::Tenso
                                                 const ScaledOutputs& out) {
   ScaledCounts c;
   const std::uint64_t seed = streams.seed_for(k, call, stream);
-  const bool apart = out.operand && quant[k]->tensor_scale_on_output();
-  ScaledTensor q = scaled_quantize_matrix(m, *quant[k], seed, sc, forms_of(out, apart), out.count ? &c : nullptr);
+  const ScaledSpec& s = spec(k, out.backward_form);
+  const bool apart = out.operand && s.tensor_scale_on_output();
+  ScaledTensor q = scaled_quantize_matrix(m, s, seed, sc, forms_of(out, apart), out.count ? &c : nullptr);
   if (out.count) stats.record(k, {t, c.elements, &c, &q}, call);
   values_where_not_bf16(k, q, m, seed, sc, out);
   return q;
@@ -92,8 +93,9 @@ ScaledTensor LayerState::quantize_scaled_matrix(TensorKind k, const torch::Tenso
 void LayerState::values_where_not_bf16(TensorKind k, ScaledTensor& q, const torch::Tensor& m, std::uint64_t seed,
                                        const ScaledCall& sc, const ScaledOutputs& out) const {
   if (!out.bf16 || q.bf16.defined() || !out.values) return;
-  const bool apart = out.operand && quant[k]->tensor_scale_on_output();
-  q.values = scaled_quantize_matrix(m, *quant[k], seed, sc, {.values = true, .without_tensor_scale = apart}).values;
+  const ScaledSpec& s = spec(k, out.backward_form);
+  const bool apart = out.operand && s.tensor_scale_on_output();
+  q.values = scaled_quantize_matrix(m, s, seed, sc, {.values = true, .without_tensor_scale = apart}).values;
 }
 
 std::pair<ScaledTensor, ScaledTensor> LayerState::quantize_scaled_twice(TensorKind k, const torch::Tensor& t,
@@ -135,7 +137,7 @@ namespace {
 // (its elements and scales; LayerState::apart_operand); else `others`.
 ScaledOutputs operand_outputs(bool apart, ScaledOutputs others) {
   return apart ? ScaledOutputs{.values = false, .codes = true, .count = others.count, .hadamard = others.hadamard,
-                               .operand = true}
+                               .operand = true, .backward_form = others.backward_form}
                : others;
 }
 }  // namespace
@@ -161,25 +163,62 @@ std::pair<ProductOperand, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_
        operand_outputs(apart, {.values = !codes, .codes = codes, .count = false, .hadamard = hadamard, .operand = true})});
   saved_bytes(k) += codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
   amax.push(k, o.operand, f.amax);
-  if (apart) return {apart_operand(k, f, t.sizes(), o.fwd, o.for_products), saved};
-  return {{operand_tensor(k, f.bf16.defined() ? f.bf16 : f.values, t.sizes(), o.fwd, o.for_products, o.layout),
-           f.output_factor()},
-          saved};
+  return {forward_operand(k, f, t, o, apart), saved};
+}
+
+ProductOperand LayerState::forward_operand(TensorKind k, const ScaledTensor& f, const torch::Tensor& t,
+                                           const ScaledOperand& o, bool apart) const {
+  if (apart) return apart_operand(k, f, t.sizes(), o.fwd, o.for_products);
+  return {operand_tensor(k, f.bf16.defined() ? f.bf16 : f.values, t.sizes(), o.fwd, o.for_products, o.layout),
+          f.output_factor()};
+}
+
+ProductOperand LayerState::quantize_forward_operand(TensorKind k, const torch::Tensor& t, std::uint32_t call,
+                                                    const ScaledOperand& o) {
+  if (!scaled(k)) return {quantize(k, t, call, o.operand)};
+  const ScaledCall sc = amax.scaled_call(k, o.operand);
+  const bool apart = scales_apart(k, o.scales_apart);
+  const ScaledTensor f = quantize_scaled(
+      k, t, o.fwd, call, o.operand, sc,
+      operand_outputs(apart, {.bf16 = o.for_products && scaled_bf16(k), .operand = true}));
+  amax.push(k, o.operand, f.amax);
+  return forward_operand(k, f, t, o, apart);
+}
+
+c10::intrusive_ptr<SavedScaled> LayerState::quantize_backward_form(TensorKind k, const torch::Tensor& t,
+                                                                   std::uint32_t call, const ScaledOperand& o) {
+  auto saved = c10::make_intrusive<SavedScaled>();
+  saved->kind = k;
+  saved->backward_form = true;
+  saved->view = o.bwd;
+  saved->shape = t.sizes().vec();
+  saved->scales_apart = o.scales_apart && spec(k, true).scales_on_output();
+  const bool apart = saved->scales_apart;
+  const bool codes = saves_codes(k) || apart;
+  const BackwardProduct hadamard = hadamard_applies(o.product, k) ? o.product : BackwardProduct::none;
+  // Not counted: a kind's counts are its forward operand's (docs/spec.md §6.12).
+  saved->q = quantize_scaled(k, t, o.bwd, call, o.operand + 2, ScaledCall{},
+                             operand_outputs(apart, {.values = !codes, .codes = codes, .count = false,
+                                                     .hadamard = hadamard, .operand = true, .backward_form = true}));
+  saved_bytes(k) += codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
+  return saved;
 }
 
 ProductOperand LayerState::restore(const SavedScaled& saved, bool for_products, OperandLayout layout) const {
-  if (saved.scales_apart) return apart_operand(saved.kind, saved.q, saved.shape, saved.view, for_products);
+  const bool bwd = saved.backward_form;
+  if (saved.scales_apart) return apart_operand(saved.kind, saved.q, saved.shape, saved.view, for_products, bwd);
   const float factor = saved.q.output_factor();
-  if (saved.q.codes.defined() && for_products && scaled_bf16(saved.kind))  // no float32 values on the way
-    if (std::optional<torch::Tensor> b = scaled_decode_matrix_bf16(saved.q, *quant[saved.kind]))
-      return {operand_tensor(saved.kind, *b, saved.shape, saved.view, for_products, layout), factor};
-  const torch::Tensor m = saved.q.codes.defined() ? scaled_decode_matrix(saved.q, *quant[saved.kind]) : saved.q.values;
-  return {operand_tensor(saved.kind, m, saved.shape, saved.view, for_products, layout), factor};
+  const ScaledSpec& s = spec(saved.kind, bwd);
+  if (saved.q.codes.defined() && for_products && scaled_bf16(saved.kind, bwd))  // no float32 values on the way
+    if (std::optional<torch::Tensor> b = scaled_decode_matrix_bf16(saved.q, s))
+      return {operand_tensor(saved.kind, *b, saved.shape, saved.view, for_products, layout, bwd), factor};
+  const torch::Tensor m = saved.q.codes.defined() ? scaled_decode_matrix(saved.q, s) : saved.q.values;
+  return {operand_tensor(saved.kind, m, saved.shape, saved.view, for_products, layout, bwd), factor};
 }
 
 ProductOperand LayerState::apart_operand(TensorKind k, const ScaledTensor& q, at::IntArrayRef shape,
-                                         const MatrixView& v, bool for_products) const {
-  const ScaledSpec& s = *quant[k];
+                                         const MatrixView& v, bool for_products, bool backward_form) const {
+  const ScaledSpec& s = spec(k, backward_form);
   // The elements: the codes decoded under scales of 1.
   ScaledTensor unit = q;
   unit.scales = torch::full_like(q.scales, static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(1.0f)));
@@ -189,7 +228,7 @@ ProductOperand LayerState::apart_operand(TensorKind k, const ScaledTensor& q, at
   if (for_products && ctx->compute != Compute::fp32 && bf16_products_available())
     if (std::optional<torch::Tensor> b = scaled_decode_matrix_bf16(unit, s)) m = std::move(*b);
   if (!m.defined()) m = scaled_decode_matrix(unit, s);
-  ProductOperand out{operand_tensor(k, m, shape, v, for_products, OperandLayout::as_float32)};
+  ProductOperand out{operand_tensor(k, m, shape, v, for_products, OperandLayout::as_float32, backward_form)};
   const auto rows = static_cast<std::size_t>(q.codes.size(0)), cols = static_cast<std::size_t>(q.codes.size(1));
   const torch::Tensor grid = q.scales.view(torch::kFloat32);  // float32 scale codes are the floats' bits
   if (s.granularity == Granularity::tensor) {
@@ -204,19 +243,20 @@ ProductOperand LayerState::apart_operand(TensorKind k, const ScaledTensor& q, at
   return out;
 }
 
-bool LayerState::scaled_bf16(TensorKind k) const {
-  if (ctx->compute == Compute::fp32 || !scaled(k) || !bf16_products_available()) return false;
-  const ScaledSpec& s = *quant[k];
+bool LayerState::scaled_bf16(TensorKind k, bool backward_form) const {
+  if (ctx->compute == Compute::fp32 || !(backward_form || scaled(k)) || !bf16_products_available()) return false;
+  const ScaledSpec& s = spec(k, backward_form);
   return s.element.format.man_bits <= 7 && (s.scale == ScaleFormat::e8m0 || s.scale == ScaleFormat::ue4m3) &&
          !s.dither_scale && !(s.tensor_scale && s.fold_tensor_scale);
 }
 
 torch::Tensor LayerState::operand_tensor(TensorKind k, const torch::Tensor& m, at::IntArrayRef shape,
-                                         const MatrixView& v, bool for_products, OperandLayout layout) const {
-  if (m.scalar_type() == torch::kBFloat16 || (for_products && scaled_bf16(k)))
+                                         const MatrixView& v, bool for_products, OperandLayout layout,
+                                         bool backward_form) const {
+  if (m.scalar_type() == torch::kBFloat16 || (for_products && scaled_bf16(k, backward_form)))
     if (const std::optional<torch::Tensor> b = m.scalar_type() == torch::kBFloat16 ? m : exact_bf16(m)) {
       const bool views = layout == OperandLayout::any && scaled_bf16(TensorKind::a) && scaled_bf16(TensorKind::w) &&
-                         scaled_bf16(TensorKind::gx);
+                         scaled_bf16(TensorKind::gx) && !quant.a_bwd && !quant.w_bwd;
       return views ? matrix_as(*b, shape, v) : from_matrix(*b, shape, v);
     }
   return from_matrix(m, shape, v);

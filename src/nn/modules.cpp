@@ -49,6 +49,8 @@ void QuantLinearImpl::pretty_print(std::ostream& os) const {
   if (state) os << ", recipe=" << to_string(state->quant[TensorKind::a]) << "|"
                 << to_string(state->quant[TensorKind::w]) << "|" << to_string(state->quant[TensorKind::gx])
                 << "|" << to_string(state->quant[TensorKind::gw]);
+  if (state && state->quant.a_bwd) os << ", a_bwd=" << to_string(state->quant.a_bwd);
+  if (state && state->quant.w_bwd) os << ", w_bwd=" << to_string(state->quant.w_bwd);
   os << ")";
 }
 

@@ -145,9 +145,12 @@ std::pair<ProductOperand, ProductOperand> quantize_operands(Ctx* ctx,
   std::array<torch::Tensor, 2> saved;
   for (int i = 0; i < 2; ++i) {
     const Operand& o = i == 0 ? a : b;
-    if (st->scaled(o.kind)) {
-      auto [y, keep] = st->quantize_scaled_operand(
-          o.kind, o.t, call, {o.fwd, o.bwd, o.index, o.product, for_products, layout, o.scales_apart});
+    const ScaledOperand so{o.fwd, o.bwd, o.index, o.product, for_products, layout, o.scales_apart};
+    if (st->has_backward_form(o.kind)) {  // two quantizers: the forward's, and the backward form's
+      q[i] = st->quantize_forward_operand(o.kind, o.t, call, so);
+      ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(st->quantize_backward_form(o.kind, o.t, call, so));
+    } else if (st->scaled(o.kind)) {
+      auto [y, keep] = st->quantize_scaled_operand(o.kind, o.t, call, so);
       q[i] = std::move(y);
       ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(std::move(keep));
     } else {

@@ -166,16 +166,26 @@ LayerQuant Recipe::resolve(std::string_view path, int index, int count) const {
   out.hadamard = hadamard;
   out.hadamard_signs = hadamard_signs;
   out.hadamard_on = hadamard_on;
+  // Whether each kind's quantizer was replaced: a backward form belongs to the base's.
+  std::array<bool, kKinds> replaced{};
+  const auto set = [&](TensorKind k, const KindQuant& q) {
+    out[k] = q;
+    replaced[static_cast<int>(k)] = true;
+  };
   if (exempt_first && index == 0) {
-    out[TensorKind::a] = first_quant;
-    out[TensorKind::gx] = first_quant;
+    set(TensorKind::a, first_quant);
+    set(TensorKind::gx, first_quant);
   }
-  if (keep_first && index == 0) out.q.fill(keep_first_quant);
-  if (keep_last && index == count - 1) out.q.fill(keep_last_quant);
+  for (TensorKind k : kAllKinds) {
+    if (keep_first && index == 0) set(k, keep_first_quant);
+    if (keep_last && index == count - 1) set(k, keep_last_quant);
+  }
   for (const auto& o : overrides)
     if (override_matches(o, path, index, count))
-      for (int k = 0; k < kKinds; ++k)
-        if (o.set[k]) out.q[k] = *o.set[k];
+      for (TensorKind k : kAllKinds)
+        if (const auto& q = o.set[static_cast<int>(k)]) set(k, *q);
+  if (replaced[static_cast<int>(TensorKind::a)]) out.a_bwd = std::nullopt;
+  if (replaced[static_cast<int>(TensorKind::w)]) out.w_bwd = std::nullopt;
   return out;
 }
 
@@ -229,6 +239,11 @@ const std::vector<RecipePreset>& recipe_presets() {
        "a=nvfp4_4over6,w=nvfp4_16x16:4over6,gx=nvfp4_4over6/stochastic,gw=fp32,keep_first=bf16,last=bf16,hadamard=16",
        "nvfp4-training with Four Over Six (each block scaled to 6 or to 4, whichever is nearer its values) on every "
        "operand"},
+      {"mxfp4-tseng",
+       "a=bf16,w=bf16,gx=mxfp4:dither-scale/stochastic,gw=fp32,a_bwd=mxfp4:dither-scale/stochastic,"
+       "w_bwd=mxfp4:dither-scale/stochastic,hadamard=64,hadamard_on=backward",
+       "Tseng et al.'s MXFP4 recipe: a bfloat16 forward; both backward products in MXFP4 with dither-scale and "
+       "stochastic rounding, after the random Hadamard transform of 64"},
       {"deepseek", "a=deepseek_1x128,w=deepseek_128x128,gx=deepseek_1x128,gw=fp32",
        "DeepSeek-V3: E4M3, 1x128 tiles for activations and gradients, 128x128 for weights"},
       {"tensor-current", "a=e4m3_tensor,w=e4m3_tensor,gx=e5m2_tensor,gw=fp32",

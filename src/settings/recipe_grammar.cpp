@@ -98,6 +98,29 @@ std::optional<std::string> get_kind(const Recipe& r) {
   return to_string(r.base[K]);
 }
 
+// a_bwd and w_bwd: a scaled quantizer with current scaling (its own amax each step), the
+// backward product's form of the kind (LayerQuant::backward_form); "none" or "same": the
+// kind's own quantizer.
+template <KindQuant LayerQuant::*Form>
+void set_backward_form(Recipe& r, std::string_view v) {
+  if (v == "none" || v == "same") {
+    r.base.*Form = std::nullopt;
+    return;
+  }
+  KindQuant q = parse_kind_quant(v);
+  if (!q || !q->scaled())
+    throw Error("'" + std::string(v) + "' is not a scaled quantizer (a backward form is one, e.g. mxfp4/stochastic)");
+  if (q->history > 0)
+    throw Error("'" + std::string(v) + "' is delayed scaling; a backward form scales from its own amax each step");
+  r.base.*Form = std::move(q);
+}
+
+template <KindQuant LayerQuant::*Form>
+std::optional<std::string> get_backward_form(const Recipe& r) {
+  if (!(r.base.*Form)) return std::nullopt;
+  return to_string(r.base.*Form);
+}
+
 std::optional<std::string> get_exempt_first(const Recipe& r) {
   if (!r.exempt_first) return "0";
   if (r.first_quant) return to_string(r.first_quant);
@@ -155,6 +178,12 @@ constexpr RecipeKey kKeys[] = {
      get_hadamard_signs},
     {"hadamard_on", "", TomlValue::text, set_hadamard_on,
      "grad_w (the transform on grad_w's product) or backward (on grad_x's too)", get_hadamard_on},
+    {"a_bwd", "", TomlValue::quantizer, set_backward_form<&LayerQuant::a_bwd>,
+     "a scaled quantizer with current scaling, or none (the backward product's form of a; a itself by default)",
+     get_backward_form<&LayerQuant::a_bwd>},
+    {"w_bwd", "", TomlValue::quantizer, set_backward_form<&LayerQuant::w_bwd>,
+     "a scaled quantizer with current scaling, or none (the backward product's form of w; w itself by default)",
+     get_backward_form<&LayerQuant::w_bwd>},
     {"compute", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.compute = parse_compute(v); },
      "fp32, bf16 or auto", get_compute},
     {"accumulate", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.accumulate = parse_accumulation(v); },

@@ -297,7 +297,7 @@ accumulate = "e5m2@32"
   // The unknown-key message lists the keys from the one table.
   const std::string u = error_of([] { parse_recipe("a=1.4.3,bogus=1"); });
   EXPECT_NE(u.find("exempt_first (or first), keep_first, keep_last (or last), hadamard, hadamard_signs, hadamard_on, "
-                   "compute, accumulate"),
+                   "a_bwd, w_bwd, compute, accumulate"),
             std::string::npos)
       << u;
 }
@@ -359,6 +359,53 @@ TEST(RecipeGrammar, APresetThenKeysChangesThePreset) {
   EXPECT_NE(error_of([] { parse_recipe("nvfp4-trainin,hadamard=0"); }).find("has no '='"), std::string::npos);
 }
 
+// a_bwd and w_bwd (docs/spec.md §6.12): scaled quantizers with current scaling, in both
+// forms; a layer whose a or w is not the base's (exempted, kept, overridden) has none.
+TEST(RecipeGrammar, BackwardFormsBelongToTheBasesQuantizers) {
+  const Recipe r = parse_recipe("mxfp4-tseng");
+  const KindQuant mx = parse_kind_quant("mxfp4:dither-scale/stochastic");
+  EXPECT_EQ(r.base[TensorKind::a], parse_kind_quant("bf16"));
+  EXPECT_EQ(r.base[TensorKind::w], parse_kind_quant("bf16"));
+  EXPECT_EQ(r.base.a_bwd, mx);
+  EXPECT_EQ(r.base.w_bwd, mx);
+  EXPECT_EQ(r.base[TensorKind::gx], mx);
+  EXPECT_EQ(r.hadamard, 64);
+  EXPECT_EQ(r.hadamard_on, HadamardProducts::backward);
+  const LayerQuant middle = r.resolve("h.1", 1, 3);
+  EXPECT_EQ(middle.a_bwd, mx);
+  EXPECT_EQ(middle.w_bwd, mx);
+  EXPECT_EQ(middle.backward_form(TensorKind::gx), KindQuant{});
+  // The first layer's input is exempt (float32), so it has no backward form of a; its
+  // weight keeps w's.
+  const LayerQuant first = r.resolve("h.0", 0, 3);
+  EXPECT_EQ(first.a_bwd, KindQuant{});
+  EXPECT_EQ(first.w_bwd, mx);
+  // keep_first / keep_last with the base's own quantizer (bf16) still drop the backward forms.
+  const Recipe kept = parse_recipe("mxfp4-tseng,keep_first=bf16,last=bf16");
+  for (int index : {0, 2}) {
+    EXPECT_EQ(kept.resolve("h", index, 3).a_bwd, KindQuant{}) << index;
+    EXPECT_EQ(kept.resolve("h", index, 3).w_bwd, KindQuant{}) << index;
+  }
+  EXPECT_EQ(kept.resolve("h", 1, 3).w_bwd, mx);
+  const Recipe o = parse_recipe_toml("a = \"bf16\"\nw = \"bf16\"\na_bwd = \"mxfp4\"\nw_bwd = \"nvfp4\"\n"
+                                     "[[override]]\nmatch = \"head\"\nw = \"fp32\"\n",
+                                     "o.toml");
+  EXPECT_EQ(o.resolve("head", 1, 3).w_bwd, KindQuant{});
+  EXPECT_EQ(o.resolve("head", 1, 3).a_bwd, parse_kind_quant("mxfp4"));
+  EXPECT_EQ(o.resolve("body", 1, 3).w_bwd, parse_kind_quant("nvfp4"));
+  EXPECT_EQ(parse_recipe_toml(o.to_toml(), "o.toml"), o);
+  // Printed only where given; "none" is the default again.
+  EXPECT_EQ(parse_recipe("a=bf16").to_line().find("bwd"), std::string::npos);
+  EXPECT_EQ(parse_recipe("mxfp4-tseng,a_bwd=none").base.a_bwd, KindQuant{});
+  EXPECT_NE(r.to_line().find("a_bwd=e2m1fn@1x32:e8m0:floor:dither-scale/stochastic"), std::string::npos) << r.to_line();
+  // Refused: a quantizer without scales, delayed scaling (each with the key and the reason).
+  const std::string fixed = error_of([] { parse_recipe("a=bf16,a_bwd=1.4.3"); });
+  EXPECT_NE(fixed.find("a_bwd: '1.4.3' is not a scaled quantizer"), std::string::npos) << fixed;
+  const std::string delayed = error_of([] { parse_recipe("a=bf16,w_bwd=e4m3_delayed"); });
+  EXPECT_NE(delayed.find("w_bwd: 'e4m3_delayed' is delayed scaling"), std::string::npos) << delayed;
+  EXPECT_NE(error_of([] { parse_recipe_toml("a_bwd = 3\n", "b.toml"); }).find("b.toml:1"), std::string::npos);
+}
+
 TEST(RecipeGrammar, RandomBitsHaveATextForm) {
   const KindQuant q = parse_kind_quant("1.5.2:33/stochastic:12");
   ASSERT_TRUE(q);
@@ -395,6 +442,9 @@ TEST(RecipeGrammar, RandomRecipesRoundTripThroughBothForms) {
     if (r.keep_first && pick(2)) r.keep_first_quant = parse_kind_quant(quantizers[1 + pick(std::size(quantizers) - 1)]);
     r.hadamard = pick(2) ? 16 : 0;
     r.hadamard_signs = static_cast<HadamardSigns>(pick(3));
+    const char* backward_forms[] = {"mxfp4/stochastic", "mxfp4:dither-scale/stochastic:16", "nvfp4", "e4m3_tensor"};
+    if (pick(2)) r.base.a_bwd = parse_kind_quant(backward_forms[pick(std::size(backward_forms))]);
+    if (pick(2)) r.base.w_bwd = parse_kind_quant(backward_forms[pick(std::size(backward_forms))]);
     if (pick(2)) r.compute = static_cast<Compute>(pick(3));
     const char* accumulations[] = {"fp32", "1.8.10@128", "hopper-fp8-promote128",
                                    "dot:group=8:frac=5:align=nearest:acc=9:acc_round=nearest:promote=16"};

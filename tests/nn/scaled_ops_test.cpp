@@ -404,6 +404,52 @@ TEST(ScaledOps, HadamardOnBothBackwardProductsOfALinearLayer) {
             std::string::npos);
 }
 
+// Backward forms (docs/spec.md §6.12): the forward product reads a and w as their own
+// quantizers give them (bfloat16 here), the backward products read a_bwd's and w_bwd's
+// quantizations of the float32 tensors, each along that product's reduction dimension, with
+// the Hadamard transform where the recipe asks for it on that product.
+TEST(ScaledOps, BackwardFormsAreTheOperandsOfTheBackwardProductsOnly) {
+  torch::manual_seed(11);
+  const std::int64_t N = 64, in = 32, out = 64;
+  const torch::Tensor x0 = torch::randn({N, in}), w0 = torch::randn({out, in}), g = torch::randn({N, out});
+  const std::string spec = "mxfp4:dither-scale";
+  const ScaledSpec s = parse_scaled(spec);
+  const auto q = [&](const torch::Tensor& m) {
+    return ref_quantize(m, m.size(0), m.size(1), [&](std::int64_t r, std::int64_t c) { return r * m.size(1) + c; }, s);
+  };
+  const auto bf16 = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat32); };
+  for (const int hadamard : {0, 64}) {
+    SCOPED_TRACE("hadamard " + std::to_string(hadamard));
+    const Recipe r = parse_recipe("a=bf16,w=bf16,gx=" + spec + ",gw=fp32,a_bwd=" + spec + ",w_bwd=" + spec +
+                                  ",hadamard=" + std::to_string(hadamard) + ",hadamard_on=backward");
+    auto st = make_layer_state("lin", r.resolve("lin", 1, 3), nullptr);
+    ASSERT_TRUE(st->has_backward_form(TensorKind::a) && st->has_backward_form(TensorKind::w));
+    EXPECT_EQ(st->hadamard_applies(BackwardProduct::grad_x, TensorKind::w), hadamard > 0);
+    const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const torch::Tensor y = quant_linear(x, w, {}, st);
+    EXPECT_TRUE(bit_equal(y, torch::linear(bf16(x0), bf16(w0))));
+    const auto grads = torch::autograd::grad({(y * g).sum()}, {x, w});
+    std::vector<float> gx_signs(64, 1.0f), gw_signs(64, 1.0f);
+    torch::Tensor gm = g.clone(), wm = w0.t().contiguous(), xt = x0.t().contiguous(), gt = g.t().contiguous();
+    if (hadamard > 0) {
+      gx_signs = hadamard_signs(st->streams.seed_for(TensorKind::gx, 0, 15), 64);
+      gw_signs = hadamard_signs(st->streams.seed_for(TensorKind::gw, 0, 15), 64);
+      hadamard_(gm, gx_signs);
+      hadamard_(wm, gx_signs);
+      hadamard_(xt, gw_signs);
+      hadamard_(gt, gw_signs);
+    }
+    // grad_x = Q(g) Q(w^T)^T along the output features; grad_w = Q(g^T) Q(x^T)^T along N.
+    EXPECT_TRUE(bit_equal(grads[0], q(gm).mm(q(wm).t())));
+    EXPECT_TRUE(bit_equal(grads[1], grad_w_of(q(xt).t().contiguous(), q(gt).t().contiguous())));
+  }
+  // Without the backward forms the backward products read the bfloat16 operands.
+  auto plain = make_layer_state("lin", parse_recipe("a=bf16,w=bf16,gx=" + spec + ",gw=fp32").base, nullptr);
+  const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  const auto grads = torch::autograd::grad({(quant_linear(x, w, {}, plain) * g).sum()}, {x, w});
+  EXPECT_TRUE(bit_equal(grads[0], q(g).mm(bf16(w0))));
+}
+
 // hadamard_signs = none: the plain transform H x / 4 on both operands, whatever the call;
 // te: TransformerEngine's fixed signs.
 TEST(ScaledOps, ThePlainHadamardTransformHasNoSigns) {

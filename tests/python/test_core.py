@@ -372,6 +372,15 @@ def test_the_nvfp4_training_recipe_and_its_switches():
     assert (layer.hadamard, layer.hadamard_on) == (64, "backward")
     assert pickle.loads(pickle.dumps(layer)) == layer
     assert fp8lab.Recipe(both.to_line()).hadamard_on == "backward"
+    # Backward forms (docs/spec.md §6.12): a field, a layer's property, pickled with it.
+    tseng = fp8lab.Recipe("mxfp4-tseng")
+    middle = tseng.resolve("fc", 1, 3)
+    assert middle.a_bwd == middle.w_bwd == middle["gx"] == "e2m1fn@1x32:e8m0:floor:dither-scale/stochastic"
+    assert (middle["a"], tseng.resolve("fc", 0, 3).a_bwd) == (bf16, "fp32")
+    assert pickle.loads(pickle.dumps(middle)) == middle
+    assert fp8lab.Recipe(a="bf16", a_bwd="mxfp4").base.a_bwd == fp8lab.Recipe("a=mxfp4").base["a"]
+    with pytest.raises(ValueError, match="a_bwd'?: '1.4.3' is not a scaled quantizer"):
+        fp8lab.Recipe(a="bf16", a_bwd="1.4.3")
     with pytest.raises(ValueError, match="16 fixed signs"):
         fp8lab.Recipe(a="nvfp4", hadamard=128, hadamard_signs="te")
 

@@ -90,3 +90,10 @@ def test_dither_scale_with_the_transform_on_both_backward_products_trains():
     transforms of Tseng et al.'s recipe (which keeps the forward products in bfloat16)."""
     _trains("a=mxfp4:dither-scale,w=mxfp4:dither-scale,gx=mxfp4:dither-scale/stochastic,hadamard=64,"
             "hadamard_on=backward")
+
+
+def test_tsengs_recipe_trains():
+    """Tseng et al.'s recipe as a preset: a bfloat16 forward, both backward products in MXFP4
+    with dither-scale and stochastic rounding after the Hadamard transform of 64 (docs/spec.md
+    §6.12)."""
+    _trains("mxfp4-tseng")

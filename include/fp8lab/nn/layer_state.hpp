@@ -42,6 +42,7 @@ struct TensorStats {
 // and how to turn them back into a tensor of the operand's shape.
 struct SavedScaled : torch::CustomClassHolder {
   TensorKind kind = TensorKind::a;
+  bool backward_form = false;  // quantized by the kind's backward form (LayerQuant::backward_form)
   bool scales_apart = false;  // restored as elements and scales (ProductOperand::scales)
   ScaledTensor q;
   MatrixView view;
@@ -142,6 +143,8 @@ struct ScaledOutputs {
   // A product's operand: where the quantizer puts its tensor scale on the product's output
   // (ScaledSpec::tensor_scale_on_output), values without it (ScaledTensor::output_factor).
   bool operand = false;
+  // Quantized by the kind's backward form (LayerQuant::backward_form) rather than its own.
+  bool backward_form = false;
 };
 
 // The numbering of a layer's calls within a step and the seeds of its random streams
@@ -287,6 +290,16 @@ struct LayerState : torch::CustomClassHolder {
   LayerProducts products;
 
   bool scaled(TensorKind k) const { return quant[k] && quant[k]->scaled(); }
+  // Whether k has a backward form of its own (LayerQuant::backward_form): its backward
+  // product's operand is then that quantizer's, its forward product's quant[k]'s.
+  bool has_backward_form(TensorKind k) const { return quant.backward_form(k).has_value(); }
+  // Whether the operand of kind k that a backward product reads is scaled: its backward form
+  // where it has one, else its own quantizer.
+  bool scaled_backward(TensorKind k) const { return has_backward_form(k) || scaled(k); }
+  // The scaled quantizer of k, or of its backward form (which the caller knows is scaled).
+  const ScaledSpec& spec(TensorKind k, bool backward_form = false) const {
+    return *(backward_form ? quant.backward_form(k) : quant[k]);
+  }
   // Whether Q_k's values reach this layer's products as bfloat16 decoded from 8-bit codes:
   // the compute path may take bfloat16 on this CPU, and k's quantizer is an element
   // format of at most 8 bits whose values are all bfloat16 values (docs/spec.md §7.2).
@@ -297,7 +310,7 @@ struct LayerState : torch::CustomClassHolder {
   bool hadamard_applies(BackwardProduct product, TensorKind partner) const {
     const bool on = product == BackwardProduct::grad_w ||
                     (product == BackwardProduct::grad_x && quant.hadamard_on == HadamardProducts::backward);
-    return on && quant.hadamard > 0 && scaled(partner) && scaled(TensorKind::gx);
+    return on && quant.hadamard > 0 && scaled_backward(partner) && scaled(TensorKind::gx);
   }
   // The signs of the Hadamard transform on one backward product of a call, as
   // quant.hadamard_signs says: the call's random ones, all +1 (none) or TransformerEngine's.
@@ -338,6 +351,14 @@ struct LayerState : torch::CustomClassHolder {
                                                                                     const torch::Tensor& t,
                                                                                     std::uint32_t call,
                                                                                     const ScaledOperand& o);
+  // Where k has a backward form (has_backward_form): Q_k(t) for the forward product (its
+  // own quantizer's, which need not be scaled; an operand as quantize_scaled_operand's), and
+  // the backward form's quantization of t for the backward product, as backward keeps it,
+  // from t itself with its own stream and amax.
+  ProductOperand quantize_forward_operand(TensorKind k, const torch::Tensor& t, std::uint32_t call,
+                                          const ScaledOperand& o);
+  c10::intrusive_ptr<SavedScaled> quantize_backward_form(TensorKind k, const torch::Tensor& t, std::uint32_t call,
+                                                         const ScaledOperand& o);
   // The saved operand as a tensor of its shape, contiguous, with its factor; with
   // `for_products` (read by the compute layer's products only) as operand_tensor gives it.
   ProductOperand restore(const SavedScaled& saved, bool for_products = false,
@@ -358,12 +379,16 @@ struct LayerState : torch::CustomClassHolder {
   // of at most 7 mantissa bits, and block scales that add few significant bits (E8M0: none;
   // UE4M3: at most 4, exact beside E2M1, E2M3, E3M2 and E4M3 elements) with no float32
   // tensor scale folded into the values. The values themselves decide the rest, at conversion.
-  bool scaled_bf16(TensorKind k) const;
+  // `backward_form`: of k's backward form.
+  bool scaled_bf16(TensorKind k, bool backward_form = false) const;
   // The operand of a quantization whose float32 group scales stay apart: its elements alone
   // (bfloat16 where for_products and the compute path may take it) laid out as shape under
   // v, and its scales (a per-tensor scale as the factor).
   ProductOperand apart_operand(TensorKind k, const ScaledTensor& q, at::IntArrayRef shape, const MatrixView& v,
-                               bool for_products) const;
+                               bool for_products, bool backward_form = false) const;
+  // A forward product's operand from its quantization f (apart: its group scales apart).
+  ProductOperand forward_operand(TensorKind k, const ScaledTensor& f, const torch::Tensor& t, const ScaledOperand& o,
+                                 bool apart) const;
   // The contiguous tensor of shape `shape` whose matrix under v is m (from_matrix), as an
   // operand of this layer's products: with `for_products`, bfloat16 where scaled_bf16(k) and
   // every value of m is a bfloat16 value (converted in m's own layout, then laid out as
@@ -375,7 +400,7 @@ struct LayerState : torch::CustomClassHolder {
   // oneDNN as it would the contiguous one; should a float32 product run instead, because some
   // value lay outside bfloat16's range, it would read this layout).
   torch::Tensor operand_tensor(TensorKind k, const torch::Tensor& m, at::IntArrayRef shape, const MatrixView& v,
-                               bool for_products, OperandLayout layout) const;
+                               bool for_products, OperandLayout layout, bool backward_form = false) const;
   // One scaled quantization of t under view v, from stream `stream`.
   ScaledTensor quantize_scaled(TensorKind k, const torch::Tensor& t, const MatrixView& v, std::uint32_t call,
                                std::uint32_t stream, const ScaledCall& sc, ScaledOutputs out = {});

@@ -60,6 +60,16 @@ struct LayerQuant {
   int hadamard = 0;
   HadamardSigns hadamard_signs = HadamardSigns::random;
   HadamardProducts hadamard_on = HadamardProducts::grad_w;
+  // The backward forms of a and w (docs/spec.md §6.12): where engaged, the backward product
+  // takes its operand quantized by this scaled quantizer from the float32 tensor, while the
+  // forward product takes q[a] / q[w]'s (Tseng et al.'s MXFP4 recipe: a bfloat16 forward,
+  // MXFP4 backward products). nullopt: the backward product takes the kind's own quantizer.
+  KindQuant a_bwd, w_bwd;
+  // The backward form of kind k (a_bwd for a, w_bwd for w; nullopt for the gradients).
+  const KindQuant& backward_form(TensorKind k) const {
+    static const KindQuant none;
+    return k == TensorKind::a ? a_bwd : k == TensorKind::w ? w_bwd : none;
+  }
   KindQuant& operator[](TensorKind k) { return q[static_cast<int>(k)]; }
   const KindQuant& operator[](TensorKind k) const { return q[static_cast<int>(k)]; }
   friend bool operator==(const LayerQuant&, const LayerQuant&) = default;
@@ -100,6 +110,8 @@ struct Recipe {
 
   // The quantizers of layer `index` of `count` with module path `path`: the base, the
   // first-layer exemption, keep_first, keep_last, then every matching override in order.
+  // A layer whose a (or w) quantizer is not the base's (exempted, kept or overridden) has no
+  // backward form of a (or w): its backward product takes that quantizer too.
   LayerQuant resolve(std::string_view path, int index, int count) const;
   // Whether resolve() needs the count of layers: keep_last, or an override of `last`.
   bool depends_on_count() const;
@@ -117,7 +129,7 @@ struct Recipe {
 // layer's input and output gradient take instead of float32, e.g. "fp16"); keep_first and
 // keep_last (true, false, or the quantizer of the whole first or last layer, e.g. "bf16");
 // hadamard (0, 16, 32, 64 or 128); hadamard_signs (random, none, te); hadamard_on (grad_w,
-// backward); compute (fp32, bf16, auto); accumulate
+// backward); a_bwd and w_bwd (a scaled quantizer with current scaling); compute (fp32, bf16, auto); accumulate
 // (fp32, FORMAT@CHUNK or a dot model).
 //
 // The line: "a=1.4.3:10,w=1.4.3:14,gx=1.5.2:33,gw=1.5.2:31" (kinds not named stay
