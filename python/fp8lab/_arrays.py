@@ -139,7 +139,7 @@ def quantize(x, format: FormatLike, *, rounding: str = "nearest-even", overflow:
     """Fake-quantizes x (float32, any shape): every value rounded to the format, as float32.
 
     format: a Format, a ScaledFormat or their text ("1.4.3:10", "e5m2", "mxfp4", "nvfp4").
-    rounding: nearest-even, toward-zero or stochastic (element i of the row-major flattened
+    rounding: nearest-even, toward-zero, nearest-away (ties away from zero) or stochastic (element i of the row-major flattened
     tensor draws stream index i of `seed`, so the result does not depend on the layout).
     overflow: saturate, nan or inf (ieee formats). axis: scaled formats group along it.
     inplace: overwrite x. return_counts: also return what rounding did (a dict).

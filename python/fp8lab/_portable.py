@@ -204,6 +204,9 @@ def _round_quanta(sig: torch.Tensor, drop: torch.Tensor, q: Spec, rbits) -> torc
         half = _shl(torch.ones_like(sig), (d - 1).clamp(min=0))
         up = (d > 0) & ((rem > half) | ((rem == half) & ((trunc & 1) == 1)))
         return trunc + up.to(sig.dtype)
+    if q.rounding == "nearest-away":
+        half = _shl(torch.ones_like(sig), (d - 1).clamp(min=0))
+        return trunc + ((d > 0) & (rem >= half)).to(sig.dtype)
     R = q.random_bits
     top = torch.where(d <= R, _shl(rem, (R - d).clamp(min=0)), _shr(rem, (d - R).clamp(min=0)))
     return trunc + _stochastic_up(top, q, rbits)
@@ -223,6 +226,10 @@ def _below_minpos(sig, xe, bias, q: Spec, rbits):
         s1 = s + 1
         code = torch.where(s1 >= 0, _shl(sig, s1.clamp(0, 30)) > d,
                            (-s1 < 40) & (sig > _shl(torch.full_like(sig, d), (-s1).clamp(0, 39)))).to(sig.dtype)
+    elif q.rounding == "nearest-away":
+        s1 = s + 1
+        code = torch.where(s1 >= 0, _shl(sig, s1.clamp(0, 30)) >= d,
+                           (-s1 < 40) & (sig >= _shl(torch.full_like(sig, d), (-s1).clamp(0, 39)))).to(sig.dtype)
     else:
         sr = s + q.random_bits
         num = torch.where(sr >= 0, _shl(sig, sr.clamp(0, 38)), torch.where(-sr >= 64, 0, _shr(sig, (-sr).clamp(0, 63))))

@@ -55,6 +55,11 @@ std::optional<std::uint64_t> round_below_minpos(const Normalised& x, const Quant
       if (s1 >= 0) return (x.sig << s1) > d ? 1 : 0;
       return (-s1 >= 40) ? 0 : (x.sig > (d << -s1) ? 1 : 0);
     }
+    case Rounding::nearest_away: {  // up iff 2|x| >= minpos: a tie goes up
+      const int s1 = s + 1;
+      if (s1 >= 0) return (x.sig << s1) >= d ? 1 : 0;
+      return (-s1 >= 40) ? 0 : (x.sig >= (d << -s1) ? 1 : 0);
+    }
     case Rounding::stochastic: {
       // F_R = floor(|x| / minpos * 2^R) = floor(sig * 2^(s+R) / d), exactly.
       const int sr = s + q.random_bits;
@@ -79,6 +84,10 @@ std::uint64_t round_quanta(std::uint64_t sig, int drop, const QuantSpec& q, std:
       return trunc + ((rem > half || (rem == half && (trunc & 1))) ? 1 : 0);
     }
     case Rounding::toward_zero: return trunc;
+    case Rounding::nearest_away: {  // ties away from zero: up at half or more
+      if (drop >= 64) return 0;
+      return trunc + (rem >= (1ull << (drop - 1)) ? 1 : 0);
+    }
     case Rounding::stochastic: {
       const int R = q.random_bits;
       const std::uint64_t top = drop <= R ? rem << (R - drop) : (drop - R >= 64 ? 0 : rem >> (drop - R));

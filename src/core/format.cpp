@@ -31,11 +31,13 @@ bool parse_int(std::string_view s, int& out) {
 constexpr EnumName<Policy> kPolicies[] = {
     {Policy::fnuz, "fnuz"}, {Policy::fn, "fn"}, {Policy::ieee, "ieee"}, {Policy::finite, "finite"}};
 constexpr EnumName<Rounding> kRoundings[] = {
-    {Rounding::nearest_even, "nearest-even"}, {Rounding::toward_zero, "toward-zero"}, {Rounding::stochastic, "stochastic"}};
+    {Rounding::nearest_even, "nearest-even"}, {Rounding::toward_zero, "toward-zero"}, {Rounding::stochastic, "stochastic"},
+    {Rounding::nearest_away, "nearest-away"}};
 constexpr EnumName<Rounding> kRoundingAliases[] = {
     {Rounding::nearest_even, "nearest_even"}, {Rounding::nearest_even, "ne"},  {Rounding::nearest_even, "rne"},
     {Rounding::nearest_even, "nearest"},      {Rounding::toward_zero, "toward_zero"}, {Rounding::toward_zero, "tz"},
-    {Rounding::toward_zero, "rtz"},           {Rounding::toward_zero, "truncate"},    {Rounding::stochastic, "sr"}};
+    {Rounding::toward_zero, "rtz"},           {Rounding::toward_zero, "truncate"},    {Rounding::stochastic, "sr"},
+    {Rounding::nearest_away, "nearest_away"}, {Rounding::nearest_away, "rna"},        {Rounding::nearest_away, "away"}};
 constexpr EnumName<Overflow> kOverflows[] = {{Overflow::saturate, "saturate"}, {Overflow::nan, "nan"}, {Overflow::inf, "inf"}};
 constexpr EnumName<Overflow> kOverflowAliases[] = {{Overflow::saturate, "clip"}, {Overflow::saturate, "sat"}};
 

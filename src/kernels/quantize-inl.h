@@ -88,6 +88,7 @@ inline std::uint32_t first_above(const Format& f, std::uint32_t k, Rounding r) {
   const double next = k < f.max_code() ? f.magnitude(k + 1) : v + std::ldexp(1.0, quantum());
   if (r == Rounding::toward_zero) return std::bit_cast<std::uint32_t>(static_cast<float>(next));
   const auto mid = std::bit_cast<std::uint32_t>(static_cast<float>((v + next) / 2));  // exact
+  if (r == Rounding::nearest_away) return mid;  // every tie goes up
   return k % 2 == 1 ? mid : mid + 1;
 }
 
@@ -192,6 +193,8 @@ HWY_INLINE Rounded RoundNormal(D32 d, const Params& p, V32 a, V32 r, hn::Mask<D3
     // not the float exponent's LSB that sits at bit S.
     const V32 lsb = hn::And(hn::Or(hn::ShiftRightSame(a, static_cast<int>(p.S)), hn::Set(d, p.M == 0 ? 1u : 0u)), one);
     rounded = hn::Add(a, hn::Add(hn::Set(d, p.half_m1), lsb));
+  } else if constexpr (kMode == Rounding::nearest_away) {
+    rounded = hn::Add(a, hn::Set(d, p.half_m1 + 1));  // half a quantum: a tie carries
   } else if constexpr (kMode == Rounding::toward_zero) {
     rounded = a;
   } else {
@@ -261,6 +264,10 @@ HWY_INLINE Rounded RoundAny(D32 d, const Params& p, V32 a, V32 r, hn::Mask<D32> 
     const V32 half_m1 = hn::Sub(hn::Shl(one, hn::Sub(drop, one)), one);
     const V32 lsb = hn::And(hn::Shr(sig, drop), one);
     n = hn::Shr(hn::Add(sig, hn::Add(half_m1, lsb)), drop);
+  } else if constexpr (kMode == Rounding::nearest_away) {
+    // sig + half, then drop: ties go up. Where drop was clamped to 31 (|x| far below the
+    // smallest subnormal), sig < 2^24 stays below 2^30 + 2^24 < 2^31: 0, as exact.
+    n = hn::Shr(hn::Add(sig, hn::Shl(one, hn::Sub(drop, one))), drop);
   } else if constexpr (kMode == Rounding::toward_zero) {
     n = hn::Shr(sig, drop);
   } else {
@@ -520,6 +527,7 @@ HWY_INLINE void DispatchMode(const Params& p, const Fn& fn) {
       break;
     case Rounding::toward_zero: fn.template operator()<Rounding::toward_zero, kCount, false>(); break;
     case Rounding::stochastic: fn.template operator()<Rounding::stochastic, kCount, false>(); break;
+    case Rounding::nearest_away: fn.template operator()<Rounding::nearest_away, kCount, false>(); break;
   }
 }
 

@@ -111,7 +111,7 @@ KindQuant parse_kind_quant(std::string_view text) {
       q.overflow = parse_overflow(p);
     } catch (const Error&) {
       throw Error("'" + std::string(p) + "' in '" + std::string(t) +
-                  "' is neither a rounding (nearest-even, toward-zero, stochastic) nor an "
+                  "' is neither a rounding (nearest-even, toward-zero, stochastic, nearest-away) nor an "
                   "overflow mode (saturate, nan, inf)");
     }
     if (seen_o) throw Error("overflow mode given twice in '" + std::string(t) + "'");

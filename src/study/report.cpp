@@ -231,6 +231,7 @@ std::string paper_notation(const nn::KindQuant& q) {
   if (!f.subnormals) s += " nosub";
   if (q->element.rounding == Rounding::stochastic) s += " SR";
   else if (q->element.rounding == Rounding::toward_zero) s += " RZ";
+  else if (q->element.rounding == Rounding::nearest_away) s += " RNA";
   if (q->element.overflow != Overflow::saturate) s += " ovf:" + std::string(to_string(q->element.overflow));
   return s;
 }

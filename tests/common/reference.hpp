@@ -103,6 +103,7 @@ inline std::uint32_t encode(const Table& t, const QuantSpec& q, float x, std::ui
       if (f.man_bits == 0 && lo > 0) return finish(k + 1);
       return finish((k % 2 == 0) ? k : k + 1);
     }
+    case Rounding::nearest_away: return finish(ax < lo + (hi - lo) / 2 ? k : k + 1);
     case Rounding::stochastic: {
       const int R = q.random_bits;
       const std::uint64_t F = top_bits(ax - lo, hi - lo, R);

@@ -36,7 +36,7 @@ TEST(EveryEightBitFormat, FormatCount) { EXPECT_GT(formats().size(), 3000u); }
 // Decoding a finite code and encoding it again gives the code back, in every mode.
 TEST(EveryEightBitFormat, DecodeThenEncodeReturnsEveryFiniteCode) {
   for (const Format& f : formats()) {
-    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic}) {
+    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic, Rounding::nearest_away}) {
       const QuantSpec q = spec(f, r);
       for (std::uint32_t c = 0; c < 256; ++c) {
         const auto cls = f.classify(c);
@@ -70,7 +70,7 @@ TEST(EveryEightBitFormat, NeighbourGapsRoundAsSpecified) {
           const float sx = sgn * x;
           if (sgn < 0 && !f.sign) {  // below an unsigned format's range (docs/spec.md §1.4)
             const std::uint32_t below = f.has_nan() ? f.nan_code(false) : 0;
-            for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic})
+            for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic, Rounding::nearest_away})
               ASSERT_EQ(encode(sx, spec(f, r)), below) << to_string(f);
             continue;
           }
@@ -89,6 +89,19 @@ TEST(EveryEightBitFormat, NeighbourGapsRoundAsSpecified) {
             } else if (want == 0) {
               ASSERT_EQ(mag_of(c), 0u) << to_string(f);
               ASSERT_EQ(c, f.signed_zero() ? S : 0u) << to_string(f);
+            } else {
+              ASSERT_EQ(c, S | want) << to_string(f) << " k " << k << " frac " << frac << " sign " << sgn;
+            }
+          }
+          // Nearest, ties away from zero: the upper magnitude from the midpoint on.
+          {
+            const QuantSpec q = spec(f, Rounding::nearest_away, Overflow::nan);
+            const std::uint32_t c = encode(sx, q);
+            const std::uint32_t want = frac < 0.5 ? k : k + 1;
+            if (want > maxc) {
+              ASSERT_EQ(c, f.has_nan() ? f.nan_code(sgn < 0) : (S | maxc)) << to_string(f) << " k " << k;
+            } else if (want == 0) {
+              ASSERT_EQ(mag_of(c), 0u) << to_string(f);
             } else {
               ASSERT_EQ(c, S | want) << to_string(f) << " k " << k << " frac " << frac << " sign " << sgn;
             }
@@ -127,7 +140,7 @@ TEST(EveryEightBitFormat, CodecMatchesIndependentReference) {
                             std::numeric_limits<float>::max(), 0x1p-126f};
   for (const Format& f : formats()) {
     const ref::Table t(f);
-    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic}) {
+    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic, Rounding::nearest_away}) {
       for (Overflow o : {Overflow::saturate, Overflow::nan}) {
         QuantSpec q = spec(f, r, o);
         q.random_bits = (checked % 3 == 0) ? 32 : static_cast<std::uint8_t>(1 + checked % 32);

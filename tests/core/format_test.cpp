@@ -151,7 +151,7 @@ TEST(QuantSpec, InfOverflowNeedsIeee) {
 TEST(Format, ModeNamesParse) {
   // Every value's printed name parses back to it.
   for (Policy p : {Policy::fnuz, Policy::fn, Policy::ieee, Policy::finite}) EXPECT_EQ(parse_policy(to_string(p)), p);
-  for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic})
+  for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic, Rounding::nearest_away})
     EXPECT_EQ(parse_rounding(to_string(r)), r);
   for (Overflow o : {Overflow::saturate, Overflow::nan, Overflow::inf}) EXPECT_EQ(parse_overflow(to_string(o)), o);
   EXPECT_EQ(to_string(Rounding::nearest_even), "nearest-even");
@@ -160,11 +160,12 @@ TEST(Format, ModeNamesParse) {
   for (const char* s : {"nearest_even", "NE", "rne", " Nearest "}) EXPECT_EQ(parse_rounding(s), Rounding::nearest_even) << s;
   for (const char* s : {"toward_zero", "tz", "RTZ", "truncate"}) EXPECT_EQ(parse_rounding(s), Rounding::toward_zero) << s;
   EXPECT_EQ(parse_rounding("SR"), Rounding::stochastic);
+  for (const char* s : {"nearest_away", "RNA", "away"}) EXPECT_EQ(parse_rounding(s), Rounding::nearest_away) << s;
   for (const char* s : {"clip", "sat", "Saturate"}) EXPECT_EQ(parse_overflow(s), Overflow::saturate) << s;
   EXPECT_EQ(parse_policy(" IEEE "), Policy::ieee);
   // Unknown names: the error quotes what was given and lists the names.
   EXPECT_EQ(test::error_of([] { (void)parse_rounding("up"); }),
-            "unknown rounding 'up' (known: nearest-even, toward-zero, stochastic)");
+            "unknown rounding 'up' (known: nearest-even, toward-zero, stochastic, nearest-away)");
   EXPECT_EQ(test::error_of([] { (void)parse_overflow("Wrap"); }), "unknown overflow mode 'Wrap' (known: saturate, nan, inf)");
   EXPECT_EQ(test::error_of([] { (void)parse_policy("ocp"); }),
             "unknown special-value policy 'ocp' (known: fnuz, fn, ieee, finite)");

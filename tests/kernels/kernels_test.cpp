@@ -94,7 +94,7 @@ TEST_P(AllTargets, QuantizeEncodeDecodeMatchScalar) {
     for (int set = 0; set < 2; ++set) {
     const auto x = set == 0 ? inputs(f, n, f.bias * 131 + f.exp_bits)
                             : normal_or_zero_inputs(f, n, f.bias * 17 + f.man_bits);
-    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic}) {
+    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic, Rounding::nearest_away}) {
       for (Overflow o : {Overflow::saturate, Overflow::nan, Overflow::inf}) {
         QuantSpec q;
         q.format = f;
@@ -202,7 +202,7 @@ TEST_P(AllTargets, SmallFormatsMatchTheCodecAtEveryBreakpoint) {
     }
     while (x.size() % 37 != 0) x.push_back(0.75f);  // a tail that is no whole vector
     ++formats;
-    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero})
+    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::nearest_away})
       for (Overflow o : {Overflow::saturate, Overflow::nan, Overflow::inf}) {
         QuantSpec q;
         q.format = f;
@@ -301,7 +301,7 @@ TEST_P(AllTargets, QuantizeBf16IsTheScalarQuantizersTopHalves) {
   for (const char* name : {"e4m3fn", "e5m2", "1.4.3:10", "1.5.2:33", "e2m1fn"}) {
     const Format f = parse_format(name);
     const auto x = inputs(f, n, static_cast<std::uint64_t>(f.bias) * 7 + 3);
-    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic}) {
+    for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic, Rounding::nearest_away}) {
       QuantSpec q;
       q.format = f;
       q.rounding = r;

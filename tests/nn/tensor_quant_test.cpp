@@ -61,7 +61,7 @@ TEST(TensorQuant, EveryPassEqualsTheScalarCodecAtEveryThreadCount) {
   for (int threads : {1, 2, 3}) {
     nn::ScopedTorchSettings s({threads, false});
     for (const char* f : {"1.4.3:10", "1.5.2", "e4m3fn", "1.0.7:-2", "fp16", "e2m1fn"})
-      for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic}) {
+      for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic, Rounding::nearest_away}) {
         SCOPED_TRACE(std::string(f) + " threads " + std::to_string(threads));
         const QuantSpec q = spec(f, r);
         QuantCounts c;
@@ -111,7 +111,7 @@ TEST(TensorQuant, RejectsWhatItCannotQuantize) {
 TEST(TensorQuant, ChannelsLastKeepsItsLayoutAndTheValues) {
   const torch::Tensor x = inputs(2 * 8 * 5 * 3).reshape({2, 8, 5, 3});
   const torch::Tensor xcl = x.contiguous(torch::MemoryFormat::ChannelsLast);
-  for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic}) {
+  for (Rounding r : {Rounding::nearest_even, Rounding::toward_zero, Rounding::stochastic, Rounding::nearest_away}) {
     const QuantSpec q = spec("1.4.3", r);
     const torch::Tensor want = nn::fake_quantize(x, q, 9), got = nn::fake_quantize(xcl, q, 9);
     EXPECT_TRUE(torch::equal(got.nan_to_num(0), want.nan_to_num(0))) << to_string(r);

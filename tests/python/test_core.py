@@ -53,7 +53,8 @@ def reference_quantize(x, E, M, bias, policy, rounding):
         r = mags[lo]
     else:
         dlo, dhi = ax - mags[lo], mags[hi] - ax
-        up = (dhi < dlo) | ((dhi == dlo) & even[hi] & ~even[lo])
+        tie_up = ~even[lo] if rounding == "nearest-even" else np.ones_like(even[lo])  # nearest-away: every tie up
+        up = (dhi < dlo) | ((dhi == dlo) & (even[hi] | (rounding == "nearest-away")) & tie_up)
         r = np.where(up, mags[hi], mags[lo])
     r = np.minimum(r, mags[-1])  # saturate
     signed = np.copysign(r, x) if policy != "fnuz" else np.where(r == 0, 0.0, np.copysign(r, x))
@@ -79,7 +80,7 @@ def bits(a):
 
 
 @pytest.mark.parametrize("name,E,M,bias,policy", REFERENCE_FORMATS)
-@pytest.mark.parametrize("rounding", ["nearest-even", "toward-zero"])
+@pytest.mark.parametrize("rounding", ["nearest-even", "toward-zero", "nearest-away"])
 def test_quantize_equals_the_bitfield_reference(rng, name, E, M, bias, policy, rounding):
     x = sample_values(rng, E, M, bias, policy)
     want = reference_quantize(x, E, M, bias, policy, rounding)

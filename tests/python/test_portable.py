@@ -18,7 +18,7 @@ ELEMENT_FORMATS = [p["name"] for p in fp8lab.presets()] + [
     "1.4.3:10", "1.5.2:13:ieee", "1.4.3:-3:fn", "1.3.4:2", "1.6.9:31:fn:nosub", "1.4.3:7:fnuz:nosub",
     "1.0.7", "1.0.3:-2:finite", "0.4.3:fn", "0.8.0:fn:nosub:nozero", "1.2.1:1:ieee", "1.7.8:100", "1.5.10",
 ]
-ROUNDINGS = [("nearest-even", 32), ("toward-zero", 32), ("stochastic", 32), ("stochastic", 9), ("stochastic", 1)]
+ROUNDINGS = [("nearest-even", 32), ("toward-zero", 32), ("nearest-away", 32), ("stochastic", 32), ("stochastic", 9), ("stochastic", 1)]
 
 
 def overflows(fmt: fp8lab.Format):

@@ -20,14 +20,16 @@ enum class Policy : std::uint8_t {
   finite,  // OCP MX elements: every code is a finite number
 };
 
-enum class Rounding : std::uint8_t { nearest_even, toward_zero, stochastic };
+// nearest_away: to nearest, ties away from zero (IEEE 754's roundTiesToAway; Quartet II's
+// FP4 quantizers), docs/spec.md §2.2.
+enum class Rounding : std::uint8_t { nearest_even, toward_zero, stochastic, nearest_away };
 enum class Overflow : std::uint8_t { saturate, nan, inf };
 
 std::string_view to_string(Policy p);
 std::string_view to_string(Rounding r);
 std::string_view to_string(Overflow o);
 Policy parse_policy(std::string_view s);      // throws Error
-Rounding parse_rounding(std::string_view s);  // accepts nearest-even|ne|rne, toward-zero|tz, stochastic|sr
+Rounding parse_rounding(std::string_view s);  // accepts nearest-even|ne|rne, toward-zero|tz, stochastic|sr, nearest-away|rna
 Overflow parse_overflow(std::string_view s);  // saturate|clip, nan, inf
 
 // Limits of what a Format may describe. Codes and kernels take at most 16 bits; the analysis
