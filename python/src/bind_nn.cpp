@@ -91,6 +91,8 @@ void bind_layer_quant(py::module_& m) {
                              "The backward product's quantizer of a ('fp32' where it is a's own, docs/spec.md §6.12)")
       .def_property_readonly("w_bwd", [](const nn::LayerQuant& q) { return nn::to_string(q.w_bwd); },
                              "The backward product's quantizer of w ('fp32' where it is w's own, docs/spec.md §6.12)")
+      .def_property_readonly("bwd_from", [](const nn::LayerQuant& q) { return std::string(nn::to_string(q.bwd_from)); },
+                             "What a_bwd and w_bwd quantize: tensor (the float32 tensor) or forward (the forward's values)")
       .def("__eq__", [](const nn::LayerQuant& a, const nn::LayerQuant& b) { return a == b; })
       .def(py::pickle(
           [](const nn::LayerQuant& q) {
@@ -98,10 +100,10 @@ void bind_layer_quant(py::module_& m) {
             for (TensorKind k : nn::kAllKinds) kinds.push_back(nn::to_string(q[k]));
             return py::make_tuple(kinds, q.hadamard, std::string(nn::to_string(q.hadamard_signs)),
                                   std::string(nn::to_string(q.hadamard_on)), nn::to_string(q.a_bwd),
-                                  nn::to_string(q.w_bwd));
+                                  nn::to_string(q.w_bwd), std::string(nn::to_string(q.bwd_from)));
           },
           [](const py::tuple& t) {
-            if (t.size() != 6) throw Error("LayerQuant: bad pickled state");
+            if (t.size() != 7) throw Error("LayerQuant: bad pickled state");
             const auto kinds = t[0].cast<std::vector<std::string>>();
             if (kinds.size() != nn::kKinds) throw Error("LayerQuant: bad pickled state");
             nn::LayerQuant q;
@@ -111,6 +113,7 @@ void bind_layer_quant(py::module_& m) {
             q.hadamard_on = nn::parse_hadamard_products(t[3].cast<std::string>());
             q.a_bwd = nn::parse_kind_quant(t[4].cast<std::string>());
             q.w_bwd = nn::parse_kind_quant(t[5].cast<std::string>());
+            q.bwd_from = nn::parse_backward_source(t[6].cast<std::string>());
             return q;
           }))
       .def("__repr__", [](const nn::LayerQuant& q) {
@@ -138,7 +141,7 @@ void bind_recipe(py::module_& m) {
       .def(py::init(&recipe_from_python), py::arg("text") = py::none(),
            "Recipe(text): a preset name (fp32, resnet32-152, mxfp8, ...), a line 'a=1.4.3,w=1.4.3,gx=1.5.2' or a "
            ".toml file. Recipe(a=..., w=..., gx=..., gw=..., exempt_first=..., keep_first=..., keep_last=..., "
-           "hadamard=..., hadamard_signs=..., hadamard_on=..., a_bwd=..., w_bwd=..., "
+           "hadamard=..., hadamard_signs=..., hadamard_on=..., a_bwd=..., w_bwd=..., bwd_from=..., "
            "compute=..., accumulate=..., name=..., overrides=[{'match': 'fc*', 'gw': 'fp32'}, ...]): the same "
            "keys as fields (docs/spec.md §4.2)")
       .def_readonly("name", &nn::Recipe::name)

@@ -174,9 +174,15 @@ ProductOperand LayerState::forward_operand(TensorKind k, const ScaledTensor& f, 
 }
 
 ProductOperand LayerState::quantize_forward_operand(TensorKind k, const torch::Tensor& t, std::uint32_t call,
-                                                    const ScaledOperand& o) {
-  if (!scaled(k)) return {quantize(k, t, call, o.operand)};
+                                                    const ScaledOperand& o, torch::Tensor* values) {
+  if (!scaled(k)) {
+    torch::Tensor y = quantize(k, t, call, o.operand);
+    if (values) *values = y;
+    return {y};
+  }
   const ScaledCall sc = amax.scaled_call(k, o.operand);
+  if (values)  // the same quantization (stream, scale inputs) as the operand's, its whole values
+    *values = from_matrix(quantize_scaled(k, t, o.fwd, call, o.operand, sc, {.count = false}).values, t.sizes(), o.fwd);
   const bool apart = scales_apart(k, o.scales_apart);
   const ScaledTensor f = quantize_scaled(
       k, t, o.fwd, call, o.operand, sc,

@@ -147,8 +147,11 @@ std::pair<ProductOperand, ProductOperand> quantize_operands(Ctx* ctx,
     const Operand& o = i == 0 ? a : b;
     const ScaledOperand so{o.fwd, o.bwd, o.index, o.product, for_products, layout, o.scales_apart};
     if (st->has_backward_form(o.kind)) {  // two quantizers: the forward's, and the backward form's
-      q[i] = st->quantize_forward_operand(o.kind, o.t, call, so);
-      ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(st->quantize_backward_form(o.kind, o.t, call, so));
+      const bool from_forward = st->quant.bwd_from == BackwardSource::forward;
+      torch::Tensor forward_values;
+      q[i] = st->quantize_forward_operand(o.kind, o.t, call, so, from_forward ? &forward_values : nullptr);
+      ctx->saved_data[saved_key(i)] = c10::IValue::make_capsule(
+          st->quantize_backward_form(o.kind, from_forward ? forward_values : o.t, call, so));
     } else if (st->scaled(o.kind)) {
       auto [y, keep] = st->quantize_scaled_operand(o.kind, o.t, call, so);
       q[i] = std::move(y);

@@ -184,6 +184,13 @@ constexpr RecipeKey kKeys[] = {
     {"w_bwd", "", TomlValue::quantizer, set_backward_form<&LayerQuant::w_bwd>,
      "a scaled quantizer with current scaling, or none (the backward product's form of w; w itself by default)",
      get_backward_form<&LayerQuant::w_bwd>},
+    {"bwd_from", "", TomlValue::text,
+     [](Recipe& r, std::string_view v) { r.base.bwd_from = parse_backward_source(v); },
+     "tensor (a_bwd and w_bwd quantize the float32 tensor) or forward (the values the forward product read)",
+     [](const Recipe& r) -> std::optional<std::string> {
+       if (r.base.bwd_from == BackwardSource::tensor) return std::nullopt;
+       return std::string(to_string(r.base.bwd_from));
+     }},
     {"compute", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.compute = parse_compute(v); },
      "fp32, bf16 or auto", get_compute},
     {"accumulate", "", TomlValue::text, [](Recipe& r, std::string_view v) { r.accumulate = parse_accumulation(v); },

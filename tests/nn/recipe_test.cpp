@@ -297,7 +297,7 @@ accumulate = "e5m2@32"
   // The unknown-key message lists the keys from the one table.
   const std::string u = error_of([] { parse_recipe("a=1.4.3,bogus=1"); });
   EXPECT_NE(u.find("exempt_first (or first), keep_first, keep_last (or last), hadamard, hadamard_signs, hadamard_on, "
-                   "a_bwd, w_bwd, compute, accumulate"),
+                   "a_bwd, w_bwd, bwd_from, compute, accumulate"),
             std::string::npos)
       << u;
 }
@@ -404,6 +404,13 @@ TEST(RecipeGrammar, BackwardFormsBelongToTheBasesQuantizers) {
   const std::string delayed = error_of([] { parse_recipe("a=bf16,w_bwd=e4m3_delayed"); });
   EXPECT_NE(delayed.find("w_bwd: 'e4m3_delayed' is delayed scaling"), std::string::npos) << delayed;
   EXPECT_NE(error_of([] { parse_recipe_toml("a_bwd = 3\n", "b.toml"); }).find("b.toml:1"), std::string::npos);
+  // bwd_from: the float32 tensor by default, printed only when it is the forward's values.
+  EXPECT_EQ(r.base.bwd_from, BackwardSource::tensor);
+  const Recipe fwd = parse_recipe("a=nvfp4,a_bwd=mxfp4,bwd_from=forward");
+  EXPECT_EQ(fwd.resolve("x", 1, 3).bwd_from, BackwardSource::forward);
+  EXPECT_NE(fwd.to_line().find("bwd_from=forward"), std::string::npos) << fwd.to_line();
+  EXPECT_EQ(parse_recipe_toml(fwd.to_toml(), "f.toml").base, fwd.base);
+  EXPECT_NE(error_of([] { parse_recipe("a=nvfp4,bwd_from=fp32"); }).find("(known: tensor, forward)"), std::string::npos);
 }
 
 TEST(RecipeGrammar, RandomBitsHaveATextForm) {
@@ -445,6 +452,7 @@ TEST(RecipeGrammar, RandomRecipesRoundTripThroughBothForms) {
     const char* backward_forms[] = {"mxfp4/stochastic", "mxfp4:dither-scale/stochastic:16", "nvfp4", "e4m3_tensor"};
     if (pick(2)) r.base.a_bwd = parse_kind_quant(backward_forms[pick(std::size(backward_forms))]);
     if (pick(2)) r.base.w_bwd = parse_kind_quant(backward_forms[pick(std::size(backward_forms))]);
+    if (pick(2)) r.base.bwd_from = BackwardSource::forward;
     if (pick(2)) r.compute = static_cast<Compute>(pick(3));
     const char* accumulations[] = {"fp32", "1.8.10@128", "hopper-fp8-promote128",
                                    "dot:group=8:frac=5:align=nearest:acc=9:acc_round=nearest:promote=16"};

@@ -443,6 +443,21 @@ TEST(ScaledOps, BackwardFormsAreTheOperandsOfTheBackwardProductsOnly) {
     EXPECT_TRUE(bit_equal(grads[0], q(gm).mm(q(wm).t())));
     EXPECT_TRUE(bit_equal(grads[1], grad_w_of(q(xt).t().contiguous(), q(gt).t().contiguous())));
   }
+  // bwd_from = forward: the backward forms quantize the forward's values (Quartet II): here
+  // x's NVFP4 values (1x16 blocks along `in`) requantized along N, and w's bfloat16 ones.
+  {
+    const std::string nv = "e2m1fn@1x16:ue4m3:nearest:tensor-scale";
+    const Recipe r = parse_recipe("a=" + nv + ",w=bf16,gx=" + spec + ",gw=fp32,a_bwd=" + spec + ",w_bwd=" + spec +
+                                  ",bwd_from=forward");
+    auto st = make_layer_state("lin", r.resolve("lin", 1, 3), nullptr);
+    const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const auto grads = torch::autograd::grad({(quant_linear(x, w, {}, st) * g).sum()}, {x, w});
+    const ScaledSpec nvs = parse_scaled(nv);
+    const torch::Tensor xq = ref_quantize(x0, N, in, [&](std::int64_t rr, std::int64_t c) { return rr * in + c; }, nvs);
+    EXPECT_TRUE(bit_equal(grads[0], q(g).mm(q(bf16(w0).t().contiguous()).t())));
+    EXPECT_TRUE(bit_equal(grads[1], grad_w_of(q(xq.t().contiguous()).t().contiguous(), q(g.t().contiguous()).t().contiguous())));
+    EXPECT_FALSE(bit_equal(xq, x0));
+  }
   // Without the backward forms the backward products read the bfloat16 operands.
   auto plain = make_layer_state("lin", parse_recipe("a=bf16,w=bf16,gx=" + spec + ",gw=fp32").base, nullptr);
   const torch::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();

@@ -378,7 +378,9 @@ def test_the_nvfp4_training_recipe_and_its_switches():
     middle = tseng.resolve("fc", 1, 3)
     assert middle.a_bwd == middle.w_bwd == middle["gx"] == "e2m1fn@1x32:e8m0:floor:dither-scale/stochastic"
     assert (middle["a"], tseng.resolve("fc", 0, 3).a_bwd) == (bf16, "fp32")
-    assert pickle.loads(pickle.dumps(middle)) == middle
+    assert pickle.loads(pickle.dumps(middle)) == middle and middle.bwd_from == "tensor"
+    requantized = fp8lab.Recipe(a="nvfp4", a_bwd="mxfp4", bwd_from="forward").resolve("fc", 1, 3)
+    assert requantized.bwd_from == "forward" and pickle.loads(pickle.dumps(requantized)) == requantized
     assert fp8lab.Recipe(a="bf16", a_bwd="mxfp4").base.a_bwd == fp8lab.Recipe("a=mxfp4").base["a"]
     with pytest.raises(ValueError, match="a_bwd'?: '1.4.3' is not a scaled quantizer"):
         fp8lab.Recipe(a="bf16", a_bwd="1.4.3")

@@ -355,8 +355,10 @@ struct LayerState : torch::CustomClassHolder {
   // own quantizer's, which need not be scaled; an operand as quantize_scaled_operand's), and
   // the backward form's quantization of t for the backward product, as backward keeps it,
   // from t itself with its own stream and amax.
+  // `values`: where not null, also Q_k(t) itself as float32 of t's shape (the values the
+  // forward product reads, its tensor and group scales applied), for bwd_from = forward.
   ProductOperand quantize_forward_operand(TensorKind k, const torch::Tensor& t, std::uint32_t call,
-                                          const ScaledOperand& o);
+                                          const ScaledOperand& o, torch::Tensor* values = nullptr);
   c10::intrusive_ptr<SavedScaled> quantize_backward_form(TensorKind k, const torch::Tensor& t, std::uint32_t call,
                                                          const ScaledOperand& o);
   // The saved operand as a tensor of its shape, contiguous, with its factor; with

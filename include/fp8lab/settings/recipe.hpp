@@ -49,6 +49,11 @@ const std::array<float, 16>& fixed_hadamard_signs(HadamardSigns s);
 enum class HadamardProducts : std::uint8_t { grad_w, backward };
 std::string_view to_string(HadamardProducts p);
 HadamardProducts parse_hadamard_products(std::string_view s);  // throws Error naming the choices
+// What a backward form quantizes (docs/spec.md §6.12): the float32 tensor itself, or the
+// values the forward product read, Q(t) (Quartet II requantizes those).
+enum class BackwardSource : std::uint8_t { tensor, forward };
+std::string_view to_string(BackwardSource s);
+BackwardSource parse_backward_source(std::string_view s);  // throws Error naming the choices
 // The transform's sizes: 16, 32, 64 and 128 (0: none).
 inline bool is_hadamard_size(int n) { return n == 16 || n == 32 || n == 64 || n == 128; }
 
@@ -65,6 +70,7 @@ struct LayerQuant {
   // forward product takes q[a] / q[w]'s (Tseng et al.'s MXFP4 recipe: a bfloat16 forward,
   // MXFP4 backward products). nullopt: the backward product takes the kind's own quantizer.
   KindQuant a_bwd, w_bwd;
+  BackwardSource bwd_from = BackwardSource::tensor;
   // The backward form of kind k (a_bwd for a, w_bwd for w; nullopt for the gradients).
   const KindQuant& backward_form(TensorKind k) const {
     static const KindQuant none;
