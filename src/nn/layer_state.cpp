@@ -145,11 +145,7 @@ ScaledOutputs operand_outputs(bool apart, ScaledOutputs others) {
 std::pair<ProductOperand, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_scaled_operand(
     TensorKind k, const torch::Tensor& t, std::uint32_t call, const ScaledOperand& o) {
   const ScaledCall sc = amax.scaled_call(k, o.operand);
-  auto saved = c10::make_intrusive<SavedScaled>();
-  saved->kind = k;
-  saved->view = o.bwd;
-  saved->shape = t.sizes().vec();
-  saved->scales_apart = scales_apart(k, o.scales_apart);
+  auto saved = saved_operand(k, t, o, false);
   const bool apart = saved->scales_apart;
   const bool codes = saves_codes(k) || apart;
   // The backward product's operand: its own blocks, from the float32 tensor, its own stream
@@ -161,7 +157,7 @@ std::pair<ProductOperand, c10::intrusive_ptr<SavedScaled>> LayerState::quantize_
       {o.fwd, o.operand, operand_outputs(apart, {.bf16 = o.for_products && scaled_bf16(k), .operand = true})},
       {o.bwd, o.operand + 2,
        operand_outputs(apart, {.values = !codes, .codes = codes, .count = false, .hadamard = hadamard, .operand = true})});
-  saved_bytes(k) += codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
+  count_saved(*saved);
   amax.push(k, o.operand, f.amax);
   return {forward_operand(k, f, t, o, apart), saved};
 }
@@ -193,12 +189,7 @@ ProductOperand LayerState::quantize_forward_operand(TensorKind k, const torch::T
 
 c10::intrusive_ptr<SavedScaled> LayerState::quantize_backward_form(TensorKind k, const torch::Tensor& t,
                                                                    std::uint32_t call, const ScaledOperand& o) {
-  auto saved = c10::make_intrusive<SavedScaled>();
-  saved->kind = k;
-  saved->backward_form = true;
-  saved->view = o.bwd;
-  saved->shape = t.sizes().vec();
-  saved->scales_apart = o.scales_apart && spec(k, true).scales_on_output();
+  auto saved = saved_operand(k, t, o, true);
   const bool apart = saved->scales_apart;
   const bool codes = saves_codes(k) || apart;
   const BackwardProduct hadamard = hadamard_applies(o.product, k) ? o.product : BackwardProduct::none;
@@ -206,8 +197,24 @@ c10::intrusive_ptr<SavedScaled> LayerState::quantize_backward_form(TensorKind k,
   saved->q = quantize_scaled(k, t, o.bwd, call, o.operand + 2, ScaledCall{},
                              operand_outputs(apart, {.values = !codes, .codes = codes, .count = false,
                                                      .hadamard = hadamard, .operand = true, .backward_form = true}));
-  saved_bytes(k) += codes ? saved->q.codes.numel() + saved->q.scales.numel() * 4 : saved->q.values.numel() * 4;
+  count_saved(*saved);
   return saved;
+}
+
+c10::intrusive_ptr<SavedScaled> LayerState::saved_operand(TensorKind k, const torch::Tensor& t, const ScaledOperand& o,
+                                                          bool backward_form) const {
+  auto saved = c10::make_intrusive<SavedScaled>();
+  saved->kind = k;
+  saved->backward_form = backward_form;
+  saved->view = o.bwd;
+  saved->shape = t.sizes().vec();
+  saved->scales_apart = o.scales_apart && (backward_form || scaled(k)) && spec(k, backward_form).scales_on_output();
+  return saved;
+}
+
+void LayerState::count_saved(const SavedScaled& saved) const {
+  const ScaledTensor& q = saved.q;
+  saved_bytes(saved.kind) += q.codes.defined() ? q.codes.numel() + q.scales.numel() * 4 : q.values.numel() * 4;
 }
 
 ProductOperand LayerState::restore(const SavedScaled& saved, bool for_products, OperandLayout layout) const {

@@ -45,14 +45,14 @@ constexpr EnumName<HadamardProducts> kHadamardProducts[] = {{HadamardProducts::g
 }  // namespace
 
 std::string_view to_string(HadamardProducts p) { return enum_name(kHadamardProducts, p); }
+HadamardProducts parse_hadamard_products(std::string_view s) {
+  return enum_parse(kHadamardProducts, trim(s), "Hadamard products");
+}
 constexpr EnumName<BackwardSource> kBackwardSources[] = {{BackwardSource::tensor, "tensor"},
                                                          {BackwardSource::forward, "forward"}};
 std::string_view to_string(BackwardSource s) { return enum_name(kBackwardSources, s); }
 BackwardSource parse_backward_source(std::string_view s) {
   return enum_parse(kBackwardSources, trim(s), "backward-form source");
-}
-HadamardProducts parse_hadamard_products(std::string_view s) {
-  return enum_parse(kHadamardProducts, trim(s), "Hadamard products");
 }
 
 const std::array<float, 16>& fixed_hadamard_signs(HadamardSigns s) {

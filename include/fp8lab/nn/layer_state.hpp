@@ -388,6 +388,11 @@ struct LayerState : torch::CustomClassHolder {
   // v, and its scales (a per-tensor scale as the factor).
   ProductOperand apart_operand(TensorKind k, const ScaledTensor& q, at::IntArrayRef shape, const MatrixView& v,
                                bool for_products, bool backward_form = false) const;
+  // A saved backward operand of kind k (of its backward form with `backward_form`) before its
+  // quantization: what it is and how it is restored; and its bytes, once quantized, counted.
+  c10::intrusive_ptr<SavedScaled> saved_operand(TensorKind k, const torch::Tensor& t, const ScaledOperand& o,
+                                                bool backward_form) const;
+  void count_saved(const SavedScaled& saved) const;
   // A forward product's operand from its quantization f (apart: its group scales apart).
   ProductOperand forward_operand(TensorKind k, const ScaledTensor& f, const torch::Tensor& t, const ScaledOperand& o,
                                  bool apart) const;
