@@ -463,11 +463,12 @@ class Scaled:
     arithmetic: str = "exact"
     four_over_six: bool = False
     dither_scale: bool = False
+    eden: int = 0
 
     @staticmethod
     def of(s: "_core.ScaledFormat") -> "Scaled":
         return Scaled(Fmt.of(s.element), s.granularity, s.block, s.scale_format, s.rule, s.tensor_scale, s.history,
-                      s.arithmetic, s.four_over_six, s.dither_scale)
+                      s.arithmetic, s.four_over_six, s.dither_scale, s.eden)
 
     @property
     def pow2(self) -> bool:
@@ -548,9 +549,34 @@ def tensor_scale_of(s: Scaled, tensor_amax: float) -> float:
         return float(np.float32(1) / _te_encode(s, tensor_amax))
     if not s.tensor_scale or not tensor_amax > 0:
         return 1.0
+    if s.arithmetic == "quartet":
+        top, m = _quartet_constants(s)
+        ts = np.float32(np.float32(tensor_amax) / top) / m
+        return float(max(ts, np.float32(np.finfo(np.float32).smallest_subnormal)))
     top = s.element.max_finite * (_FOUR_OVER_SIX_SCALE_TOP if s.four_over_six else _scale_max_value(s.scale))
     ts = np.float32(float(tensor_amax) / top)
     return float(max(ts, np.finfo(np.float32).tiny))
+
+
+def _quartet_constants(s: Scaled) -> Tuple[np.float32, np.float32]:
+    """core quartet_constants (docs/spec.md §6.13): the largest block scale the tensor scale
+    leaves room for and the element value a block's amax maps to, as float32."""
+    if s.eden == 0:
+        return np.float32(448.0), np.float32(6.0)
+    return np.float32(255.99), np.float32(6.0 / (17.0 / 16.0 * 0.93))
+
+
+def _quartet_scale_code(s: Scaled, amax: torch.Tensor, ts: float):
+    """Quartet II's block scale codes of finite amaxes (docs/spec.md §6.13): ue4m3 of
+    fl32(fl32(amax / m) / ts) to nearest-even, saturating, and the code of 1 where that is 0.
+    (code, underflow, overflow)."""
+    f = _SCALE_FORMATS[s.scale]
+    _, m = _quartet_constants(s)
+    q = amax.to(torch.float32) / m / np.float32(ts)
+    zeros = torch.zeros_like(q, dtype=torch.int64)
+    code, _, _, _ = encode(q, Spec(f), zeros, 0)
+    one, _, _, _ = encode(torch.ones_like(q), Spec(f), zeros, 0)
+    return torch.where(code == 0, one, code), (code == 0) & (amax != 0), q > _scale_values(s.scale)[-1]
 
 
 def _ilogb_float(v: float) -> int:
@@ -721,6 +747,9 @@ def _choose_scales(s: Scaled, amax: torch.Tensor, ts: float, target: Optional[fl
     elif s.arithmetic == "te":
         S, X, under = _te_scale(s, torch.where(nan, 1.0, a))
         code, over, reciprocal = _bits(X), torch.zeros_like(under), S
+    elif s.arithmetic == "quartet":
+        code, under, over = _quartet_scale_code(s, torch.where(nan, 1.0, a), ts)
+        code = torch.where(nan, 0, code)
     elif s.arithmetic == "torchao":
         code, under, over = _torchao_scale_code(s, torch.where(nan, 1.0, a), ts)
         code = torch.where(nan, 0, code)
@@ -820,6 +849,57 @@ def _group_error(x: torch.Tensor, y: torch.Tensor, br: int, bc: int) -> torch.Te
     return total
 
 
+def _quartet_scaled(x: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """The quartet arithmetic's scaled elements fl32(x / X): signed zeros where X is 0 (a scale
+    that underflowed), float32's largest of x's sign where a finite x overflows."""
+    v = torch.where(X == 0, torch.where(torch.signbit(x), -0.0, 0.0), x / torch.where(X == 0, 1.0, X))
+    return torch.where(torch.isinf(v) & torch.isfinite(x), torch.copysign(torch.tensor(_FLT_MAX), v), v)
+
+
+def _eden_scales(x: torch.Tensor, s: Scaled, g: _Groups, d: torch.Tensor, index: torch.Tensor, seed: int, each):
+    """MS-EDEN's scales (docs/spec.md §6.13): per window of s.eden values of a row, c =
+    fl32(num) / fl32(den) with num = sum v^2 and den = sum v q summed in float64 in order (1
+    where den is 0 or c is not finite); each finite group's scale fl32(s c) rounded
+    stochastically to UE4M3 with the random bits of its first element's index. (codes, the
+    groups whose new scale is 0, those whose s c passed 448.)"""
+    rows, cols = x.shape
+    e_nan = each(g.nan)
+    v = torch.where(e_nan, 0.0, _quartet_scaled(x, each(g.value))).to(torch.float64)
+    q = torch.where(e_nan, 0.0, d).to(torch.float64)
+    vg, qg = _grid(v, 1, s.eden, 0.0)[:, 0], _grid(q, 1, s.eden, 0.0)[:, 0]  # [rows, windows, eden]
+    num = torch.zeros(vg.shape[:2], dtype=torch.float64, device=x.device)
+    den = torch.zeros_like(num)
+    for k in range(s.eden):
+        num = num + vg[:, :, k] * vg[:, :, k]
+        den = den + vg[:, :, k] * qg[:, :, k]
+    num32, den32 = num.to(torch.float32), den.to(torch.float32)
+    c = torch.where(den32 == 0, 1.0, num32 / torch.where(den32 == 0, 1.0, den32))
+    c = torch.where(torch.isfinite(c), c, 1.0)
+    groups = g.code.shape[1]
+    c_g = c[:, torch.arange(groups, device=x.device) * s.block // s.eden]
+    t = _scale_value(s.scale, torch.where(g.nan, 0, g.code)).to(torch.float32) * c_g
+    first = index[:, ::s.block] if cols else torch.zeros_like(g.code)
+    code, _, _, _ = encode(t.contiguous(), Spec(_SCALE_FORMATS[s.scale], "stochastic"), first, seed)
+    code = torch.where(g.nan, g.code, code)
+    return code, (code == 0) & ~g.zero & ~g.nan, (t > _scale_values(s.scale)[-1]) & ~g.nan
+
+
+def _quartet_values(x: torch.Tensor, s: Scaled, g: _Groups, c: torch.Tensor, ts: float, index: torch.Tensor,
+                    seed: int, under: torch.Tensor, over: torch.Tensor, each):
+    """The quartet arithmetic's groups and values (docs/spec.md §6.13): q fl32(s ts), or under
+    eden, with the scales MS-EDEN corrected, fl32(fl32(q s) ts). (groups, values, scale
+    underflow, overflow)."""
+    d = decode(c, s.element)
+    if not s.eden:
+        return g, torch.where(each(g.nan), torch.nan, d * each(g.value)), under, over
+    code, under_e, over_e = _eden_scales(x, s, g, d, index, seed, each)
+    g = dataclasses.replace(g, code=code)
+    under, over = under | under_e, over | over_e
+    unit = _scale_value(s.scale, torch.where(g.nan, 0, g.code)).to(torch.float32)
+    y = (d * each(unit)) * torch.tensor(ts, dtype=torch.float32, device=x.device)
+    return g, torch.where(each(g.nan), torch.nan, y), under, over
+
+
 def scaled_quantize_matrix(x: torch.Tensor, format: "_core.ScaledFormat", rounding: str, random_bits: int,
                            seed: int, values: bool, codes: bool, delayed_amax: Optional[float] = None) -> dict:
     """scaled_quantize_reference of a float32 matrix: the values, codes, scale codes ([grid
@@ -856,6 +936,8 @@ def scaled_quantize_matrix(x: torch.Tensor, format: "_core.ScaledFormat", roundi
         return _spread(t, br, bc, rows, cols)
 
     c, o, u, n, y = _elements(x, s, q, g, index, seed, each)
+    if s.arithmetic == "quartet":
+        g, y, s_under, s_over = _quartet_values(x, s, g, c, ts, index, seed, s_under, s_over, each)
     if s.four_over_six:
         g4, under4, over4 = _choose_scales(s, group_amax, ts, _FOUR_OVER_SIX_TARGET)
         c4, o4, u4, n4, y4 = _elements(x, s, q, g4, index, seed, each)
@@ -929,6 +1011,9 @@ def scaled_decode_matrix(codes: torch.Tensor, scales: torch.Tensor, tensor_scale
         y = decode(c, el, el.bias - _spread(safe - 127, br, bc, rows, cols))
     elif s.dither_scale:
         y = _dither_value(decode(c, el), _spread(safe - 127, br, bc, rows, cols))
+    elif s.eden:
+        unit = _spread(_scale_value(s.scale, safe).to(torch.float32), br, bc, rows, cols)
+        y = (decode(c, el) * unit) * torch.tensor(np.float32(tensor_scale), dtype=torch.float32, device=c.device)
     else:
         y = decode(c, el) * e_value
     return torch.where(e_nan, torch.nan, y)

@@ -135,8 +135,11 @@ void bind_scaled(py::module_& m) {
                              "False without one or where it is folded into the values (tensor-scale-folded)")
       .def_property_readonly("arithmetic", [](const ScaledSpec& s) { return std::string(to_string(s.arithmetic)); },
                              "Whose float32 operations choose scales and scale elements: exact (docs/spec.md "
-                             "§6.2-6.3), torchao (its NVFP4 quantizer) or te (TransformerEngine's current scaling and NVFP4 "
-                             "quantizer, §6.9)")
+                             "§6.2-6.3), torchao (its NVFP4 quantizer), te (TransformerEngine's current scaling and NVFP4 "
+                             "quantizer, §6.9) or quartet (Quartet II's NVFP4 kernels, §6.13)")
+      .def_property_readonly("eden", [](const ScaledSpec& s) { return s.eden; },
+                             "MS-EDEN's window (option eden-N, docs/spec.md §6.13; 0: off): each window's groups share "
+                             "a correction of their scales, which are then rounded stochastically")
       .def_property_readonly("dither_scale", [](const ScaledSpec& s) { return s.dither_scale; },
                              "Tseng et al.'s dither-scale (docs/spec.md §6.11): E8M0 blocks' elements rounded from "
                              "3/4 of x / 2^e, read back as q 2^(e+2) / 3")

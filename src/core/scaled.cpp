@@ -35,7 +35,9 @@ constexpr double kFourOverSixTarget = 4.0;
 constexpr double kFourOverSixScaleTop = 256.0;
 constexpr EnumName<ScaleArithmetic> kArithmetics[] = {{ScaleArithmetic::exact, "exact"},
                                                       {ScaleArithmetic::torchao, "torchao"},
-                                                      {ScaleArithmetic::te, "te"}};
+                                                      {ScaleArithmetic::te, "te"},
+                                                      {ScaleArithmetic::quartet, "quartet"}};
+constexpr std::string_view kEden = "eden-";
 
 }  // namespace
 
@@ -94,6 +96,22 @@ void validate(const ScaledSpec& s) {
   if (s.dither_scale && (s.scale != ScaleFormat::e8m0 || s.tensor_scale || s.arithmetic != ScaleArithmetic::exact))
     throw Error(what + "dither-scale scales the elements of E8M0 blocks by 3/4: it needs e8m0 scales without a "
                        "tensor scale and the exact arithmetic (docs/spec.md §6.11)");
+  if (s.arithmetic == ScaleArithmetic::quartet &&
+      (e.max_finite() != 6.0 || s.scale != ScaleFormat::ue4m3 || !s.tensor_scale ||
+       s.granularity != Granularity::block || s.rule != ScaleRule::nearest || s.history != 0 || s.four_over_six ||
+       s.dither_scale))
+    throw Error(what + "quartet's arithmetic is that of Quartet II's NVFP4 kernels: E2M1 elements in 1xK blocks, ue4m3 "
+                       "scales rounded to nearest under a tensor scale, current scaling (docs/spec.md §6.13)");
+  if (s.eden != 0) {
+    if (s.arithmetic != ScaleArithmetic::quartet)
+      throw Error(what + "eden-N is MS-EDEN on Quartet II's arithmetic: add the option quartet (docs/spec.md §6.13)");
+    if (s.eden < 1 || s.eden > kMaxBlock || s.eden % s.block != 0)
+      throw Error(what + "eden-" + std::to_string(s.eden) + ": the window must be a multiple of the block (" +
+                  std::to_string(s.block) + ") up to " + std::to_string(kMaxBlock));
+    if (s.element.rounding == Rounding::stochastic)
+      throw Error(what + "MS-EDEN rounds the elements to nearest and the scales stochastically: stochastic rounding "
+                         "of the elements does not apply");
+  }
   if (s.four_over_six) {
     if (e.max_finite() != 6.0)
       throw Error(what + "4over6 chooses between the element values 6 and 4: it needs E2M1 elements (largest 6)");
@@ -137,7 +155,7 @@ void parse_granularity(std::string_view g, ScaledSpec& s, const std::string& whe
 
 // What an option sets: each may be given once in a format's text (after a preset it
 // replaces the preset's choice); a second one contradicts or repeats the first.
-enum class OptionKind { scale, rule, tensor_scale, history, scale_order, arithmetic, adaptive, dither };
+enum class OptionKind { scale, rule, tensor_scale, history, scale_order, arithmetic, adaptive, dither, eden };
 
 OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& where) {
   if (const auto f = enum_find(kScaleFormats, o)) return s.scale = *f, OptionKind::scale;
@@ -155,6 +173,11 @@ OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& wh
   if (const auto a = enum_find(kArithmetics, o)) return s.arithmetic = *a, OptionKind::arithmetic;
   if (o == kFourOverSix) return s.four_over_six = true, OptionKind::adaptive;
   if (o == kDitherScale) return s.dither_scale = true, OptionKind::dither;
+  if (o.substr(0, kEden.size()) == kEden) {
+    if (!parse_positive(o.substr(kEden.size()), s.eden))
+      throw Error(where + "'" + std::string(o) + "': expected eden-N with N the window of MS-EDEN's correction");
+    return OptionKind::eden;
+  }
   if (o.substr(0, 8) == "delayed-") {
     int n = 0;
     if (!parse_positive(o.substr(8), n))
@@ -164,13 +187,14 @@ OptionKind apply_option(std::string_view o, ScaledSpec& s, const std::string& wh
   }
   throw Error(where + "unknown option '" + std::string(o) +
               "': expected e8m0, ue4m3, fp32, floor, ceil, nearest, tensor-scale, tensor-scale-folded, "
-              "scales-on-output, scales-folded, current, delayed-N, exact, torchao, te, 4over6 or dither-scale");
+              "scales-on-output, scales-folded, current, delayed-N, exact, torchao, te, quartet, 4over6, dither-scale or eden-N");
 }
 
 void apply_options(const std::vector<std::string_view>& options, ScaledSpec& s, const std::string& where) {
   static constexpr const char* kWhat[] = {"scale format", "rounding rule", "tensor scale",
                                           "scaling (current or delayed)", "order of the scales in products",
-                                          "arithmetic", "adaptive choice of scales", "dither-scale option"};
+                                          "arithmetic", "adaptive choice of scales", "dither-scale option",
+                                          "MS-EDEN window"};
   std::string_view given[std::size(kWhat)];
   for (std::string_view o : options) {
     const auto k = static_cast<std::size_t>(apply_option(o, s, where));
@@ -239,6 +263,7 @@ std::string to_string(const ScaledSpec& s) {
   if (s.arithmetic != ScaleArithmetic::exact) out += ":" + std::string(to_string(s.arithmetic));
   if (s.four_over_six) out += std::string(":") + kFourOverSix;
   if (s.dither_scale) out += std::string(":") + kDitherScale;
+  if (s.eden != 0) out += ":" + std::string(kEden) + std::to_string(s.eden);
   return out;
 }
 
@@ -263,6 +288,10 @@ const std::vector<ScaledPreset>& scaled_presets() {
        "NVFP4 weights in NVIDIA's training recipe: 16x16 tiles, one quantization for W and W^T"},
       {"nvfp4_4over6", "e2m1fn@1x16:ue4m3:nearest:tensor-scale:4over6",
        "NVFP4 with Four Over Six: each block scaled to 6 or to 4, whichever is nearer its values"},
+      {"nvfp4_quartet", "e2m1fn@1x16:ue4m3:nearest:tensor-scale:quartet",
+       "NVFP4 as Quartet II's forward kernel computes it (its float32 order of operations)"},
+      {"nvfp4_eden", "e2m1fn@1x16:ue4m3:nearest:tensor-scale:quartet:eden-128",
+       "Quartet II's MS-EDEN: NVFP4 with scales corrected over windows of 128 and rounded stochastically"},
       {"deepseek_1x128", "e4m3fn@1x128:fp32:nearest", "DeepSeek-V3 activations and gradients: 1x128 tiles"},
       {"deepseek_128x128", "e4m3fn@128x128:fp32:nearest", "DeepSeek-V3 weights: 128x128 blocks"},
       {"e4m3_tensor", "e4m3fn@tensor:fp32:nearest", "per-tensor current scaling, E4M3"},
@@ -564,6 +593,24 @@ float te_encode_of(const ScaledSpec& s, float tensor_amax) {
   return e == 0 ? 1.0f : e;
 }
 
+// Quartet II's block scale of a finite amax (docs/spec.md §6.13): s = ue4m3(fl32(fl32(amax / m)
+// / D)) to nearest-even, saturating at 448, and 1 where that is 0 (a zero group, or a scale
+// underflow); X = fl32(s D).
+GroupScale quartet_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts) {
+  const ScaleCodes& sc = scale_codes(s.scale);
+  const float q = amax / quartet_constants(s).m / ts;
+  GroupScale g;
+  g.zero = amax == 0;
+  g.code = encode(q, QuantSpec{sc.f});
+  if (counts && q > static_cast<float>(sc.value(sc.max))) ++counts->scale_overflow;
+  if (g.code == 0) {
+    if (counts && !g.zero) ++counts->scale_underflow;
+    g.code = encode(1.0f, QuantSpec{sc.f});
+  }
+  g.value = static_cast<float>(sc.value(g.code) * ts);
+  return g;
+}
+
 bool te_two_level(const ScaledSpec& s) { return s.arithmetic == ScaleArithmetic::te && s.tensor_scale; }
 
 }  // namespace
@@ -577,6 +624,10 @@ TensorScale tensor_scale_for(const ScaledSpec& s, float tensor_amax) {
 float tensor_scale_of(const ScaledSpec& s, float tensor_amax) {
   if (te_two_level(s)) return tensor_scale_for(s, tensor_amax).value;
   if (!s.tensor_scale || !(tensor_amax > 0)) return 1.0f;
+  if (s.arithmetic == ScaleArithmetic::quartet) {  // 0 only for an amax below about 2^-138
+    const QuartetConstants k = quartet_constants(s);
+    return std::max(tensor_amax / k.top / k.m, std::numeric_limits<float>::denorm_min());
+  }
   const double s_top = s.four_over_six ? kFourOverSixScaleTop : scale_codes(s.scale).value(scale_codes(s.scale).max);
   const double top = s.element.format.max_finite() * s_top;
   const auto ts = static_cast<float>(static_cast<double>(tensor_amax) / top);
@@ -598,6 +649,7 @@ GroupScale choose_scale_for(const ScaledSpec& s, float amax, const TensorScale& 
     return g;
   }
   if (s.arithmetic == ScaleArithmetic::torchao) return torchao_scale(s, amax, ts, counts);
+  if (s.arithmetic == ScaleArithmetic::quartet) return quartet_scale(s, amax, ts, counts);
   if (te_two_level(s)) return te_nvfp4_scale(s, amax, tensor, counts);
   if (s.arithmetic == ScaleArithmetic::te) return te_scale(s, amax, counts);
   if (amax == 0) {
@@ -977,6 +1029,11 @@ float scaled_quantize_reference(const float* x, std::size_t rows, std::size_t co
   const float tensor_amax = delayed ? *call.delayed_amax : current;
   const TensorScale ts = tensor_scale_for(s, tensor_amax);
   if (out.tensor_scale) *out.tensor_scale = ts.value;
+  if (s.arithmetic == ScaleArithmetic::quartet) {
+    quartet_quantize_rows(x, 0, rows, cols, s, ts.value, out, call, &local);
+    if (counts) *counts += local;
+    return current;
+  }
   const BlockLayout l = block_layout(s, rows, cols);
   for (std::size_t gr = 0; gr < l.grid_rows(); ++gr)
     for (std::size_t gc = 0; gc < l.grid_cols(); ++gc) {
@@ -1018,6 +1075,8 @@ void scaled_decode_reference(const std::uint8_t* codes, const std::uint32_t* sca
         y[i] = decode(codes[i], shifted);
       } else if (s.dither_scale) {
         y[i] = dither_value(decode(codes[i], e), g.exponent);
+      } else if (s.eden != 0) {
+        y[i] = quartet_value(decode(codes[i], e), scale_from_code(s, g.code, 1.0f).value, tensor_scale);
       } else {
         y[i] = decode(codes[i], e) * g.value;
       }

@@ -1203,11 +1203,66 @@ bool check_scaled_call(const char* what, const ScaledSpec& s, std::size_t rows, 
   (void)scaled_quantize_reference(nullptr, rows, cols, s, out, call, counts);
   return false;
 }
+
+bool quartet(const ScaledSpec& s) { return s.arithmetic == ScaleArithmetic::quartet; }
+
+// The largest finite |x| of n values, on the runner's threads.
+float parallel_amax(const float* x, std::size_t n, const Runner& run) {
+  std::mutex m;
+  float amax = 0;
+  run.parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
+    const float part = amax_of(x + b, e - b).value;
+    const std::lock_guard<std::mutex> lock(m);
+    amax = std::max(amax, part);
+  });
+  return amax;
+}
+
+// Quartet II's arithmetic and MS-EDEN (docs/spec.md §6.13): quartet_quantize_rows on parts of
+// the rows (an MS-EDEN window never spans two), the scalar reference's own operations.
+float quartet_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
+                       const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
+  const float amax = call.known_amax ? *call.known_amax : parallel_amax(x, rows * cols, run);
+  const float ts = tensor_scale_of(s, amax);
+  if (out.tensor_scale) *out.tensor_scale = ts;
+  std::mutex m;
+  ScaledCounts total;
+  std::atomic<bool> exact{true};
+  run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t e) {
+    ScaledCounts part;
+    if (!quartet_quantize_rows(x, b / cols, e / cols, cols, s, ts, out, call, &part)) exact.store(false);
+    const std::lock_guard<std::mutex> lock(m);
+    total += part;
+  });
+  if (counts) *counts += total;
+  if (out.bf16_exact) *out.bf16_exact = exact.load();
+  return amax;
+}
+
+// quartet_quantize of the matrix [rows, cols] given by its transpose xt, from a transposed copy.
+float quartet_quantize_transposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+                                  const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run,
+                                  Bf16Layout bf16_layout) {
+  std::vector<float> x(rows * cols);
+  run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t e) {
+    for (std::size_t r = b / cols; r < e / cols; ++r)
+      for (std::size_t c = 0; c < cols; ++c) x[r * cols + c] = xt[c * rows + r];
+  });
+  if (!out.bf16 || bf16_layout == Bf16Layout::matrix) return quartet_quantize(x.data(), rows, cols, s, out, call, counts, run);
+  std::vector<std::uint16_t> b16(rows * cols);
+  ScaledOut to_matrix = out;
+  to_matrix.bf16 = b16.data();
+  const float amax = quartet_quantize(x.data(), rows, cols, s, to_matrix, call, counts, run);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) out.bf16[c * rows + r] = b16[r * cols + c];
+  return amax;
+}
 }  // namespace
 
 float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                       const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
   if (!check_scaled_call("scaled_quantize", s, rows, cols, out, call, counts)) return 0;
+  if (quartet(s)) return quartet_quantize(x, rows, cols, s, out, call, counts, run);
   return HWY_DYNAMIC_DISPATCH(ScaledQuantize)(x, rows, cols, s, out, call, counts, run);
 }
 
@@ -1215,6 +1270,7 @@ float scaled_quantize_transposed(const float* xt, std::size_t rows, std::size_t 
                                  const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts,
                                  const Runner& run, Bf16Layout bf16_layout) {
   if (!check_scaled_call("scaled_quantize_transposed", s, rows, cols, out, call, counts)) return 0;
+  if (quartet(s)) return quartet_quantize_transposed(xt, rows, cols, s, out, call, counts, run, bf16_layout);
   return HWY_DYNAMIC_DISPATCH(ScaledQuantizeTransposed)(xt, rows, cols, s, out, call, counts, run, bf16_layout);
 }
 
@@ -1229,6 +1285,12 @@ std::pair<float, float> scaled_quantize_both(const float* x, std::size_t rows, s
                 to_string(t_s) + "')");
   const bool some = check_scaled_call("scaled_quantize_both", s, rows, cols, out, call, counts);
   if (!check_scaled_call("scaled_quantize_both", t_s, cols, rows, t_out, t_call, t_counts) || !some) return {0.0f, 0.0f};
+  if (quartet(s)) {
+    const float amax = quartet_quantize(x, rows, cols, s, out, call, counts, run);
+    ScaledCall same = t_call;
+    same.known_amax = amax;
+    return {amax, quartet_quantize_transposed(x, cols, rows, t_s, t_out, same, t_counts, run, t_bf16_layout)};
+  }
   return HWY_DYNAMIC_DISPATCH(ScaledQuantizeBoth)(x, rows, cols, s, out, call, counts, t_s, t_out, t_call, t_counts,
                                                   run, t_bf16_layout);
 }
@@ -1241,8 +1303,10 @@ std::vector<float> group_factors(const ScaledSpec& s, const std::uint32_t* scale
   std::vector<float> factor(l.groups());
   for (std::size_t g = 0; g < factor.size(); ++g) {
     const GroupScale gs = scale_from_code(s, scale_codes[g], tensor_scale);
-    factor[g] = gs.nan ? std::numeric_limits<float>::quiet_NaN()
-                       : power_of_two(s) ? std::ldexp(1.0f, gs.exponent) : gs.value;
+    factor[g] = gs.nan              ? std::numeric_limits<float>::quiet_NaN()
+                : power_of_two(s)   ? std::ldexp(1.0f, gs.exponent)
+                : s.eden != 0       ? scale_from_code(s, scale_codes[g], 1.0f).value  // times ts after
+                                    : gs.value;
   }
   return factor;
 }
@@ -1271,6 +1335,8 @@ void decode_rows(const std::uint8_t* codes, const std::uint32_t* scale_codes, fl
         } else if (s.dither_scale) {  // fg = 2^e
           const int ex = std::ilogb(fg);
           for (std::size_t c = c0; c < c1; ++c) yr[c] = dither_value(yr[c], ex);
+        } else if (s.eden != 0) {
+          for (std::size_t c = c0; c < c1; ++c) yr[c] = quartet_value(yr[c], fg, tensor_scale);
         } else {
           for (std::size_t c = c0; c < c1; ++c) yr[c] *= fg;
         }
@@ -1328,6 +1394,8 @@ bool scaled_decode_bf16_transposed(const std::uint8_t* codes, const std::uint32_
           const float fg = f[g];
           float* y = yr + (c - c0);
           if (std::isnan(fg)) std::fill(y, y + (g_end - c), fg);
+          else if (s.eden != 0)
+            for (std::size_t i = 0; i < g_end - c; ++i) y[i] = quartet_value(y[i], fg, tensor_scale);
           else
             for (std::size_t i = 0; i < g_end - c; ++i) y[i] *= fg;
           c = g_end;

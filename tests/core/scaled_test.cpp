@@ -21,9 +21,12 @@ namespace {
 
 using test::error_of;
 
+// Every preset but those of the quartet arithmetic, whose own reference is the published
+// algorithm (QuartetArithmetic below; tests/python/test_conformance.py).
 std::vector<ScaledSpec> preset_specs() {
   std::vector<ScaledSpec> out;
-  for (const auto& p : scaled_presets()) out.push_back(parse_scaled(p.name));
+  for (const auto& p : scaled_presets())
+    if (parse_scaled(p.name).arithmetic != ScaleArithmetic::quartet) out.push_back(parse_scaled(p.name));
   return out;
 }
 
@@ -40,7 +43,7 @@ std::vector<ScaledSpec> all_rules() {
 }
 
 TEST(ScaledNotation, PresetsParseAndPrintBack) {
-  EXPECT_EQ(scaled_presets().size(), 15u);
+  EXPECT_EQ(scaled_presets().size(), 17u);
   for (const auto& p : scaled_presets()) {
     const ScaledSpec s = parse_scaled(p.name);
     EXPECT_EQ(s, parse_scaled(p.spec)) << p.name;
@@ -303,6 +306,84 @@ TEST(ScaledScale, TorchaosArithmetic) {
   EXPECT_EQ(g.reciprocal, (1.0f / 3.0f) / 2.0f);
   EXPECT_NE(g.reciprocal * 5.0f, 5.0f / 6.0f);  // where the two orders part
   EXPECT_EQ(choose_scale(t, NAN, 3.0f).code, 0x7Fu);
+}
+
+// The quartet arithmetic and MS-EDEN (docs/spec.md §6.13) refuse what they do not define.
+TEST(QuartetArithmetic, RefusesWhatItDoesNotDefine) {
+  EXPECT_NE(error_of([] { parse_scaled("nvfp4:eden-32"); }).find("add the option quartet"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_scaled("nvfp4_eden:eden-24"); }).find("multiple of the block (16)"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_scaled("nvfp4_quartet:ceil"); }).find("Quartet II"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_scaled("mxfp4:quartet"); }).find("Quartet II"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_scaled("nvfp4_quartet:delayed-4"); }).find("current scaling"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_scaled("nvfp4_eden:eden-x"); }).find("expected eden-N"), std::string::npos);
+  ScaledSpec s = parse_scaled("nvfp4_eden");
+  s.element.rounding = Rounding::stochastic;
+  EXPECT_NE(error_of([&] { validate(s); }).find("stochastic rounding of the elements"), std::string::npos);
+  EXPECT_EQ(to_string(parse_scaled("nvfp4_eden:eden-32")), "e2m1fn@1x16:ue4m3:nearest:tensor-scale:quartet:eden-32");
+}
+
+// MS-EDEN on one window of 32 values, worked from the published kernel in float32: D =
+// fl32(fl32(A / 255.99) / m), m = fl32(6 / 0.988125); block scales s_b = e4m3(fl32(fl32(a_b / m) /
+// D)); v = fl32(x / fl32(s_b D)); q = v to nearest-away on E2M1; c = sum v^2 / sum v q; each block
+// keeps one of the two E4M3 neighbours of fl32(s_b c), both drawn over seeds; values
+// fl32(fl32(q s) D). Without eden, the values are q fl32(s_b D) with scales for 448 and 6.
+TEST(QuartetArithmetic, MsEdenFollowsThePublishedKernel) {
+  std::vector<float> x(32);
+  for (std::size_t i = 0; i < 32; ++i) x[i] = std::sin(static_cast<float>(i) * 0.7f) * (i < 16 ? 3.0f : 0.02f);
+  const auto m = static_cast<float>(6.0 / (17.0 / 16.0 * 0.93));
+  float A = 0, a[2] = {0, 0};
+  for (std::size_t i = 0; i < 32; ++i) {
+    A = std::max(A, std::abs(x[i]));
+    a[i / 16] = std::max(a[i / 16], std::abs(x[i]));
+  }
+  const float D = A / 255.99f / m;
+  const Format e4m3 = scale_format(ScaleFormat::ue4m3), e2m1 = parse_format("e2m1fn");
+  float sb[2], q[32], v[32];
+  double num = 0, den = 0;
+  for (int b = 0; b < 2; ++b) sb[b] = decode(encode(a[b] / m / D, QuantSpec{e4m3}), e4m3);
+  for (std::size_t i = 0; i < 32; ++i) {
+    v[i] = x[i] / (sb[i / 16] * D);
+    q[i] = decode(encode(v[i], QuantSpec{e2m1, Rounding::nearest_away}), e2m1);
+    num += static_cast<double>(v[i]) * v[i];
+    den += static_cast<double>(v[i]) * q[i];
+  }
+  const float c = static_cast<float>(num) / static_cast<float>(den);
+  ScaledSpec s = parse_scaled("nvfp4_eden:eden-32");
+  s.element.rounding = Rounding::nearest_away;
+  bool drawn[2][2] = {{false, false}, {false, false}};
+  for (std::uint64_t seed = 0; seed < 64; ++seed) {
+    s.element.seed = seed;
+    std::vector<float> y(32);
+    std::vector<std::uint32_t> scales(2);
+    float ts = 0;
+    ScaledCounts counts;
+    (void)scaled_quantize_reference(x.data(), 1, 32, s, {y.data(), nullptr, scales.data(), &ts}, {}, &counts);
+    ASSERT_EQ(ts, D);
+    EXPECT_EQ(counts.groups, 2u);
+    for (int b = 0; b < 2; ++b) {
+      const float t = sb[b] * c, got = decode(scales[static_cast<std::size_t>(b)], e4m3);
+      const float down = decode(encode(t, QuantSpec{e4m3, Rounding::toward_zero}), e4m3);
+      const float up = down == t ? down : decode(encode(down, QuantSpec{e4m3}) + 1, e4m3);
+      ASSERT_TRUE(got == down || got == up) << "block " << b << " seed " << seed << ": " << got << " not " << down
+                                            << " or " << up;
+      drawn[b][got == up ? 1 : 0] = true;
+      for (std::size_t i = 16 * static_cast<std::size_t>(b); i < 16 * static_cast<std::size_t>(b) + 16; ++i)
+        ASSERT_EQ(y[i], (q[i] * got) * D) << i;
+    }
+  }
+  EXPECT_TRUE(drawn[0][0] && drawn[0][1] && drawn[1][0] && drawn[1][1]) << "both neighbours of each block";
+  // Quartet II's forward quantizer: scales for 448 and 6, values q fl32(s_b D).
+  ScaledSpec f = parse_scaled("nvfp4_quartet:eden-32");
+  f.eden = 0;
+  f.element.rounding = Rounding::nearest_away;
+  std::vector<float> y(32);
+  (void)scaled_quantize_reference(x.data(), 1, 32, f, {y.data()});
+  const float Df = A / 448.0f / 6.0f;
+  for (std::size_t i = 0; i < 32; ++i) {
+    const float s_b = decode(encode(a[i / 16] / 6.0f / Df, QuantSpec{e4m3}), e4m3);
+    const float X = s_b * Df;
+    EXPECT_EQ(y[i], decode(encode(x[i] / X, QuantSpec{e2m1, Rounding::nearest_away}), e2m1) * X) << i;
+  }
 }
 
 // TransformerEngine's NVFP4 quantizer (docs/spec.md §6.9), worked by hand: E = fl32(2688 /

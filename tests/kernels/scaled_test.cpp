@@ -21,6 +21,16 @@
 namespace fp8lab {
 namespace {
 
+// Whether validate refuses scale rule r on s: 4over6 takes no floor (docs/spec.md §6.10), the
+// quartet arithmetic nearest only (§6.13).
+// The rounding beside nearest-even that the tests vary: stochastic, or nearest-away for MS-EDEN,
+// whose elements round to nearest (its scales stochastically, §6.13).
+Rounding varied_rounding(const ScaledSpec& s) { return s.eden != 0 ? Rounding::nearest_away : Rounding::stochastic; }
+
+bool refuses_rule(const ScaledSpec& s, ScaleRule r) {
+  return (s.four_over_six && r == ScaleRule::floor) || (s.arithmetic == ScaleArithmetic::quartet && r != ScaleRule::nearest);
+}
+
 std::vector<float> inputs(std::size_t n, std::uint64_t seed) {
   ref::InputGen gen(seed);
   std::vector<float> x(n);
@@ -98,7 +108,7 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
     for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest}) {
       specs.push_back(parse_scaled(preset.name));
       specs.back().rule = rule;
-      if (specs.back().four_over_six && rule == ScaleRule::floor) specs.pop_back();  // refused (docs/spec.md §6.10)
+      if (refuses_rule(specs.back(), rule)) specs.pop_back();
     }
   for (const char* name : {"nvfp4:torchao", "e2m1fn@1x16:ue4m3:nearest:torchao", "e4m3fn@1x32:ue4m3:nearest:torchao",
                            "nvfp4:torchao:delayed-4", "e2m1fn@16x16:ue4m3:nearest:tensor-scale:torchao",
@@ -108,12 +118,14 @@ TEST_P(ScaledKernels, BitExactWithTheReference) {
                            "e2m1fn@tensor:fp32:nearest:4over6", "e2m1fn@1x32:ue4m3:ceil:tensor-scale:4over6",
                            "nvfp4:te", "nvfp4_16x16:te", "nvfp4:te:delayed-4", "e4m3fn@1x32:ue4m3:nearest:tensor-scale:te",
                            "mxfp4:dither-scale", "mxfp4:ceil:dither-scale", "e4m3fn@16x16:e8m0:floor:dither-scale",
-                           "e2m1fn@line:e8m0:floor:dither-scale", "e3m2fn@tensor:e8m0:nearest:dither-scale"})
+                           "e2m1fn@line:e8m0:floor:dither-scale", "e3m2fn@tensor:e8m0:nearest:dither-scale",
+                           "nvfp4_eden:eden-16", "e2m1fn@1x32:ue4m3:nearest:tensor-scale:quartet:eden-64",
+                           "e2m1fn@1x8:ue4m3:nearest:tensor-scale:quartet"})
     specs.push_back(parse_scaled(name));
   for (const ScaledSpec& spec : specs)
       for (const Shape& sh : shapes) {
         ScaledSpec s = spec;
-        s.element.rounding = ((sh.rows + sh.cols) % 2) ? Rounding::stochastic : Rounding::nearest_even;
+        s.element.rounding = ((sh.rows + sh.cols) % 2) ? varied_rounding(s) : Rounding::nearest_even;
         s.element.seed = 3;
         std::vector<float> x = inputs(sh.rows * sh.cols, sh.cols);
         for (std::size_t i = 0; i < std::min<std::size_t>(x.size(), 64); ++i) x[i] = i < 32 ? 0.0f : 1e-42f;
@@ -166,7 +178,7 @@ TEST_P(ScaledKernels, FastScalePathsMatchTheReference) {
       for (std::size_t cols : {16, 64, 4096}) {
         ScaledSpec s = parse_scaled(preset.name);
         s.rule = rule;
-        if (s.four_over_six && rule == ScaleRule::floor) continue;  // refused (docs/spec.md §6.10)
+        if (refuses_rule(s, rule)) continue;
         const std::size_t rows = 24;
         std::vector<float> x(rows * cols);
         for (std::size_t i = 0; i < x.size(); ++i) {
@@ -252,7 +264,7 @@ TEST_P(ScaledKernels, DecodeGivesBackTheQuantizedValues) {
     for (ScaleRule rule : {ScaleRule::floor, ScaleRule::ceil, ScaleRule::nearest}) {
       ScaledSpec s = parse_scaled(preset.name);
       s.rule = rule;
-      if (s.four_over_six && rule == ScaleRule::floor) continue;  // refused (docs/spec.md §6.10)
+      if (refuses_rule(s, rule)) continue;
       std::vector<float> x = inputs(rows * cols, 11);
       for (std::size_t i = 0; i < 64; ++i) x[i] = i < 32 ? 0.0f : 1e-42f;
       x[cols + 3] = std::numeric_limits<float>::quiet_NaN();
@@ -349,8 +361,8 @@ TEST_P(ScaledKernels, TransposedInputGivesTheSameBits) {
         for (const bool tame : {true, false}) {
           ScaledSpec s = parse_scaled(preset.name);
           s.rule = rule;
-          if (s.four_over_six && rule == ScaleRule::floor) continue;  // refused (docs/spec.md §6.10)
-          s.element.rounding = (sh.rows % 2) ? Rounding::stochastic : Rounding::nearest_even;
+          if (refuses_rule(s, rule)) continue;
+          s.element.rounding = (sh.rows % 2) ? varied_rounding(s) : Rounding::nearest_even;
           s.element.seed = 7;
           const std::size_t n = sh.rows * sh.cols;
           std::vector<float> x = inputs(n, sh.rows + sh.cols);
@@ -420,11 +432,11 @@ TEST_P(ScaledKernels, ValuesWithoutTheTensorScale) {
   for (const char* name : {"nvfp4", "nvfp4:ceil", "nvfp4:floor", "nvfp4:delayed-4", "nvfp4:torchao", "nvfp4_4over6",
                            "nvfp4_16x16:4over6", "nvfp4:te", "nvfp4_16x16:te",
                            "e4m3fn@1x16:ue4m3:nearest:tensor-scale", "e2m1fn@1x32:e8m0:floor:tensor-scale",
-                           "e3m2fn@8x8:ue4m3:nearest:tensor-scale"})
+                           "e3m2fn@8x8:ue4m3:nearest:tensor-scale", "nvfp4_quartet", "nvfp4_eden"})
     for (const Shape& sh : shapes)
       for (const bool tame : {true, false}) {
         ScaledSpec s = parse_scaled(name);
-        s.element.rounding = (sh.rows % 2) ? Rounding::stochastic : Rounding::nearest_even;
+        s.element.rounding = (sh.rows % 2) ? varied_rounding(s) : Rounding::nearest_even;
         s.element.seed = 4;
         const std::size_t n = sh.rows * sh.cols;
         std::vector<float> x = inputs(n, sh.rows * 3 + sh.cols);
@@ -518,8 +530,8 @@ TEST_P(ScaledKernels, BothFormsInOneRead) {
         for (const bool tame : {true, false}) {
           ScaledSpec s = parse_scaled(preset.name);
           s.rule = rule;
-          if (s.four_over_six && rule == ScaleRule::floor) continue;  // refused (docs/spec.md §6.10)
-          s.element.rounding = (sh.cols % 2) ? Rounding::stochastic : Rounding::nearest_even;
+          if (refuses_rule(s, rule)) continue;
+          s.element.rounding = (sh.cols % 2) ? varied_rounding(s) : Rounding::nearest_even;
           s.element.seed = 7;
           ScaledSpec t_s = s;
           t_s.element.seed = 8;

@@ -634,3 +634,120 @@ def test_dither_scale_leaves_stochastic_rounding_room_and_no_bias():
     step = fp8lab.decode(enc).abs().reshape(64, 1, 32).amax(-1) / 6 * 2  # the largest E2M1 step of a block, scaled
     err = (mean - x.double()).abs().reshape(64, 32)
     assert (err <= 5 * step.reshape(64, 1).double() / (2 * draws ** 0.5)).all()
+
+
+# ---- Quartet II (docs/spec.md §6.13) ----------------------------------------------------------
+
+def quartet_rtn(v: torch.Tensor) -> torch.Tensor:
+    """The published rtn_fp4 (IST-DASLab/Quartet-II, nvfp4_triton.py), written again: E2M1 by
+    thresholds, ties away from zero, saturating at 6."""
+    a = v.abs()
+    r = torch.where(a >= 5, 6.0, torch.where(a >= 3.5, 4.0, torch.where(a >= 2.5, 3.0, torch.where(
+        a >= 1.75, 2.0, torch.where(a >= 1.25, 1.5, torch.where(a >= 0.75, 1.0, torch.where(a >= 0.25, 0.5, 0.0)))))))
+    return torch.where(v > 0, r, -r)
+
+
+def quartet_block_scales(x: torch.Tensor, top: float, val_max: torch.Tensor):
+    """The published get_scales in float32: s_dec = amax / top / val_max (1 for amax 0); block
+    scales (amax_b / val_max / s_dec) to E4M3 by torch, 1 where that is 0. (s_dec, the 1x16
+    blocks, their scales [blocks, 1])."""
+    amax = x.abs().max()
+    s_dec = torch.where(amax == 0, torch.tensor(1.0), amax / torch.tensor(top, dtype=torch.float32) / val_max)
+    blocks = x.reshape(-1, 16)
+    s_b = (blocks.abs().amax(-1, keepdim=True) / val_max / s_dec).to(torch.float8_e4m3fn).float()
+    return s_dec, blocks, torch.where(s_b == 0, 1.0, s_b)
+
+
+def ms_eden_reference(x: torch.Tensor, window: int):
+    """The published eden_1x16s_fp4_kernel (Quartet-II's nvfp4_triton.py, without the rotation
+    its callers apply first), written again in float32 torch: scales for 255.99 and 6 / 0.988125,
+    elements rounded by quartet_rtn, the correction c = sum v^2 / sum v q per window (the sums
+    in float64, then float32), the corrected scale t = s_b c and its E4M3 neighbours down and up
+    as the kernel finds them from t's E4M3 bits, with P(up) = (t - down) / (up - down).
+    Returns (s_dec, q [blocks, 16], t, down, up, P(up)), the last four [blocks, 1]."""
+    val_max = torch.tensor(6.0 / ((17 / 16) * 0.93), dtype=torch.float32)
+    s_dec, blocks, s_b = quartet_block_scales(x, 255.99, val_max)
+    v = blocks / (s_b * s_dec)
+    q = quartet_rtn(v)
+    vw, qw = v.reshape(-1, window).double(), q.reshape(-1, window).double()
+    num, den = (vw * vw).sum(-1, keepdim=True).float(), (vw * qw).sum(-1, keepdim=True).float()
+    c = torch.where(den == 0, 1.0, num / den)
+    t = (s_b.reshape(-1, window // 16) * c).reshape(-1, 1)
+    bits = t.to(torch.float8_e4m3fn).view(torch.uint8)
+    prev, curr, nxt = ((bits + k).view(torch.float8_e4m3fn).float() for k in (-1, 0, 1))
+    up = torch.where(curr > t, curr, nxt)
+    down = torch.where(curr > t, prev, curr)
+    return s_dec, q, t, down, up, (t - down) / (up - down)
+
+
+def eden_probe(seed: int) -> torch.Tensor:
+    """Rows of very different magnitudes, a zero window and a window with one large value."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, 512, generator=g) * torch.exp(torch.randn(64, 1, generator=g) * 2)
+    x[3, :128] = 0
+    x[5, 130] = 50 * x[5].abs().max()
+    return x
+
+
+def scale_values(enc) -> torch.Tensor:
+    return fp8lab.decode(torch.as_tensor(np.asarray(enc.scales)).to(torch.uint8), "ue4m3").reshape(-1, 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_nvfp4_eden_is_quartet_iis_ms_eden(seed, backend):
+    """nvfp4_eden with nearest-away elements against the published MS-EDEN kernel: the same tensor
+    scale and elements; every block's scale is one of the two E4M3 neighbours of the corrected
+    scale (the lower one where that is exact); the values are fl32(fl32(q s) s_dec) of those,
+    bit for bit, from the kernels and the portable torch path."""
+    x = eden_probe(seed)
+    s_dec, q, t, down, up, p = ms_eden_reference(x, 128)
+    kw = dict(rounding="nearest-away", seed=7, backend=backend)
+    enc = fp8lab.encode(x, "nvfp4_eden", **kw)
+    assert enc.tensor_scale == s_dec.item()
+    codes = torch.as_tensor(np.asarray(enc.codes)).to(torch.uint8)
+    assert torch.equal(fp8lab.decode(codes, "e2m1fn").reshape(q.shape), q)
+    s = scale_values(enc)
+    assert bool(((s == down) | (s == up)).all())
+    assert bool((s[p == 0] == down[p == 0]).all())
+    assert 0.2 < (s == up)[(p > 0.2) & (p < 0.8)].float().mean() < 0.8, "both neighbours are drawn"
+    y = fp8lab.quantize(x, "nvfp4_eden", **kw)
+    assert torch.equal(y.reshape(q.shape), (q * s) * s_dec)
+
+
+def test_nvfp4_eden_draws_each_neighbour_with_its_probability():
+    """Over 40 seeds the number of blocks that take the upper neighbour lies within 4 standard
+    deviations of the sum of the published probabilities, and the mean of <y, x> / <x, x> per
+    window is 1 within 0.002 (MS-EDEN's unbiased projection), where round-to-nearest falls short."""
+    x = eden_probe(2)
+    _, _, _, down, up, p = ms_eden_reference(x, 128)
+    n, ups = 40, torch.zeros_like(p)
+    projection = torch.zeros(x.numel() // 128, dtype=torch.float64)
+    xw = x.double().reshape(-1, 128)
+    for seed in range(n):
+        ups += (scale_values(fp8lab.encode(x, "nvfp4_eden", rounding="nearest-away", seed=seed)) == up).float()
+        y = fp8lab.quantize(x, "nvfp4_eden", rounding="nearest-away", seed=seed).double().reshape(-1, 128)
+        projection += (y * xw).sum(-1)
+    z = (ups.sum() - n * p.sum()) / torch.sqrt(n * (p * (1 - p)).sum())
+    assert abs(z.item()) < 4, z
+    norm = (xw * xw).sum(-1)
+    live = norm > 0
+    assert abs((projection / n / norm)[live].mean().item() - 1) < 0.002
+    rtn = fp8lab.quantize(x, "nvfp4_quartet", rounding="nearest-away").double().reshape(-1, 128)
+    assert ((rtn * xw).sum(-1) / norm)[live].mean().item() < 0.997
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_nvfp4_quartet_is_quartet_iis_forward_quantizer(backend):
+    """nvfp4_quartet with nearest-away elements against the published rtn_1x16s_fp4_kernel:
+    scales for 448 and 6, values fl32(q fl32(s_b s_dec)), bit for bit; the exact arithmetic of
+    plain nvfp4 differs from it on this input, whose amax / 448 / 6 rounds twice to another
+    tensor scale than amax / 2688."""
+    x = eden_probe(7)
+    s_dec, blocks, s_b = quartet_block_scales(x, 448.0, torch.tensor(6.0))
+    want = quartet_rtn(blocks / (s_b * s_dec)) * (s_b * s_dec)
+    got = fp8lab.quantize(x, "nvfp4_quartet", rounding="nearest-away", backend=backend)
+    assert torch.equal(got.reshape(want.shape), want)
+    assert fp8lab.encode(x, "nvfp4_quartet", backend=backend).tensor_scale == s_dec.item()
+    plain = fp8lab.quantize(x, "nvfp4", rounding="nearest-away", backend=backend)
+    assert not torch.equal(plain.reshape(want.shape), want)

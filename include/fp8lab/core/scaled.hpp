@@ -44,8 +44,12 @@ enum class ScaleRule : std::uint8_t { floor, ceil, nearest };
 // torchao: torchao's NVFP4 quantizer (UE4M3 scales), s = ue4m3(clamp(fl32(fl32(amax / max_e)
 //          / ts), least normal, largest)) to nearest, elements fl32(x * fl32(fl32(1 / ts) / s));
 // te: TransformerEngine's current scaling (float32 scales), S = fl32(max_e / amax) (the
-//     largest float where that overflows, 1 for amax 0), X = fl32(1 / S), elements fl32(x * S).
-enum class ScaleArithmetic : std::uint8_t { exact, torchao, te };
+//     largest float where that overflows, 1 for amax 0), X = fl32(1 / S), elements fl32(x * S);
+// quartet: Quartet II's NVFP4 kernels (docs/spec.md §6.13), D = fl32(fl32(amax / top) / m),
+//          s = ue4m3(fl32(fl32(amax_b / m) / D)) to nearest-even (1 where that is 0), elements
+//          fl32(x / fl32(s D)), values fl32(q fl32(s D)); with `eden`, MS-EDEN's scales and
+//          values fl32(fl32(q s) D).
+enum class ScaleArithmetic : std::uint8_t { exact, torchao, te, quartet };
 
 std::string_view to_string(Granularity g);
 std::string_view to_string(ScaleFormat s);
@@ -94,6 +98,12 @@ struct ScaledSpec {
   // x / 2^e, so that rounding up never passes the element format's largest value, and reads
   // back as fl32(fl32(q 2^(e+2)) / 3). E8M0 scales without a tensor scale only.
   bool dither_scale = false;
+  // MS-EDEN (`eden-N`, docs/spec.md §6.13), Quartet II's unbiased backward quantizer: 0 (off)
+  // or the window N of each row whose groups share one correction c = sum v^2 / sum v q of
+  // their scaled elements v and their elements q; each group's scale s c is then rounded
+  // stochastically to a neighbouring UE4M3 value. The quartet arithmetic only; N a multiple
+  // of the block.
+  int eden = 0;
 
   bool scaled() const { return scale != ScaleFormat::none; }
   // Whether products apply the tensor scale to their output (docs/spec.md §6.7).
@@ -101,7 +111,7 @@ struct ScaledSpec {
   // Whether products apply the group scales to their partial sums (docs/spec.md §6.8).
   bool scales_on_output() const { return scale == ScaleFormat::fp32 && !fold_scales; }
   // Whether elements are x times GroupScale::reciprocal instead of x / GroupScale::value.
-  bool multiplies() const { return arithmetic != ScaleArithmetic::exact; }
+  bool multiplies() const { return arithmetic == ScaleArithmetic::torchao || arithmetic == ScaleArithmetic::te; }
   // Elements scaled by the E8M0 scale's power of two alone (x * 2^-e, read back q * 2^e):
   // the exponent arithmetic of an E8M0 spec without a tensor scale or dither-scale.
   bool power_of_two_elements() const { return scale == ScaleFormat::e8m0 && !tensor_scale && !dither_scale; }
@@ -118,8 +128,9 @@ void validate(const ScaledSpec& s);
 // OPTION is a scale format, a rule, tensor-scale (or tensor-scale-folded), scales-on-output
 // or scales-folded (float32 scales), current or delayed-N, exact (the default), torchao (UE4M3
 // scales: torchao's arithmetic) or te (TransformerEngine's: float32 scales of its current
-// scaling, or UE4M3 scales under a tensor scale of its NVFP4 quantizer, §6.9), 4over6
-// (§6.10). A plain format ("1.4.3:10", "e5m2") is the fixed-bias quantizer. Throws Error.
+// scaling, or UE4M3 scales under a tensor scale of its NVFP4 quantizer, §6.9), quartet
+// (Quartet II's NVFP4, §6.13), 4over6 (§6.10), dither-scale (§6.11) or eden-N (§6.13). A
+// plain format ("1.4.3:10", "e5m2") is the fixed-bias quantizer. Throws Error.
 ScaledSpec parse_scaled(std::string_view text);
 // Canonical text; parse_scaled(to_string(s)) == s (the element's rounding is not part of it).
 std::string to_string(const ScaledSpec& s);
@@ -358,6 +369,24 @@ float scaled_quantize_reference(const float* x, std::size_t rows, std::size_t co
 void scaled_decode_reference(const std::uint8_t* codes, const std::uint32_t* scale_codes,
                              float tensor_scale, std::size_t rows, std::size_t cols,
                              const ScaledSpec& s, float* y);
+
+// The quartet arithmetic (docs/spec.md §6.13). Its constants: the largest block scale its
+// tensor scale leaves room for (448; 255.99 under eden, room for the correction) and the
+// element value m a block's amax maps to (6; 6 / 0.988125 under eden), both float32.
+struct QuartetConstants {
+  float top, m;
+};
+QuartetConstants quartet_constants(const ScaledSpec& s);
+// Quantizes rows [r0, r1) of the row-major matrix x [rows, cols] (1xK blocks along each row)
+// under tensor scale ts (tensor_scale_of), writing out's codes, scale codes, values and bf16
+// at their flat offsets (out.tensor_scale and out.bf16_exact are the caller's). The reference
+// and the kernels both run it, on all rows or on a part of them each. Returns whether every
+// value was a bfloat16 value (all bottom halves zero).
+bool quartet_quantize_rows(const float* x, std::size_t r0, std::size_t r1, std::size_t cols, const ScaledSpec& s,
+                           float ts, const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts);
+// A value of MS-EDEN (the quartet arithmetic with eden): fl32(fl32(q s) ts), element value q,
+// block scale s. Without eden, a value is q times X = fl32(s ts), as in the other arithmetics.
+inline float quartet_value(float q, float scale, float ts) { return (q * scale) * ts; }
 
 // Bits of storage per element, scales included (e.g. 4.25 for MXFP4 at K = 32).
 double bits_per_element(const ScaledSpec& s, std::size_t rows, std::size_t cols);
