@@ -250,6 +250,12 @@ const std::vector<RecipePreset>& recipe_presets() {
        "w_bwd=mxfp4:dither-scale/stochastic,hadamard=64,hadamard_on=backward",
        "Tseng et al.'s MXFP4 recipe: a bfloat16 forward; both backward products in MXFP4 with dither-scale and "
        "stochastic rounding, after the random Hadamard transform of 64"},
+      {"nvfp4-quartet2",
+       "a=nvfp4_quartet/nearest-away,w=nvfp4_quartet/nearest-away,gx=nvfp4_eden/nearest-away,gw=fp32,"
+       "a_bwd=nvfp4_eden/nearest-away,w_bwd=nvfp4_eden/nearest-away,bwd_from=forward,hadamard=128,"
+       "hadamard_on=backward",
+       "Quartet II: an NVFP4 forward rounded to nearest (its kernel's float32 operations); both backward products "
+       "in NVFP4 with MS-EDEN after the random Hadamard transform of 128, on the forward's quantized operands"},
       {"deepseek", "a=deepseek_1x128,w=deepseek_128x128,gx=deepseek_1x128,gw=fp32",
        "DeepSeek-V3: E4M3, 1x128 tiles for activations and gradients, 128x128 for weights"},
       {"tensor-current", "a=e4m3_tensor,w=e4m3_tensor,gx=e5m2_tensor,gw=fp32",

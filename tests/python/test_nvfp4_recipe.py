@@ -97,3 +97,16 @@ def test_tsengs_recipe_trains():
     with dither-scale and stochastic rounding after the Hadamard transform of 64 (docs/spec.md
     §6.12)."""
     _trains("mxfp4-tseng")
+
+
+def test_quartet_iis_recipe_trains():
+    """Quartet II as a preset (docs/spec.md §6.13): the forward in NVFP4 with Quartet II's
+    arithmetic and nearest-away elements; both backward products in MS-EDEN's NVFP4 on the
+    forward's quantized operands, after the random Hadamard transform of 128; the
+    corrected scales are drawn anew in each step."""
+    r = fp8lab.Recipe("nvfp4-quartet2")
+    eden = "e2m1fn@1x16:ue4m3:nearest:tensor-scale:quartet:eden-128/nearest-away"
+    assert (r.base["gx"], r.base["a"]) == (eden, "e2m1fn@1x16:ue4m3:nearest:tensor-scale:quartet/nearest-away")
+    middle = r.resolve("fc", 1, 3)
+    assert (middle.a_bwd, middle.w_bwd, middle.bwd_from) == (eden, eden, "forward")
+    _trains("nvfp4-quartet2")
