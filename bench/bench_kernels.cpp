@@ -368,6 +368,8 @@ BENCHMARK_CAPTURE(scaled, scaled_mxfp4, "mxfp4")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_nvfp4, "nvfp4")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_nvfp4_4over6, "nvfp4_4over6")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_nvfp4_te, "nvfp4:te")->Apply(Threads);
+BENCHMARK_CAPTURE(scaled, scaled_nvfp4_quartet, "nvfp4_quartet")->Apply(Threads);
+BENCHMARK_CAPTURE(scaled, scaled_nvfp4_eden, "nvfp4_eden")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_mxfp4_dither, "mxfp4:dither-scale")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_deepseek_1x128, "deepseek_1x128")->Apply(Threads);
 BENCHMARK_CAPTURE(scaled, scaled_e4m3_tensor, "e4m3_tensor")->Apply(Threads);

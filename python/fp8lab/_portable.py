@@ -572,7 +572,7 @@ def _quartet_scale_code(s: Scaled, amax: torch.Tensor, ts: float):
     (code, underflow, overflow)."""
     f = _SCALE_FORMATS[s.scale]
     _, m = _quartet_constants(s)
-    q = amax.to(torch.float32) / m / np.float32(ts)
+    q = torch.minimum(amax.to(torch.float32) / m / np.float32(ts), torch.tensor(_FLT_MAX))
     zeros = torch.zeros_like(q, dtype=torch.int64)
     code, _, _, _ = encode(q, Spec(f), zeros, 0)
     one, _, _, _ = encode(torch.ones_like(q), Spec(f), zeros, 0)

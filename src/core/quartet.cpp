@@ -1,5 +1,6 @@
-// Quartet II's NVFP4 arithmetic and MS-EDEN (docs/spec.md §6.13): the one implementation
-// that the scalar reference and the kernels both run, a row range at a time.
+// Quartet II's NVFP4 arithmetic and MS-EDEN (docs/spec.md §6.13): the constants, the scalar
+// reference of MS-EDEN (each element from its own quotient), and the correction the kernels
+// apply to their own quantization without it.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "fp8lab/core/codec.hpp"
+#include "fp8lab/core/error.hpp"
 #include "fp8lab/core/scaled.hpp"
 
 namespace fp8lab {
@@ -18,6 +20,20 @@ QuartetConstants quartet_constants(const ScaledSpec& s) {
   // pass's override (17/16) * 0.93, as the published code computes it in double.
   if (s.eden == 0) return {448.0f, 6.0f};
   return {255.99f, static_cast<float>(6.0 / (17.0 / 16.0 * 0.93))};
+}
+
+float eden_correction(double num, double den) {
+  const auto n = static_cast<float>(num), d = static_cast<float>(den);
+  const float c = d == 0 ? 1.0f : n / d;
+  return std::isfinite(c) ? c : 1.0f;
+}
+
+std::uint32_t eden_scale_code(const ScaledSpec& s, float scale, float c, std::uint64_t index, bool* past_top) {
+  static const Format ue4m3 = scale_format(ScaleFormat::ue4m3);
+  static const auto top = static_cast<float>(ue4m3.max_finite());
+  const float t = scale * c;
+  if (past_top) *past_top = t > top;
+  return encode(t, QuantSpec{ue4m3, Rounding::stochastic, Overflow::saturate, 32, s.element.seed}, index);
 }
 
 namespace {
@@ -59,7 +75,7 @@ class Window {
     const auto K = static_cast<std::size_t>(s_.block);
     const std::size_t grid_cols = (cols + K - 1) / K;
     for (std::size_t c = c0; c < c1; c += K) quantize_group(r * cols + c, std::min(K, c1 - c), r * grid_cols + c / K);
-    if (s_.eden != 0) correct();
+    correct();
     return write();
   }
 
@@ -103,21 +119,15 @@ class Window {
     if (out_.codes) out_.codes[i] = static_cast<std::uint8_t>(code);
   }
 
-  // MS-EDEN: the window's correction c = fl32(num) / fl32(den) (1 where den is 0 or c is not
-  // finite); each finite group's scale fl32(s c) rounded stochastically to UE4M3 with the
-  // random bits of its first element's index, saturating at 448.
+  // MS-EDEN: each finite group's scale corrected by the window's c (eden_scale_code), with the
+  // random bits of its first element's index.
   void correct() {
-    const auto num = static_cast<float>(num_), den = static_cast<float>(den_);
-    float c = den == 0 ? 1.0f : num / den;
-    if (!std::isfinite(c)) c = 1.0f;
-    const Format sf = scale_format(s_.scale);
-    const QuantSpec sr{sf, Rounding::stochastic, Overflow::saturate, 32, s_.element.seed};
-    const float top = static_cast<float>(sf.max_finite());
+    const float c = eden_correction(num_, den_);
     for (EdenGroup& e : groups_) {
       if (e.g.nan) continue;
-      const float t = unit_scale(e.g.code) * c;
-      e.g.code = encode(t, sr, call_.index_offset + e.begin);
-      if (t > top && !e.counted_overflow) ++counts_.scale_overflow;
+      bool past_top = false;
+      e.g.code = eden_scale_code(s_, unit_scale(e.g.code), c, call_.index_offset + e.begin, &past_top);
+      if (past_top && !e.counted_overflow) ++counts_.scale_overflow;
       if (e.g.code == 0 && !e.g.zero && !e.counted_underflow) ++counts_.scale_underflow;
       if (out_.scale_codes) out_.scale_codes[e.index] = e.g.code;
     }
@@ -125,19 +135,15 @@ class Window {
 
   float unit_scale(std::uint32_t code) const { return scale_from_code(s_, code, 1.0f).value; }
 
-  // Values fl32(q fl32(s ts)), under eden fl32(fl32(q s) ts), or q s where the tensor scale is
-  // left out (docs/spec.md §6.7).
+  // Values fl32(fl32(q s) ts), or q s where the tensor scale is left out (docs/spec.md §6.7).
   bool write() {
     bool exact = true;
     const bool unit = out_.without_tensor_scale;
     for (const EdenGroup& e : groups_) {
-      const float s = unit_scale(e.g.code), X = s * ts_;
+      const float s = unit_scale(e.g.code);
       for (std::size_t i = e.begin; i < e.begin + e.len; ++i) {
         const float q = q_[i - first_];
-        const float y = e.g.nan ? std::numeric_limits<float>::quiet_NaN()
-                        : unit  ? q * s
-                        : s_.eden != 0 ? quartet_value(q, s, ts_)
-                                       : q * X;
+        const float y = e.g.nan ? std::numeric_limits<float>::quiet_NaN() : unit ? q * s : quartet_value(q, s, ts_);
         exact &= write_value(out_, i, y);
       }
     }
@@ -160,12 +166,120 @@ class Window {
 
 bool quartet_quantize_rows(const float* x, std::size_t r0, std::size_t r1, std::size_t cols, const ScaledSpec& s,
                            float ts, const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts) {
+  if (s.eden == 0) throw Error("quartet_quantize_rows: '" + to_string(s) + "' is no MS-EDEN spec (option eden-N)");
   ScaledCounts local;
   Window w(x, s, ts, out, call, local);
-  const auto N = static_cast<std::size_t>(s.eden != 0 ? s.eden : s.block);
+  const auto N = static_cast<std::size_t>(s.eden);
   bool exact = true;
   for (std::size_t r = r0; r < r1; ++r)
     for (std::size_t c = 0; c < cols; c += N) exact &= w.run(r, c, std::min(cols, c + N), cols);
+  if (counts) *counts += local;
+  return exact;
+}
+
+namespace {
+
+// The correction of one row's window [c0, c1) (eden_correct_rows): the sums of v = fl32(x / X)
+// and q = the element value of its code over the window's finite groups, then each group's new
+// scale and its values.
+class Correction {
+ public:
+  Correction(const float* x, std::size_t cols, const ScaledSpec& s, float ts, const std::uint8_t* codes,
+             std::uint32_t* scale_codes, const ScaledOut& out, const ScaledCall& call, ScaledCounts& counts)
+      : x_(x), cols_(cols), K_(static_cast<std::size_t>(s.block)), grid_cols_((cols + K_ - 1) / K_), s_(s), ts_(ts),
+        codes_(codes), scale_codes_(scale_codes), out_(out), call_(call), counts_(counts) {
+    const Format sf = scale_format(s.scale);
+    nan_code_ = sf.nan_code(false);
+    quotient_m_ = quartet_constants(s).m;
+    top_ = static_cast<float>(sf.max_finite());
+    for (std::uint32_t c = 0; c < 256; ++c) {
+      element_[c] = c < 16 ? decode(c, s.element.format) : 0.0f;
+      scale_[c] = c <= sf.max_code() ? static_cast<float>(sf.magnitude(c)) : std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+
+  bool run(std::size_t r, std::size_t c0, std::size_t c1) {
+    double num = 0, den = 0;
+    amax_.clear();
+    for (std::size_t c = c0; c < c1; c += K_) {
+      const std::uint32_t code = scale_codes_[r * grid_cols_ + c / K_];
+      float amax = 0;
+      if (code != nan_code_) {
+        const float X = scale_[code] * ts_;
+        const std::size_t end = std::min(c1, c + K_);
+        for (std::size_t i = r * cols_ + c; i < r * cols_ + end; ++i) {
+          const float x = x_[i];
+          const float v = X == 0 ? 0.0f : saturate_scaled(x / X, x);
+          const float q = element_[codes_[i]];
+          num += static_cast<double>(v) * v;
+          den += static_cast<double>(v) * q;
+          amax = std::max(amax, std::abs(x));
+        }
+      }
+      amax_.push_back(amax);
+    }
+    const float cor = eden_correction(num, den);
+    bool exact = true;
+    for (std::size_t c = c0, k = 0; c < c1; c += K_, ++k) {
+      std::uint32_t& code = scale_codes_[r * grid_cols_ + c / K_];
+      const std::size_t begin = r * cols_ + c, end = r * cols_ + std::min(c1, c + K_);
+      if (code != nan_code_) code = corrected(code, cor, begin, amax_[k]);
+      const float unit = code == nan_code_ ? std::numeric_limits<float>::quiet_NaN() : scale_[code];
+      float* y = out_.values ? out_.values + begin : nullptr;
+      for (std::size_t i = begin; i < end; ++i) {
+        const float q = element_[codes_[i]];
+        const float v = out_.without_tensor_scale ? q * unit : quartet_value(q, unit, ts_);
+        if (y) *y++ = v;
+        if (out_.bf16) {
+          const std::uint32_t bits = std::bit_cast<std::uint32_t>(v);
+          out_.bf16[i] = static_cast<std::uint16_t>(bits >> 16);
+          exact &= (bits & 0xFFFFu) == 0;
+        }
+      }
+    }
+    return exact;
+  }
+
+ private:
+  // The group's corrected code, counting a scale overflow or underflow its first scale had not
+  // (its quotient amax / m / ts past 448, or at most 2^-10, which rounds to UE4M3's 0).
+  std::uint32_t corrected(std::uint32_t code, float cor, std::size_t begin, float amax) {
+    const float quotient = std::min(amax / quotient_m_ / ts_, std::numeric_limits<float>::max());
+    const bool was_under = amax != 0 && quotient <= 0x1p-10f;
+    const bool was_over = quotient > top_;
+    bool past_top = false;
+    const std::uint32_t out = eden_scale_code(s_, scale_[code], cor, call_.index_offset + begin, &past_top);
+    if (past_top && !was_over) ++counts_.scale_overflow;
+    if (out == 0 && amax != 0 && !was_under) ++counts_.scale_underflow;
+    return out;
+  }
+
+  const float* x_;
+  std::size_t cols_, K_, grid_cols_;
+  const ScaledSpec& s_;
+  float ts_;
+  const std::uint8_t* codes_;
+  std::uint32_t* scale_codes_;
+  const ScaledOut& out_;
+  const ScaledCall& call_;
+  ScaledCounts& counts_;
+  std::uint32_t nan_code_;
+  float quotient_m_, top_;
+  float element_[256], scale_[256];
+  std::vector<float> amax_;  // of each group of the window
+};
+
+}  // namespace
+
+bool eden_correct_rows(const float* x, std::size_t r0, std::size_t r1, std::size_t cols, const ScaledSpec& s,
+                       float ts, const std::uint8_t* codes, std::uint32_t* scale_codes, const ScaledOut& out,
+                       const ScaledCall& call, ScaledCounts* counts) {
+  ScaledCounts local;
+  Correction c(x, cols, s, ts, codes, scale_codes, out, call, local);
+  const auto N = static_cast<std::size_t>(s.eden);
+  bool exact = true;
+  for (std::size_t r = r0; r < r1; ++r)
+    for (std::size_t c0 = 0; c0 < cols; c0 += N) exact &= c.run(r, c0, std::min(cols, c0 + N));
   if (counts) *counts += local;
   return exact;
 }

@@ -594,11 +594,12 @@ float te_encode_of(const ScaledSpec& s, float tensor_amax) {
 }
 
 // Quartet II's block scale of a finite amax (docs/spec.md §6.13): s = ue4m3(fl32(fl32(amax / m)
-// / D)) to nearest-even, saturating at 448, and 1 where that is 0 (a zero group, or a scale
-// underflow); X = fl32(s D).
+// / D)) to nearest-even, saturating at 448 (an infinite quotient too), and 1 where that is 0 (a
+// zero group, or a scale underflow); X = fl32(s D).
 GroupScale quartet_scale(const ScaledSpec& s, float amax, float ts, ScaledCounts* counts) {
   const ScaleCodes& sc = scale_codes(s.scale);
-  const float q = amax / quartet_constants(s).m / ts;
+  // Past float32's range the quotient saturates, as the kernels' satfinite conversion does.
+  const float q = std::min(amax / quartet_constants(s).m / ts, std::numeric_limits<float>::max());
   GroupScale g;
   g.zero = amax == 0;
   g.code = encode(q, QuantSpec{sc.f});
@@ -729,8 +730,27 @@ double pow2(int k) { return std::ldexp(1.0, k); }
 //   floor:   code >= c  iff  ts 2^(j + emax) <= amax, j = ceil(log2 v(c)) (the target
 //            2^(floor(log2(amax/ts)) - emax) reaches v(c)).
 // Overflow: amax > T(max) (ceil, nearest); target > v(max) (floor).
+namespace {
+
+// The smallest float32 bits b in [0, 0x7F800000) with pred(b) (a predicate false then true
+// as b grows), 0x7F800000 where none.
+template <class Pred>
+std::uint32_t first_bits(const Pred& pred) {
+  std::uint32_t lo = 0, hi = 0x7F800000u;
+  while (lo < hi) {
+    const std::uint32_t mid = lo + (hi - lo) / 2;
+    if (pred(mid)) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+}  // namespace
+
 std::optional<ScaleSteps> ScaleSteps::make(const ScaledSpec& s, float ts, double target_e) {
-  if (s.scale != ScaleFormat::ue4m3 || s.arithmetic != ScaleArithmetic::exact || !(ts > 0) || !std::isfinite(ts))
+  const bool quartet = s.arithmetic == ScaleArithmetic::quartet && target_e == 0;
+  if (s.scale != ScaleFormat::ue4m3 || !(s.arithmetic == ScaleArithmetic::exact || quartet) || !(ts > 0) ||
+      !std::isfinite(ts))
     return std::nullopt;
   const ScaleCodes& sc = scale_codes(s.scale);
   const ElementFigures& ef = figures_of(s.element.format);
@@ -741,7 +761,16 @@ std::optional<ScaleSteps> ScaleSteps::make(const ScaledSpec& s, float ts, double
   t.values_.resize(sc.max + 1);
   for (std::uint32_t c = 0; c <= sc.max; ++c) t.values_[c] = static_cast<float>(sc.value(c) * ts);
   const auto T = [&](std::uint32_t c) { return sc.value(c) * m; };
-  for (std::uint32_t c = 1; c <= sc.max; ++c) {
+  // The quartet arithmetic's code, fl32(fl32(amax / m) / ts) rounded to nearest-even, is a
+  // non-decreasing function of amax: its steps found by bisection over the amax bits (the
+  // code 0 that quartet_scale replaces by 1's is the kernels' general path).
+  const float qm = quartet ? quartet_constants(s).m : 0;
+  const auto quotient = [&](std::uint32_t bits) {
+    return std::min(std::bit_cast<float>(bits) / qm / ts, std::numeric_limits<float>::max());
+  };
+  for (std::uint32_t c = 1; c <= sc.max && quartet; ++c)
+    t.first_[c] = first_bits([&](std::uint32_t b) { return encode(quotient(b), QuantSpec{sc.f}) >= c; });
+  for (std::uint32_t c = 1; c <= sc.max && !quartet; ++c) {
     switch (s.rule) {
       case ScaleRule::ceil: t.first_[c] = float_at_or_above(T(c - 1), true); break;
       case ScaleRule::nearest: t.first_[c] = float_at_or_above((T(c - 1) + T(c)) / 2, (c - 1) % 2 == 0); break;
@@ -753,7 +782,10 @@ std::optional<ScaleSteps> ScaleSteps::make(const ScaledSpec& s, float ts, double
       }
     }
   }
-  if (s.rule == ScaleRule::floor) {
+  if (quartet) {
+    const auto top = static_cast<float>(sc.value(sc.max));
+    t.overflow_from_ = first_bits([&](std::uint32_t b) { return quotient(b) > top; });
+  } else if (s.rule == ScaleRule::floor) {
     const int J = std::ilogb(sc.value(sc.max)) + 1;
     t.overflow_from_ = float_at_or_above(ts * pow2(J + ef.emax), false);
   } else {
@@ -1029,7 +1061,7 @@ float scaled_quantize_reference(const float* x, std::size_t rows, std::size_t co
   const float tensor_amax = delayed ? *call.delayed_amax : current;
   const TensorScale ts = tensor_scale_for(s, tensor_amax);
   if (out.tensor_scale) *out.tensor_scale = ts.value;
-  if (s.arithmetic == ScaleArithmetic::quartet) {
+  if (s.eden != 0) {
     quartet_quantize_rows(x, 0, rows, cols, s, ts.value, out, call, &local);
     if (counts) *counts += local;
     return current;

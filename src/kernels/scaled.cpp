@@ -186,9 +186,11 @@ class FastSteps {
   static constexpr bool kDivide = true;
   FastSteps(const ScaledSpec& s, float ts) {
     if (s.granularity == Granularity::block && !s.four_over_six) steps_ = ScaleSteps::make(s, ts);
+    // The quartet arithmetic gives a zero block the scale 1 (docs/spec.md §6.13).
+    if (s.arithmetic == ScaleArithmetic::quartet) zero_.code = encode(1.0f, QuantSpec{scale_format(s.scale)});
   }
   std::optional<BlockScale> decide(std::uint32_t top) const {
-    if (steps_ && top == 0) return kZeroBlock;
+    if (steps_ && top == 0) return zero_;
     if (!steps_ || top >= 0x7F800000u) return std::nullopt;
     const std::uint32_t c = steps_->code(top);
     const float X = steps_->value(c);
@@ -199,6 +201,7 @@ class FastSteps {
 
  private:
   std::optional<ScaleSteps> steps_;
+  BlockScale zero_ = kZeroBlock;
 };
 
 // Four Over Six's UE4M3 block scales (docs/spec.md §6.10): each block's two candidate codes
@@ -1204,33 +1207,30 @@ bool check_scaled_call(const char* what, const ScaledSpec& s, std::size_t rows, 
   return false;
 }
 
-bool quartet(const ScaledSpec& s) { return s.arithmetic == ScaleArithmetic::quartet; }
+bool eden(const ScaledSpec& s) { return s.eden != 0; }
 
-// The largest finite |x| of n values, on the runner's threads.
-float parallel_amax(const float* x, std::size_t n, const Runner& run) {
-  std::mutex m;
-  float amax = 0;
-  run.parallel_for(n, 1, [&](std::size_t b, std::size_t e) {
-    const float part = amax_of(x + b, e - b).value;
-    const std::lock_guard<std::mutex> lock(m);
-    amax = std::max(amax, part);
-  });
-  return amax;
-}
-
-// Quartet II's arithmetic and MS-EDEN (docs/spec.md §6.13): quartet_quantize_rows on parts of
-// the rows (an MS-EDEN window never spans two), the scalar reference's own operations.
-float quartet_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
+// MS-EDEN (docs/spec.md §6.13): the quartet arithmetic's quantization without the correction
+// by this target's pipeline (codes and scales, into buffers where the caller wants none), then
+// eden_correct_rows on parts of the rows (a window never spans two).
+float eden_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
                        const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
-  const float amax = call.known_amax ? *call.known_amax : parallel_amax(x, rows * cols, run);
-  const float ts = tensor_scale_of(s, amax);
+  const BlockLayout l = block_layout(s, rows, cols);
+  std::vector<std::uint8_t> own_codes(out.codes ? 0 : rows * cols);
+  std::vector<std::uint32_t> own_scales(out.scale_codes ? 0 : l.groups());
+  float ts = 1;
+  ScaledOut first;
+  first.codes = out.codes ? out.codes : own_codes.data();
+  first.scale_codes = out.scale_codes ? out.scale_codes : own_scales.data();
+  first.tensor_scale = &ts;
+  const float amax = HWY_DYNAMIC_DISPATCH(ScaledQuantize)(x, rows, cols, s, first, call, counts, run);
   if (out.tensor_scale) *out.tensor_scale = ts;
   std::mutex m;
   ScaledCounts total;
   std::atomic<bool> exact{true};
   run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t e) {
     ScaledCounts part;
-    if (!quartet_quantize_rows(x, b / cols, e / cols, cols, s, ts, out, call, &part)) exact.store(false);
+    if (!eden_correct_rows(x, b / cols, e / cols, cols, s, ts, first.codes, first.scale_codes, out, call, &part))
+      exact.store(false);
     const std::lock_guard<std::mutex> lock(m);
     total += part;
   });
@@ -1239,8 +1239,8 @@ float quartet_quantize(const float* x, std::size_t rows, std::size_t cols, const
   return amax;
 }
 
-// quartet_quantize of the matrix [rows, cols] given by its transpose xt, from a transposed copy.
-float quartet_quantize_transposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
+// eden_quantize of the matrix [rows, cols] given by its transpose xt, from a transposed copy.
+float eden_quantize_transposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                                   const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run,
                                   Bf16Layout bf16_layout) {
   std::vector<float> x(rows * cols);
@@ -1248,11 +1248,11 @@ float quartet_quantize_transposed(const float* xt, std::size_t rows, std::size_t
     for (std::size_t r = b / cols; r < e / cols; ++r)
       for (std::size_t c = 0; c < cols; ++c) x[r * cols + c] = xt[c * rows + r];
   });
-  if (!out.bf16 || bf16_layout == Bf16Layout::matrix) return quartet_quantize(x.data(), rows, cols, s, out, call, counts, run);
+  if (!out.bf16 || bf16_layout == Bf16Layout::matrix) return eden_quantize(x.data(), rows, cols, s, out, call, counts, run);
   std::vector<std::uint16_t> b16(rows * cols);
   ScaledOut to_matrix = out;
   to_matrix.bf16 = b16.data();
-  const float amax = quartet_quantize(x.data(), rows, cols, s, to_matrix, call, counts, run);
+  const float amax = eden_quantize(x.data(), rows, cols, s, to_matrix, call, counts, run);
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t c = 0; c < cols; ++c) out.bf16[c * rows + r] = b16[r * cols + c];
   return amax;
@@ -1262,7 +1262,7 @@ float quartet_quantize_transposed(const float* xt, std::size_t rows, std::size_t
 float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                       const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
   if (!check_scaled_call("scaled_quantize", s, rows, cols, out, call, counts)) return 0;
-  if (quartet(s)) return quartet_quantize(x, rows, cols, s, out, call, counts, run);
+  if (eden(s)) return eden_quantize(x, rows, cols, s, out, call, counts, run);
   return HWY_DYNAMIC_DISPATCH(ScaledQuantize)(x, rows, cols, s, out, call, counts, run);
 }
 
@@ -1270,7 +1270,7 @@ float scaled_quantize_transposed(const float* xt, std::size_t rows, std::size_t 
                                  const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts,
                                  const Runner& run, Bf16Layout bf16_layout) {
   if (!check_scaled_call("scaled_quantize_transposed", s, rows, cols, out, call, counts)) return 0;
-  if (quartet(s)) return quartet_quantize_transposed(xt, rows, cols, s, out, call, counts, run, bf16_layout);
+  if (eden(s)) return eden_quantize_transposed(xt, rows, cols, s, out, call, counts, run, bf16_layout);
   return HWY_DYNAMIC_DISPATCH(ScaledQuantizeTransposed)(xt, rows, cols, s, out, call, counts, run, bf16_layout);
 }
 
@@ -1285,11 +1285,11 @@ std::pair<float, float> scaled_quantize_both(const float* x, std::size_t rows, s
                 to_string(t_s) + "')");
   const bool some = check_scaled_call("scaled_quantize_both", s, rows, cols, out, call, counts);
   if (!check_scaled_call("scaled_quantize_both", t_s, cols, rows, t_out, t_call, t_counts) || !some) return {0.0f, 0.0f};
-  if (quartet(s)) {
-    const float amax = quartet_quantize(x, rows, cols, s, out, call, counts, run);
+  if (eden(s)) {
+    const float amax = eden_quantize(x, rows, cols, s, out, call, counts, run);
     ScaledCall same = t_call;
     same.known_amax = amax;
-    return {amax, quartet_quantize_transposed(x, cols, rows, t_s, t_out, same, t_counts, run, t_bf16_layout)};
+    return {amax, eden_quantize_transposed(x, cols, rows, t_s, t_out, same, t_counts, run, t_bf16_layout)};
   }
   return HWY_DYNAMIC_DISPATCH(ScaledQuantizeBoth)(x, rows, cols, s, out, call, counts, t_s, t_out, t_call, t_counts,
                                                   run, t_bf16_layout);

@@ -308,6 +308,43 @@ TEST(ScaledScale, TorchaosArithmetic) {
   EXPECT_EQ(choose_scale(t, NAN, 3.0f).code, 0x7Fu);
 }
 
+// The kernels' table of the quartet arithmetic's scale codes (ScaleSteps, found by bisection)
+// gives choose_scale's code at and beside every step and at random amaxes: ue4m3 of
+// fl32(fl32(amax / m) / ts) to nearest-even, code 0 where choose_scale takes 1 instead (a
+// scale underflow), and overflow where the quotient passes 448 (docs/spec.md §6.13).
+TEST(QuartetArithmetic, ScaleStepsGiveChooseScalesCodes) {
+  std::mt19937 rng(8);
+  std::uniform_int_distribution<std::uint32_t> bits(1, 0x7F7FFFFFu);
+  const Format e4m3 = scale_format(ScaleFormat::ue4m3);
+  const std::uint32_t one = encode(1.0f, QuantSpec{e4m3});
+  for (const char* name : {"nvfp4_quartet", "nvfp4_eden"}) {
+    const ScaledSpec s = parse_scaled(name);
+    const float m = quartet_constants(s).m;
+    for (const float ts : {1.0f, 0.0123f, 3.0e-30f, 7.1e25f, std::numeric_limits<float>::min()}) {
+      const auto t = ScaleSteps::make(s, ts);
+      ASSERT_TRUE(t) << name;
+      std::vector<float> probes;
+      for (std::uint32_t c = 1; c <= t->max_code(); ++c) {
+        const std::uint32_t b = t->first(c);
+        if (b >= 0x7F800000u) continue;
+        for (const std::uint32_t d : {b - 1, b, b + 1}) probes.push_back(std::bit_cast<float>(d));
+      }
+      for (int i = 0; i < 3000; ++i) probes.push_back(std::bit_cast<float>(bits(rng)));
+      for (const float amax : probes) {
+        ScaledCounts counts;
+        const GroupScale g = choose_scale(s, amax, ts, &counts);
+        const std::uint32_t a = std::bit_cast<std::uint32_t>(amax), want =
+            encode(std::min(amax / m / ts, std::numeric_limits<float>::max()), QuantSpec{e4m3});
+        ASSERT_EQ(t->code(a), want) << name << " amax " << amax << " ts " << ts;
+        ASSERT_EQ(g.code, want == 0 ? one : want) << name << " amax " << amax << " ts " << ts;
+        ASSERT_EQ(counts.scale_underflow, want == 0 ? 1u : 0u);
+        ASSERT_EQ(t->overflow(a), counts.scale_overflow == 1) << name << " amax " << amax << " ts " << ts;
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(t->value(g.code)), std::bit_cast<std::uint32_t>(g.value));
+      }
+    }
+  }
+}
+
 // The quartet arithmetic and MS-EDEN (docs/spec.md §6.13) refuse what they do not define.
 TEST(QuartetArithmetic, RefusesWhatItDoesNotDefine) {
   EXPECT_NE(error_of([] { parse_scaled("nvfp4:eden-32"); }).find("add the option quartet"), std::string::npos);

@@ -377,13 +377,26 @@ struct QuartetConstants {
   float top, m;
 };
 QuartetConstants quartet_constants(const ScaledSpec& s);
-// Quantizes rows [r0, r1) of the row-major matrix x [rows, cols] (1xK blocks along each row)
-// under tensor scale ts (tensor_scale_of), writing out's codes, scale codes, values and bf16
-// at their flat offsets (out.tensor_scale and out.bf16_exact are the caller's). The reference
-// and the kernels both run it, on all rows or on a part of them each. Returns whether every
-// value was a bfloat16 value (all bottom halves zero).
+// MS-EDEN's scalar reference (an eden spec): quantizes rows [r0, r1) of the row-major matrix
+// x [rows, cols] (1xK blocks along each row) under tensor scale ts (tensor_scale_of), writing
+// out's codes, scale codes, values and bf16 at their flat offsets (out.tensor_scale and
+// out.bf16_exact are the caller's); each element from its own quotient and rounding. Returns
+// whether every value was a bfloat16 value (all bottom halves zero).
 bool quartet_quantize_rows(const float* x, std::size_t r0, std::size_t r1, std::size_t cols, const ScaledSpec& s,
                            float ts, const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts);
+// MS-EDEN's correction on rows [r0, r1) that the quartet arithmetic quantized without it (the
+// kernels' path): from x, the element codes and the scale codes s_b (row-major grid), which
+// it replaces with the corrected ones, it writes out's values and bf16 (as quartet_quantize_rows
+// does) and adds the correction's scale overflows and underflows to *counts.
+bool eden_correct_rows(const float* x, std::size_t r0, std::size_t r1, std::size_t cols, const ScaledSpec& s,
+                       float ts, const std::uint8_t* codes, std::uint32_t* scale_codes, const ScaledOut& out,
+                       const ScaledCall& call, ScaledCounts* counts);
+// MS-EDEN's window correction c = fl32(num) / fl32(den), 1 where den is 0 or c is not finite.
+float eden_correction(double num, double den);
+// MS-EDEN's scale code for a block of UE4M3 scale s_b and correction c: fl32(s_b c) rounded
+// stochastically to UE4M3 with the random bits of `index` (s's element stream), saturating.
+// *past_top: whether fl32(s_b c) lay above 448.
+std::uint32_t eden_scale_code(const ScaledSpec& s, float scale, float c, std::uint64_t index, bool* past_top);
 // A value of MS-EDEN (the quartet arithmetic with eden): fl32(fl32(q s) ts), element value q,
 // block scale s. Without eden, a value is q times X = fl32(s ts), as in the other arithmetics.
 inline float quartet_value(float q, float scale, float ts) { return (q * scale) * ts; }
