@@ -57,7 +57,7 @@ bool write_value(const ScaledOut& out, std::size_t i, float y) {
   return (bits & 0xFFFFu) == 0;
 }
 
-// Row-major state of one window's quantization: the scaled elements v and the element values q.
+// One window's quantization: its groups, their element values q and the sums of v^2 and v q.
 class Window {
  public:
   Window(const float* x, const ScaledSpec& s, float ts, const ScaledOut& out, const ScaledCall& call,
@@ -68,7 +68,6 @@ class Window {
   // their scales. Returns false where a bfloat16 output lost bits.
   bool run(std::size_t r, std::size_t c0, std::size_t c1, std::size_t cols) {
     groups_.clear();
-    v_.assign(c1 - c0, 0.0f);
     q_.assign(c1 - c0, 0.0f);
     num_ = den_ = 0;
     first_ = r * cols + c0;
@@ -111,7 +110,6 @@ class Window {
       if (v == 0 && x != 0) ++one.underflow;
       qc += one;
       const float q = decode(code, f);
-      v_[i - first_] = v;
       q_[i - first_] = q;
       num_ += static_cast<double>(v) * v;
       den_ += static_cast<double>(v) * q;
@@ -157,7 +155,7 @@ class Window {
   const ScaledCall& call_;
   ScaledCounts& counts_;
   std::vector<EdenGroup> groups_;
-  std::vector<float> v_, q_;
+  std::vector<float> q_;  // the element values of the window (0 in NaN groups)
   double num_ = 0, den_ = 0;
   std::size_t first_ = 0;
 };
@@ -179,17 +177,20 @@ bool quartet_quantize_rows(const float* x, std::size_t r0, std::size_t r1, std::
 
 namespace {
 
-// The correction of one row's window [c0, c1) (eden_correct_rows): the sums of v = fl32(x / X)
-// and q = the element value of its code over the window's finite groups, then each group's new
-// scale and its values.
+// MS-EDEN's correction of quantized rows (eden_correct_rows), a row at a time: the sums of
+// v = fl32(x / X) and q = the element value of its code over each window's finite groups, then
+// each group's new scale and its values.
 class Correction {
  public:
   Correction(const float* x, std::size_t cols, const ScaledSpec& s, float ts, const std::uint8_t* codes,
              std::uint32_t* scale_codes, const ScaledOut& out, const ScaledCall& call, ScaledCounts& counts)
       : x_(x), cols_(cols), K_(static_cast<std::size_t>(s.block)), grid_cols_((cols + K_ - 1) / K_), s_(s), ts_(ts),
-        codes_(codes), scale_codes_(scale_codes), out_(out), call_(call), counts_(counts) {
+        codes_(codes), scale_codes_(scale_codes), out_(out), call_(call), counts_(counts),
+        N_(static_cast<std::size_t>(s.eden)) {
     const Format sf = scale_format(s.scale);
     nan_code_ = sf.nan_code(false);
+    top_code_ = sf.max_code();
+    one_code_ = encode(1.0f, QuantSpec{sf});
     quotient_m_ = quartet_constants(s).m;
     top_ = static_cast<float>(sf.max_finite());
     for (std::uint32_t c = 0; c < 256; ++c) {
@@ -198,32 +199,36 @@ class Correction {
     }
   }
 
-  bool run(std::size_t r, std::size_t c0, std::size_t c1) {
-    double num = 0, den = 0;
-    amax_.clear();
-    for (std::size_t c = c0; c < c1; c += K_) {
-      const std::uint32_t code = scale_codes_[r * grid_cols_ + c / K_];
-      float amax = 0;
-      if (code != nan_code_) {
-        const float X = scale_[code] * ts_;
-        const std::size_t end = std::min(c1, c + K_);
-        for (std::size_t i = r * cols_ + c; i < r * cols_ + end; ++i) {
-          const float x = x_[i];
-          const float v = X == 0 ? 0.0f : saturate_scaled(x / X, x);
-          const float q = element_[codes_[i]];
-          num += static_cast<double>(v) * v;
-          den += static_cast<double>(v) * q;
-          amax = std::max(amax, std::abs(x));
+  // One row: v = fl32(x / X) and q of every value (zeros in NaN groups and where X is 0, which
+  // then add nothing), each window's sums in its own order (four windows' chains at a time), then each
+  // group's corrected scale and its values.
+  bool run_row(std::size_t r) {
+    const std::size_t row = r * cols_;
+    v_.resize(cols_);
+    q_.resize(cols_);
+    constexpr float kMax = std::numeric_limits<float>::max();
+    for (std::size_t g = 0; g < grid_cols_; ++g) {
+      const std::uint32_t code = scale_codes_[r * grid_cols_ + g];
+      const std::size_t c0 = g * K_, c1 = std::min(cols_, c0 + K_);
+      const bool nan = code == nan_code_;
+      const float X = nan ? 0.0f : scale_[code] * ts_;
+      const float* x = x_ + row;
+      if (X == 0) {
+        std::fill(v_.begin() + static_cast<std::ptrdiff_t>(c0), v_.begin() + static_cast<std::ptrdiff_t>(c1), 0.0f);
+      } else {
+        for (std::size_t c = c0; c < c1; ++c) {  // saturate_scaled, without a branch
+          const float v = x[c] / X;
+          v_[c] = std::abs(v) > kMax && std::abs(x[c]) <= kMax ? std::copysign(kMax, v) : v;
         }
       }
-      amax_.push_back(amax);
+      for (std::size_t c = c0; c < c1; ++c) q_[c] = nan ? 0.0f : element_[codes_[row + c]];
     }
-    const float cor = eden_correction(num, den);
+    sum_windows();
     bool exact = true;
-    for (std::size_t c = c0, k = 0; c < c1; c += K_, ++k) {
-      std::uint32_t& code = scale_codes_[r * grid_cols_ + c / K_];
-      const std::size_t begin = r * cols_ + c, end = r * cols_ + std::min(c1, c + K_);
-      if (code != nan_code_) code = corrected(code, cor, begin, amax_[k]);
+    for (std::size_t g = 0; g < grid_cols_; ++g) {
+      std::uint32_t& code = scale_codes_[r * grid_cols_ + g];
+      const std::size_t begin = row + g * K_, end = row + std::min(cols_, (g + 1) * K_);
+      if (code != nan_code_) code = corrected(code, cor_[g * K_ / N_], begin, end);
       const float unit = code == nan_code_ ? std::numeric_limits<float>::quiet_NaN() : scale_[code];
       float* y = out_.values ? out_.values + begin : nullptr;
       for (std::size_t i = begin; i < end; ++i) {
@@ -241,12 +246,47 @@ class Correction {
   }
 
  private:
+  // cor_[w]: the correction of window w of the row in v_ and q_, its sums in float64 in the
+  // row's order; four whole windows' chains interleaved (the same sums, added sooner).
+  void sum_windows() {
+    const std::size_t windows = (cols_ + N_ - 1) / N_, whole = cols_ / N_;
+    cor_.resize(windows);
+    std::size_t w = 0;
+    for (; w + 4 <= whole; w += 4) {
+      double num[4] = {0, 0, 0, 0}, den[4] = {0, 0, 0, 0};
+      const float* v = v_.data() + w * N_;
+      const float* q = q_.data() + w * N_;
+      for (std::size_t i = 0; i < N_; ++i)
+        for (std::size_t k = 0; k < 4; ++k) {
+          const double a = v[k * N_ + i];
+          num[k] += a * a;
+          den[k] += a * q[k * N_ + i];
+        }
+      for (std::size_t k = 0; k < 4; ++k) cor_[w + k] = eden_correction(num[k], den[k]);
+    }
+    for (; w < windows; ++w) {
+      double num = 0, den = 0;
+      for (std::size_t c = w * N_; c < std::min(cols_, (w + 1) * N_); ++c) {
+        const double a = v_[c];
+        num += a * a;
+        den += a * q_[c];
+      }
+      cor_[w] = eden_correction(num, den);
+    }
+  }
+
   // The group's corrected code, counting a scale overflow or underflow its first scale had not
-  // (its quotient amax / m / ts past 448, or at most 2^-10, which rounds to UE4M3's 0).
-  std::uint32_t corrected(std::uint32_t code, float cor, std::size_t begin, float amax) {
-    const float quotient = std::min(amax / quotient_m_ / ts_, std::numeric_limits<float>::max());
-    const bool was_under = amax != 0 && quotient <= 0x1p-10f;
-    const bool was_over = quotient > top_;
+  // (its quotient amax / m / ts past 448, or at most 2^-10, which rounds to UE4M3's 0; either
+  // leaves the first scale at 448 or at 1, the only codes whose amax is looked at).
+  std::uint32_t corrected(std::uint32_t code, float cor, std::size_t begin, std::size_t end) {
+    bool was_under = false, was_over = false;
+    float amax = 1;  // any non-zero value where the amax is not needed
+    if (code == top_code_ || code == one_code_) {
+      amax = amax_of(x_ + begin, end - begin).value;
+      const float quotient = std::min(amax / quotient_m_ / ts_, std::numeric_limits<float>::max());
+      was_under = amax != 0 && quotient <= 0x1p-10f;
+      was_over = quotient > top_;
+    }
     bool past_top = false;
     const std::uint32_t out = eden_scale_code(s_, scale_[code], cor, call_.index_offset + begin, &past_top);
     if (past_top && !was_over) ++counts_.scale_overflow;
@@ -263,10 +303,11 @@ class Correction {
   const ScaledOut& out_;
   const ScaledCall& call_;
   ScaledCounts& counts_;
-  std::uint32_t nan_code_;
+  std::uint32_t nan_code_, top_code_, one_code_;
   float quotient_m_, top_;
   float element_[256], scale_[256];
-  std::vector<float> amax_;  // of each group of the window
+  std::size_t N_;
+  std::vector<float> v_, q_, cor_;  // of the row: its values and windows
 };
 
 }  // namespace
@@ -276,10 +317,8 @@ bool eden_correct_rows(const float* x, std::size_t r0, std::size_t r1, std::size
                        const ScaledCall& call, ScaledCounts* counts) {
   ScaledCounts local;
   Correction c(x, cols, s, ts, codes, scale_codes, out, call, local);
-  const auto N = static_cast<std::size_t>(s.eden);
   bool exact = true;
-  for (std::size_t r = r0; r < r1; ++r)
-    for (std::size_t c0 = 0; c0 < cols; c0 += N) exact &= c.run(r, c0, std::min(cols, c0 + N));
+  for (std::size_t r = r0; r < r1; ++r) exact &= c.run_row(r);
   if (counts) *counts += local;
   return exact;
 }
