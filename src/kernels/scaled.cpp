@@ -1125,8 +1125,38 @@ class ScaledPass {
 }  // namespace
 
 // scaled_quantize for this target (the checks are the caller's).
+// MS-EDEN (docs/spec.md §6.13): the quartet arithmetic's quantization without the correction
+// (codes and scales, into buffers where the caller wants none), then eden_correct_rows on
+// parts of the rows (a window never spans two).
+float EdenQuantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
+                   const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
+  std::vector<std::uint8_t> own_codes(out.codes ? 0 : rows * cols);
+  std::vector<std::uint32_t> own_scales(out.scale_codes ? 0 : block_layout(s, rows, cols).groups());
+  float ts = 1;
+  ScaledOut first;
+  first.codes = out.codes ? out.codes : own_codes.data();
+  first.scale_codes = out.scale_codes ? out.scale_codes : own_scales.data();
+  first.tensor_scale = &ts;
+  const float amax = ScaledPass(x, rows, cols, s, first, call, counts != nullptr, run).run(counts);
+  if (out.tensor_scale) *out.tensor_scale = ts;
+  std::mutex m;
+  ScaledCounts total;
+  std::atomic<bool> exact{true};
+  run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t e) {
+    ScaledCounts part;
+    if (!eden_correct_rows(x, b / cols, e / cols, cols, s, ts, first.codes, first.scale_codes, out, call, &part))
+      exact.store(false);
+    const std::lock_guard<std::mutex> lock(m);
+    total += part;
+  });
+  if (counts) *counts += total;
+  if (out.bf16_exact) *out.bf16_exact = exact.load();
+  return amax;
+}
+
 float ScaledQuantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
                      const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
+  if (s.eden != 0) return EdenQuantize(x, rows, cols, s, out, call, counts, run);
   return ScaledPass(x, rows, cols, s, out, call, counts != nullptr, run).run(counts);
 }
 
@@ -1142,23 +1172,24 @@ std::uint32_t StoreTransposedBf16(const float* tile, std::size_t rows, std::size
   return dropped;
 }
 
-// scaled_quantize_transposed for this target: tiles of xt where the pass can read them,
-// else a transposed copy first.
+// scaled_quantize_transposed for this target: tiles of xt where the pass can read them (not
+// under MS-EDEN, whose correction reads the matrix), else a transposed copy first.
 float ScaledQuantizeTransposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                                const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run,
                                Bf16Layout bf16_layout) {
-  ScaledPass pass(xt, rows, cols, s, out, call, counts != nullptr, run, true, bf16_layout);
-  if (pass.reads_transposed()) return pass.run(counts);
+  if (s.eden == 0) {
+    ScaledPass pass(xt, rows, cols, s, out, call, counts != nullptr, run, true, bf16_layout);
+    if (pass.reads_transposed()) return pass.run(counts);
+  }
   std::vector<float> x(rows * cols);
   run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t e) {
     TransposeTile(xt + b / cols, rows, x.data() + b, cols, (e - b) / cols, cols);
   });
-  if (!out.bf16 || bf16_layout == Bf16Layout::matrix)
-    return ScaledPass(x.data(), rows, cols, s, out, call, counts != nullptr, run).run(counts);
+  if (!out.bf16 || bf16_layout == Bf16Layout::matrix) return ScaledQuantize(x.data(), rows, cols, s, out, call, counts, run);
   std::vector<std::uint16_t> b16(rows * cols);  // the matrix's form, then transposed into out.bf16
   ScaledOut to_matrix = out;
   to_matrix.bf16 = b16.data();
-  const float amax = ScaledPass(x.data(), rows, cols, s, to_matrix, call, counts != nullptr, run).run(counts);
+  const float amax = ScaledQuantize(x.data(), rows, cols, s, to_matrix, call, counts, run);
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t c = 0; c < cols; ++c) out.bf16[c * rows + r] = b16[r * cols + c];
   return amax;
@@ -1169,14 +1200,17 @@ std::pair<float, float> ScaledQuantizeBoth(const float* x, std::size_t rows, std
                                            const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts,
                                            const ScaledSpec& t_s, const ScaledOut& t_out, const ScaledCall& t_call,
                                            ScaledCounts* t_counts, const Runner& run, Bf16Layout t_bf16_layout) {
-  ScaledPass pass(x, rows, cols, s, out, call, counts != nullptr, run);
-  ScaledPass probe(x, cols, rows, t_s, t_out, t_call, t_counts != nullptr, run, true, t_bf16_layout);
-  if (!probe.reads_transposed()) {  // the transposed form takes a copy: the two calls
-    const float amax = pass.run(counts);
+  // The transposed form by its own call (a copy, or MS-EDEN's correction), after the first's.
+  const auto then_transposed = [&](float amax) {
     ScaledCall same = t_call;
     same.known_amax = amax;
-    return {amax, ScaledQuantizeTransposed(x, cols, rows, t_s, t_out, same, t_counts, run, t_bf16_layout)};
-  }
+    return std::pair<float, float>{amax,
+                                   ScaledQuantizeTransposed(x, cols, rows, t_s, t_out, same, t_counts, run, t_bf16_layout)};
+  };
+  if (s.eden != 0) return then_transposed(EdenQuantize(x, rows, cols, s, out, call, counts, run));
+  ScaledPass pass(x, rows, cols, s, out, call, counts != nullptr, run);
+  ScaledPass probe(x, cols, rows, t_s, t_out, t_call, t_counts != nullptr, run, true, t_bf16_layout);
+  if (!probe.reads_transposed()) return then_transposed(pass.run(counts));
   return pass.run_both(probe, counts, t_counts);
 }
 
@@ -1207,62 +1241,11 @@ bool check_scaled_call(const char* what, const ScaledSpec& s, std::size_t rows, 
   return false;
 }
 
-bool eden(const ScaledSpec& s) { return s.eden != 0; }
-
-// MS-EDEN (docs/spec.md §6.13): the quartet arithmetic's quantization without the correction
-// by this target's pipeline (codes and scales, into buffers where the caller wants none), then
-// eden_correct_rows on parts of the rows (a window never spans two).
-float eden_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s, const ScaledOut& out,
-                       const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
-  const BlockLayout l = block_layout(s, rows, cols);
-  std::vector<std::uint8_t> own_codes(out.codes ? 0 : rows * cols);
-  std::vector<std::uint32_t> own_scales(out.scale_codes ? 0 : l.groups());
-  float ts = 1;
-  ScaledOut first;
-  first.codes = out.codes ? out.codes : own_codes.data();
-  first.scale_codes = out.scale_codes ? out.scale_codes : own_scales.data();
-  first.tensor_scale = &ts;
-  const float amax = HWY_DYNAMIC_DISPATCH(ScaledQuantize)(x, rows, cols, s, first, call, counts, run);
-  if (out.tensor_scale) *out.tensor_scale = ts;
-  std::mutex m;
-  ScaledCounts total;
-  std::atomic<bool> exact{true};
-  run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t e) {
-    ScaledCounts part;
-    if (!eden_correct_rows(x, b / cols, e / cols, cols, s, ts, first.codes, first.scale_codes, out, call, &part))
-      exact.store(false);
-    const std::lock_guard<std::mutex> lock(m);
-    total += part;
-  });
-  if (counts) *counts += total;
-  if (out.bf16_exact) *out.bf16_exact = exact.load();
-  return amax;
-}
-
-// eden_quantize of the matrix [rows, cols] given by its transpose xt, from a transposed copy.
-float eden_quantize_transposed(const float* xt, std::size_t rows, std::size_t cols, const ScaledSpec& s,
-                                  const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run,
-                                  Bf16Layout bf16_layout) {
-  std::vector<float> x(rows * cols);
-  run.parallel_for(rows * cols, cols, [&](std::size_t b, std::size_t e) {
-    for (std::size_t r = b / cols; r < e / cols; ++r)
-      for (std::size_t c = 0; c < cols; ++c) x[r * cols + c] = xt[c * rows + r];
-  });
-  if (!out.bf16 || bf16_layout == Bf16Layout::matrix) return eden_quantize(x.data(), rows, cols, s, out, call, counts, run);
-  std::vector<std::uint16_t> b16(rows * cols);
-  ScaledOut to_matrix = out;
-  to_matrix.bf16 = b16.data();
-  const float amax = eden_quantize(x.data(), rows, cols, s, to_matrix, call, counts, run);
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c) out.bf16[c * rows + r] = b16[r * cols + c];
-  return amax;
-}
 }  // namespace
 
 float scaled_quantize(const float* x, std::size_t rows, std::size_t cols, const ScaledSpec& s,
                       const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts, const Runner& run) {
   if (!check_scaled_call("scaled_quantize", s, rows, cols, out, call, counts)) return 0;
-  if (eden(s)) return eden_quantize(x, rows, cols, s, out, call, counts, run);
   return HWY_DYNAMIC_DISPATCH(ScaledQuantize)(x, rows, cols, s, out, call, counts, run);
 }
 
@@ -1270,7 +1253,6 @@ float scaled_quantize_transposed(const float* xt, std::size_t rows, std::size_t 
                                  const ScaledOut& out, const ScaledCall& call, ScaledCounts* counts,
                                  const Runner& run, Bf16Layout bf16_layout) {
   if (!check_scaled_call("scaled_quantize_transposed", s, rows, cols, out, call, counts)) return 0;
-  if (eden(s)) return eden_quantize_transposed(xt, rows, cols, s, out, call, counts, run, bf16_layout);
   return HWY_DYNAMIC_DISPATCH(ScaledQuantizeTransposed)(xt, rows, cols, s, out, call, counts, run, bf16_layout);
 }
 
@@ -1285,12 +1267,6 @@ std::pair<float, float> scaled_quantize_both(const float* x, std::size_t rows, s
                 to_string(t_s) + "')");
   const bool some = check_scaled_call("scaled_quantize_both", s, rows, cols, out, call, counts);
   if (!check_scaled_call("scaled_quantize_both", t_s, cols, rows, t_out, t_call, t_counts) || !some) return {0.0f, 0.0f};
-  if (eden(s)) {
-    const float amax = eden_quantize(x, rows, cols, s, out, call, counts, run);
-    ScaledCall same = t_call;
-    same.known_amax = amax;
-    return {amax, eden_quantize_transposed(x, cols, rows, t_s, t_out, same, t_counts, run, t_bf16_layout)};
-  }
   return HWY_DYNAMIC_DISPATCH(ScaledQuantizeBoth)(x, rows, cols, s, out, call, counts, t_s, t_out, t_call, t_counts,
                                                   run, t_bf16_layout);
 }
