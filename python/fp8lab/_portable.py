@@ -817,8 +817,7 @@ def _elements(x: torch.Tensor, s: Scaled, q: Spec, g: _Groups, index: torch.Tens
             v = _dither_scaled(x, each(g.exponent))
         else:
             v = x / torch.where(zero_scale | e_nan, 1.0, e_value)
-        # A finite x whose quotient lies past float32's range saturates (docs/spec.md §6.3).
-        v = torch.where(torch.isinf(v) & torch.isfinite(x), torch.copysign(torch.tensor(_FLT_MAX), v), v)
+        v = _saturate_scaled(v, x)
         signed_zero = torch.where(torch.signbit(x), -0.0, 0.0)
         c, o, u, n = encode(torch.where(zero_scale, signed_zero, v), q, index, seed)
         # The quotient's own underflow (x / scale == 0 in float32) counts beside the element's.
@@ -849,11 +848,17 @@ def _group_error(x: torch.Tensor, y: torch.Tensor, br: int, bc: int) -> torch.Te
     return total
 
 
+def _saturate_scaled(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """core saturate_scaled: a finite x whose quotient v lies past float32's range saturates
+    (docs/spec.md §6.3); only an infinite x stays infinite."""
+    return torch.where(torch.isinf(v) & torch.isfinite(x), torch.copysign(torch.tensor(_FLT_MAX), v), v)
+
+
 def _quartet_scaled(x: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     """The quartet arithmetic's scaled elements fl32(x / X): signed zeros where X is 0 (a scale
     that underflowed), float32's largest of x's sign where a finite x overflows."""
     v = torch.where(X == 0, torch.where(torch.signbit(x), -0.0, 0.0), x / torch.where(X == 0, 1.0, X))
-    return torch.where(torch.isinf(v) & torch.isfinite(x), torch.copysign(torch.tensor(_FLT_MAX), v), v)
+    return _saturate_scaled(v, x)
 
 
 def _eden_scales(x: torch.Tensor, s: Scaled, g: _Groups, d: torch.Tensor, index: torch.Tensor, seed: int, each):
@@ -884,14 +889,11 @@ def _eden_scales(x: torch.Tensor, s: Scaled, g: _Groups, d: torch.Tensor, index:
     return code, (code == 0) & ~g.zero & ~g.nan, (t > _scale_values(s.scale)[-1]) & ~g.nan
 
 
-def _quartet_values(x: torch.Tensor, s: Scaled, g: _Groups, c: torch.Tensor, ts: float, index: torch.Tensor,
-                    seed: int, under: torch.Tensor, over: torch.Tensor, each):
-    """The quartet arithmetic's groups and values (docs/spec.md §6.13): q fl32(s ts), or under
-    eden, with the scales MS-EDEN corrected, fl32(fl32(q s) ts). (groups, values, scale
-    underflow, overflow)."""
+def _eden_values(x: torch.Tensor, s: Scaled, g: _Groups, c: torch.Tensor, ts: float, index: torch.Tensor,
+                 seed: int, under: torch.Tensor, over: torch.Tensor, each):
+    """MS-EDEN's groups and values (docs/spec.md §6.13): the scales corrected, the values
+    fl32(fl32(q s) ts). (groups, values, scale underflow, overflow)."""
     d = decode(c, s.element)
-    if not s.eden:
-        return g, torch.where(each(g.nan), torch.nan, d * each(g.value)), under, over
     code, under_e, over_e = _eden_scales(x, s, g, d, index, seed, each)
     g = dataclasses.replace(g, code=code)
     under, over = under | under_e, over | over_e
@@ -936,8 +938,8 @@ def scaled_quantize_matrix(x: torch.Tensor, format: "_core.ScaledFormat", roundi
         return _spread(t, br, bc, rows, cols)
 
     c, o, u, n, y = _elements(x, s, q, g, index, seed, each)
-    if s.arithmetic == "quartet":
-        g, y, s_under, s_over = _quartet_values(x, s, g, c, ts, index, seed, s_under, s_over, each)
+    if s.eden:
+        g, y, s_under, s_over = _eden_values(x, s, g, c, ts, index, seed, s_under, s_over, each)
     if s.four_over_six:
         g4, under4, over4 = _choose_scales(s, group_amax, ts, _FOUR_OVER_SIX_TARGET)
         c4, o4, u4, n4, y4 = _elements(x, s, q, g4, index, seed, each)

@@ -64,8 +64,7 @@ class Window {
          ScaledCounts& counts)
       : x_(x), s_(s), ts_(ts), out_(out), call_(call), counts_(counts) {}
 
-  // Quantizes the groups of row r's columns [c0, c1) (cols per row) and, under eden, corrects
-  // their scales. Returns false where a bfloat16 output lost bits.
+  // Quantizes the groups of row r's columns [c0, c1) (cols per row) and corrects their scales. Returns false where a bfloat16 output lost bits.
   bool run(std::size_t r, std::size_t c0, std::size_t c1, std::size_t cols) {
     groups_.clear();
     q_.assign(c1 - c0, 0.0f);
@@ -230,16 +229,9 @@ class Correction {
       const std::size_t begin = row + g * K_, end = row + std::min(cols_, (g + 1) * K_);
       if (code != nan_code_) code = corrected(code, cor_[g * K_ / N_], begin, end);
       const float unit = code == nan_code_ ? std::numeric_limits<float>::quiet_NaN() : scale_[code];
-      float* y = out_.values ? out_.values + begin : nullptr;
       for (std::size_t i = begin; i < end; ++i) {
         const float q = element_[codes_[i]];
-        const float v = out_.without_tensor_scale ? q * unit : quartet_value(q, unit, ts_);
-        if (y) *y++ = v;
-        if (out_.bf16) {
-          const std::uint32_t bits = std::bit_cast<std::uint32_t>(v);
-          out_.bf16[i] = static_cast<std::uint16_t>(bits >> 16);
-          exact &= (bits & 0xFFFFu) == 0;
-        }
+        exact &= write_value(out_, i, out_.without_tensor_scale ? q * unit : quartet_value(q, unit, ts_));
       }
     }
     return exact;
